@@ -1,0 +1,101 @@
+// Shape ops: they move elements and never change them, so no rounding is needed. Values are
+// row-major, so expand_dims and reshape are copies; broadcast and transpose are strided gathers.
+#include <algorithm>
+
+#include "compiler/interp/frame.h"
+
+namespace linac::interp {
+namespace {
+
+std::vector<int64_t> row_major_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> s(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) s[i - 1] = s[i] * shape[i];
+  return s;
+}
+
+/// out[idx] = src[sum_i idx[i] * src_strides[i]] for every idx of `shape` (row-major out). The
+/// innermost axis is a plain loop; the outer axes advance like an odometer.
+void strided_gather(const double* src, const std::vector<int64_t>& src_strides, const std::vector<int64_t>& shape,
+                    double* out) {
+  const size_t rank = shape.size();
+  if (rank == 0) {
+    out[0] = src[0];
+    return;
+  }
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  if (numel == 0) return;
+  const int64_t inner = shape[rank - 1], inner_stride = src_strides[rank - 1];
+  std::vector<int64_t> idx(rank, 0);
+  int64_t src_off = 0;
+  for (int64_t o = 0; o < numel; o += inner) {
+    for (int64_t j = 0; j < inner; ++j) out[o + j] = src[src_off + j * inner_stride];
+    for (size_t d = rank - 1; d-- > 0;) {
+      src_off += src_strides[d];
+      if (++idx[d] < shape[d]) break;
+      src_off -= shape[d] * src_strides[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+void broadcast(const ir::Op& op, const Buffer& in, Buffer& out) {
+  const ir::Type& from = op.operands[0]->type;
+  const std::vector<int64_t>& to = op.result()->type.shape;
+  if (from.is_scalar()) {
+    std::fill(out.begin(), out.end(), in[0]);
+    return;
+  }
+  if (from.rank() != static_cast<int>(to.size())) malformed(op, "broadcast changes the rank");
+  std::vector<int64_t> strides = row_major_strides(from.shape);
+  for (size_t i = 0; i < to.size(); ++i) {
+    if (from.shape[i] == to[i]) continue;
+    if (from.shape[i] != 1) malformed(op, "broadcast of a dim that is not 1");
+    strides[i] = 0;  // every index along an expanded dim reads the one source element
+  }
+  strided_gather(in.data(), strides, to, out.data());
+}
+
+void transpose(const ir::Op& op, const Buffer& in, Buffer& out) {
+  const std::vector<int64_t>& from = op.operands[0]->type.shape;
+  const std::vector<int64_t>& to = op.result()->type.shape;
+  const std::vector<int64_t>& perm = op.attrs.perm;
+  if (perm.size() != from.size() || to.size() != from.size()) malformed(op, "perm size differs from the rank");
+  std::vector<int64_t> src = row_major_strides(from), strides(perm.size());
+  std::vector<bool> seen(perm.size(), false);
+  for (size_t i = 0; i < perm.size(); ++i) {
+    int64_t p = perm[i];
+    if (p < 0 || p >= static_cast<int64_t>(perm.size()) || seen[p]) malformed(op, "perm is not a permutation");
+    if (to[i] != from[p]) malformed(op, "result shape does not match the permuted operand shape");
+    seen[p] = true;
+    strides[i] = src[p];
+  }
+  strided_gather(in.data(), strides, to, out.data());
+}
+
+}  // namespace
+
+void eval_shape(const ir::Op& op, Frame& f) {
+  if (op.operands.size() != 1) malformed(op, "expected one operand");
+  Buffer& out = f.result(op);
+  const Buffer& in = f.operand(op, 0);
+  switch (op.code) {
+    case ir::OpCode::Splat:
+      if (in.size() != 1) malformed(op, "splat of a tile");
+      std::fill(out.begin(), out.end(), in[0]);
+      return;
+    case ir::OpCode::Broadcast:
+      return broadcast(op, in, out);
+    case ir::OpCode::ExpandDims:
+    case ir::OpCode::Reshape:
+      if (in.size() != out.size()) malformed(op, "element count changes");
+      std::copy(in.begin(), in.end(), out.begin());
+      return;
+    case ir::OpCode::Transpose:
+      return transpose(op, in, out);
+    default:
+      malformed(op, "not a shape op");
+  }
+}
+
+}  // namespace linac::interp

@@ -1,0 +1,46 @@
+// The GPU backend's entry point: tile IR -> layouts -> shared-memory plan -> LLVM IR -> O3 -> PTX.
+// No LLVM header here: the rest of linac (and user code) compiles without them.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "compiler/ir/ir.h"
+
+namespace linac::nvptx {
+
+/// What to compile for. `sm` 80 emits sm_80 PTX; 90 emits sm_90a (arch-specific features allowed).
+struct GpuTarget {
+  int sm = 90;
+  std::string name() const;  // "sm_80", "sm_90a"
+};
+
+/// How one IR parameter appears in the kernel's ABI: a tensor is its pointer followed by rank i32
+/// sizes and rank i64 strides; a scalar is itself.
+struct KernelParamInfo {
+  std::string name;
+  bool is_tensor = false;
+  DType dtype = DType::f32;
+  int rank = 0;
+};
+
+/// Every stage of one compiled kernel (each printable, each dumpable).
+struct CompiledKernel {
+  std::string entry;           // PTX entry name
+  std::string tir;             // tile IR as recorded
+  std::string tir_layouts;     // tile IR annotated with the layout pass's result
+  std::string smem_plan;       // the shared-memory plan
+  std::string llvm_ir;         // before optimization
+  std::string llvm_ir_opt;     // after O3
+  std::string ptx;
+  std::vector<KernelParamInfo> params;
+  int num_threads = 128;
+  int64_t smem_bytes = 0;      // dynamic shared memory per program
+};
+
+/// Compiles `k` for `target`. UserError for programs the backend cannot lower (with the DSL line).
+CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target);
+
+/// The LLVM version linked into linac ("22.1.8").
+std::string llvm_version();
+
+}  // namespace linac::nvptx

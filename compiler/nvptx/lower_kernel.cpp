@@ -1,0 +1,515 @@
+// The kernel skeleton: parameters, coordinates of layouts, control flow and elementwise math.
+#include <fmt/format.h>
+#include <llvm/IR/IntrinsicsNVPTX.h>
+#include <llvm/IR/Intrinsics.h>
+
+#include "compiler/nvptx/lowering.h"
+
+namespace linac::nvptx {
+
+using ir::OpCode;
+using passes::Layout;
+using passes::ValueClass;
+
+KernelLowering::KernelLowering(const ir::Kernel& k, const passes::LayoutMap& layouts, const passes::SmemPlan& smem,
+                               llvm::Module& m, std::vector<KernelParamInfo>* abi)
+    : k_(k), layouts_(layouts), smem_(smem), m_(m), ctx_(m.getContext()), b_(m.getContext()), abi_(abi) {}
+
+llvm::Type* KernelLowering::llvm_type(DType t) {
+  switch (t) {
+    case DType::i1: return b_.getInt1Ty();
+    case DType::i32: return b_.getInt32Ty();
+    case DType::i64: return b_.getInt64Ty();
+    case DType::f16: return b_.getHalfTy();
+    case DType::bf16: return b_.getBFloatTy();
+    case DType::f32: return b_.getFloatTy();
+    case DType::f64: return b_.getDoubleTy();
+  }
+  throw InternalError("bad dtype");
+}
+
+void KernelLowering::create_function() {
+  std::vector<llvm::Type*> types;
+  for (const auto& p : k_.params) {
+    const ir::Type& t = p.value->type;
+    KernelParamInfo info{p.name, t.is_tensor(), t.dtype, t.rank()};
+    abi_->push_back(info);
+    if (t.is_tensor()) {
+      types.push_back(llvm::PointerType::get(ctx_, 1));
+      for (int d = 0; d < t.rank(); ++d) types.push_back(b_.getInt32Ty());
+      for (int d = 0; d < t.rank(); ++d) types.push_back(b_.getInt64Ty());
+    } else {
+      types.push_back(llvm_type(t.dtype));
+    }
+  }
+  auto* fty = llvm::FunctionType::get(b_.getVoidTy(), types, false);
+  fn_ = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, k_.name, m_);
+  fn_->setCallingConv(llvm::CallingConv::PTX_Kernel);
+  int nthreads = k_.num_warps * 32;
+  fn_->addFnAttr("nvvm.maxntid", std::to_string(nthreads));
+  fn_->addFnAttr(llvm::Attribute::NoUnwind);
+
+  // Debug info (line tables only): PTX .loc lines point at the DSL source.
+  di_ = std::make_unique<llvm::DIBuilder>(m_);
+  std::string file = k_.loc.known() ? k_.loc.file : "<dsl>";
+  auto* di_file = di_->createFile(file, ".");
+  di_files_[file] = di_file;
+  auto* cu = di_->createCompileUnit(llvm::dwarf::DW_LANG_C_plus_plus_14, di_file, "linac", true, "", 0, "",
+                                    llvm::DICompileUnit::LineTablesOnly);
+  auto* sty = di_->createSubroutineType(di_->getOrCreateTypeArray({}));
+  di_sub_ = di_->createFunction(cu, k_.name, k_.name, di_file, k_.loc.line, sty, k_.loc.line,
+                                llvm::DINode::FlagZero, llvm::DISubprogram::SPFlagDefinition);
+  fn_->setSubprogram(di_sub_);
+
+  auto* entry = llvm::BasicBlock::Create(ctx_, "entry", fn_);
+  b_.SetInsertPoint(entry);
+  set_location(k_.loc);
+  tid_ = b_.CreateIntrinsic(llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x, {});
+  auto* smem_ty = llvm::ArrayType::get(b_.getInt8Ty(), 0);
+  auto* gv = new llvm::GlobalVariable(m_, smem_ty, false, llvm::GlobalValue::ExternalLinkage, nullptr, "linac_smem",
+                                      nullptr, llvm::GlobalValue::NotThreadLocal, 3);
+  gv->setAlignment(llvm::Align(16));
+  smem_ptr_ = gv;
+
+  auto arg = fn_->arg_begin();
+  for (const auto& p : k_.params) {
+    const ir::Type& t = p.value->type;
+    if (t.is_tensor()) {
+      TensorView tv;
+      tv.dtype = t.dtype;
+      tv.ptr = &*arg++;
+      tv.ptr->setName(p.name);
+      for (int d = 0; d < t.rank(); ++d) {
+        arg->setName(fmt::format("{}_dim{}", p.name, d));
+        tv.dims.push_back(&*arg++);
+      }
+      for (int d = 0; d < t.rank(); ++d) {
+        arg->setName(fmt::format("{}_stride{}", p.name, d));
+        tv.strides.push_back(&*arg++);
+      }
+      tensors_[p.value] = tv;
+    } else {
+      arg->setName(p.name);
+      regs_[p.value] = {&*arg++};
+    }
+  }
+}
+
+void KernelLowering::set_location(const SourceLoc& loc) {
+  if (!loc.known()) return;
+  auto it = di_files_.find(loc.file);
+  if (it == di_files_.end()) it = di_files_.emplace(loc.file, di_->createFile(loc.file, ".")).first;
+  // Ops of other files (a helper header) still need a scope of this function; the file is kept
+  // through a lexical block so .loc names the right file.
+  llvm::DIScope* scope = di_sub_;
+  if (it->second != di_sub_->getFile()) scope = di_->createLexicalBlockFile(di_sub_, it->second);
+  b_.SetCurrentDebugLocation(llvm::DILocation::get(ctx_, loc.line, loc.col, scope));
+}
+
+void KernelLowering::run() {
+  create_function();
+  lower_block(k_.body);
+  b_.CreateRetVoid();
+  di_->finalize();
+}
+
+void KernelLowering::barrier() { b_.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_all, {i32(0)}); }
+
+void KernelLowering::lower_block(const ir::Block& blk) {
+  for (const auto& op : blk.ops) {
+    if (op->code == OpCode::Yield) continue;  // handled by the enclosing for/if
+    set_location(op->loc);
+    lower_op(*op);
+    for (const ir::Value* v : op->results)
+      if (smem_.buffers.count(v)) spill(v);
+  }
+}
+
+llvm::Value* KernelLowering::scalar(const ir::Value* v) {
+  auto it = regs_.find(v);
+  LINAC_INTERNAL_CHECK(it != regs_.end() && it->second.size() == 1, "scalar value not lowered");
+  return it->second[0];
+}
+
+void KernelLowering::lower_op(const ir::Op& op) {
+  const bool scalar_result = !op.results.empty() && op.result()->type.is_scalar();
+  switch (op.code) {
+    case OpCode::For: lower_for(op); return;
+    case OpCode::If: lower_if(op); return;
+    case OpCode::Load: lower_load(op); return;
+    case OpCode::Store: lower_store(op); return;
+    case OpCode::Dot: lower_dot(op); return;
+    case OpCode::Reduce: lower_reduce(op); return;
+    case OpCode::Scan: lower_scan(op); return;
+    case OpCode::ProgramId:
+    case OpCode::NumPrograms: {
+      static constexpr llvm::Intrinsic::ID ctaid[] = {llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x,
+                                                      llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_y,
+                                                      llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_z};
+      static constexpr llvm::Intrinsic::ID nctaid[] = {llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x,
+                                                       llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_y,
+                                                       llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_z};
+      auto id = (op.code == OpCode::ProgramId ? ctaid : nctaid)[op.attrs.axis];
+      regs_[op.result()] = {b_.CreateIntrinsic(id, {})};
+      return;
+    }
+    case OpCode::Dim:
+      regs_[op.result()] = {tensors_.at(op.operands[0]).dims.at(op.attrs.axis)};
+      return;
+    default: break;
+  }
+  if (scalar_result) {
+    // Uniform scalar math: every thread computes it.
+    if (op.code == OpCode::Constant) {
+      regs_[op.result()] = {eval_at(op.result(), {})};
+      return;
+    }
+    std::vector<llvm::Value*> args;
+    for (const ir::Value* o : op.operands) args.push_back(scalar(o));
+    regs_[op.result()] = {element_op(op, args)};
+    return;
+  }
+  // Tiles: rematerialized and view values are evaluated where used; data values are computed now.
+  ValueClass c = cls(op.result());
+  if (c == ValueClass::Remat || c == ValueClass::View) return;
+  if (ir::is_elementwise(op.code)) {
+    lower_data_elementwise(op);
+    return;
+  }
+  throw InternalError(fmt::format("no GPU lowering for data op {}", ir::opcode_name(op.code)));
+}
+
+void KernelLowering::lower_data_elementwise(const ir::Op& op) {
+  const Layout& l = layout(op.result());
+  std::vector<Regs> in;
+  for (const ir::Value* o : op.operands) in.push_back(get_in_layout(o, l));
+  Regs out(l.regs_per_thread());
+  for (int r = 0; r < l.regs_per_thread(); ++r) {
+    std::vector<llvm::Value*> args;
+    for (auto& x : in) args.push_back(x[r]);
+    out[r] = element_op(op, args);
+  }
+  regs_[op.result()] = std::move(out);
+}
+
+// ---- coordinates --------------------------------------------------------------------------------
+
+Coords KernelLowering::coords_of(const Layout& l, int r) {
+  switch (l.kind) {
+    case Layout::Kind::Uniform: return {};
+    case Layout::Kind::Blocked: {
+      int64_t reg_off = l.register_coords(r)[0];
+      llvm::Value* lin = b_.CreateAdd(b_.CreateMul(tid_, i32(l.vec)), i32(reg_off));
+      int64_t covered = int64_t{l.num_threads} * l.vec * ((l.regs_per_thread() + l.vec - 1) / l.vec);
+      if (covered > l.numel()) lin = b_.CreateURem(lin, i32(l.numel()));  // replicated tile
+      if (l.shape.size() == 1) return {lin};
+      return {b_.CreateUDiv(lin, i32(l.shape[1])), b_.CreateURem(lin, i32(l.shape[1]))};
+    }
+    case Layout::Kind::Mma: {
+      auto rc = l.register_coords(r);
+      llvm::Value* warp = b_.CreateUDiv(tid_, i32(32));
+      llvm::Value* lane = b_.CreateURem(tid_, i32(32));
+      llvm::Value* warp_n = b_.CreateURem(warp, i32(l.wn));
+      llvm::Value* warp_m = b_.CreateURem(b_.CreateUDiv(warp, i32(l.wn)), i32(l.wm));
+      llvm::Value* row = b_.CreateAdd(b_.CreateMul(warp_m, i32(l.shape[0] / l.wm)), b_.CreateUDiv(lane, i32(4)));
+      llvm::Value* col =
+          b_.CreateAdd(b_.CreateMul(warp_n, i32(l.shape[1] / l.wn)), b_.CreateMul(b_.CreateURem(lane, i32(4)), i32(2)));
+      return {b_.CreateAdd(row, i32(rc[0])), b_.CreateAdd(col, i32(rc[1]))};
+    }
+  }
+  throw InternalError("bad layout");
+}
+
+llvm::Value* KernelLowering::is_owner(const Layout& l, int r) {
+  switch (l.kind) {
+    case Layout::Kind::Uniform: return b_.CreateICmpEQ(tid_, i32(0));
+    case Layout::Kind::Blocked: {
+      int64_t reg_off = l.register_coords(r)[0];
+      return b_.CreateICmpULT(b_.CreateAdd(b_.CreateMul(tid_, i32(l.vec)), i32(reg_off)), i32(l.numel()));
+    }
+    case Layout::Kind::Mma: return b_.CreateICmpULT(tid_, i32(int64_t{l.wm} * l.wn * 32));
+  }
+  throw InternalError("bad layout");
+}
+
+Regs KernelLowering::get_in_layout(const ir::Value* v, const Layout& l) {
+  if (v->type.is_scalar()) {
+    llvm::Value* s = scalar(v);
+    return Regs(l.regs_per_thread(), s);
+  }
+  if (cls(v) == ValueClass::Data && layout(v) == l) return regs_.at(v);
+  Regs out(l.regs_per_thread());
+  for (int r = 0; r < l.regs_per_thread(); ++r) out[r] = eval_at(v, coords_of(l, r));
+  return out;
+}
+
+llvm::Value* KernelLowering::eval_at(const ir::Value* v, const Coords& c) {
+  if (v->type.is_scalar() && v->def && v->def->code != OpCode::Constant) return scalar(v);
+  if (v->type.is_scalar() && !v->def) return scalar(v);
+  ValueClass vc = v->type.is_scalar() ? ValueClass::Scalar : cls(v);
+  if (vc == ValueClass::Data) return smem_read(v, c);
+  const ir::Op& op = *v->def;
+  switch (op.code) {
+    case OpCode::Constant: {
+      DType t = v->type.dtype;
+      if (is_float(t)) return llvm::ConstantFP::get(llvm_type(t), op.attrs.fvalue);
+      return llvm::ConstantInt::get(llvm_type(t), op.attrs.ivalue, true);
+    }
+    case OpCode::Iota: return c.at(0);
+    case OpCode::Splat: return scalar(op.operands[0]);
+    case OpCode::ExpandDims: {
+      Coords src = c;
+      src.erase(src.begin() + op.attrs.axis);
+      return eval_at(op.operands[0], src);
+    }
+    case OpCode::Broadcast: {
+      const auto& s = op.operands[0]->type.shape;
+      Coords src = c;
+      for (size_t d = 0; d < s.size(); ++d)
+        if (s[d] == 1) src[d] = i32(0);
+      return eval_at(op.operands[0], src);
+    }
+    case OpCode::Transpose: {
+      Coords src(c.size());
+      for (size_t i = 0; i < c.size(); ++i) src[op.attrs.perm[i]] = c[i];
+      return eval_at(op.operands[0], src);
+    }
+    case OpCode::Reshape: {
+      const auto& dst = v->type.shape;
+      const auto& s = op.operands[0]->type.shape;
+      llvm::Value* lin = i32(0);
+      for (size_t d = 0; d < dst.size(); ++d) lin = b_.CreateAdd(b_.CreateMul(lin, i32(dst[d])), c[d]);
+      Coords src(s.size());
+      for (int d = static_cast<int>(s.size()) - 1; d >= 0; --d) {
+        src[d] = b_.CreateURem(lin, i32(s[d]));
+        lin = b_.CreateUDiv(lin, i32(s[d]));
+      }
+      return eval_at(op.operands[0], src);
+    }
+    default: break;
+  }
+  if (ir::is_elementwise(op.code)) {
+    std::vector<llvm::Value*> args;
+    for (const ir::Value* o : op.operands) args.push_back(eval_at(o, c));
+    return element_op(op, args);
+  }
+  throw InternalError(fmt::format("cannot rematerialize {}", ir::opcode_name(op.code)));
+}
+
+// ---- elementwise math ---------------------------------------------------------------------------
+
+llvm::Value* KernelLowering::convert(llvm::Value* x, DType from, DType to) {
+  if (from == to) return x;
+  llvm::Type* ty = llvm_type(to);
+  if (to == DType::i1) {
+    if (is_float(from)) return b_.CreateFCmpUNE(x, llvm::ConstantFP::get(x->getType(), 0.0));
+    return b_.CreateICmpNE(x, llvm::ConstantInt::get(x->getType(), 0));
+  }
+  if (is_float(from) && is_float(to)) {
+    if (dtype_bytes(to) > dtype_bytes(from)) return b_.CreateFPExt(x, ty);
+    if ((from == DType::bf16 && to == DType::f16) || (from == DType::f16 && to == DType::bf16))
+      return b_.CreateFPTrunc(b_.CreateFPExt(x, b_.getFloatTy()), ty);
+    return b_.CreateFPTrunc(x, ty);
+  }
+  if (is_float(from)) return b_.CreateIntrinsic(llvm::Intrinsic::fptosi_sat, {ty, x->getType()}, {x});
+  if (is_float(to)) return from == DType::i1 ? b_.CreateUIToFP(x, ty) : b_.CreateSIToFP(x, ty);
+  if (from == DType::i1) return b_.CreateZExt(x, ty);
+  return b_.CreateSExtOrTrunc(x, ty);
+}
+
+llvm::Value* KernelLowering::element_op(const ir::Op& op, const std::vector<llvm::Value*>& args) {
+  const DType t = op.operands.empty() ? op.result()->type.dtype : op.operands.back()->type.dtype;
+  auto f32 = b_.getFloatTy();
+  // 16-bit floats compute in f32 and round once, as the interpreter does.
+  auto widen = [&](llvm::Value* x) { return (t == DType::bf16 || t == DType::f16) ? b_.CreateFPExt(x, f32) : x; };
+  auto narrow = [&](llvm::Value* x) {
+    return (t == DType::bf16 || t == DType::f16) ? b_.CreateFPTrunc(x, llvm_type(t)) : x;
+  };
+  auto ex2 = [&](llvm::Value* x) {
+    if (x->getType() == f32) return b_.CreateIntrinsic(llvm::Intrinsic::nvvm_ex2_approx_ftz, {f32}, {x});
+    return b_.CreateIntrinsic(llvm::Intrinsic::exp2, {x->getType()}, {x});
+  };
+  auto lg2 = [&](llvm::Value* x) {
+    if (x->getType() == f32) return b_.CreateIntrinsic(llvm::Intrinsic::nvvm_lg2_approx_ftz_f, {}, {x});
+    return b_.CreateIntrinsic(llvm::Intrinsic::log2, {x->getType()}, {x});
+  };
+  auto fconst = [&](llvm::Value* like, double c) { return llvm::ConstantFP::get(like->getType(), c); };
+  constexpr double kLog2e = 1.4426950408889634, kLn2 = 0.6931471805599453;
+  switch (op.code) {
+    case OpCode::Cast: return convert(args[0], op.operands[0]->type.dtype, op.attrs.dtype);
+    case OpCode::Select: return b_.CreateSelect(args[0], args[1], args[2]);
+    case OpCode::And: return b_.CreateAnd(args[0], args[1]);
+    case OpCode::Or: return b_.CreateOr(args[0], args[1]);
+    case OpCode::Not: return b_.CreateNot(args[0]);
+    case OpCode::Cmp: {
+      if (is_float(t)) {
+        static constexpr llvm::CmpInst::Predicate fp[] = {llvm::CmpInst::FCMP_OLT, llvm::CmpInst::FCMP_OLE,
+                                                          llvm::CmpInst::FCMP_OGT, llvm::CmpInst::FCMP_OGE,
+                                                          llvm::CmpInst::FCMP_OEQ, llvm::CmpInst::FCMP_UNE};
+        return b_.CreateFCmp(fp[static_cast<int>(op.attrs.pred)], args[0], args[1]);
+      }
+      static constexpr llvm::CmpInst::Predicate ip[] = {llvm::CmpInst::ICMP_SLT, llvm::CmpInst::ICMP_SLE,
+                                                        llvm::CmpInst::ICMP_SGT, llvm::CmpInst::ICMP_SGE,
+                                                        llvm::CmpInst::ICMP_EQ, llvm::CmpInst::ICMP_NE};
+      return b_.CreateICmp(ip[static_cast<int>(op.attrs.pred)], args[0], args[1]);
+    }
+    default: break;
+  }
+  if (is_int(t)) {
+    switch (op.code) {
+      case OpCode::Add: return b_.CreateAdd(args[0], args[1]);
+      case OpCode::Sub: return b_.CreateSub(args[0], args[1]);
+      case OpCode::Mul: return b_.CreateMul(args[0], args[1]);
+      case OpCode::Div: return b_.CreateSDiv(args[0], args[1]);
+      case OpCode::Rem: return b_.CreateSRem(args[0], args[1]);
+      case OpCode::Max: return b_.CreateBinaryIntrinsic(llvm::Intrinsic::smax, args[0], args[1]);
+      case OpCode::Min: return b_.CreateBinaryIntrinsic(llvm::Intrinsic::smin, args[0], args[1]);
+      case OpCode::Neg: return b_.CreateNeg(args[0]);
+      case OpCode::Abs: return b_.CreateBinaryIntrinsic(llvm::Intrinsic::abs, args[0], b_.getFalse());
+      default: break;
+    }
+    throw UserError(op.loc, fmt::format("{} on integers has no GPU lowering", ir::opcode_name(op.code)));
+  }
+  llvm::Value* x = widen(args[0]);
+  llvm::Value* y = args.size() > 1 ? widen(args[1]) : nullptr;
+  llvm::Value* r = nullptr;
+  switch (op.code) {
+    case OpCode::Add: r = b_.CreateFAdd(x, y); break;
+    case OpCode::Sub: r = b_.CreateFSub(x, y); break;
+    case OpCode::Mul: r = b_.CreateFMul(x, y); break;
+    case OpCode::Div: r = b_.CreateFDiv(x, y); break;
+    case OpCode::Rem: r = b_.CreateFRem(x, y); break;
+    case OpCode::Max: r = b_.CreateBinaryIntrinsic(llvm::Intrinsic::maxnum, x, y); break;
+    case OpCode::Min: r = b_.CreateBinaryIntrinsic(llvm::Intrinsic::minnum, x, y); break;
+    case OpCode::Pow: r = ex2(b_.CreateFMul(y, lg2(x))); break;
+    case OpCode::Neg: r = b_.CreateFNeg(x); break;
+    case OpCode::Exp: r = ex2(b_.CreateFMul(x, fconst(x, kLog2e))); break;
+    case OpCode::Exp2: r = ex2(x); break;
+    case OpCode::Log: r = b_.CreateFMul(lg2(x), fconst(x, kLn2)); break;
+    case OpCode::Log2: r = lg2(x); break;
+    case OpCode::Sigmoid:
+      r = b_.CreateFDiv(fconst(x, 1.0), b_.CreateFAdd(fconst(x, 1.0), ex2(b_.CreateFMul(x, fconst(x, -kLog2e)))));
+      break;
+    case OpCode::Sqrt: r = b_.CreateIntrinsic(llvm::Intrinsic::sqrt, {x->getType()}, {x}); break;
+    case OpCode::Rsqrt:
+      r = b_.CreateFDiv(fconst(x, 1.0), b_.CreateIntrinsic(llvm::Intrinsic::sqrt, {x->getType()}, {x}));
+      break;
+    case OpCode::Abs: r = b_.CreateIntrinsic(llvm::Intrinsic::fabs, {x->getType()}, {x}); break;
+    default: throw InternalError(fmt::format("no element lowering for {}", ir::opcode_name(op.code)));
+  }
+  return narrow(r);
+}
+
+// ---- control flow -------------------------------------------------------------------------------
+
+std::vector<llvm::Value*> KernelLowering::emit_counted_loop(
+    llvm::Value* lo, llvm::Value* hi, std::vector<llvm::Value*> init,
+    const std::function<std::vector<llvm::Value*>(llvm::Value*, const std::vector<llvm::Value*>&)>& body) {
+  llvm::BasicBlock* pre = b_.GetInsertBlock();
+  auto* header = llvm::BasicBlock::Create(ctx_, "loop", fn_);
+  auto* body_bb = llvm::BasicBlock::Create(ctx_, "loop.body", fn_);
+  auto* exit = llvm::BasicBlock::Create(ctx_, "loop.exit", fn_);
+  b_.CreateBr(header);
+  b_.SetInsertPoint(header);
+  llvm::PHINode* j = b_.CreatePHI(b_.getInt32Ty(), 2);
+  j->addIncoming(lo, pre);
+  std::vector<llvm::PHINode*> phis;
+  std::vector<llvm::Value*> cur;
+  for (llvm::Value* v : init) {
+    auto* p = b_.CreatePHI(v->getType(), 2);
+    p->addIncoming(v, pre);
+    phis.push_back(p);
+    cur.push_back(p);
+  }
+  b_.CreateCondBr(b_.CreateICmpSLT(j, hi), body_bb, exit);
+  b_.SetInsertPoint(body_bb);
+  std::vector<llvm::Value*> next = body(j, cur);
+  llvm::BasicBlock* latch = b_.GetInsertBlock();
+  j->addIncoming(b_.CreateAdd(j, i32(1)), latch);
+  for (size_t i = 0; i < phis.size(); ++i) phis[i]->addIncoming(next[i], latch);
+  b_.CreateBr(header);
+  b_.SetInsertPoint(exit);
+  return cur;
+}
+
+void KernelLowering::lower_for(const ir::Op& op) {
+  const ir::Block& body = *op.regions[0];
+  llvm::Value* lo = scalar(op.operands[0]);
+  llvm::Value* hi = scalar(op.operands[1]);
+  llvm::Value* step = scalar(op.operands[2]);
+  // Carried values enter in the layout of the body's argument.
+  std::vector<Regs> inits;
+  for (size_t i = 0; i < op.results.size(); ++i) inits.push_back(get_in_layout(op.operands[3 + i], layout(body.args[i + 1])));
+
+  llvm::BasicBlock* pre = b_.GetInsertBlock();
+  auto* header = llvm::BasicBlock::Create(ctx_, "for", fn_);
+  auto* body_bb = llvm::BasicBlock::Create(ctx_, "for.body", fn_);
+  auto* exit = llvm::BasicBlock::Create(ctx_, "for.exit", fn_);
+  b_.CreateBr(header);
+  b_.SetInsertPoint(header);
+  llvm::PHINode* iv = b_.CreatePHI(b_.getInt32Ty(), 2, "iv");
+  iv->addIncoming(lo, pre);
+  regs_[body.args[0]] = {iv};
+  std::vector<std::vector<llvm::PHINode*>> phis(op.results.size());
+  for (size_t i = 0; i < op.results.size(); ++i) {
+    Regs rs;
+    for (llvm::Value* init : inits[i]) {
+      auto* p = b_.CreatePHI(init->getType(), 2);
+      p->addIncoming(init, pre);
+      phis[i].push_back(p);
+      rs.push_back(p);
+    }
+    regs_[body.args[i + 1]] = rs;
+  }
+  b_.CreateCondBr(b_.CreateICmpSLT(iv, hi), body_bb, exit);
+  b_.SetInsertPoint(body_bb);
+  for (size_t i = 0; i < op.results.size(); ++i)
+    if (smem_.buffers.count(body.args[i + 1])) spill(body.args[i + 1]);
+  lower_block(body);
+  const ir::Op& yield = *body.ops.back();
+  set_location(yield.loc);
+  std::vector<Regs> next;
+  for (size_t i = 0; i < op.results.size(); ++i) next.push_back(get_in_layout(yield.operands[i], layout(body.args[i + 1])));
+  llvm::BasicBlock* latch = b_.GetInsertBlock();
+  iv->addIncoming(b_.CreateAdd(iv, step), latch);
+  for (size_t i = 0; i < op.results.size(); ++i)
+    for (size_t r = 0; r < phis[i].size(); ++r) phis[i][r]->addIncoming(next[i][r], latch);
+  b_.CreateBr(header);
+  b_.SetInsertPoint(exit);
+  for (size_t i = 0; i < op.results.size(); ++i) regs_[op.results[i]] = regs_.at(body.args[i + 1]);
+}
+
+void KernelLowering::lower_if(const ir::Op& op) {
+  llvm::Value* cond = scalar(op.operands[0]);
+  auto* then_bb = llvm::BasicBlock::Create(ctx_, "if.then", fn_);
+  auto* else_bb = llvm::BasicBlock::Create(ctx_, "if.else", fn_);
+  auto* merge = llvm::BasicBlock::Create(ctx_, "if.end", fn_);
+  b_.CreateCondBr(cond, then_bb, else_bb);
+  std::vector<std::pair<std::vector<Regs>, llvm::BasicBlock*>> arms;
+  llvm::BasicBlock* blocks[] = {then_bb, else_bb};
+  for (size_t a = 0; a < 2; ++a) {
+    b_.SetInsertPoint(blocks[a]);
+    std::vector<Regs> vals;
+    if (a < op.regions.size()) {
+      const ir::Block& region = *op.regions[a];
+      lower_block(region);
+      const ir::Op& yield = *region.ops.back();
+      for (size_t i = 0; i < op.results.size(); ++i) vals.push_back(get_in_layout(yield.operands[i], layout(op.results[i])));
+    }
+    arms.push_back({vals, b_.GetInsertBlock()});
+    b_.CreateBr(merge);
+  }
+  b_.SetInsertPoint(merge);
+  for (size_t i = 0; i < op.results.size(); ++i) {
+    Regs rs;
+    for (size_t r = 0; r < arms[0].first[i].size(); ++r) {
+      auto* p = b_.CreatePHI(arms[0].first[i][r]->getType(), 2);
+      p->addIncoming(arms[0].first[i][r], arms[0].second);
+      p->addIncoming(arms[1].first[i][r], arms[1].second);
+      rs.push_back(p);
+    }
+    regs_[op.results[i]] = rs;
+  }
+}
+
+}  // namespace linac::nvptx

@@ -1,0 +1,239 @@
+// Global memory (masked, vectorized loads and stores of tensor blocks) and shared memory (spills of
+// tiles that are read at other coordinates, and the reads).
+#include <fmt/format.h>
+#include <llvm/IR/IntrinsicsNVPTX.h>
+
+#include "compiler/nvptx/lowering.h"
+
+namespace linac::nvptx {
+
+using ir::OpCode;
+using passes::Layout;
+using passes::ValueClass;
+
+namespace {
+
+/// Addressing of one load/store: the tensor, its offsets and limits, and which tensor dim each tile
+/// axis walks.
+struct BlockAccess {
+  const TensorView* tensor;
+  std::vector<llvm::Value*> offsets;  // i32 per tensor dim
+  std::vector<llvm::Value*> bounds;   // i32 per tensor dim: min(limit, dim)
+  std::vector<int64_t> dims;          // tensor dim of each tile axis
+};
+
+}  // namespace
+
+namespace {
+
+BlockAccess make_access(KernelLowering* self, llvm::IRBuilder<>& b, const TensorView& tv, const ir::Op& op,
+                        const std::function<llvm::Value*(const ir::Value*)>& scalar) {
+  (void)self;
+  BlockAccess a;
+  a.tensor = &tv;
+  int rank = static_cast<int>(tv.dims.size());
+  for (int d = 0; d < rank; ++d) {
+    llvm::Value* off = scalar(op.operands[1 + d]);
+    if (off->getType() != b.getInt32Ty()) off = b.CreateTrunc(off, b.getInt32Ty());
+    a.offsets.push_back(off);
+  }
+  for (int d = 0; d < rank; ++d) {
+    llvm::Value* lim = scalar(op.operands[1 + rank + d]);
+    if (lim->getType() != b.getInt32Ty()) lim = b.CreateTrunc(lim, b.getInt32Ty());
+    a.bounds.push_back(b.CreateBinaryIntrinsic(llvm::Intrinsic::smin, lim, tv.dims[d]));
+  }
+  a.dims = op.attrs.dims;
+  return a;
+}
+
+/// Tensor indices, in-bounds predicate and element offset (i64) of the element at tile coords `c`.
+struct ElementAddr {
+  llvm::Value* in_bounds;
+  llvm::Value* offset;  // elements from the base pointer
+};
+
+ElementAddr element_addr(llvm::IRBuilder<>& b, const BlockAccess& a, const Coords& c) {
+  llvm::Value* ok = b.getTrue();
+  llvm::Value* off = b.getInt64(0);
+  for (size_t d = 0; d < a.offsets.size(); ++d) {
+    llvm::Value* idx = a.offsets[d];
+    for (size_t ax = 0; ax < a.dims.size(); ++ax)
+      if (a.dims[ax] == static_cast<int64_t>(d)) idx = b.CreateAdd(idx, c[ax]);
+    // 0 <= idx < bound as one unsigned compare (a negative idx wraps to a huge value).
+    ok = b.CreateAnd(ok, b.CreateICmpULT(idx, a.bounds[d]));
+    off = b.CreateAdd(off, b.CreateMul(b.CreateSExt(idx, b.getInt64Ty()), a.tensor->strides[d]));
+  }
+  return {ok, off};
+}
+
+}  // namespace
+
+void KernelLowering::lower_load(const ir::Op& op) {
+  const TensorView& tv = tensors_.at(op.operands[0]);
+  BlockAccess acc = make_access(this, b_, tv, op, [&](const ir::Value* v) { return scalar(v); });
+  llvm::Type* ety = llvm_type(tv.dtype == DType::i1 ? DType::i1 : tv.dtype);
+  llvm::Type* mem_ty = tv.dtype == DType::i1 ? b_.getInt8Ty() : ety;
+  auto load_one = [&](const Coords& c) -> llvm::Value* {
+    ElementAddr ea = element_addr(b_, acc, c);
+    // Masked lanes read the first element instead (tensor pointers are never null: the launcher
+    // passes a valid allocation even for empty tensors) and the value is replaced by 0.
+    llvm::Value* safe = b_.CreateSelect(ea.in_bounds, ea.offset, b_.getInt64(0));
+    llvm::Value* ptr = b_.CreateGEP(mem_ty, tv.ptr, safe);
+    llvm::Value* x = b_.CreateLoad(mem_ty, ptr);
+    if (tv.dtype == DType::i1) x = b_.CreateICmpNE(x, b_.getInt8(0));
+    return b_.CreateSelect(ea.in_bounds, x, llvm::Constant::getNullValue(ety));
+  };
+  if (op.result()->type.is_scalar()) {
+    regs_[op.result()] = {load_one({})};
+    return;
+  }
+  const Layout& l = layout(op.result());
+  int n = l.regs_per_thread();
+  Regs out(n);
+  const int64_t inner_dim = acc.dims.back();
+  const bool can_vectorize = l.kind == Layout::Kind::Blocked && l.vec > 1 && tv.dtype != DType::i1;
+  for (int r = 0; r < n; r += can_vectorize ? l.vec : 1) {
+    if (!can_vectorize) {
+      out[r] = load_one(coords_of(l, r));
+      continue;
+    }
+    // A run of `vec` elements along the tile's last axis: one vector load when the run is inside the
+    // tensor, contiguous (unit stride) and aligned; element by element otherwise (edges, odd strides).
+    Coords first = coords_of(l, r), last = coords_of(l, r + l.vec - 1);
+    ElementAddr a0 = element_addr(b_, acc, first), a1 = element_addr(b_, acc, last);
+    llvm::Value* contiguous = b_.CreateICmpEQ(tv.strides[inner_dim], b_.getInt64(1));
+    llvm::Value* aligned = b_.CreateICmpEQ(b_.CreateAnd(a0.offset, b_.getInt64(l.vec - 1)), b_.getInt64(0));
+    llvm::Value* fast = b_.CreateAnd(b_.CreateAnd(a0.in_bounds, a1.in_bounds), b_.CreateAnd(contiguous, aligned));
+    llvm::BasicBlock* fast_bb = llvm::BasicBlock::Create(ctx_, "ld.vec", fn_);
+    llvm::BasicBlock* slow_bb = llvm::BasicBlock::Create(ctx_, "ld.scalar", fn_);
+    llvm::BasicBlock* join = llvm::BasicBlock::Create(ctx_, "ld.join", fn_);
+    b_.CreateCondBr(fast, fast_bb, slow_bb);
+    b_.SetInsertPoint(fast_bb);
+    auto* vty = llvm::FixedVectorType::get(ety, l.vec);
+    llvm::Value* vptr = b_.CreateGEP(ety, tv.ptr, a0.offset);
+    llvm::Value* vec = b_.CreateAlignedLoad(vty, vptr, llvm::Align(dtype_bytes(tv.dtype) * l.vec));
+    std::vector<llvm::Value*> fast_vals;
+    for (int j = 0; j < l.vec; ++j) fast_vals.push_back(b_.CreateExtractElement(vec, j));
+    llvm::BasicBlock* fast_end = b_.GetInsertBlock();
+    b_.CreateBr(join);
+    b_.SetInsertPoint(slow_bb);
+    std::vector<llvm::Value*> slow_vals;
+    for (int j = 0; j < l.vec; ++j) slow_vals.push_back(load_one(coords_of(l, r + j)));
+    llvm::BasicBlock* slow_end = b_.GetInsertBlock();
+    b_.CreateBr(join);
+    b_.SetInsertPoint(join);
+    for (int j = 0; j < l.vec; ++j) {
+      auto* phi = b_.CreatePHI(ety, 2);
+      phi->addIncoming(fast_vals[j], fast_end);
+      phi->addIncoming(slow_vals[j], slow_end);
+      out[r + j] = phi;
+    }
+  }
+  regs_[op.result()] = std::move(out);
+}
+
+void KernelLowering::lower_store(const ir::Op& op) {
+  const TensorView& tv = tensors_.at(op.operands[0]);
+  BlockAccess acc = make_access(this, b_, tv, op, [&](const ir::Value* v) { return scalar(v); });
+  const ir::Value* val = op.operands.back();
+  llvm::Type* mem_ty = tv.dtype == DType::i1 ? b_.getInt8Ty() : llvm_type(tv.dtype);
+  auto store_one = [&](llvm::Value* x, const Coords& c, llvm::Value* owner) {
+    ElementAddr ea = element_addr(b_, acc, c);
+    llvm::Value* pred = owner ? b_.CreateAnd(ea.in_bounds, owner) : ea.in_bounds;
+    llvm::BasicBlock* st = llvm::BasicBlock::Create(ctx_, "st", fn_);
+    llvm::BasicBlock* cont = llvm::BasicBlock::Create(ctx_, "st.cont", fn_);
+    b_.CreateCondBr(pred, st, cont);
+    b_.SetInsertPoint(st);
+    if (tv.dtype == DType::i1) x = b_.CreateZExt(x, b_.getInt8Ty());
+    b_.CreateStore(x, b_.CreateGEP(mem_ty, tv.ptr, ea.offset));
+    b_.CreateBr(cont);
+    b_.SetInsertPoint(cont);
+  };
+  if (val->type.is_scalar()) {
+    store_one(scalar(val), {}, b_.CreateICmpEQ(tid_, i32(0)));
+    return;
+  }
+  Layout l = cls(val) == ValueClass::Data
+                 ? layout(val)
+                 : Layout::blocked(val->type.shape, k_.num_warps * 32, dtype_bytes(val->type.dtype));
+  Regs rs = get_in_layout(val, l);
+  const bool replicated = l.kind == Layout::Kind::Mma ? l.wm * l.wn < k_.num_warps
+                                                      : int64_t{l.num_threads} * l.vec > l.numel();
+  const int64_t inner_dim = acc.dims.back();
+  const bool can_vectorize = l.kind == Layout::Kind::Blocked && l.vec > 1 && tv.dtype != DType::i1;
+  for (int r = 0; r < l.regs_per_thread(); r += can_vectorize ? l.vec : 1) {
+    llvm::Value* owner = replicated ? is_owner(l, r) : nullptr;
+    if (!can_vectorize) {
+      store_one(rs[r], coords_of(l, r), owner);
+      continue;
+    }
+    Coords first = coords_of(l, r), last = coords_of(l, r + l.vec - 1);
+    ElementAddr a0 = element_addr(b_, acc, first), a1 = element_addr(b_, acc, last);
+    llvm::Value* contiguous = b_.CreateICmpEQ(tv.strides[inner_dim], b_.getInt64(1));
+    llvm::Value* aligned = b_.CreateICmpEQ(b_.CreateAnd(a0.offset, b_.getInt64(l.vec - 1)), b_.getInt64(0));
+    llvm::Value* fast = b_.CreateAnd(b_.CreateAnd(a0.in_bounds, a1.in_bounds), b_.CreateAnd(contiguous, aligned));
+    if (owner) fast = b_.CreateAnd(fast, owner);
+    llvm::BasicBlock* fast_bb = llvm::BasicBlock::Create(ctx_, "st.vec", fn_);
+    llvm::BasicBlock* slow_bb = llvm::BasicBlock::Create(ctx_, "st.scalar", fn_);
+    llvm::BasicBlock* join = llvm::BasicBlock::Create(ctx_, "st.join", fn_);
+    b_.CreateCondBr(fast, fast_bb, slow_bb);
+    b_.SetInsertPoint(fast_bb);
+    llvm::Value* vec = llvm::PoisonValue::get(llvm::FixedVectorType::get(mem_ty, l.vec));
+    for (int j = 0; j < l.vec; ++j) vec = b_.CreateInsertElement(vec, rs[r + j], j);
+    b_.CreateAlignedStore(vec, b_.CreateGEP(mem_ty, tv.ptr, a0.offset), llvm::Align(dtype_bytes(tv.dtype) * l.vec));
+    b_.CreateBr(join);
+    b_.SetInsertPoint(slow_bb);
+    for (int j = 0; j < l.vec; ++j) store_one(rs[r + j], coords_of(l, r + j), owner);
+    b_.CreateBr(join);
+    b_.SetInsertPoint(join);
+  }
+}
+
+llvm::Value* KernelLowering::smem_addr(const passes::SmemBuffer& buf, const Coords& c) {
+  llvm::Value* idx = c.size() == 2 ? b_.CreateAdd(b_.CreateMul(c[0], i32(buf.row_stride)), c[1]) : c.at(0);
+  llvm::Type* ety = buf.dtype == DType::i1 ? b_.getInt8Ty() : llvm_type(buf.dtype);
+  llvm::Value* base = b_.CreateConstGEP1_64(b_.getInt8Ty(), smem_ptr_, buf.offset);
+  return b_.CreateGEP(ety, base, idx);
+}
+
+void KernelLowering::spill(const ir::Value* v) {
+  const passes::SmemBuffer& buf = smem_.buffers.at(v);
+  Layout l = cls(v) == ValueClass::Data
+                 ? layout(v)
+                 : Layout::blocked(v->type.shape, k_.num_warps * 32, dtype_bytes(v->type.dtype));
+  Regs rs = get_in_layout(v, l);
+  const bool replicated = l.kind == Layout::Kind::Mma ? l.wm * l.wn < k_.num_warps
+                                                      : int64_t{l.num_threads} * l.vec > l.numel();
+  // The buffer may still be read by other threads (a previous iteration, or a value whose live range
+  // ended just before): wait for them, write, then make the writes visible.
+  barrier();
+  for (int r = 0; r < l.regs_per_thread(); ++r) {
+    llvm::Value* x = rs[r];
+    if (v->type.dtype == DType::i1) x = b_.CreateZExt(x, b_.getInt8Ty());
+    llvm::Value* addr = smem_addr(buf, coords_of(l, r));
+    if (!replicated) {
+      b_.CreateStore(x, addr);
+      continue;
+    }
+    llvm::BasicBlock* st = llvm::BasicBlock::Create(ctx_, "spill", fn_);
+    llvm::BasicBlock* cont = llvm::BasicBlock::Create(ctx_, "spill.cont", fn_);
+    b_.CreateCondBr(is_owner(l, r), st, cont);
+    b_.SetInsertPoint(st);
+    b_.CreateStore(x, addr);
+    b_.CreateBr(cont);
+    b_.SetInsertPoint(cont);
+  }
+  barrier();
+}
+
+llvm::Value* KernelLowering::smem_read(const ir::Value* v, const Coords& c) {
+  auto it = smem_.buffers.find(v);
+  LINAC_INTERNAL_CHECK(it != smem_.buffers.end(), "tile read at foreign coordinates was not planned into shared memory");
+  const passes::SmemBuffer& buf = it->second;
+  llvm::Type* ety = v->type.dtype == DType::i1 ? b_.getInt8Ty() : llvm_type(v->type.dtype);
+  llvm::Value* x = b_.CreateLoad(ety, smem_addr(buf, c));
+  if (v->type.dtype == DType::i1) x = b_.CreateICmpNE(x, b_.getInt8(0));
+  return x;
+}
+
+}  // namespace linac::nvptx

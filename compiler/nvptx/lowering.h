@@ -1,0 +1,99 @@
+// Internal to compiler/nvptx: lowering of tile IR (with layouts and a shared-memory plan) to an LLVM
+// function for nvptx64-nvidia-cuda. Split over lower_*.cpp by concern:
+//   lower_kernel.cpp   entry, parameters, control flow, elementwise math, coordinates, rematerialization
+//   lower_memory.cpp   global loads/stores (masked, vectorized) and shared-memory spills/reads
+//   lower_dot.cpp      dot on tensor cores (ldmatrix + mma.sync m16n8k16) and the f32 FMA path
+//   lower_reduce.cpp   reductions and scans
+#pragma once
+#include <llvm/IR/DIBuilder.h>
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Module.h>
+
+#include <map>
+#include <vector>
+
+#include "compiler/ir/ir.h"
+#include "compiler/nvptx/codegen.h"
+#include "compiler/passes/layout.h"
+#include "compiler/passes/smem_plan.h"
+
+namespace linac::nvptx {
+
+using Regs = std::vector<llvm::Value*>;
+using Coords = std::vector<llvm::Value*>;  // i32, one per tile axis
+
+/// A tensor parameter as the kernel sees it: base pointer, sizes (i32) and strides (i64, elements).
+struct TensorView {
+  llvm::Value* ptr = nullptr;
+  std::vector<llvm::Value*> dims;
+  std::vector<llvm::Value*> strides;
+  DType dtype = DType::f32;
+};
+
+class KernelLowering {
+ public:
+  KernelLowering(const ir::Kernel& k, const passes::LayoutMap& layouts, const passes::SmemPlan& smem,
+                 llvm::Module& m, std::vector<KernelParamInfo>* abi);
+  void run();
+
+ private:
+  friend struct DotLowering;
+  // lower_kernel.cpp
+  void create_function();
+  void lower_block(const ir::Block& b);
+  void lower_op(const ir::Op& op);
+  void lower_for(const ir::Op& op);
+  void lower_if(const ir::Op& op);
+  void lower_data_elementwise(const ir::Op& op);
+  llvm::Value* element_op(const ir::Op& op, const std::vector<llvm::Value*>& args);
+  llvm::Value* convert(llvm::Value* x, DType from, DType to);
+  llvm::Value* eval_at(const ir::Value* v, const Coords& c);
+  Regs get_in_layout(const ir::Value* v, const passes::Layout& l);
+  Coords coords_of(const passes::Layout& l, int r);
+  llvm::Value* is_owner(const passes::Layout& l, int r);
+  llvm::Value* scalar(const ir::Value* v);
+  const passes::Layout& layout(const ir::Value* v) const { return layouts_.at(v); }
+  passes::ValueClass cls(const ir::Value* v) const { return smem_.classes.at(v); }
+  void set_location(const SourceLoc& loc);
+  llvm::Type* llvm_type(DType t);
+  llvm::Value* i32(int64_t v) { return b_.getInt32(static_cast<int32_t>(v)); }
+  llvm::Value* thread_id() { return tid_; }
+  void barrier();
+  /// Emits `for (j = lo; j < hi; ++j) accs = body(j, accs)` as an LLVM loop; returns the final accs.
+  std::vector<llvm::Value*> emit_counted_loop(llvm::Value* lo, llvm::Value* hi, std::vector<llvm::Value*> init,
+                                              const std::function<std::vector<llvm::Value*>(llvm::Value*, const std::vector<llvm::Value*>&)>& body);
+
+  // lower_memory.cpp
+  void lower_load(const ir::Op& op);
+  void lower_store(const ir::Op& op);
+  void spill(const ir::Value* v);
+  llvm::Value* smem_read(const ir::Value* v, const Coords& c);
+  llvm::Value* smem_addr(const passes::SmemBuffer& buf, const Coords& c);
+  llvm::Value* smem_base() { return smem_ptr_; }
+
+  // lower_dot.cpp
+  void lower_dot(const ir::Op& op);
+
+  // lower_reduce.cpp
+  void lower_reduce(const ir::Op& op);
+  void lower_scan(const ir::Op& op);
+
+  const ir::Kernel& k_;
+  const passes::LayoutMap& layouts_;
+  const passes::SmemPlan& smem_;
+  llvm::Module& m_;
+  llvm::LLVMContext& ctx_;
+  llvm::IRBuilder<> b_;
+  std::vector<KernelParamInfo>* abi_;
+  llvm::Function* fn_ = nullptr;
+  llvm::Value* tid_ = nullptr;
+  llvm::Value* smem_ptr_ = nullptr;  // the dynamic shared memory array
+  std::map<const ir::Value*, Regs> regs_;
+  std::map<const ir::Value*, TensorView> tensors_;
+  // Debug info: DSL lines become PTX .loc directives.
+  std::unique_ptr<llvm::DIBuilder> di_;
+  llvm::DISubprogram* di_sub_ = nullptr;
+  std::map<std::string, llvm::DIFile*> di_files_;
+};
+
+}  // namespace linac::nvptx

@@ -1,0 +1,251 @@
+#include "compiler/passes/layout.h"
+
+#include <fmt/format.h>
+#include <set>
+
+#include "compiler/ir/printer.h"
+
+namespace linac::passes {
+
+using ir::OpCode;
+
+Layout Layout::blocked(std::vector<int64_t> shape, int num_threads, int elem_bytes) {
+  Layout l;
+  l.kind = Kind::Blocked;
+  l.shape = std::move(shape);
+  l.num_threads = num_threads;
+  int64_t n = l.numel();
+  // Up to 16 bytes per thread per pass, as long as a pass of the whole program fits in the tile and
+  // each run of `vec` elements stays inside one row.
+  int64_t inner = l.shape.back();
+  int vec = std::max(1, 16 / std::max(1, elem_bytes));
+  while (vec > 1 && (n % (int64_t{num_threads} * vec) != 0 || inner % vec != 0)) vec /= 2;
+  l.vec = vec;
+  return l;
+}
+
+bool Layout::mma_fits(const std::vector<int64_t>& shape) {
+  return shape.size() == 2 && shape[0] % 16 == 0 && shape[1] % 8 == 0;
+}
+
+Layout Layout::mma(std::vector<int64_t> shape, int num_warps) {
+  Layout l;
+  l.kind = Kind::Mma;
+  l.shape = std::move(shape);
+  l.num_threads = num_warps * 32;
+  int64_t mt = l.shape[0] / 16, nt = l.shape[1] / 8;
+  // Warps go along M first (each warp then owns whole rows: reductions along N stay in the warp).
+  int wm = 1;
+  while (wm * 2 <= num_warps && mt % (wm * 2) == 0) wm *= 2;
+  int wn = 1;
+  while (wm * wn * 2 <= num_warps && nt % (wn * 2) == 0) wn *= 2;
+  l.wm = wm;
+  l.wn = wn;
+  return l;
+}
+
+int64_t Layout::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int Layout::regs_per_thread() const {
+  switch (kind) {
+    case Kind::Uniform: return 1;
+    case Kind::Blocked: {
+      int64_t per_pass = int64_t{num_threads} * vec;
+      return static_cast<int>((numel() + per_pass - 1) / per_pass) * vec;
+    }
+    case Kind::Mma: return static_cast<int>((shape[0] / wm / 16) * (shape[1] / wn / 8) * 4);
+  }
+  return 0;
+}
+
+std::vector<int64_t> Layout::register_coords(int r) const {
+  switch (kind) {
+    case Kind::Uniform: return {};
+    case Kind::Blocked: {
+      // Linear element index contributed by r: pass (r / vec) advances by a whole program's worth.
+      // Blocked layouts are linear: this is the row-major element offset; the lowering adds the
+      // thread's part (tid * vec) before splitting it into coordinates.
+      return {int64_t{r / vec} * num_threads * vec + r % vec};
+    }
+    case Kind::Mma: {
+      int64_t ntn = shape[1] / wn / 8;
+      int64_t tile = r / 4, tm = tile / ntn, tn = tile % ntn;
+      return {tm * 16 + ((r % 4) / 2) * 8, tn * 8 + r % 2};
+    }
+  }
+  return {};
+}
+
+std::string Layout::str() const {
+  switch (kind) {
+    case Kind::Uniform: return "#uniform";
+    case Kind::Blocked: return fmt::format("#blocked<vec={}>", vec);
+    case Kind::Mma: return fmt::format("#mma<warps={}x{}>", wm, wn);
+  }
+  return "?";
+}
+
+namespace {
+
+class LayoutAssigner {
+ public:
+  explicit LayoutAssigner(const ir::Kernel& k) : k_(k), num_warps_(k.num_warps) {}
+
+  LayoutMap run() {
+    for (const auto& p : k_.params)
+      if (!p.value->type.is_tensor()) out_[p.value] = Layout::uniform();
+    assign_block(k_.body);
+    // Second round: elementwise math on views and index math (no operand in registers) takes the
+    // layout its consumers want, so a gate matrix computed for an mma accumulator is computed in the
+    // mma layout instead of being moved there through shared memory.
+    for (int round = 0; round < 2; ++round) {
+      collect_wants(k_.body);
+      assign_block(k_.body);
+    }
+    return std::move(out_);
+  }
+
+ private:
+  Layout blocked_for(const ir::Type& t) const {
+    return Layout::blocked(t.shape, num_warps_ * 32, dtype_bytes(t.dtype));
+  }
+
+  Layout natural(const ir::Type& t) const {
+    if (t.is_scalar()) return Layout::uniform();
+    if (t.rank() > 2)
+      throw UserError(fmt::format("the GPU backend holds tiles of rank 1 or 2; {} has rank {}", t.str(), t.rank()));
+    return blocked_for(t);
+  }
+
+  /// Whether `v` is computed into registers: not index math or a view, which are evaluated in
+  /// whatever layout their consumer has (see smem_plan.h).
+  bool is_data(const ir::Value* v) {
+    if (!v->def || v->type.is_scalar()) return !v->def ? !v->type.is_scalar() : false;
+    auto it = is_data_.find(v);
+    if (it != is_data_.end()) return it->second;
+    bool d = true;
+    switch (v->def->code) {
+      case OpCode::Constant: case OpCode::Iota: case OpCode::Splat: case OpCode::ExpandDims:
+      case OpCode::Broadcast: case OpCode::Reshape: case OpCode::Transpose:
+        d = false;
+        break;
+      default:
+        if (ir::is_elementwise(v->def->code)) {
+          d = false;
+          for (const ir::Value* o : v->def->operands) d |= is_data(o);
+        }
+    }
+    is_data_[v] = d;
+    return d;
+  }
+
+  /// Records, for elementwise results, that a consumer computes in the mma layout.
+  void collect_wants(const ir::Block& b) {
+    for (auto it = b.ops.rbegin(); it != b.ops.rend(); ++it) {
+      const ir::Op& op = **it;
+      for (const auto& r : op.regions) collect_wants(*r);
+      if (!ir::is_elementwise(op.code) || op.results.empty()) continue;
+      const ir::Value* res = op.result();
+      auto l = out_.find(res);
+      bool mma = (l != out_.end() && l->second.kind == Layout::Kind::Mma) || wants_mma_.count(res);
+      if (!mma) continue;
+      for (const ir::Value* o : op.operands)
+        if (o->def && ir::is_elementwise(o->def->code) && o->type.shape == res->type.shape) wants_mma_.insert(o);
+    }
+  }
+
+  void assign_block(const ir::Block& b) {
+    for (const auto& op : b.ops) assign_op(*op);
+  }
+
+  void assign_op(const ir::Op& op) {
+    switch (op.code) {
+      case OpCode::Dot: {
+        const ir::Type& t = op.result()->type;
+        out_[op.result()] = Layout::mma_fits(t.shape) ? Layout::mma(t.shape, num_warps_) : natural(t);
+        return;
+      }
+      case OpCode::For: {
+        const ir::Block& body = *op.regions[0];
+        out_[body.args[0]] = Layout::uniform();
+        // First pass: carried values enter with their init's layout; then they take the layout the
+        // body yields, and the body is assigned again with that choice.
+        for (size_t i = 0; i < op.results.size(); ++i) out_[body.args[i + 1]] = out_.at(op.operands[3 + i]);
+        assign_block(body);
+        const ir::Op& yield = *body.ops.back();
+        bool changed = false;
+        for (size_t i = 0; i < op.results.size(); ++i) {
+          const Layout& y = out_.at(yield.operands[i]);
+          if (!(y == out_.at(body.args[i + 1]))) {
+            out_[body.args[i + 1]] = y;
+            changed = true;
+          }
+        }
+        if (changed) assign_block(body);
+        for (size_t i = 0; i < op.results.size(); ++i) out_[op.results[i]] = out_.at(body.args[i + 1]);
+        return;
+      }
+      case OpCode::If: {
+        for (const auto& r : op.regions) assign_block(*r);
+        const ir::Op& then_yield = *op.regions[0]->ops.back();
+        for (size_t i = 0; i < op.results.size(); ++i) out_[op.results[i]] = out_.at(then_yield.operands[i]);
+        return;
+      }
+      default: break;
+    }
+    if (op.results.empty()) return;
+    const ir::Type& t = op.result()->type;
+    if (t.is_scalar()) {
+      out_[op.result()] = Layout::uniform();
+      return;
+    }
+    if (ir::is_elementwise(op.code)) {
+      // Elementwise ops keep their operands' layout (mma first: it anchors the dot chains) so that a
+      // chain of casts and math never moves data between threads.
+      const Layout* chosen = nullptr;
+      for (ir::Value* v : op.operands) {
+        auto it = out_.find(v);
+        if (it == out_.end() || it->second.shape != t.shape) continue;
+        if (it->second.kind == Layout::Kind::Mma) {
+          chosen = &it->second;
+          break;
+        }
+        if (!chosen && it->second.kind == Layout::Kind::Blocked && is_data(v)) chosen = &it->second;
+      }
+      if (chosen) {
+        Layout l = *chosen;
+        out_[op.result()] = l;
+        return;
+      }
+      if (wants_mma_.count(op.result()) && Layout::mma_fits(t.shape)) {
+        out_[op.result()] = Layout::mma(t.shape, num_warps_);
+        return;
+      }
+    }
+    out_[op.result()] = natural(t);
+  }
+
+  const ir::Kernel& k_;
+  int num_warps_;
+  LayoutMap out_;
+  std::map<const ir::Value*, bool> is_data_;
+  std::set<const ir::Value*> wants_mma_;
+};
+
+}  // namespace
+
+LayoutMap assign_layouts(const ir::Kernel& k) { return LayoutAssigner(k).run(); }
+
+std::string print_with_layouts(const ir::Kernel& k, const LayoutMap& layouts) {
+  return ir::print(k, [&](const ir::Value* v) -> std::string {
+    auto it = layouts.find(v);
+    if (it == layouts.end() || it->second.kind == Layout::Kind::Uniform) return "";
+    return it->second.str();
+  });
+}
+
+}  // namespace linac::passes

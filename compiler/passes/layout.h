@@ -1,0 +1,63 @@
+// Register layouts of tile values on the GPU, and the pass that assigns them.
+//
+// A layout says which thread holds which element of a tile, like Triton's TritonGPU encodings:
+//   - uniform: a scalar every thread holds (program_id, loop counters, reductions to a scalar).
+//   - blocked: elements in row-major order dealt round-robin to the threads of the program, `vec`
+//     consecutive elements at a time (coalesced global access). Tiles smaller than the program are
+//     replicated: thread t holds element (t*vec) mod numel.
+//   - mma: the accumulator layout of mma.sync m16n8k16 (each warp owns a [M/wm, N/wn] block of 16x8
+//     tiles; lane l holds rows l/4 and l/4+8, columns 2*(l%4) and 2*(l%4)+1 of each). Warps past
+//     wm*wn replicate.
+// Every layout maps (thread, register r) to coordinates as coord[d] = thread_part[d] + register_part[d][r],
+// which lets the lowering evaluate index math (iota, masks, broadcasts) directly in any layout.
+//
+// Conversions between layouts go through shared memory (see smem_plan.h); the dot's operands are read
+// from shared memory with ldmatrix, so "dot operand" is a shared-memory view rather than a register
+// layout in this backend.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "compiler/ir/ir.h"
+
+namespace linac::passes {
+
+struct Layout {
+  enum class Kind : uint8_t { Uniform, Blocked, Mma };
+  Kind kind = Kind::Uniform;
+  std::vector<int64_t> shape;  // tile shape (rank 1 or 2); empty for uniform
+  int num_threads = 128;
+  int vec = 1;                 // blocked: consecutive elements per thread per pass
+  int wm = 1, wn = 1;          // mma: warps along M and N
+
+  static Layout uniform() { return {}; }
+  static Layout blocked(std::vector<int64_t> shape, int num_threads, int elem_bytes);
+  /// The mma layout for an [M, N] tile, or nullopt-like invalid (kind Blocked) if the shape does not fit.
+  static bool mma_fits(const std::vector<int64_t>& shape);
+  static Layout mma(std::vector<int64_t> shape, int num_warps);
+
+  int64_t numel() const;
+  /// Registers each thread holds.
+  int regs_per_thread() const;
+  /// Coordinates contributed by register r (added to the thread part). Blocked: one entry, the
+  /// row-major element offset (coordinates are split after adding the thread's offset).
+  std::vector<int64_t> register_coords(int r) const;
+  bool operator==(const Layout&) const = default;
+  /// "#blocked<vec=4>", "#mma<warps=4x1>", "#uniform".
+  std::string str() const;
+};
+
+/// The layout of every value of a kernel.
+using LayoutMap = std::map<const ir::Value*, Layout>;
+
+/// Assigns layouts: dot results are mma; loads, shape ops, reductions and scans are blocked; scalars
+/// are uniform; elementwise ops take mma if any tile operand is mma, else blocked; loop-carried values
+/// take the layout their yield produces (so the state of a chunk loop stays in the dot's accumulator
+/// layout). Throws UserError for tiles the GPU backend cannot hold (rank > 2).
+LayoutMap assign_layouts(const ir::Kernel& k);
+
+/// The kernel's IR text with each result annotated by its layout (the dump of this pass).
+std::string print_with_layouts(const ir::Kernel& k, const LayoutMap& layouts);
+
+}  // namespace linac::passes

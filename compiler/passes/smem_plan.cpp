@@ -1,0 +1,249 @@
+#include "compiler/passes/smem_plan.h"
+
+#include <algorithm>
+#include <fmt/format.h>
+#include <vector>
+
+#include "compiler/ir/printer.h"
+
+namespace linac::passes {
+
+using ir::OpCode;
+
+namespace {
+
+bool is_view(OpCode c) {
+  return c == OpCode::ExpandDims || c == OpCode::Broadcast || c == OpCode::Reshape || c == OpCode::Transpose;
+}
+
+class Planner {
+ public:
+  Planner(const ir::Kernel& k, const LayoutMap& layouts) : k_(k), layouts_(layouts) {}
+
+  SmemPlan run() {
+    for (const auto& p : k_.params)
+      if (!p.value->type.is_tensor()) plan_.classes[p.value] = ValueClass::Scalar;
+    classify_block(k_.body);
+    number_block(k_.body);
+    mark_block(k_.body);
+    allocate();
+    return std::move(plan_);
+  }
+
+ private:
+  // ---- classification ----
+  void classify_block(const ir::Block& b) {
+    for (const auto& op : b.ops) {
+      for (const auto& r : op->regions) {
+        for (const ir::Value* a : r->args) plan_.classes[a] = a->type.is_scalar() ? ValueClass::Scalar : ValueClass::Data;
+        classify_block(*r);
+      }
+      for (const ir::Value* v : op->results) plan_.classes[v] = classify(*op, *v);
+    }
+  }
+
+  ValueClass classify(const ir::Op& op, const ir::Value& v) const {
+    if (v.type.is_scalar()) return ValueClass::Scalar;
+    if (op.code == OpCode::For || op.code == OpCode::If) return ValueClass::Data;
+    switch (op.code) {
+      case OpCode::Constant: case OpCode::Iota: case OpCode::Splat: return ValueClass::Remat;
+      default: break;
+    }
+    if (is_view(op.code)) {
+      ValueClass src = plan_.classes.at(op.operands[0]);
+      return src == ValueClass::Remat ? ValueClass::Remat : ValueClass::View;
+    }
+    if (ir::is_elementwise(op.code)) {
+      bool all_remat = true;
+      for (const ir::Value* o : op.operands) {
+        ValueClass c = plan_.classes.at(o);
+        all_remat &= c == ValueClass::Remat || c == ValueClass::Scalar;
+      }
+      return all_remat ? ValueClass::Remat : ValueClass::Data;
+    }
+    return ValueClass::Data;
+  }
+
+  // ---- program order ----
+  void number_block(const ir::Block& b) {
+    for (const ir::Value* a : b.args) def_index_[a] = counter_;
+    for (const auto& op : b.ops) {
+      start_[op.get()] = counter_++;
+      for (const auto& r : op->regions) number_block(*r);
+      end_[op.get()] = counter_++;
+      for (const ir::Value* v : op->results) def_index_[v] = end_[op.get()];
+    }
+  }
+
+  // ---- which values are read from shared memory ----
+  void mark_block(const ir::Block& b) {
+    for (const auto& op : b.ops) {
+      mark_op(*op);
+      for (const auto& r : op->regions) mark_block(*r);
+    }
+  }
+
+  const Layout& layout(const ir::Value* v) const { return layouts_.at(v); }
+  ValueClass cls(const ir::Value* v) const { return plan_.classes.at(v); }
+
+  void need_smem(const ir::Value* v) {
+    if (cls(v) == ValueClass::View) {
+      // A view consumed as a whole (dot operand, reduction) is materialized from its source.
+      need_eval(v->def->operands[0]);
+    }
+    spilled_.insert(v);
+  }
+
+  /// `v` is read at coordinates of another layout: data leaves must be in shared memory.
+  void need_eval(const ir::Value* v) {
+    switch (cls(v)) {
+      case ValueClass::Scalar: return;
+      case ValueClass::Data: spilled_.insert(v); return;
+      case ValueClass::View: need_eval(v->def->operands[0]); return;
+      case ValueClass::Remat:
+        for (const ir::Value* o : v->def->operands) need_eval(o);
+        return;
+    }
+  }
+
+  /// `v` is read in registers of layout `want`.
+  void need_in_layout(const ir::Value* v, const Layout& want) {
+    if (cls(v) == ValueClass::Data && layout(v) == want) return;
+    need_eval(v);
+  }
+
+  void mark_op(const ir::Op& op) {
+    auto note_use = [&](const ir::Value* v) { uses_[v].push_back(&op); };
+    for (const ir::Value* v : op.operands) note_use(v);
+    switch (op.code) {
+      case OpCode::Dot:
+        for (const ir::Value* v : op.operands) {
+          if (cls(v) == ValueClass::View && v->def->code == OpCode::Transpose && v->type.rank() == 2 &&
+              cls(v->def->operands[0]) != ValueClass::View) {
+            need_smem(v->def->operands[0]);  // read transposed with ldmatrix.trans
+            uses_[v->def->operands[0]].push_back(&op);
+          } else {
+            need_smem(v);
+          }
+        }
+        return;
+      case OpCode::Reduce: case OpCode::Scan: need_smem(op.operands[0]); return;
+      case OpCode::Store: need_in_layout(op.operands.back(), layout_for_store(op.operands.back())); return;
+      case OpCode::For: {
+        const ir::Block& body = *op.regions[0];
+        for (size_t i = 0; i < op.results.size(); ++i) need_in_layout(op.operands[3 + i], layout(body.args[i + 1]));
+        const ir::Op& yield = *body.ops.back();
+        for (size_t i = 0; i < op.results.size(); ++i) need_in_layout(yield.operands[i], layout(body.args[i + 1]));
+        return;
+      }
+      case OpCode::If:
+        for (const auto& r : op.regions) {
+          const ir::Op& yield = *r->ops.back();
+          for (size_t i = 0; i < op.results.size(); ++i) need_in_layout(yield.operands[i], layout(op.results[i]));
+        }
+        return;
+      default: break;
+    }
+    if (op.results.empty() || op.result()->type.is_scalar()) return;
+    if (cls(op.result()) == ValueClass::Data && ir::is_elementwise(op.code))
+      for (const ir::Value* v : op.operands) need_in_layout(v, layout(op.result()));
+  }
+
+  Layout layout_for_store(const ir::Value* v) const {
+    if (cls(v) == ValueClass::Data) return layout(v);
+    return Layout::blocked(v->type.shape, k_.num_warps * 32, dtype_bytes(v->type.dtype));
+  }
+
+  // ---- allocation by liveness ----
+  int64_t last_use(const ir::Value* v) const {
+    int64_t last = def_index_.at(v);
+    auto it = uses_.find(v);
+    if (it == uses_.end()) return last;
+    for (const ir::Op* use : it->second) {
+      last = std::max(last, start_.at(use));
+      // A use inside a loop that does not contain the definition keeps the value live for the whole loop.
+      for (const ir::Block* b = use->parent; b && b->parent; b = b->parent->parent) {
+        const ir::Op* region_op = b->parent;
+        if (region_op->code == OpCode::For && !(start_.at(region_op) < def_index_.at(v) && def_index_.at(v) <= end_.at(region_op)))
+          last = std::max(last, end_.at(region_op));
+      }
+    }
+    return last;
+  }
+
+  void allocate() {
+    struct Interval {
+      const ir::Value* v;
+      int64_t begin, end, bytes;
+    };
+    std::vector<Interval> intervals;
+    for (const ir::Value* v : spilled_) {
+      SmemBuffer buf;
+      buf.dtype = v->type.dtype;
+      int elem = dtype_bytes(buf.dtype);
+      const auto& s = v->type.shape;
+      if (s.size() == 2) {
+        buf.row_stride = s[1] + std::max(1, 16 / elem);  // pad rows by 16 bytes
+        buf.bytes = s[0] * buf.row_stride * elem;
+      } else {
+        buf.bytes = s[0] * elem;
+      }
+      buf.bytes = (buf.bytes + 15) / 16 * 16;
+      plan_.buffers[v] = buf;
+      intervals.push_back({v, def_index_.at(v), last_use(v), buf.bytes});
+    }
+    // Deterministic order: by definition point, then by value id.
+    std::sort(intervals.begin(), intervals.end(), [](const Interval& a, const Interval& b) {
+      return a.begin != b.begin ? a.begin < b.begin : a.v->id < b.v->id;
+    });
+    std::vector<Interval> placed;
+    std::map<const ir::Value*, int64_t> offsets;
+    int64_t total = 0;
+    for (const auto& iv : intervals) {
+      // First fit among offsets that do not collide with a live, overlapping buffer.
+      std::vector<std::pair<int64_t, int64_t>> busy;
+      for (const auto& p : placed)
+        if (!(p.end < iv.begin || iv.end < p.begin)) busy.push_back({offsets[p.v], offsets[p.v] + p.bytes});
+      std::sort(busy.begin(), busy.end());
+      int64_t off = 0;
+      for (auto [lo, hi] : busy) {
+        if (off + iv.bytes <= lo) break;
+        off = std::max(off, hi);
+      }
+      offsets[iv.v] = off;
+      plan_.buffers[iv.v].offset = off;
+      total = std::max(total, off + iv.bytes);
+      placed.push_back(iv);
+    }
+    plan_.scratch_offset = total;
+    plan_.total_bytes = total + 32 * 4;
+  }
+
+  const ir::Kernel& k_;
+  const LayoutMap& layouts_;
+  SmemPlan plan_;
+  std::set<const ir::Value*> spilled_;
+  std::map<const ir::Value*, std::vector<const ir::Op*>> uses_;
+  std::map<const ir::Op*, int64_t> start_, end_;
+  std::map<const ir::Value*, int64_t> def_index_;
+  int64_t counter_ = 0;
+};
+
+}  // namespace
+
+SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts) { return Planner(k, layouts).run(); }
+
+std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
+  auto names = ir::value_names(k);
+  std::vector<std::pair<int64_t, std::string>> lines;
+  for (const auto& [v, buf] : plan.buffers)
+    lines.push_back({buf.offset, fmt::format("smem {:>6} +{:<6} {} {}{}", buf.offset, buf.bytes, names.at(v),
+                                             v->type.str(), buf.row_stride ? fmt::format(" row_stride={}", buf.row_stride) : "")});
+  std::sort(lines.begin(), lines.end());
+  std::string out;
+  for (auto& [off, line] : lines) out += line + "\n";
+  out += fmt::format("smem total {} bytes\n", plan.total_bytes);
+  return out;
+}
+
+}  // namespace linac::passes

@@ -1,0 +1,54 @@
+// Shared-memory planning: which tile values the GPU lowering must write to shared memory, and where.
+//
+// The lowering keeps "data" tiles (loads, dots, reductions, anything computed from them) in registers
+// in their layout. A tile is read from shared memory instead when it is
+//   - an operand of dot (ldmatrix reads it; a transpose of a data tile is read transposed in place),
+//   - the operand of a reduction or scan,
+//   - needed at coordinates its own layout does not give the reading thread: a consumer in another
+//     layout, or a view op (expand_dims, broadcast, reshape, transpose) consumed elsewhere.
+// Index math (iota, constants, splats and elementwise ops on them) is never stored: it is recomputed
+// from coordinates in whatever layout needs it ("rematerialized"), as are view ops.
+//
+// Each stored value gets its own buffer in the dynamic shared memory of the program, row-major with
+// rows padded by 16 bytes so that ldmatrix and column reads avoid bank conflicts. Buffers of values
+// whose live ranges do not overlap share space (allocation by liveness over program order, a loop
+// body being live as a whole for values defined outside it).
+#pragma once
+#include <map>
+#include <set>
+#include <string>
+
+#include "compiler/ir/ir.h"
+#include "compiler/passes/layout.h"
+
+namespace linac::passes {
+
+/// How the lowering computes a value.
+enum class ValueClass : uint8_t {
+  Scalar,  // a uniform scalar, computed once per program
+  Remat,   // index math: recomputed from coordinates where used
+  View,    // expand_dims/broadcast/reshape/transpose over data: evaluated through its source's buffer
+  Data,    // held in registers in its layout
+};
+
+struct SmemBuffer {
+  int64_t offset = 0;      // bytes from the start of dynamic shared memory (16-byte aligned)
+  int64_t row_stride = 0;  // elements between rows (rank 2); 0 for rank 1
+  int64_t bytes = 0;
+  DType dtype = DType::f32;
+};
+
+struct SmemPlan {
+  std::map<const ir::Value*, ValueClass> classes;
+  std::map<const ir::Value*, SmemBuffer> buffers;  // values written to shared memory after definition
+  int64_t scratch_offset = 0;  // a scratch area for reductions of uniform values (one f32 per warp)
+  int64_t total_bytes = 0;
+};
+
+/// Plans shared memory for `k` with the given layouts.
+SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts);
+
+/// The buffers of the plan, one line per value (the pass's dump).
+std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan);
+
+}  // namespace linac::passes

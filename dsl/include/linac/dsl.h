@@ -1,0 +1,239 @@
+// The linac DSL: write a tile program in C++, get tile IR.
+//
+// Triton's model: one *program* of a grid computes one block of the output. Values are tiles (static
+// shape, element type) or scalars (rank-0 tiles); the compiler maps tiles to threads. Every builder call
+// records the caller's std::source_location, so errors and PTX line info point at the user's line.
+//
+//   KernelBuilder kb("scale_rows");
+//   Tensor x = kb.tensor("x", DType::f32, 2);          // runtime shape and strides
+//   Tile   s = kb.scalar("s", DType::f32);
+//   Tile row = program_id(0);
+//   Tile t = load(x, {row, 0}, {kIndex, 128});         // one row, 128 columns, masked past x.dim(1)
+//   store(x, {row, 0}, {kIndex, 128}, t * s);
+//   auto kernel = kb.finish();
+//
+// This header includes no LLVM or compiler header: user kernels compile in a second.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <source_location>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "linac/dtype.h"
+#include "linac/error.h"
+
+namespace linac::ir {
+struct Value;
+struct Kernel;
+}  // namespace linac::ir
+
+namespace linac::dsl {
+
+using Loc = std::source_location;
+
+/// A tile or a scalar value in the program being built. Cheap to copy (a handle).
+class Tile {
+ public:
+  Tile() = default;
+  explicit Tile(ir::Value* v) : v_(v) {}
+  ir::Value* value() const { return v_; }
+  bool valid() const { return v_ != nullptr; }
+  DType dtype() const;
+  const std::vector<int64_t>& shape() const;
+  int rank() const;
+  bool is_scalar() const;
+
+  /// Cast to another element type (rounds to nearest even for narrowing float casts).
+  Tile to(DType t, Loc loc = Loc::current()) const;
+  /// 2-D transpose.
+  Tile T(Loc loc = Loc::current()) const;
+
+ private:
+  ir::Value* v_ = nullptr;
+};
+
+/// An operand of arithmetic: a Tile or a C++ number. Numbers take the dtype of the other operand.
+/// Carries the source location of the expression it appears in.
+struct Operand {
+  Tile tile;
+  double number = 0;
+  bool is_number = false;
+  bool is_integer_number = false;
+  Loc loc;
+  Operand(const Tile& t, Loc l = Loc::current()) : tile(t), loc(l) {}
+  Operand(double d, Loc l = Loc::current()) : number(d), is_number(true), loc(l) {}
+  Operand(float d, Loc l = Loc::current()) : number(d), is_number(true), loc(l) {}
+  Operand(int i, Loc l = Loc::current()) : number(i), is_number(true), is_integer_number(true), loc(l) {}
+  Operand(int64_t i, Loc l = Loc::current())
+      : number(static_cast<double>(i)), is_number(true), is_integer_number(true), loc(l) {}
+};
+
+/// A tensor argument: an n-d view of global memory with runtime shape and strides.
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(ir::Value* v) : v_(v) {}
+  ir::Value* value() const { return v_; }
+  DType dtype() const;
+  int rank() const;
+  /// The runtime size of dimension `axis` (an i32 scalar).
+  Tile dim(int axis, Loc loc = Loc::current()) const;
+
+ private:
+  ir::Value* v_ = nullptr;
+};
+
+/// Records a kernel. While alive, DSL calls on this thread append to it (builders nest as a stack).
+class KernelBuilder {
+ public:
+  explicit KernelBuilder(std::string name, Loc loc = Loc::current());
+  ~KernelBuilder();
+  KernelBuilder(const KernelBuilder&) = delete;
+  KernelBuilder& operator=(const KernelBuilder&) = delete;
+
+  /// Declares a tensor parameter of the given element type and rank.
+  Tensor tensor(std::string name, DType dtype, int rank, Loc loc = Loc::current());
+  /// Declares a scalar parameter (i32, i64 or a float type).
+  Tile scalar(std::string name, DType dtype, Loc loc = Loc::current());
+  /// Launch hints carried with the kernel (they never change results).
+  void set_num_warps(int n);
+  void set_num_stages(int n);
+  /// Ends recording, verifies the kernel and returns it. Throws UserError on a malformed program.
+  std::shared_ptr<ir::Kernel> finish();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- leaves --------------------------------------------------------------------------------------
+
+/// Index of this program along grid axis 0, 1 or 2 (i32).
+Tile program_id(int axis, Loc loc = Loc::current());
+/// Number of programs along grid axis 0, 1 or 2 (i32).
+Tile num_programs(int axis, Loc loc = Loc::current());
+/// A scalar constant (shape empty) or a tile filled with `value`.
+Tile full(std::vector<int64_t> shape, double value, DType dtype, Loc loc = Loc::current());
+Tile zeros(std::vector<int64_t> shape, DType dtype, Loc loc = Loc::current());
+Tile constant(double value, DType dtype, Loc loc = Loc::current());
+/// 0, 1, ..., n-1 as an i32 tile.
+Tile iota(int64_t n, Loc loc = Loc::current());
+
+// ---- elementwise ---------------------------------------------------------------------------------
+// Operands broadcast as in numpy (scalars splat, size-1 dims expand); their dtypes must match.
+
+Tile operator+(Operand a, Operand b);
+Tile operator-(Operand a, Operand b);
+Tile operator*(Operand a, Operand b);
+Tile operator/(Operand a, Operand b);
+Tile operator%(Operand a, Operand b);
+Tile operator-(Operand a);
+Tile operator<(Operand a, Operand b);
+Tile operator<=(Operand a, Operand b);
+Tile operator>(Operand a, Operand b);
+Tile operator>=(Operand a, Operand b);
+Tile operator==(Operand a, Operand b);
+Tile operator!=(Operand a, Operand b);
+/// Logical and/or/not of i1 values.
+Tile operator&(Operand a, Operand b);
+Tile operator|(Operand a, Operand b);
+Tile operator!(Operand a);
+
+Tile maximum(Operand a, Operand b);
+Tile minimum(Operand a, Operand b);
+Tile pow(Operand a, Operand b);
+Tile exp(Operand a);
+Tile exp2(Operand a);
+Tile log(Operand a);
+Tile log2(Operand a);
+Tile sigmoid(Operand a);
+Tile sqrt(Operand a);
+Tile rsqrt(Operand a);
+Tile abs(Operand a);
+/// cond ? a : b elementwise; cond is i1.
+Tile where(Operand cond, Operand a, Operand b);
+Tile cast(const Tile& x, DType t, Loc loc = Loc::current());
+
+// ---- shape ---------------------------------------------------------------------------------------
+
+Tile broadcast_to(const Tile& x, std::vector<int64_t> shape, Loc loc = Loc::current());
+Tile expand_dims(const Tile& x, int axis, Loc loc = Loc::current());
+Tile reshape(const Tile& x, std::vector<int64_t> shape, Loc loc = Loc::current());
+Tile transpose(const Tile& x, std::vector<int64_t> perm = {1, 0}, Loc loc = Loc::current());
+
+// ---- reductions and scans ------------------------------------------------------------------------
+
+Tile sum(const Tile& x, int axis, Loc loc = Loc::current());
+Tile max(const Tile& x, int axis, Loc loc = Loc::current());
+Tile min(const Tile& x, int axis, Loc loc = Loc::current());
+/// Inclusive prefix sum along axis; reverse=true sums from the end (suffix sums).
+Tile cumsum(const Tile& x, int axis, bool reverse = false, Loc loc = Loc::current());
+
+// ---- tensor cores --------------------------------------------------------------------------------
+
+/// a [M,K] x b [K,N] -> f32 [M,N]. a and b share a float dtype; products accumulate in f32.
+Tile dot(const Tile& a, const Tile& b, Loc loc = Loc::current());
+
+// ---- memory --------------------------------------------------------------------------------------
+
+/// In a block shape, marks a tensor dimension that is indexed by its offset alone (not part of the tile).
+inline constexpr int64_t kIndex = 0;
+
+struct AccessOptions {
+  /// Per tensor dim, an upper bound tighter than the tensor's size (e.g. a varlen sequence end):
+  /// elements at index >= min(limit, dim) are masked. Pairs of (tensor dim, limit).
+  std::vector<std::pair<int, Tile>> limits;
+  /// Return the 2-D tile transposed (a [K, BT] block loaded from a [.., T, .., K] tensor).
+  bool transpose = false;
+};
+
+/// Loads the block of `t` that starts at `offsets` (one per tensor dim) with `block` sizes (kIndex for
+/// a dimension that is only indexed). The tile's axes are the blocked dims in order. Out-of-range
+/// elements read as 0.
+Tile load(const Tensor& t, std::vector<Operand> offsets, std::vector<int64_t> block,
+          AccessOptions opts = {}, Loc loc = Loc::current());
+/// Stores `value` into the block of `t` described as for load; out-of-range elements are skipped.
+void store(const Tensor& t, std::vector<Operand> offsets, std::vector<int64_t> block, const Tile& value,
+           AccessOptions opts = {}, Loc loc = Loc::current());
+
+// ---- control flow --------------------------------------------------------------------------------
+
+namespace detail {
+void for_range(const Operand& lo, const Operand& hi, const std::function<void(Tile)>& body,
+               std::span<Tile* const> carried);
+void if_then_else(const Operand& cond, const std::function<void()>& then_body,
+                  const std::function<void()>* else_body, std::span<Tile* const> carried);
+}  // namespace detail
+
+/// for (i = lo; i < hi; ++i) body(i). The listed variables are loop-carried: reassign them in the
+/// body and they hold the value of the last iteration afterwards. Their type must not change.
+template <class Body, class... Carried>
+void for_range(const Operand& lo, const Operand& hi, Body&& body, Carried&... carried) {
+  Tile* vars[] = {&carried..., nullptr};
+  detail::for_range(lo, hi, std::function<void(Tile)>(std::forward<Body>(body)),
+                    std::span<Tile* const>(vars, sizeof...(Carried)));
+}
+
+/// if (cond) then_body(); the listed variables may be reassigned in the body.
+template <class Then, class... Carried>
+void if_then(const Operand& cond, Then&& then_body, Carried&... carried) {
+  Tile* vars[] = {&carried..., nullptr};
+  detail::if_then_else(cond, std::function<void()>(std::forward<Then>(then_body)), nullptr,
+                       std::span<Tile* const>(vars, sizeof...(Carried)));
+}
+
+/// if (cond) then_body(); else else_body(); the listed variables may be reassigned in either.
+template <class Then, class Else, class... Carried>
+void if_then_else(const Operand& cond, Then&& then_body, Else&& else_body, Carried&... carried) {
+  Tile* vars[] = {&carried..., nullptr};
+  std::function<void()> e(std::forward<Else>(else_body));
+  detail::if_then_else(cond, std::function<void()>(std::forward<Then>(then_body)), &e,
+                       std::span<Tile* const>(vars, sizeof...(Carried)));
+}
+
+}  // namespace linac::dsl

@@ -1,0 +1,370 @@
+// The DSL's value ops: leaves, elementwise math with numpy broadcasting, shape ops, reductions, dot,
+// loads and stores. Each call emits one or a few IR ops; the verifier's rules (run on every op as it
+// is emitted) decide what is legal, so the DSL only adds what it alone knows (broadcasting, numbers).
+#include <algorithm>
+#include <fmt/format.h>
+
+#include "dsl/src/context.h"
+
+namespace linac::dsl {
+
+using detail::emit1;
+using detail::materialize;
+using detail::use;
+using ir::OpCode;
+using ir::Type;
+
+namespace {
+
+SourceLoc sl(const Loc& l) { return SourceLoc::from(l); }
+
+const Type& type_of(const Tile& t, const Loc& loc) { return use(t, loc, "operand")->type; }
+
+/// Splats/expands/broadcasts `t` to `shape` (numpy rules: missing leading dims are added).
+Tile broadcast_value(const Tile& t, const std::vector<int64_t>& shape, const Loc& loc) {
+  const Type& ty = type_of(t, loc);
+  if (ty.shape == shape) return t;
+  if (ty.is_scalar()) {
+    ir::Attrs a;
+    a.shape = shape;
+    return Tile(emit1(OpCode::Splat, {t.value()}, Type::tile(ty.dtype, shape), a, loc));
+  }
+  Tile x = t;
+  if (ty.rank() < static_cast<int>(shape.size())) {
+    std::vector<int64_t> padded(shape.size() - ty.shape.size(), 1);
+    padded.insert(padded.end(), ty.shape.begin(), ty.shape.end());
+    x = reshape(x, padded, loc);
+  }
+  return broadcast_to(x, shape, loc);
+}
+
+/// The numpy broadcast of two shapes, or UserError.
+std::vector<int64_t> broadcast_shapes(const Type& a, const Type& b, const Loc& loc) {
+  size_t n = std::max(a.shape.size(), b.shape.size());
+  std::vector<int64_t> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t da = i < n - a.shape.size() ? 1 : a.shape[i - (n - a.shape.size())];
+    int64_t db = i < n - b.shape.size() ? 1 : b.shape[i - (n - b.shape.size())];
+    if (da != db && da != 1 && db != 1)
+      throw UserError(sl(loc), fmt::format("cannot broadcast {} with {}", a.str(), b.str()));
+    out[i] = std::max(da, db);
+  }
+  return out;
+}
+
+/// Brings operands to one shape; numbers become constants of the tiles' dtype.
+std::vector<Tile> unify(std::vector<Operand> ops, const Loc& loc, DType number_dtype_default) {
+  // Numbers take the dtype of the first tile that is not i1 (select's condition is not a candidate).
+  DType dt = number_dtype_default;
+  bool found = false;
+  for (auto& o : ops)
+    if (!o.is_number && o.tile.valid() && o.tile.dtype() != DType::i1) {
+      dt = o.tile.dtype();
+      found = true;
+      break;
+    }
+  if (!found)
+    for (auto& o : ops)
+      if (!o.is_number && o.tile.valid()) {
+        dt = o.tile.dtype();
+        break;
+      }
+  std::vector<Tile> tiles;
+  for (auto& o : ops) tiles.push_back(materialize(o, dt));
+  std::vector<int64_t> shape;
+  Type acc = Type::scalar(dt);
+  for (auto& t : tiles) {
+    shape = broadcast_shapes(acc, type_of(t, loc), loc);
+    acc = Type::value(dt, shape);
+  }
+  for (auto& t : tiles) t = broadcast_value(t, shape, loc);
+  return tiles;
+}
+
+const Loc& loc_of(const Operand& a, const Operand& b) { return a.is_number ? b.loc : a.loc; }
+
+Tile binary(OpCode code, const Operand& a, const Operand& b) {
+  const Loc& loc = loc_of(a, b);
+  if (a.is_number && b.is_number)
+    throw UserError(sl(loc), fmt::format("{}: both operands are C++ numbers; compute it in C++",
+                                         ir::opcode_name(code)));
+  auto t = unify({a, b}, loc, DType::f32);
+  const Type& ty = t[0].value()->type;
+  return Tile(emit1(code, {t[0].value(), t[1].value()}, ty, {}, loc));
+}
+
+Tile compare(ir::CmpPred pred, const Operand& a, const Operand& b) {
+  const Loc& loc = loc_of(a, b);
+  if (a.is_number && b.is_number) throw UserError(sl(loc), "cmp: both operands are C++ numbers");
+  auto t = unify({a, b}, loc, DType::f32);
+  ir::Attrs attrs;
+  attrs.pred = pred;
+  Type ty = t[0].value()->type.with_dtype(DType::i1);
+  return Tile(emit1(OpCode::Cmp, {t[0].value(), t[1].value()}, ty, attrs, loc));
+}
+
+Tile unary(OpCode code, const Operand& a, DType number_dtype = DType::f32) {
+  Tile t = materialize(a, number_dtype);
+  const Type& ty = type_of(t, a.loc);
+  return Tile(emit1(code, {t.value()}, ty, {}, a.loc));
+}
+
+int normalize_axis(int axis, int rank, const Loc& loc, const char* what) {
+  int a = axis < 0 ? axis + rank : axis;
+  if (a < 0 || a >= rank)
+    throw UserError(sl(loc), fmt::format("{}: axis {} is out of range for rank {}", what, axis, rank));
+  return a;
+}
+
+Tile reduce(ir::ReduceKind kind, const Tile& x, int axis, const Loc& loc) {
+  const Type& ty = type_of(x, loc);
+  if (ty.is_scalar()) throw UserError(sl(loc), "reduce: the operand is a scalar, not a tile");
+  int a = normalize_axis(axis, ty.rank(), loc, "reduce");
+  std::vector<int64_t> shape = ty.shape;
+  shape.erase(shape.begin() + a);
+  ir::Attrs attrs;
+  attrs.axis = a;
+  attrs.reduce = kind;
+  return Tile(emit1(OpCode::Reduce, {x.value()}, Type::value(ty.dtype, shape), attrs, loc));
+}
+
+}  // namespace
+
+// ---- Tile / Tensor accessors -----------------------------------------------------------------------
+
+DType Tile::dtype() const { return use(*this, Loc::current(), "Tile")->type.dtype; }
+const std::vector<int64_t>& Tile::shape() const { return use(*this, Loc::current(), "Tile")->type.shape; }
+int Tile::rank() const { return use(*this, Loc::current(), "Tile")->type.rank(); }
+bool Tile::is_scalar() const { return use(*this, Loc::current(), "Tile")->type.is_scalar(); }
+Tile Tile::to(DType t, Loc loc) const { return cast(*this, t, loc); }
+Tile Tile::T(Loc loc) const { return transpose(*this, {1, 0}, loc); }
+
+DType Tensor::dtype() const { return v_->type.dtype; }
+int Tensor::rank() const { return v_->type.rank(); }
+Tile Tensor::dim(int axis, Loc loc) const {
+  if (!v_) throw UserError(sl(loc), "dim of an empty Tensor handle");
+  int a = normalize_axis(axis, rank(), loc, "dim");
+  ir::Attrs attrs;
+  attrs.axis = a;
+  return Tile(emit1(OpCode::Dim, {v_}, Type::scalar(DType::i32), attrs, loc));
+}
+
+// ---- leaves --------------------------------------------------------------------------------------
+
+Tile program_id(int axis, Loc loc) {
+  ir::Attrs a;
+  a.axis = axis;
+  return Tile(emit1(OpCode::ProgramId, {}, Type::scalar(DType::i32), a, loc));
+}
+
+Tile num_programs(int axis, Loc loc) {
+  ir::Attrs a;
+  a.axis = axis;
+  return Tile(emit1(OpCode::NumPrograms, {}, Type::scalar(DType::i32), a, loc));
+}
+
+Tile full(std::vector<int64_t> shape, double value, DType dtype, Loc loc) {
+  ir::Attrs a;
+  if (is_float(dtype))
+    a.fvalue = value;
+  else
+    a.ivalue = static_cast<int64_t>(value);
+  return Tile(emit1(OpCode::Constant, {}, Type::value(dtype, std::move(shape)), a, loc));
+}
+
+Tile zeros(std::vector<int64_t> shape, DType dtype, Loc loc) { return full(std::move(shape), 0, dtype, loc); }
+Tile constant(double value, DType dtype, Loc loc) { return full({}, value, dtype, loc); }
+
+Tile iota(int64_t n, Loc loc) {
+  if (n <= 0) throw UserError(sl(loc), fmt::format("iota: length must be positive, got {}", n));
+  return Tile(emit1(OpCode::Iota, {}, Type::tile(DType::i32, {n}), {}, loc));
+}
+
+// ---- elementwise ---------------------------------------------------------------------------------
+
+Tile operator+(Operand a, Operand b) { return binary(OpCode::Add, a, b); }
+Tile operator-(Operand a, Operand b) { return binary(OpCode::Sub, a, b); }
+Tile operator*(Operand a, Operand b) { return binary(OpCode::Mul, a, b); }
+Tile operator/(Operand a, Operand b) { return binary(OpCode::Div, a, b); }
+Tile operator%(Operand a, Operand b) { return binary(OpCode::Rem, a, b); }
+Tile operator-(Operand a) { return unary(OpCode::Neg, a); }
+Tile operator<(Operand a, Operand b) { return compare(ir::CmpPred::lt, a, b); }
+Tile operator<=(Operand a, Operand b) { return compare(ir::CmpPred::le, a, b); }
+Tile operator>(Operand a, Operand b) { return compare(ir::CmpPred::gt, a, b); }
+Tile operator>=(Operand a, Operand b) { return compare(ir::CmpPred::ge, a, b); }
+Tile operator==(Operand a, Operand b) { return compare(ir::CmpPred::eq, a, b); }
+Tile operator!=(Operand a, Operand b) { return compare(ir::CmpPred::ne, a, b); }
+Tile operator&(Operand a, Operand b) { return binary(OpCode::And, a, b); }
+Tile operator|(Operand a, Operand b) { return binary(OpCode::Or, a, b); }
+Tile operator!(Operand a) { return unary(OpCode::Not, a, DType::i1); }
+
+Tile maximum(Operand a, Operand b) { return binary(OpCode::Max, a, b); }
+Tile minimum(Operand a, Operand b) { return binary(OpCode::Min, a, b); }
+Tile pow(Operand a, Operand b) { return binary(OpCode::Pow, a, b); }
+Tile exp(Operand a) { return unary(OpCode::Exp, a); }
+Tile exp2(Operand a) { return unary(OpCode::Exp2, a); }
+Tile log(Operand a) { return unary(OpCode::Log, a); }
+Tile log2(Operand a) { return unary(OpCode::Log2, a); }
+Tile sigmoid(Operand a) { return unary(OpCode::Sigmoid, a); }
+Tile sqrt(Operand a) { return unary(OpCode::Sqrt, a); }
+Tile rsqrt(Operand a) { return unary(OpCode::Rsqrt, a); }
+Tile abs(Operand a) { return unary(OpCode::Abs, a); }
+
+Tile where(Operand cond, Operand a, Operand b) {
+  const Loc& loc = cond.loc;
+  if (a.is_number && b.is_number)
+    throw UserError(sl(loc), "where: both branches are C++ numbers; give one of them as a Tile");
+  Tile c = materialize(cond, DType::i1);
+  auto t = unify({Operand(c, loc), a, b}, loc, DType::f32);
+  const Type& ty = t[1].value()->type;
+  return Tile(emit1(OpCode::Select, {t[0].value(), t[1].value(), t[2].value()}, ty, {}, loc));
+}
+
+Tile cast(const Tile& x, DType t, Loc loc) {
+  const Type& ty = type_of(x, loc);
+  if (ty.dtype == t) return x;
+  ir::Attrs a;
+  a.dtype = t;
+  return Tile(emit1(OpCode::Cast, {x.value()}, ty.with_dtype(t), a, loc));
+}
+
+// ---- shape ---------------------------------------------------------------------------------------
+
+Tile broadcast_to(const Tile& x, std::vector<int64_t> shape, Loc loc) {
+  const Type& ty = type_of(x, loc);
+  if (ty.shape == shape) return x;
+  ir::Attrs a;
+  a.shape = shape;
+  if (ty.is_scalar()) return Tile(emit1(OpCode::Splat, {x.value()}, Type::tile(ty.dtype, shape), a, loc));
+  return Tile(emit1(OpCode::Broadcast, {x.value()}, Type::tile(ty.dtype, shape), a, loc));
+}
+
+Tile expand_dims(const Tile& x, int axis, Loc loc) {
+  const Type& ty = type_of(x, loc);
+  int a = axis < 0 ? axis + ty.rank() + 1 : axis;
+  if (a < 0 || a > ty.rank())
+    throw UserError(sl(loc), fmt::format("expand_dims: axis {} is out of range for rank {}", axis, ty.rank()));
+  std::vector<int64_t> shape = ty.shape;
+  shape.insert(shape.begin() + a, 1);
+  ir::Attrs attrs;
+  attrs.axis = a;
+  return Tile(emit1(OpCode::ExpandDims, {x.value()}, Type::tile(ty.dtype, shape), attrs, loc));
+}
+
+Tile reshape(const Tile& x, std::vector<int64_t> shape, Loc loc) {
+  const Type& ty = type_of(x, loc);
+  if (ty.shape == shape) return x;
+  ir::Attrs a;
+  a.shape = shape;
+  return Tile(emit1(OpCode::Reshape, {x.value()}, Type::value(ty.dtype, shape), a, loc));
+}
+
+Tile transpose(const Tile& x, std::vector<int64_t> perm, Loc loc) {
+  const Type& ty = type_of(x, loc);
+  std::vector<int64_t> shape(perm.size(), 1);
+  for (size_t i = 0; i < perm.size(); ++i)
+    if (perm[i] >= 0 && perm[i] < ty.rank()) shape[i] = ty.shape[perm[i]];
+  ir::Attrs a;
+  a.perm = std::move(perm);
+  return Tile(emit1(OpCode::Transpose, {x.value()}, Type::tile(ty.dtype, shape), a, loc));
+}
+
+// ---- reductions and scans ------------------------------------------------------------------------
+
+Tile sum(const Tile& x, int axis, Loc loc) { return reduce(ir::ReduceKind::sum, x, axis, loc); }
+Tile max(const Tile& x, int axis, Loc loc) { return reduce(ir::ReduceKind::max, x, axis, loc); }
+Tile min(const Tile& x, int axis, Loc loc) { return reduce(ir::ReduceKind::min, x, axis, loc); }
+
+Tile cumsum(const Tile& x, int axis, bool reverse, Loc loc) {
+  const Type& ty = type_of(x, loc);
+  if (ty.is_scalar()) throw UserError(sl(loc), "cumsum: the operand is a scalar, not a tile");
+  ir::Attrs a;
+  a.axis = normalize_axis(axis, ty.rank(), loc, "cumsum");
+  a.reverse = reverse;
+  return Tile(emit1(OpCode::Scan, {x.value()}, ty, a, loc));
+}
+
+// ---- tensor cores --------------------------------------------------------------------------------
+
+Tile dot(const Tile& a, const Tile& b, Loc loc) {
+  const Type& ta = type_of(a, loc);
+  const Type& tb = type_of(b, loc);
+  // The verifier explains malformed operands; the result type here only has to be well-formed.
+  int64_t m = ta.rank() == 2 ? ta.shape[0] : 1;
+  int64_t n = tb.rank() == 2 ? tb.shape[1] : 1;
+  return Tile(emit1(OpCode::Dot, {a.value(), b.value()}, Type::tile(DType::f32, {m, n}), {}, loc));
+}
+
+// ---- memory --------------------------------------------------------------------------------------
+
+namespace {
+
+/// Operands and attrs shared by load and store: offsets, limits, dims and the block shape.
+struct Access {
+  std::vector<ir::Value*> operands;  // tensor, offsets..., limits...
+  ir::Attrs attrs;
+};
+
+Access make_access(const Tensor& t, const std::vector<Operand>& offsets, const std::vector<int64_t>& block,
+                   const AccessOptions& opts, const Loc& loc, const char* what) {
+  if (!t.value()) throw UserError(sl(loc), fmt::format("{}: empty Tensor handle", what));
+  int rank = t.rank();
+  if (static_cast<int>(offsets.size()) != rank)
+    throw UserError(sl(loc), fmt::format("{}: the tensor has rank {} but {} offsets were given", what, rank,
+                                         offsets.size()));
+  if (static_cast<int>(block.size()) != rank)
+    throw UserError(sl(loc), fmt::format("{}: the tensor has rank {} but the block has {} sizes", what, rank,
+                                         block.size()));
+  Access acc;
+  acc.operands.push_back(t.value());
+  for (auto& o : offsets) acc.operands.push_back(use(materialize(o, DType::i32), o.loc, "an offset"));
+  for (int d = 0; d < rank; ++d) {
+    Tile limit;
+    for (auto& [dim, lim] : opts.limits) {
+      if (dim < 0 || dim >= rank)
+        throw UserError(sl(loc), fmt::format("{}: limit given for dim {} of a rank-{} tensor", what, dim, rank));
+      if (dim == d) limit = lim;
+    }
+    if (!limit.valid()) limit = t.dim(d, loc);
+    acc.operands.push_back(use(limit, loc, "a limit"));
+  }
+  for (int d = 0; d < rank; ++d) {
+    if (block[d] < 0)
+      throw UserError(sl(loc), fmt::format("{}: block size {} for dim {} is negative", what, block[d], d));
+    if (block[d] > 0) {
+      acc.attrs.dims.push_back(d);
+      acc.attrs.shape.push_back(block[d]);
+    }
+  }
+  if (opts.transpose) {
+    if (acc.attrs.dims.size() != 2)
+      throw UserError(sl(loc), fmt::format("{}: transpose needs a 2-D block, this one has {} blocked dims", what,
+                                           acc.attrs.dims.size()));
+    std::swap(acc.attrs.dims[0], acc.attrs.dims[1]);
+    std::swap(acc.attrs.shape[0], acc.attrs.shape[1]);
+  }
+  return acc;
+}
+
+}  // namespace
+
+Tile load(const Tensor& t, std::vector<Operand> offsets, std::vector<int64_t> block, AccessOptions opts,
+          Loc loc) {
+  Access acc = make_access(t, offsets, block, opts, loc, "load");
+  Type ty = Type::value(t.dtype(), acc.attrs.shape);
+  return Tile(emit1(OpCode::Load, acc.operands, ty, acc.attrs, loc));
+}
+
+void store(const Tensor& t, std::vector<Operand> offsets, std::vector<int64_t> block, const Tile& value,
+           AccessOptions opts, Loc loc) {
+  Access acc = make_access(t, offsets, block, opts, loc, "store");
+  const Type& vt = use(value, loc, "the stored value")->type;
+  if (vt.shape != acc.attrs.shape)
+    throw UserError(sl(loc), fmt::format("store: the value is {} but the block is [{}]", vt.str(),
+                                         fmt::join(acc.attrs.shape, ", ")));
+  acc.attrs.shape.clear();  // a store's block shape is its value's shape; the IR keeps only dims
+  acc.operands.push_back(value.value());
+  detail::emit(OpCode::Store, acc.operands, {}, acc.attrs, loc);
+}
+
+}  // namespace linac::dsl

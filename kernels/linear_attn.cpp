@@ -1,0 +1,172 @@
+#include "kernels/linear_attn.h"
+
+#include <bit>
+#include <cmath>
+#include <fmt/format.h>
+#include <mutex>
+
+#include "kernels/op_support.h"
+#include "linac/dsl.h"
+
+namespace linac {
+
+using namespace dsl;
+
+// One program per (V block, sequence x head) walks the chunks of its sequence in order, carrying the
+// state S [BK, BV] in registers (the "fused chunk" schedule). Per chunk, with b the chunk-local
+// cumulative log-decay (all zeros without a gate):
+//   O = scale * ((exp(b) .* Q) S + ((Q K^T) .* exp(b_r - b_c) .* M) V)
+//   S = exp(b_C) S + (exp(b_C - b) .* K)^T V
+std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
+  const DType dt = cfg.dtype;
+  KernelBuilder kb("linear_attn_fwd");
+  kb.set_num_warps(cfg.num_warps);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor v = kb.tensor("v", dt, 4);
+  Tensor g = cfg.gated ? kb.tensor("g", DType::f32, 3) : Tensor();
+  Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", DType::f32, 4) : Tensor();
+  Tensor ht = cfg.final_state ? kb.tensor("final_state", DType::f32, 4) : Tensor();
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor o = kb.tensor("o", dt, 4);
+  Tile scale = kb.scalar("scale", DType::f32);
+
+  Tile i_v = program_id(0);
+  Tile i_nh = program_id(1);
+  Tile H = q.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  Tile b, bos, eos;
+  if (cfg.varlen) {
+    b = constant(0, DType::i32);
+    bos = load(cu, {i_n}, {kIndex});
+    eos = load(cu, {i_n + 1}, {kIndex});
+  } else {
+    b = i_n;
+    bos = constant(0, DType::i32);
+    eos = q.dim(1);
+  }
+  Tile num_chunks = (eos - bos + (BT - 1)) / BT;
+  Tile v0 = i_v * BV;
+
+  Tile S = zeros({BK, BV}, DType::f32);
+  if (cfg.initial_state) S = load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
+
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+  Tile causal = row >= col;
+  AccessOptions in_seq{.limits = {{1, eos}}};
+
+  for_range(0, num_chunks, [&](Tile i) {
+    Tile t0 = bos + i * BT;
+    Tile Q = (load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq).to(DType::f32) * scale).to(dt);
+    Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile V = load(v, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
+    Tile A = where(causal, dot(Q, K.T()), 0.0f);
+    Tile O;
+    if (cfg.gated) {
+      // Rows past the sequence end load g = 0, so b stops growing there and b_C = b at the last row.
+      Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+      Tile bg = cumsum(gc, 0);
+      Tile b_last = sum(gc, 0);
+      Tile br = expand_dims(bg, 1), bc = expand_dims(bg, 0);
+      // Exponentiate only where r >= c: the upper triangle would overflow.
+      A = A * exp(where(causal, br - bc, 0.0f));
+      O = dot(Q, S.to(dt)) * exp(br);
+      Tile K_decayed = (K.to(DType::f32) * expand_dims(exp(b_last - bg), 1)).to(dt);
+      S = S * exp(b_last) + dot(K_decayed.T(), V);
+    } else {
+      O = dot(Q, S.to(dt));
+      S = S + dot(K.T(), V);
+    }
+    O = O + dot(A.to(dt), V);
+    store(o, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), in_seq);
+  }, S);
+
+  if (cfg.final_state) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
+  return kb.finish();
+}
+
+namespace {
+
+/// Kernels are recorded once per configuration and shared (the IR is immutable once built).
+std::shared_ptr<ir::Kernel> cached_linear_attn_fwd(const LinearAttnConfig& cfg) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<ir::Kernel>> cache;
+  std::string key = fmt::format("{}/{}/{}/{}/{}{}{}{}/{}", dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
+                                cfg.block_v, cfg.gated, cfg.initial_state, cfg.final_state, cfg.varlen,
+                                cfg.num_warps);
+  std::lock_guard lock(mu);
+  auto& slot = cache[key];
+  if (!slot) slot = build_linear_attn_fwd(cfg);
+  return slot;
+}
+
+OpPlan plan_linear_attn(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+  SequenceLayout seq = check_qkv_inputs("linear_attn", inputs);
+  const bool gated = inputs.count("g") > 0;
+  if (gated) check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H});
+  const bool has_h0 = inputs.count("initial_state") > 0;
+  if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
+
+  LinearAttnConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.chunk = checked_chunk_size(opts.chunk_size, 64);
+  cfg.block_k = padded_head_dim(seq.K);
+  cfg.block_v = std::min<int>(64, padded_head_dim(seq.V));
+  cfg.gated = gated;
+  cfg.initial_state = has_h0;
+  cfg.final_state = wants(wanted, "final_state");
+  cfg.varlen = seq.varlen;
+  auto kernel = cached_linear_attn_fwd(cfg);
+
+  OpPlan plan;
+  for (const char* name : {"q", "k", "v"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
+  plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  KernelLaunch launch;
+  launch.kernel = kernel;
+  launch.grid = {(seq.V + cfg.block_v - 1) / cfg.block_v, seq.N * seq.H, 1};
+  for (const char* name : {"q", "k", "v", "o"}) launch.tensors[name] = name;
+  launch.scalars["scale"] = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32), launch.tensors["g"] = "g";
+  if (has_h0)
+    plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32), launch.tensors["initial_state"] = "initial_state";
+  if (cfg.final_state)
+    plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V}),
+    launch.tensors["final_state"] = "final_state";
+  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens, launch.tensors["cu_seqlens"] = "cu_seqlens";
+  plan.launches.push_back(std::move(launch));
+  if (wants(wanted, "o")) plan.outputs["o"] = "o";
+  if (cfg.final_state) plan.outputs["final_state"] = "final_state";
+  return plan;
+}
+
+}  // namespace
+
+OpDef linear_attn_op() {
+  OpDef op;
+  op.name = "linear_attn";
+  op.summary = "chunked linear attention forward, optional per-head scalar log-decay gate (KERNELS.md 1)";
+  op.inputs = {
+      {"q", true, "[B,T,H,K]", "queries"},
+      {"k", true, "[B,T,H,K]", "keys"},
+      {"v", true, "[B,T,H,V]", "values"},
+      {"g", false, "[B,T,H]", "log-decay per token and head (<= 0)"},
+      {"initial_state", false, "[N,H,K,V]", "state before the first token of each sequence (fp32)"},
+      {"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"},
+  };
+  op.outputs = {
+      {"o", true, "[B,T,H,V]", "outputs"},
+      {"final_state", false, "[N,H,K,V]", "state after the last token of each sequence (fp32)"},
+  };
+  op.prepare = plan_linear_attn;
+  op.default_kernels = [](DType dt) {
+    LinearAttnConfig cfg;
+    cfg.dtype = dt;
+    LinearAttnConfig gated = cfg;
+    gated.gated = gated.initial_state = gated.final_state = true;
+    return std::vector<std::shared_ptr<ir::Kernel>>{cached_linear_attn_fwd(cfg), cached_linear_attn_fwd(gated)};
+  };
+  return op;
+}
+
+}  // namespace linac

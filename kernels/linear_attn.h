@@ -1,0 +1,29 @@
+// Linear attention forward (FlashLinearAttention, KERNELS.md section 1), optionally gated by a
+// per-head scalar log-decay g: the kernel in the DSL and the op that runs it.
+#pragma once
+#include <memory>
+
+#include "kernels/op.h"
+
+namespace linac {
+
+/// Compile-time configuration of the forward kernel. Every field specializes the kernel.
+struct LinearAttnConfig {
+  DType dtype = DType::f32;  // q, k, v and o
+  int chunk = 64;            // BT: rows per chunk
+  int block_k = 64;          // BK >= K (the whole key dim lives in one program; masked past K)
+  int block_v = 64;          // BV: value columns per program
+  bool gated = false;        // g [B,T,H] present
+  bool initial_state = false;
+  bool final_state = false;
+  bool varlen = false;       // cu_seqlens [N+1] present, B == 1
+  int num_warps = 4;
+};
+
+/// Records the forward kernel for `cfg`. Parameters: q k v [g] [h0] [ht] [cu_seqlens] o scale.
+std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg);
+
+/// The op "linear_attn" for the registry.
+OpDef linear_attn_op();
+
+}  // namespace linac

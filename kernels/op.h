@@ -1,0 +1,78 @@
+// Ops: what users run. An op checks its named inputs, builds (or reuses) its DSL kernels for the
+// configuration at hand, launches them on a device and returns named outputs. The CLI, the tests and
+// the benchmark all go through this one interface.
+#pragma once
+#include <array>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/host_tensor.h"
+
+namespace linac::ir {
+struct Kernel;
+}
+
+namespace linac {
+
+enum class Device { cpu, cuda };
+
+/// Options common to every op; fields an op does not use are ignored by it.
+struct OpOptions {
+  Device device = Device::cpu;
+  DType dtype = DType::f32;           // precision the inputs are cast to before the kernel runs
+  std::optional<int> chunk_size;      // BT; the op's default when unset
+  std::optional<double> scale;        // defaults to K^-1/2
+};
+
+struct OpArgSpec {
+  std::string name;
+  bool required = true;
+  std::string shape;  // documentation, e.g. "[B,T,H,K]"
+  std::string help;
+};
+
+/// The inputs and outputs of one op call, by name.
+using TensorMap = std::map<std::string, HostTensor>;
+
+/// One launch of a kernel: its grid and, per parameter name, a tensor of the plan or a scalar.
+struct KernelLaunch {
+  std::shared_ptr<ir::Kernel> kernel;
+  std::array<int64_t, 3> grid = {1, 1, 1};
+  std::map<std::string, std::string> tensors;  // parameter -> name in OpPlan::tensors
+  std::map<std::string, double> scalars;       // parameter -> value
+};
+
+/// What an op does for given inputs, independent of the device: the tensors it needs (inputs cast to
+/// the kernel dtype, outputs allocated), the launches in order, and which tensors are its outputs.
+struct OpPlan {
+  TensorMap tensors;
+  std::vector<KernelLaunch> launches;
+  std::map<std::string, std::string> outputs;  // output name -> name in tensors
+  std::vector<std::string> output_tensors() const;
+};
+
+struct OpDef {
+  std::string name;
+  std::string summary;
+  std::vector<OpArgSpec> inputs;
+  std::vector<OpArgSpec> outputs;
+  /// Checks the inputs and plans the launches. `wanted` names the outputs to produce.
+  std::function<OpPlan(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted)>
+      prepare;
+  /// The op's kernels at their default configuration for the given input dtype (for dump/compile).
+  std::function<std::vector<std::shared_ptr<ir::Kernel>>(DType dtype)> default_kernels;
+};
+
+/// Plans and runs `op` on opts.device; returns the wanted outputs (as the kernels wrote them).
+TensorMap run_op(const OpDef& op, const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted);
+
+/// Every op of the library, in a stable order.
+const std::vector<OpDef>& op_registry();
+/// The op named `name`, or UserError listing the known ops.
+const OpDef& find_op(const std::string& name);
+
+}  // namespace linac

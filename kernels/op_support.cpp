@@ -1,0 +1,71 @@
+#include "kernels/op_support.h"
+
+#include <fmt/format.h>
+
+#include "linac/error.h"
+
+namespace linac {
+
+void check_shape(const std::string& name, const HostTensor& t, const std::vector<int64_t>& shape) {
+  if (t.shape != shape)
+    throw UserError(fmt::format("{} has shape {}, expected [{}]", name, t.shape_str(), fmt::join(shape, ", ")));
+  if (!is_float(t.dtype))
+    throw UserError(fmt::format("{} has dtype {}, expected a float type", name, dtype_name(t.dtype)));
+}
+
+SequenceLayout check_qkv_inputs(const std::string& op, const TensorMap& inputs) {
+  for (const char* name : {"q", "k", "v"})
+    if (!inputs.count(name)) throw UserError(fmt::format("{}: missing input '{}'", op, name));
+  const HostTensor& q = inputs.at("q");
+  if (q.rank() != 4) throw UserError(fmt::format("q has shape {}, expected [B,T,H,K]", q.shape_str()));
+  SequenceLayout s;
+  s.B = q.shape[0], s.T = q.shape[1], s.H = q.shape[2], s.K = q.shape[3];
+  const HostTensor& v = inputs.at("v");
+  if (v.rank() != 4) throw UserError(fmt::format("v has shape {}, expected [B,T,H,V]", v.shape_str()));
+  s.V = v.shape[3];
+  check_shape("q", q, {s.B, s.T, s.H, s.K});
+  check_shape("k", inputs.at("k"), {s.B, s.T, s.H, s.K});
+  check_shape("v", v, {s.B, s.T, s.H, s.V});
+  if (s.K < 1 || s.V < 1 || s.H < 1 || s.B < 1)
+    throw UserError(fmt::format("q {} / v {}: B, H, K and V must be positive", q.shape_str(), v.shape_str()));
+  if (s.K > 256 || s.V > 256)
+    throw UserError(fmt::format("{}: head dims up to 256 are supported, got K={} V={}", op, s.K, s.V));
+  int64_t total = s.B * s.T * s.H * std::max(s.K, s.V);
+  if (total >= (int64_t{1} << 31))
+    throw UserError(fmt::format("{}: tensors of 2^31 or more elements are not supported yet", op));
+  s.N = s.B;
+  if (auto it = inputs.find("cu_seqlens"); it != inputs.end()) {
+    const HostTensor& cu = it->second;
+    if (cu.dtype != DType::i32 && cu.dtype != DType::i64)
+      throw UserError(fmt::format("cu_seqlens has dtype {}, expected int32 or int64", dtype_name(cu.dtype)));
+    if (cu.rank() != 1 || cu.shape[0] < 2)
+      throw UserError(fmt::format("cu_seqlens has shape {}, expected [N+1] with N >= 1", cu.shape_str()));
+    if (s.B != 1) throw UserError(fmt::format("cu_seqlens given but B = {}; packed sequences need B = 1", s.B));
+    int64_t n = cu.shape[0];
+    if (cu.get(0) != 0) throw UserError("cu_seqlens must start at 0");
+    for (int64_t i = 1; i < n; ++i)
+      if (cu.get(i) < cu.get(i - 1)) throw UserError(fmt::format("cu_seqlens decreases at index {}", i));
+    if (cu.get(n - 1) != static_cast<double>(s.T))
+      throw UserError(fmt::format("cu_seqlens ends at {} but T = {}", cu.get(n - 1), s.T));
+    s.varlen = true;
+    s.N = n - 1;
+    s.cu_seqlens = cu.cast(DType::i32);
+  }
+  return s;
+}
+
+int checked_chunk_size(std::optional<int> requested, int dflt) {
+  if (!requested) return dflt;
+  int c = *requested;
+  if (c != 16 && c != 32 && c != 64 && c != 128)
+    throw UserError(fmt::format("--chunk-size {}: must be 16, 32, 64 or 128", c));
+  return c;
+}
+
+int padded_head_dim(int64_t d) {
+  int p = 16;
+  while (p < d) p *= 2;
+  return p;
+}
+
+}  // namespace linac

@@ -1,0 +1,34 @@
+// Argument checks and configuration helpers shared by the ops of the library.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/op.h"
+
+namespace linac {
+
+/// The sequence layout implied by q/k/v and an optional cu_seqlens.
+struct SequenceLayout {
+  int64_t B = 0, T = 0, H = 0, K = 0, V = 0;
+  int64_t N = 0;          // number of sequences: B, or len(cu_seqlens) - 1 when varlen
+  bool varlen = false;
+  HostTensor cu_seqlens;  // int32 copy when varlen
+};
+
+/// Checks q [B,T,H,K], k [B,T,H,K], v [B,T,H,V] and cu_seqlens (B == 1, starts at 0, non-decreasing,
+/// ends at T); rejects inputs the op does not know. UserError naming the op and the argument otherwise.
+SequenceLayout check_qkv_inputs(const std::string& op, const TensorMap& inputs);
+/// UserError unless `t` has exactly `shape`.
+void check_shape(const std::string& name, const HostTensor& t, const std::vector<int64_t>& shape);
+/// The chunk size to use: `requested` if set (must be 16, 32, 64 or 128), else `dflt`.
+int checked_chunk_size(std::optional<int> requested, int dflt);
+/// The tile size that covers a head dim: the next power of two, at least 16.
+int padded_head_dim(int64_t d);
+inline bool wants(const std::vector<std::string>& wanted, const std::string& name) {
+  for (auto& w : wanted)
+    if (w == name) return true;
+  return false;
+}
+
+}  // namespace linac

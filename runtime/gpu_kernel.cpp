@@ -1,0 +1,151 @@
+#include "runtime/gpu_kernel.h"
+
+#include <atomic>
+#include <fmt/format.h>
+#include <mutex>
+
+#include "compiler/ir/printer.h"
+#include "runtime/disk_cache.h"
+
+namespace linac {
+
+namespace {
+
+std::atomic<int> g_compiles{0};
+
+/// Changing anything here that changes generated code must change this string.
+constexpr const char* kCompilerIdentity = "linac-0.1.0-backend-1";
+
+std::string meta_json(const nvptx::CompiledKernel& c) {
+  std::string params;
+  for (const auto& p : c.params)
+    params += fmt::format("{}{{\"name\":\"{}\",\"tensor\":{},\"dtype\":\"{}\",\"rank\":{}}}", params.empty() ? "" : ",",
+                          p.name, p.is_tensor, dtype_name(p.dtype), p.rank);
+  return fmt::format("{{\"entry\":\"{}\",\"num_threads\":{},\"smem_bytes\":{},\"params\":[{}]}}\n", c.entry,
+                     c.num_threads, c.smem_bytes, params);
+}
+
+}  // namespace
+
+int GpuKernel::compile_count() { return g_compiles.load(); }
+
+std::shared_ptr<GpuKernel> GpuKernel::get(const ir::Kernel& k) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<GpuKernel>> table;  // by cache key
+  const cuda::DeviceInfo& dev = cuda::device_info();
+  nvptx::GpuTarget target{dev.sm() >= 90 ? 90 : 80};
+  std::string tir = ir::print(k);
+  CacheKey key;
+  key.add("format", std::to_string(kCacheFormatVersion))
+      .add("compiler", kCompilerIdentity)
+      .add("llvm", nvptx::llvm_version())
+      .add("tir", tir)
+      .add("target", target.name())
+      .add("device_sm", std::to_string(dev.sm()));
+  std::string hex = key.hex();
+  std::lock_guard lock(mu);
+  if (auto it = table.find(hex); it != table.end()) return it->second;
+
+  auto gk = std::make_shared<GpuKernel>();
+  DiskCache cache = DiskCache::open_default();
+  std::optional<CacheEntry> hit = cache.get(hex);
+  if (hit && hit->files.count("kernel.ptx") && hit->files.count("kernel.cubin")) {
+    // The PTX is recompiled only for its metadata (params, shared memory) when not in the entry; the
+    // LLVM part is cheap next to ptxas, and the cubin is what we skip building.
+    gk->compiled_ = nvptx::compile_kernel(k, target);
+    const std::string& cubin = hit->files.at("kernel.cubin");
+    gk->module_ = std::make_unique<cuda::LinkedModule>(cuda::load_cubin(
+        std::vector<uint8_t>(cubin.begin(), cubin.end()), gk->compiled_.entry,
+        hit->files.count("link.log") ? hit->files.at("link.log") : std::string()));
+  } else {
+    gk->compiled_ = nvptx::compile_kernel(k, target);
+    gk->module_ = std::make_unique<cuda::LinkedModule>(cuda::link_ptx(gk->compiled_.ptx, gk->compiled_.entry));
+    gk->compiled_here_ = true;
+    ++g_compiles;
+    CacheEntry e;
+    e.files["kernel.tir"] = tir;
+    e.files["kernel.ll"] = gk->compiled_.llvm_ir_opt;
+    e.files["kernel.ptx"] = gk->compiled_.ptx;
+    const auto& cubin = gk->module_->cubin();
+    e.files["kernel.cubin"] = std::string(cubin.begin(), cubin.end());
+    e.files["link.log"] = gk->module_->info_log();
+    e.files["meta.json"] = meta_json(gk->compiled_);
+    cache.put(hex, e);
+  }
+  if (gk->compiled_.smem_bytes > dev.max_shared_per_block_optin)
+    throw UserError(fmt::format("kernel {} needs {} bytes of shared memory; {} allows {}", k.name,
+                                gk->compiled_.smem_bytes, dev.name, dev.max_shared_per_block_optin));
+  if (gk->compiled_.smem_bytes > 48 * 1024)
+    cuda::set_max_dynamic_shared(gk->module_->function(), static_cast<int>(gk->compiled_.smem_bytes));
+  table[hex] = gk;
+  return gk;
+}
+
+void GpuKernel::launch(const std::array<int64_t, 3>& grid, const std::map<std::string, GpuArg>& args) const {
+  // Parameter storage: pointers, i32 sizes, i64 strides and scalars, each at a stable address.
+  std::vector<uint64_t> ptrs;
+  std::vector<int32_t> i32s;
+  std::vector<int64_t> i64s;
+  std::vector<float> f32s;
+  std::vector<double> f64s;
+  size_t n_values = 0;
+  for (const auto& p : compiled_.params) n_values += p.is_tensor ? 1 + 2 * p.rank : 1;
+  ptrs.reserve(n_values);
+  i32s.reserve(n_values);
+  i64s.reserve(n_values);
+  f32s.reserve(n_values);
+  f64s.reserve(n_values);
+  std::vector<void*> params;
+  if (args.size() != compiled_.params.size())
+    throw InternalError(fmt::format("{}: {} arguments for {} parameters", compiled_.entry, args.size(),
+                                    compiled_.params.size()));
+  for (const auto& p : compiled_.params) {
+    auto it = args.find(p.name);
+    if (it == args.end()) throw InternalError(fmt::format("{}: no argument for parameter {}", compiled_.entry, p.name));
+    if (p.is_tensor) {
+      const DeviceTensor* const* t = std::get_if<const DeviceTensor*>(&it->second);
+      if (!t || !*t) throw InternalError(fmt::format("{}: parameter {} needs a tensor", compiled_.entry, p.name));
+      const DeviceTensor& dt = **t;
+      if (dt.dtype != p.dtype || static_cast<int>(dt.shape.size()) != p.rank)
+        throw InternalError(fmt::format("{}: parameter {} is {} of rank {}, got {} of rank {}", compiled_.entry, p.name,
+                                        dtype_name(p.dtype), p.rank, dtype_name(dt.dtype), dt.shape.size()));
+      if (dt.buffer.ptr() == 0 || dt.buffer.ptr() % 16 != 0)
+        throw InternalError(fmt::format("{}: parameter {} is null or not 16-byte aligned", compiled_.entry, p.name));
+      ptrs.push_back(dt.buffer.ptr());
+      params.push_back(&ptrs.back());
+      int64_t stride = 1;
+      std::vector<int64_t> strides(p.rank);
+      for (int d = p.rank - 1; d >= 0; --d) {
+        strides[d] = stride;
+        stride *= dt.shape[d];
+      }
+      for (int d = 0; d < p.rank; ++d) {
+        if (dt.shape[d] > INT32_MAX) throw UserError(fmt::format("{}: dimension {} of {} is too large", compiled_.entry, d, p.name));
+        i32s.push_back(static_cast<int32_t>(dt.shape[d]));
+        params.push_back(&i32s.back());
+      }
+      for (int d = 0; d < p.rank; ++d) {
+        i64s.push_back(strides[d]);
+        params.push_back(&i64s.back());
+      }
+    } else {
+      const double* v = std::get_if<double>(&it->second);
+      if (!v) throw InternalError(fmt::format("{}: parameter {} needs a scalar", compiled_.entry, p.name));
+      switch (p.dtype) {
+        case DType::f32: f32s.push_back(static_cast<float>(*v)); params.push_back(&f32s.back()); break;
+        case DType::f64: f64s.push_back(*v); params.push_back(&f64s.back()); break;
+        case DType::i32: i32s.push_back(static_cast<int32_t>(*v)); params.push_back(&i32s.back()); break;
+        case DType::i64: i64s.push_back(static_cast<int64_t>(*v)); params.push_back(&i64s.back()); break;
+        default: throw InternalError(fmt::format("{}: scalar parameter {} of dtype {}", compiled_.entry, p.name, dtype_name(p.dtype)));
+      }
+    }
+  }
+  for (int64_t g : grid)
+    if (g <= 0) return;  // an empty grid launches nothing
+  cuda::launch(module_->function(),
+               cuda::Dim3{static_cast<unsigned>(grid[0]), static_cast<unsigned>(grid[1]), static_cast<unsigned>(grid[2])},
+               cuda::Dim3{static_cast<unsigned>(compiled_.num_threads), 1, 1}, static_cast<unsigned>(compiled_.smem_bytes),
+               params);
+}
+
+}  // namespace linac

@@ -1,0 +1,50 @@
+// A tile IR kernel made ready to launch on the GPU: compiled to PTX (compiler/nvptx), linked to a
+// cubin by the driver, both kept in the disk cache, loaded once per process.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "compiler/nvptx/codegen.h"
+#include "runtime/cuda_driver.h"
+#include "runtime/cuda_module.h"
+
+namespace linac {
+
+/// A tensor in device memory (contiguous, row-major).
+struct DeviceTensor {
+  cuda::DeviceBuffer buffer;
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+};
+
+using GpuArg = std::variant<const DeviceTensor*, double>;
+
+class GpuKernel {
+ public:
+  /// The kernel compiled for the current device, from the process's table, the disk cache, or a
+  /// fresh compile (in that order). Thread-safe.
+  static std::shared_ptr<GpuKernel> get(const ir::Kernel& k);
+
+  /// Launches over `grid` (x, y, z), binding parameters by name; checks every argument against the
+  /// parameter (kind, dtype, rank) first. Asynchronous on the default stream.
+  void launch(const std::array<int64_t, 3>& grid, const std::map<std::string, GpuArg>& args) const;
+
+  const nvptx::CompiledKernel& compiled() const { return compiled_; }
+  const cuda::LinkedModule& module() const { return *module_; }
+  /// Whether this process compiled it (false: from the disk cache).
+  bool compiled_here() const { return compiled_here_; }
+
+  /// Kernels compiled (not found in a cache) by this process so far.
+  static int compile_count();
+
+ private:
+  nvptx::CompiledKernel compiled_;
+  std::unique_ptr<cuda::LinkedModule> module_;
+  bool compiled_here_ = false;
+};
+
+}  // namespace linac

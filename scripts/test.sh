@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine, builds linac and runs every test. What CI runs (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/build.sh
+echo "== C++ unit and error tests"
+./build/linac_tests
+echo "== IR text tests (FileCheck)"
+python3 tests/ir/run_filecheck.py
+echo "== Python tests (ops on the CPU interpreter vs float64 references)"
+LINAC_BIN="$PWD/build/linac" python3 -m pytest -q tests/python

@@ -1,0 +1,155 @@
+// Error tests: each case is a DSL program that makes one mistake. Each must raise a UserError (never
+// an InternalError or a crash) whose location is the line of the mistake in this file.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "linac/dsl.h"
+
+using namespace linac;
+using namespace linac::dsl;
+
+namespace {
+
+/// Runs `fn`, which must throw a UserError located at `line` of this file whose message contains
+/// `needle`.
+template <class F>
+void expect_user_error(F&& fn, unsigned line, const std::string& needle) {
+  try {
+    fn();
+    FAIL("no error was raised");
+  } catch (const UserError& e) {
+    INFO("message: " << e.what());
+    CHECK(e.loc().line == line);
+    CHECK(std::string(e.loc().file).find("test_dsl_errors.cpp") != std::string::npos);
+    CHECK(std::string(e.what()).find(needle) != std::string::npos);
+    CHECK(std::string(e.what()).find("test_dsl_errors.cpp:" + std::to_string(line)) != std::string::npos);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("error: dot with mismatched inner dimensions") {
+  KernelBuilder kb("e");
+  Tile a = zeros({64, 32}, DType::bf16), b = zeros({64, 64}, DType::bf16);
+  expect_user_error([&] { dot(a, b); }, __LINE__, "inner");
+}
+
+TEST_CASE("error: dot with operands of different dtypes") {
+  KernelBuilder kb("e");
+  Tile a = zeros({64, 64}, DType::bf16), b = zeros({64, 64}, DType::f16);
+  expect_user_error([&] { dot(a, b); }, __LINE__, "dot");
+}
+
+TEST_CASE("error: dot of a rank-1 tile") {
+  KernelBuilder kb("e");
+  Tile a = zeros({64}, DType::bf16), b = zeros({64, 64}, DType::bf16);
+  expect_user_error([&] { dot(a, b); }, __LINE__, "dot");
+}
+
+TEST_CASE("error: adding tiles of different dtypes") {
+  KernelBuilder kb("e");
+  Tile a = zeros({16, 16}, DType::f32), b = zeros({16, 16}, DType::bf16);
+  expect_user_error([&] { (void)(a + b); }, __LINE__, "add");
+}
+
+TEST_CASE("error: load with the wrong number of offsets for the tensor's rank") {
+  KernelBuilder kb("e");
+  Tensor q = kb.tensor("q", DType::bf16, 4);
+  expect_user_error([&] { load(q, {0, 0, 0}, {kIndex, 64, kIndex, 64}); }, __LINE__, "rank 4");
+}
+
+TEST_CASE("error: loop-carried value changes shape") {
+  KernelBuilder kb("e");
+  Tile s = zeros({64, 64}, DType::f32);
+  Tile wide = zeros({64, 32}, DType::f32);
+  expect_user_error([&] { for_range(0, 4, [&](Tile) { s = wide; }, s); }, __LINE__, "changes type");
+}
+
+TEST_CASE("error: if branch changes a variable's type") {
+  KernelBuilder kb("e");
+  Tile s = zeros({16}, DType::f32);
+  Tile c = program_id(0) == 0;
+  expect_user_error([&] { if_then(c, [&] { s = s.to(DType::bf16); }, s); }, __LINE__, "if");
+}
+
+TEST_CASE("error: shapes that do not broadcast") {
+  KernelBuilder kb("e");
+  Tile a = zeros({64}, DType::f32), b = zeros({32}, DType::f32);
+  expect_user_error([&] { (void)(a * b); }, __LINE__, "broadcast");
+}
+
+TEST_CASE("error: reduction axis out of range") {
+  KernelBuilder kb("e");
+  Tile a = zeros({8, 8}, DType::f32);
+  expect_user_error([&] { sum(a, 2); }, __LINE__, "axis");
+}
+
+TEST_CASE("error: where with a float condition") {
+  KernelBuilder kb("e");
+  Tile c = zeros({8}, DType::f32), a = zeros({8}, DType::f32);
+  expect_user_error([&] { where(c, a, 1.0); }, __LINE__, "select");
+}
+
+TEST_CASE("error: exp of an integer tile") {
+  KernelBuilder kb("e");
+  Tile i = iota(16);
+  expect_user_error([&] { exp(i); }, __LINE__, "exp");
+}
+
+TEST_CASE("error: storing a tile of another dtype than the tensor's") {
+  KernelBuilder kb("e");
+  Tensor o = kb.tensor("o", DType::bf16, 2);
+  Tile x = zeros({16, 16}, DType::f32);
+  expect_user_error([&] { store(o, {0, 0}, {16, 16}, x); }, __LINE__, "store");
+}
+
+TEST_CASE("error: storing a tile whose shape is not the block's") {
+  KernelBuilder kb("e");
+  Tensor o = kb.tensor("o", DType::f32, 2);
+  Tile x = zeros({16, 32}, DType::f32);
+  expect_user_error([&] { store(o, {0, 0}, {16, 16}, x); }, __LINE__, "store");
+}
+
+TEST_CASE("error: a fractional number mixed with an integer tile") {
+  KernelBuilder kb("e");
+  Tile i = iota(8);
+  expect_user_error([&] { (void)(i * 0.5); }, __LINE__, "integer");
+}
+
+TEST_CASE("error: reshape to a different number of elements") {
+  KernelBuilder kb("e");
+  Tile a = zeros({8, 8}, DType::f32);
+  expect_user_error([&] { reshape(a, {8, 4}); }, __LINE__, "reshape");
+}
+
+TEST_CASE("error: a value from inside a loop used after it") {
+  KernelBuilder kb("e");
+  Tensor o = kb.tensor("o", DType::f32, 1);
+  Tile inner;
+  for_range(0, 4, [&](Tile i) { inner = zeros({16}, DType::f32) + i.to(DType::f32); });
+  store(o, {0}, {16}, inner);
+  unsigned line = __LINE__ - 1;
+  expect_user_error([&] { kb.finish(); }, line, "");
+}
+
+TEST_CASE("error: an empty Tile used as an operand") {
+  KernelBuilder kb("e");
+  Tile never_assigned;
+  expect_user_error([&] { sum(never_assigned, 0); }, __LINE__, "empty Tile");
+}
+
+TEST_CASE("error: DSL call outside of a kernel") {
+  expect_user_error([&] { program_id(0); }, __LINE__, "outside of a kernel");
+}
+
+TEST_CASE("error: a transposed load of a 1-D block") {
+  KernelBuilder kb("e");
+  Tensor q = kb.tensor("q", DType::f32, 2);
+  expect_user_error([&] { load(q, {0, 0}, {kIndex, 16}, {.limits = {}, .transpose = true}); }, __LINE__, "transpose");
+}
+
+TEST_CASE("error: program_id of a grid axis that does not exist") {
+  KernelBuilder kb("e");
+  expect_user_error([&] { program_id(3); }, __LINE__, "program_id");
+}

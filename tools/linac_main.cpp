@@ -277,7 +277,9 @@ int main(int argc, char** argv) {
   try {
     return linac::main_impl(argc, argv);
   } catch (const linac::UserError& e) {
-    fmt::print(stderr, "linac: error: {}\n", linac::first_line(e.what()));
+    // One line by contract; LINAC_DEBUG=1 shows the whole message (e.g. a linker's log).
+    const char* debug = std::getenv("LINAC_DEBUG");
+    fmt::print(stderr, "linac: error: {}\n", debug && *debug == '1' ? e.what() : linac::first_line(e.what()));
     return 1;
   } catch (const linac::InternalError& e) {
     fmt::print(stderr, "linac: {}\n", linac::first_line(e.what()));

@@ -6,6 +6,7 @@
 #include <llvm/IR/Verifier.h>
 #include <llvm/MC/TargetRegistry.h>
 #include <llvm/Passes/PassBuilder.h>
+#include <llvm/Support/CommandLine.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
@@ -34,6 +35,9 @@ void init_nvptx() {
     LLVMInitializeNVPTXTarget();
     LLVMInitializeNVPTXTargetMC();
     LLVMInitializeNVPTXAsmPrinter();
+    // 32-bit pointers for shared memory: halves the registers that shared-memory addresses take.
+    const char* argv[] = {"linac", "-nvptx-short-ptr"};
+    llvm::cl::ParseCommandLineOptions(2, argv, "linac\n");
   });
 }
 
@@ -102,6 +106,12 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target) {
     throw InternalError("NVPTX cannot emit assembly");
   cg.run(m);
   out.ptx = std::string(ptx.str());
+  // NVPTX still emits an empty .debug_macinfo section with debug directives only; any debug section
+  // makes the driver's JIT treat the module as -g, which it refuses for optimized code.
+  for (size_t pos; (pos = out.ptx.find("\t.section\t.debug_macinfo")) != std::string::npos;) {
+    size_t end = out.ptx.find('\n', pos);
+    out.ptx.erase(pos, end == std::string::npos ? std::string::npos : end - pos + 1);
+  }
   return out;
 }
 

@@ -1,6 +1,7 @@
 // The kernel skeleton: parameters, coordinates of layouts, control flow and elementwise math.
 #include <fmt/format.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
+#include <llvm/IR/InlineAsm.h>
 #include <llvm/IR/Intrinsics.h>
 
 #include "compiler/nvptx/lowering.h"
@@ -49,13 +50,14 @@ void KernelLowering::create_function() {
   fn_->addFnAttr("nvvm.maxntid", std::to_string(nthreads));
   fn_->addFnAttr(llvm::Attribute::NoUnwind);
 
-  // Debug info (line tables only): PTX .loc lines point at the DSL source.
+  // Debug directives only (.loc/.file, no DWARF sections): PTX lines point at the DSL source, and
+  // the driver JIT, which refuses optimized code with full debug info, accepts it.
   di_ = std::make_unique<llvm::DIBuilder>(m_);
   std::string file = k_.loc.known() ? k_.loc.file : "<dsl>";
   auto* di_file = di_->createFile(file, ".");
   di_files_[file] = di_file;
   auto* cu = di_->createCompileUnit(llvm::dwarf::DW_LANG_C_plus_plus_14, di_file, "linac", true, "", 0, "",
-                                    llvm::DICompileUnit::LineTablesOnly);
+                                    llvm::DICompileUnit::DebugDirectivesOnly);
   auto* sty = di_->createSubroutineType(di_->getOrCreateTypeArray({}));
   di_sub_ = di_->createFunction(cu, k_.name, k_.name, di_file, k_.loc.line, sty, k_.loc.line,
                                 llvm::DINode::FlagZero, llvm::DISubprogram::SPFlagDefinition);
@@ -198,12 +200,27 @@ Coords KernelLowering::coords_of(const Layout& l, int r) {
   switch (l.kind) {
     case Layout::Kind::Uniform: return {};
     case Layout::Kind::Blocked: {
-      int64_t reg_off = l.register_coords(r)[0];
-      llvm::Value* lin = b_.CreateAdd(b_.CreateMul(tid_, i32(l.vec)), i32(reg_off));
-      int64_t covered = int64_t{l.num_threads} * l.vec * ((l.regs_per_thread() + l.vec - 1) / l.vec);
-      if (covered > l.numel()) lin = b_.CreateURem(lin, i32(l.numel()));  // replicated tile
-      if (l.shape.size() == 1) return {lin};
-      return {b_.CreateUDiv(lin, i32(l.shape[1])), b_.CreateURem(lin, i32(l.shape[1]))};
+      const int64_t per_pass = int64_t{l.num_threads} * l.vec, pass = r / l.vec, lane_el = r % l.vec;
+      int64_t covered = per_pass * ((l.regs_per_thread() + l.vec - 1) / l.vec);
+      llvm::Value* lin_t = b_.CreateMul(tid_, i32(l.vec));
+      if (covered > l.numel()) lin_t = b_.CreateURem(lin_t, i32(l.numel()));  // replicated tile
+      if (l.shape.size() == 1) return {b_.CreateAdd(lin_t, i32(pass * per_pass + lane_el))};
+      const int64_t n = l.shape[1];
+      // Split the thread's part once and add the register's part per axis, so that the coordinates of
+      // consecutive registers visibly differ by constants (LLVM then merges their shared-memory
+      // accesses into vector ones). This is exact when a pass covers whole rows or divides a row.
+      llvm::Value* row_t = b_.CreateUDiv(lin_t, i32(n));
+      llvm::Value* col_t = b_.CreateURem(lin_t, i32(n));
+      if (covered <= l.numel() && per_pass % n == 0)
+        return {b_.CreateAdd(row_t, i32(pass * (per_pass / n))), b_.CreateAdd(col_t, i32(lane_el))};
+      if (covered <= l.numel() && n % per_pass == 0) {
+        int64_t passes_per_row = n / per_pass;
+        return {b_.CreateAdd(row_t, i32(pass / passes_per_row)),
+                b_.CreateAdd(col_t, i32((pass % passes_per_row) * per_pass + lane_el))};
+      }
+      llvm::Value* lin = b_.CreateAdd(lin_t, i32(pass * per_pass + lane_el));
+      if (covered > l.numel()) lin = b_.CreateURem(lin, i32(l.numel()));
+      return {b_.CreateUDiv(lin, i32(n)), b_.CreateURem(lin, i32(n))};
     }
     case Layout::Kind::Mma: {
       auto rc = l.register_coords(r);
@@ -463,6 +480,14 @@ void KernelLowering::lower_for(const ir::Op& op) {
   }
   b_.CreateCondBr(b_.CreateICmpSLT(iv, hi), body_bb, exit);
   b_.SetInsertPoint(body_bb);
+  // Inside the loop the thread id is read anew, opaquely: otherwise LLVM hoists every per-element
+  // address (all loop-invariant functions of tid) out of the loop, and each then occupies a register
+  // for the whole loop (255 registers and spills on the linear-attention kernel). Recomputed in the
+  // body they fold into [reg+imm] addressing.
+  llvm::Value* outer_tid = tid_;
+  auto* read_tid = llvm::InlineAsm::get(llvm::FunctionType::get(b_.getInt32Ty(), false), "mov.u32 $0, %tid.x;",
+                                        "=r", /*hasSideEffects=*/true);
+  tid_ = b_.CreateCall(read_tid, {});
   for (size_t i = 0; i < op.results.size(); ++i)
     if (smem_.buffers.count(body.args[i + 1])) spill(body.args[i + 1]);
   lower_block(body);
@@ -476,6 +501,7 @@ void KernelLowering::lower_for(const ir::Op& op) {
     for (size_t r = 0; r < phis[i].size(); ++r) phis[i][r]->addIncoming(next[i][r], latch);
   b_.CreateBr(header);
   b_.SetInsertPoint(exit);
+  tid_ = outer_tid;
   for (size_t i = 0; i < op.results.size(); ++i) regs_[op.results[i]] = regs_.at(body.args[i + 1]);
 }
 

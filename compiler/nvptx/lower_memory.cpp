@@ -153,9 +153,7 @@ void KernelLowering::lower_store(const ir::Op& op) {
     store_one(scalar(val), {}, b_.CreateICmpEQ(tid_, i32(0)));
     return;
   }
-  Layout l = cls(val) == ValueClass::Data
-                 ? layout(val)
-                 : Layout::blocked(val->type.shape, k_.num_warps * 32, dtype_bytes(val->type.dtype));
+  Layout l = passes::store_layout(val, layout(val), cls(val) == ValueClass::Data, k_.num_warps);
   Regs rs = get_in_layout(val, l);
   const bool replicated = l.kind == Layout::Kind::Mma ? l.wm * l.wn < k_.num_warps
                                                       : int64_t{l.num_threads} * l.vec > l.numel();

@@ -48,6 +48,11 @@ struct Layout {
   std::string str() const;
 };
 
+/// The layout a store writes `v` from: its own when it is a blocked data tile; otherwise the blocked
+/// layout of its type, so that global writes are coalesced vectors (mma tiles move through shared
+/// memory first, as Triton converts before stores). `is_data` says whether v is held in registers.
+Layout store_layout(const ir::Value* v, const Layout& own, bool is_data, int num_warps);
+
 /// The layout of every value of a kernel.
 using LayoutMap = std::map<const ir::Value*, Layout>;
 

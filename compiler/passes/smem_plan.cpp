@@ -150,8 +150,7 @@ class Planner {
   }
 
   Layout layout_for_store(const ir::Value* v) const {
-    if (cls(v) == ValueClass::Data) return layout(v);
-    return Layout::blocked(v->type.shape, k_.num_warps * 32, dtype_bytes(v->type.dtype));
+    return store_layout(v, layout(v), cls(v) == ValueClass::Data, k_.num_warps);
   }
 
   // ---- allocation by liveness ----

@@ -58,10 +58,11 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
 
   for_range(0, num_chunks, [&](Tile i) {
     Tile t0 = bos + i * BT;
-    Tile Q = (load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq).to(DType::f32) * scale).to(dt);
+    // scale is applied to the fp32 products rather than to Q: Q then feeds the tensor cores as loaded.
+    Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
     Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
     Tile V = load(v, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
-    Tile A = where(causal, dot(Q, K.T()), 0.0f);
+    Tile A = where(causal, dot(Q, K.T()) * scale, 0.0f);
     Tile O;
     if (cfg.gated) {
       // Rows past the sequence end load g = 0, so b stops growing there and b_C = b at the last row.
@@ -71,11 +72,11 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
       Tile br = expand_dims(bg, 1), bc = expand_dims(bg, 0);
       // Exponentiate only where r >= c: the upper triangle would overflow.
       A = A * exp(where(causal, br - bc, 0.0f));
-      O = dot(Q, S.to(dt)) * exp(br);
+      O = dot(Q, S.to(dt)) * (exp(br) * scale);
       Tile K_decayed = (K.to(DType::f32) * expand_dims(exp(b_last - bg), 1)).to(dt);
       S = S * exp(b_last) + dot(K_decayed.T(), V);
     } else {
-      O = dot(Q, S.to(dt));
+      O = dot(Q, S.to(dt)) * scale;
       S = S + dot(K.T(), V);
     }
     O = O + dot(A.to(dt), V);

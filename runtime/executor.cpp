@@ -1,5 +1,6 @@
 #include "runtime/executor.h"
 
+#include <algorithm>
 #include <fmt/format.h>
 
 #include "compiler/interp/interp.h"
@@ -32,12 +33,11 @@ void run_on_cpu(OpPlan& plan) {
   }
 }
 
-void run_on_gpu(OpPlan& plan) {
-  // Compile (or fetch) every kernel before touching device memory, so a compile error leaves nothing.
-  std::vector<std::shared_ptr<GpuKernel>> kernels;
-  for (const auto& l : plan.launches) kernels.push_back(GpuKernel::get(*l.kernel));
-  std::map<std::string, DeviceTensor> dev;
-  for (auto& [name, t] : plan.tensors) {
+using DeviceTensors = std::map<std::string, DeviceTensor>;
+
+DeviceTensors upload(const OpPlan& plan) {
+  DeviceTensors dev;
+  for (const auto& [name, t] : plan.tensors) {
     DeviceTensor d;
     d.dtype = t.dtype;
     d.shape = t.shape;
@@ -46,6 +46,10 @@ void run_on_gpu(OpPlan& plan) {
     if (!t.data.empty()) d.buffer.copy_from_host(t.data.data(), t.data.size());
     dev.emplace(name, std::move(d));
   }
+  return dev;
+}
+
+void launch_all(const OpPlan& plan, const std::vector<std::shared_ptr<GpuKernel>>& kernels, const DeviceTensors& dev) {
   for (size_t i = 0; i < plan.launches.size(); ++i) {
     const auto& l = plan.launches[i];
     std::map<std::string, GpuArg> args;
@@ -53,6 +57,19 @@ void run_on_gpu(OpPlan& plan) {
     for (const auto& [param, value] : l.scalars) args[param] = value;
     kernels[i]->launch(l.grid, args);
   }
+}
+
+std::vector<std::shared_ptr<GpuKernel>> get_kernels(const OpPlan& plan) {
+  // Compile (or fetch) every kernel before touching device memory, so a compile error leaves nothing.
+  std::vector<std::shared_ptr<GpuKernel>> kernels;
+  for (const auto& l : plan.launches) kernels.push_back(GpuKernel::get(*l.kernel));
+  return kernels;
+}
+
+void run_on_gpu(OpPlan& plan) {
+  auto kernels = get_kernels(plan);
+  DeviceTensors dev = upload(plan);
+  launch_all(plan, kernels, dev);
   cuda::synchronize();
   for (const auto& name : plan.output_tensors()) {
     HostTensor& t = plan.tensors.at(name);
@@ -71,6 +88,31 @@ TensorMap execute(OpPlan& plan, Device device) {
   TensorMap out;
   for (const auto& [output, tensor] : plan.outputs) out[output] = plan.tensors.at(tensor);
   return out;
+}
+
+BenchResult bench_on_gpu(OpPlan& plan, int iters) {
+  auto kernels = get_kernels(plan);
+  BenchResult r;
+  for (const auto& [name, t] : plan.tensors) r.bytes += static_cast<int64_t>(t.data.size());
+  const int64_t l2 = cuda::device_info().l2_bytes;
+  r.rotations = static_cast<int>(std::clamp<int64_t>((2 * l2 + r.bytes - 1) / std::max<int64_t>(r.bytes, 1), 1, 8));
+  std::vector<DeviceTensors> sets;
+  for (int i = 0; i < r.rotations; ++i) sets.push_back(upload(plan));
+  for (int i = 0; i < 3; ++i) launch_all(plan, kernels, sets[i % sets.size()]);
+  cuda::synchronize();
+  std::vector<double> times;
+  cuda::EventTimer timer;
+  for (int i = 0; i < iters; ++i) {
+    timer.start();
+    launch_all(plan, kernels, sets[i % sets.size()]);
+    timer.stop();
+    times.push_back(timer.elapsed_ms());
+  }
+  std::sort(times.begin(), times.end());
+  r.iters = iters;
+  r.median_ms = times[times.size() / 2];
+  r.min_ms = times.front();
+  return r;
 }
 
 TensorMap run_op(const OpDef& op, const TensorMap& inputs, const OpOptions& opts,

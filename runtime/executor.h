@@ -9,4 +9,16 @@ namespace linac {
 /// kernel fails to write cannot pass for a result.
 TensorMap execute(OpPlan& plan, Device device);
 
+/// Timing of a plan's launches on the GPU.
+struct BenchResult {
+  double median_ms = 0, min_ms = 0;
+  int iters = 0;
+  int rotations = 1;      // independent copies of the tensors cycled through so L2 holds none of them
+  int64_t bytes = 0;      // bytes every run must move at least once: inputs read + outputs written
+};
+
+/// Times `plan` on the GPU with CUDA events: warm-up, then `iters` runs (each run = all launches),
+/// cycling through enough copies of the tensors to exceed twice the L2 cache; median and minimum.
+BenchResult bench_on_gpu(OpPlan& plan, int iters);
+
 }  // namespace linac

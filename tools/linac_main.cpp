@@ -3,6 +3,7 @@
 // Every failure the user can cause ends in exactly one line "linac: error: ..." on stderr and exit
 // status 1; nothing is written unless the whole run succeeded. Bugs in linac exit with status 2.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fmt/format.h>
@@ -28,6 +29,7 @@ commands:
   list                      list the ops of the library with their inputs and outputs
   run OP NAME=FILE.npy ...  run an op on .npy inputs, write .npy outputs (see 'linac run --help')
   compile OP|FILE.tir       print a stage of an op's kernels (see 'linac compile --help')
+  bench OP --shape ...      time an op on the GPU on random inputs (see 'linac bench --help')
 
 Environment: LINAC_DEVICE (default device for run: cpu or cuda).
 )";
@@ -55,6 +57,18 @@ verified first). Needs no GPU.
                         ptx: the PTX (with .loc lines pointing at the DSL source)
   --dtype D             input dtype the op's kernels are specialized for (default bf16)
   --target T            GPU architecture for the backend stages (default sm_90a)
+)";
+
+constexpr const char* kBenchUsage = R"(usage: linac bench OP --shape B=8,T=4096,H=16,K=128[,V=128] [options]
+
+Times OP on the GPU on random inputs with CUDA events (3 warm-up runs, then the median of --iters
+runs, cycling through copies of the inputs that together exceed twice the L2 cache).
+  --shape B=..,T=..,H=..,K=..[,V=..]  problem size (V defaults to K)
+  --dtype fp32|bf16|fp16  input precision (default bf16)
+  --gated               add a per-head log-decay gate g (linear_attn)
+  --chunk-size N        chunk size (default: the op's)
+  --iters N             timed runs (default 50)
+  --json FILE           also write the result as JSON
 )";
 
 [[noreturn]] void usage_error(const std::string& msg) { throw UserError(msg); }
@@ -253,6 +267,98 @@ int cmd_compile(const std::vector<std::string>& args) {
   return 0;
 }
 
+/// Uniform values in [-1, 1) from a fixed seed: fast enough for the largest benchmark shapes.
+HostTensor random_tensor(std::vector<int64_t> shape, uint64_t seed) {
+  HostTensor t = HostTensor::zeros(DType::f32, std::move(shape));
+  float* p = reinterpret_cast<float*>(t.data.data());
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    p[i] = static_cast<float>(static_cast<double>(x >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+  }
+  return t;
+}
+
+int cmd_bench(const std::vector<std::string>& args) {
+  if (args.empty() || is_help(args[0])) {
+    fmt::print("{}", kBenchUsage);
+    return args.empty() ? 1 : 0;
+  }
+  const OpDef& op = find_op(args[0]);
+  OpOptions opts;
+  opts.device = Device::cuda;
+  opts.dtype = DType::bf16;
+  std::map<std::string, int64_t> shape;
+  bool gated = false;
+  int iters = 50;
+  std::string json;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (is_help(a)) {
+      fmt::print("{}", kBenchUsage);
+      return 0;
+    } else if (a == "--shape") {
+      std::string spec = value_of(args, i);
+      size_t pos = 0;
+      while (pos < spec.size()) {
+        size_t comma = spec.find(',', pos);
+        std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        auto [key, val] = split_binding(item);
+        if (key != "B" && key != "T" && key != "H" && key != "K" && key != "V")
+          usage_error(fmt::format("--shape: unknown dimension '{}' (expected B, T, H, K, V)", key));
+        shape[key] = parse_int("--shape " + key, val);
+        if (shape[key] < 1) usage_error(fmt::format("--shape: {} must be positive", key));
+        pos = comma == std::string::npos ? spec.size() : comma + 1;
+      }
+    } else if (a == "--dtype") {
+      opts.dtype = parse_input_dtype(value_of(args, i));
+    } else if (a == "--gated") {
+      gated = true;
+    } else if (a == "--chunk-size") {
+      opts.chunk_size = parse_int(a, value_of(args, i));
+    } else if (a == "--iters") {
+      iters = parse_int(a, value_of(args, i));
+      if (iters < 1) usage_error("--iters must be at least 1");
+    } else if (a == "--json") {
+      json = value_of(args, i);
+    } else {
+      usage_error(fmt::format("unknown option '{}' for 'bench' (see linac bench --help)", a));
+    }
+  }
+  for (const char* d : {"B", "T", "H", "K"})
+    if (!shape.count(d)) usage_error(fmt::format("--shape needs {} (e.g. --shape B=8,T=4096,H=16,K=128)", d));
+  if (!shape.count("V")) shape["V"] = shape["K"];
+  const int64_t B = shape["B"], T = shape["T"], H = shape["H"], K = shape["K"], V = shape["V"];
+  TensorMap inputs;
+  inputs["q"] = random_tensor({B, T, H, K}, 1);
+  inputs["k"] = random_tensor({B, T, H, K}, 2);
+  inputs["v"] = random_tensor({B, T, H, V}, 3);
+  if (gated) {
+    HostTensor g = random_tensor({B, T, H}, 4);
+    float* p = reinterpret_cast<float*>(g.data.data());
+    for (int64_t i = 0; i < g.numel(); ++i) p[i] = -std::log1p(std::exp(-3.0f * p[i]));  // logsigmoid
+    inputs["g"] = std::move(g);
+  }
+  OpPlan plan = op.prepare(inputs, opts, {"o"});
+  BenchResult r = bench_on_gpu(plan, iters);
+  std::string config = fmt::format("chunk={}", opts.chunk_size.value_or(64));
+  fmt::print("{} B={} T={} H={} K={} V={} {}{}: median {:.4f} ms, min {:.4f} ms over {} runs ({} input sets), {:.1f} GB/s\n",
+             op.name, B, T, H, K, V, dtype_name(opts.dtype), gated ? " gated" : "", r.median_ms, r.min_ms, r.iters,
+             r.rotations, r.bytes / (r.median_ms * 1e6));
+  if (!json.empty()) {
+    std::string text = fmt::format(
+        "{{\"op\": \"{}\", \"shape\": {{\"B\": {}, \"T\": {}, \"H\": {}, \"K\": {}, \"V\": {}}}, \"dtype\": \"{}\", "
+        "\"gated\": {}, \"median_ms\": {}, \"min_ms\": {}, \"iters\": {}, \"rotations\": {}, \"bytes\": {}, "
+        "\"config\": \"{}\"}}\n",
+        op.name, B, T, H, K, V, dtype_name(opts.dtype), gated, r.median_ms, r.min_ms, r.iters, r.rotations, r.bytes,
+        config);
+    std::FILE* f = std::fopen(json.c_str(), "wb");
+    if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size()) usage_error(fmt::format("{}: cannot write", json));
+    std::fclose(f);
+  }
+  return 0;
+}
+
 int main_impl(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || is_help(args[0])) {
@@ -264,7 +370,8 @@ int main_impl(int argc, char** argv) {
   if (cmd == "list") return cmd_list();
   if (cmd == "run") return cmd_run(rest);
   if (cmd == "compile") return cmd_compile(rest);
-  usage_error(fmt::format("unknown command '{}' (commands: list, run, compile; see linac --help)", cmd));
+  if (cmd == "bench") return cmd_bench(rest);
+  usage_error(fmt::format("unknown command '{}' (commands: list, run, compile, bench; see linac --help)", cmd));
 }
 
 /// One line: the first line of the message, so a multi-line message never breaks the contract.

@@ -123,7 +123,7 @@ void KernelLowering::lower_block(const ir::Block& blk) {
     set_location(op->loc);
     lower_op(*op);
     for (const ir::Value* v : op->results)
-      if (smem_.buffers.count(v)) spill(v);
+      if (smem_.buffers.count(v) && !pipelined(v)) spill(v);
   }
 }
 
@@ -254,7 +254,7 @@ Regs KernelLowering::get_in_layout(const ir::Value* v, const Layout& l) {
     llvm::Value* s = scalar(v);
     return Regs(l.regs_per_thread(), s);
   }
-  if (cls(v) == ValueClass::Data && layout(v) == l) return regs_.at(v);
+  if (cls(v) == ValueClass::Data && layout(v) == l && !pipelined(v)) return regs_.at(v);
   Regs out(l.regs_per_thread());
   for (int r = 0; r < l.regs_per_thread(); ++r) out[r] = eval_at(v, coords_of(l, r));
   return out;
@@ -264,7 +264,7 @@ llvm::Value* KernelLowering::eval_at(const ir::Value* v, const Coords& c) {
   if (v->type.is_scalar() && v->def && v->def->code != OpCode::Constant) return scalar(v);
   if (v->type.is_scalar() && !v->def) return scalar(v);
   ValueClass vc = v->type.is_scalar() ? ValueClass::Scalar : cls(v);
-  if (vc == ValueClass::Data) return smem_read(v, c);
+  if (vc == ValueClass::Data) return smem_read(v, c);  // spilled, or a pipelined load's stage
   const ir::Op& op = *v->def;
   switch (op.code) {
     case OpCode::Constant: {
@@ -458,6 +458,15 @@ void KernelLowering::lower_for(const ir::Op& op) {
   std::vector<Regs> inits;
   for (size_t i = 0; i < op.results.size(); ++i) inits.push_back(get_in_layout(op.operands[3 + i], layout(body.args[i + 1])));
 
+  // Pipelined loads: the copies for the first iteration go out before the loop.
+  std::vector<const ir::Op*> async_loads;
+  for (const auto& inner : body.ops)
+    if (inner->code == OpCode::Load && pipelined(inner->result())) async_loads.push_back(inner.get());
+  if (!async_loads.empty()) {
+    for (const ir::Op* load : async_loads) issue_async_copy(*load, body, lo, i32(0));
+    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, {});
+  }
+
   llvm::BasicBlock* pre = b_.GetInsertBlock();
   auto* header = llvm::BasicBlock::Create(ctx_, "for", fn_);
   auto* body_bb = llvm::BasicBlock::Create(ctx_, "for.body", fn_);
@@ -488,6 +497,21 @@ void KernelLowering::lower_for(const ir::Op& op) {
   auto* read_tid = llvm::InlineAsm::get(llvm::FunctionType::get(b_.getInt32Ty(), false), "mov.u32 $0, %tid.x;",
                                         "=r", /*hasSideEffects=*/true);
   tid_ = b_.CreateCall(read_tid, {});
+  if (!async_loads.empty()) {
+    // Stage (i+1)%2 was last read in iteration i-1: once every thread is past this barrier it can be
+    // refilled for iteration i+1. Then wait for this iteration's copies (all but the newest group)
+    // and make every thread's copies visible.
+    llvm::Value* iter = b_.CreateSDiv(b_.CreateSub(iv, lo), step);
+    llvm::Value* cur = b_.CreateAnd(iter, i32(1));
+    llvm::Value* next = b_.CreateXor(cur, i32(1));
+    barrier();
+    for (const ir::Op* load : async_loads) issue_async_copy(*load, body, b_.CreateAdd(iv, step), next);
+    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, {});
+    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(1)});
+    barrier();
+    for (const ir::Op* load : async_loads)
+      stage_base_[load->result()] = b_.CreateMul(cur, i32(smem_.buffers.at(load->result()).stage_bytes));
+  }
   for (size_t i = 0; i < op.results.size(); ++i)
     if (smem_.buffers.count(body.args[i + 1])) spill(body.args[i + 1]);
   lower_block(body);
@@ -502,6 +526,13 @@ void KernelLowering::lower_for(const ir::Op& op) {
   b_.CreateBr(header);
   b_.SetInsertPoint(exit);
   tid_ = outer_tid;
+  if (!async_loads.empty()) {
+    // The copies issued for the iteration past the end are still in flight: drain them before the
+    // buffers are reused.
+    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(0)});
+    barrier();
+    for (const ir::Op* load : async_loads) stage_base_.erase(load->result());
+  }
   for (size_t i = 0; i < op.results.size(); ++i) regs_[op.results[i]] = regs_.at(body.args[i + 1]);
 }
 

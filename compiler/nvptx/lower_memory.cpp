@@ -69,6 +69,7 @@ ElementAddr element_addr(llvm::IRBuilder<>& b, const BlockAccess& a, const Coord
 }  // namespace
 
 void KernelLowering::lower_load(const ir::Op& op) {
+  if (pipelined(op.result())) return;  // copied into shared memory by the loop (issue_async_copy)
   const TensorView& tv = tensors_.at(op.operands[0]);
   BlockAccess acc = make_access(this, b_, tv, op, [&](const ir::Value* v) { return scalar(v); });
   llvm::Type* ety = llvm_type(tv.dtype == DType::i1 ? DType::i1 : tv.dtype);
@@ -187,15 +188,93 @@ void KernelLowering::lower_store(const ir::Op& op) {
   }
 }
 
-llvm::Value* KernelLowering::smem_addr(const passes::SmemBuffer& buf, const Coords& c) {
+llvm::Value* KernelLowering::scalar_at_iteration(const ir::Value* v, const ir::Block& body, llvm::Value* iv) {
+  if (v == body.args[0]) return iv;
+  bool inside = false;
+  for (const ir::Block* blk = v->def ? v->def->parent : v->owner; blk; blk = blk->parent ? blk->parent->parent : nullptr)
+    inside |= blk == &body;
+  if (!inside) return scalar(v);  // loop-invariant: already lowered before the loop
+  const ir::Op& op = *v->def;
+  switch (op.code) {
+    case OpCode::Constant: return eval_at(v, {});
+    case OpCode::Dim: return tensors_.at(op.operands[0]).dims.at(op.attrs.axis);
+    case OpCode::ProgramId:
+    case OpCode::NumPrograms: {
+      static constexpr llvm::Intrinsic::ID ids[2][3] = {
+          {llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x, llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_y,
+           llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_z},
+          {llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x, llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_y,
+           llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_z}};
+      return b_.CreateIntrinsic(ids[op.code == OpCode::NumPrograms][op.attrs.axis], {});
+    }
+    default: {
+      std::vector<llvm::Value*> args;
+      for (const ir::Value* o : op.operands) args.push_back(scalar_at_iteration(o, body, iv));
+      return element_op(op, args);
+    }
+  }
+}
+
+void KernelLowering::issue_async_copy(const ir::Op& op, const ir::Block& body, llvm::Value* iv, llvm::Value* stage) {
+  const TensorView& tv = tensors_.at(op.operands[0]);
+  BlockAccess acc = make_access(this, b_, tv, op, [&](const ir::Value* v) { return scalar_at_iteration(v, body, iv); });
+  const ir::Value* res = op.result();
+  const passes::SmemBuffer& buf = smem_.buffers.at(res);
+  const int elem = dtype_bytes(tv.dtype);
+  Layout l = Layout::blocked(res->type.shape, k_.num_warps * 32, elem);
+  LINAC_INTERNAL_CHECK(l.vec * elem == 16, "pipelined load without 16-byte vectors");
+  llvm::Value* stage_off = b_.CreateMul(stage, i32(buf.stage_bytes));
+  llvm::Type* ety = llvm_type(tv.dtype);
+  const int64_t inner_dim = acc.dims.back();
+  llvm::Value* contiguous = b_.CreateICmpEQ(tv.strides[inner_dim], b_.getInt64(1));
+  for (int r = 0; r < l.regs_per_thread(); r += l.vec) {
+    Coords first = coords_of(l, r);
+    ElementAddr a0 = element_addr(b_, acc, first);
+    // Elements of the run that are in bounds form a prefix (the run walks the innermost dim up to its
+    // bound); cp.async reads that many bytes and zero-fills the rest of the 16.
+    llvm::Value* idx_inner = acc.offsets[inner_dim];
+    for (size_t ax = 0; ax < acc.dims.size(); ++ax)
+      if (acc.dims[ax] == inner_dim) idx_inner = b_.CreateAdd(idx_inner, first[ax]);
+    llvm::Value* room = b_.CreateSub(acc.bounds[inner_dim], idx_inner);
+    llvm::Value* n_valid = b_.CreateSelect(a0.in_bounds, b_.CreateBinaryIntrinsic(llvm::Intrinsic::smin, room, i32(l.vec)), i32(0));
+    llvm::Value* aligned = b_.CreateICmpEQ(b_.CreateAnd(a0.offset, b_.getInt64(l.vec - 1)), b_.getInt64(0));
+    llvm::Value* dst = smem_addr(res, first);
+    dst = b_.CreateGEP(b_.getInt8Ty(), dst, stage_off);
+    llvm::BasicBlock* fast_bb = llvm::BasicBlock::Create(ctx_, "cp.async", fn_);
+    llvm::BasicBlock* slow_bb = llvm::BasicBlock::Create(ctx_, "cp.sync", fn_);
+    llvm::BasicBlock* join = llvm::BasicBlock::Create(ctx_, "cp.join", fn_);
+    b_.CreateCondBr(b_.CreateAnd(contiguous, aligned), fast_bb, slow_bb);
+    b_.SetInsertPoint(fast_bb);
+    llvm::Value* src = b_.CreateGEP(ety, tv.ptr, b_.CreateSelect(a0.in_bounds, a0.offset, b_.getInt64(0)));
+    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_cg_shared_global_16_s, {},
+                       {dst, src, b_.CreateMul(n_valid, i32(elem))});
+    b_.CreateBr(join);
+    // Unaligned or strided rows: element by element, synchronously (the wait's barrier orders them).
+    b_.SetInsertPoint(slow_bb);
+    for (int j = 0; j < l.vec; ++j) {
+      Coords c = coords_of(l, r + j);
+      ElementAddr a = element_addr(b_, acc, c);
+      llvm::Value* x = b_.CreateLoad(ety, b_.CreateGEP(ety, tv.ptr, b_.CreateSelect(a.in_bounds, a.offset, b_.getInt64(0))));
+      x = b_.CreateSelect(a.in_bounds, x, llvm::Constant::getNullValue(ety));
+      b_.CreateStore(x, b_.CreateGEP(b_.getInt8Ty(), smem_addr(res, c), stage_off));
+    }
+    b_.CreateBr(join);
+    b_.SetInsertPoint(join);
+  }
+}
+
+llvm::Value* KernelLowering::smem_addr(const ir::Value* v, const Coords& c) {
+  auto it = smem_.buffers.find(v);
+  LINAC_INTERNAL_CHECK(it != smem_.buffers.end(), "tile read at foreign coordinates was not planned into shared memory");
+  const passes::SmemBuffer& buf = it->second;
   llvm::Value* idx = c.size() == 2 ? b_.CreateAdd(b_.CreateMul(c[0], i32(buf.row_stride)), c[1]) : c.at(0);
   llvm::Type* ety = buf.dtype == DType::i1 ? b_.getInt8Ty() : llvm_type(buf.dtype);
   llvm::Value* base = b_.CreateConstGEP1_64(b_.getInt8Ty(), smem_ptr_, buf.offset);
+  if (auto st = stage_base_.find(v); st != stage_base_.end()) base = b_.CreateGEP(b_.getInt8Ty(), base, st->second);
   return b_.CreateGEP(ety, base, idx);
 }
 
 void KernelLowering::spill(const ir::Value* v) {
-  const passes::SmemBuffer& buf = smem_.buffers.at(v);
   Layout l = cls(v) == ValueClass::Data
                  ? layout(v)
                  : Layout::blocked(v->type.shape, k_.num_warps * 32, dtype_bytes(v->type.dtype));
@@ -208,7 +287,7 @@ void KernelLowering::spill(const ir::Value* v) {
   for (int r = 0; r < l.regs_per_thread(); ++r) {
     llvm::Value* x = rs[r];
     if (v->type.dtype == DType::i1) x = b_.CreateZExt(x, b_.getInt8Ty());
-    llvm::Value* addr = smem_addr(buf, coords_of(l, r));
+    llvm::Value* addr = smem_addr(v, coords_of(l, r));
     if (!replicated) {
       b_.CreateStore(x, addr);
       continue;
@@ -225,11 +304,8 @@ void KernelLowering::spill(const ir::Value* v) {
 }
 
 llvm::Value* KernelLowering::smem_read(const ir::Value* v, const Coords& c) {
-  auto it = smem_.buffers.find(v);
-  LINAC_INTERNAL_CHECK(it != smem_.buffers.end(), "tile read at foreign coordinates was not planned into shared memory");
-  const passes::SmemBuffer& buf = it->second;
   llvm::Type* ety = v->type.dtype == DType::i1 ? b_.getInt8Ty() : llvm_type(v->type.dtype);
-  llvm::Value* x = b_.CreateLoad(ety, smem_addr(buf, c));
+  llvm::Value* x = b_.CreateLoad(ety, smem_addr(v, c));
   if (v->type.dtype == DType::i1) x = b_.CreateICmpNE(x, b_.getInt8(0));
   return x;
 }

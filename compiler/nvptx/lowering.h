@@ -68,7 +68,14 @@ class KernelLowering {
   void lower_store(const ir::Op& op);
   void spill(const ir::Value* v);
   llvm::Value* smem_read(const ir::Value* v, const Coords& c);
-  llvm::Value* smem_addr(const passes::SmemBuffer& buf, const Coords& c);
+  /// Address of element `c` of v's shared-memory buffer (the current stage for a pipelined load).
+  llvm::Value* smem_addr(const ir::Value* v, const Coords& c);
+  bool pipelined(const ir::Value* v) const { return smem_.pipeline.contains(v); }
+  /// Issues the cp.async copies of pipelined load `op` for the iteration whose induction variable
+  /// is `iv`, into stage `stage` (an i32) of its buffer.
+  void issue_async_copy(const ir::Op& op, const ir::Block& body, llvm::Value* iv, llvm::Value* stage);
+  /// Re-evaluates a predictable scalar of `body` (see pipeline.h) with the induction variable = iv.
+  llvm::Value* scalar_at_iteration(const ir::Value* v, const ir::Block& body, llvm::Value* iv);
   llvm::Value* smem_base() { return smem_ptr_; }
 
   // lower_dot.cpp
@@ -90,6 +97,7 @@ class KernelLowering {
   llvm::Value* smem_ptr_ = nullptr;  // the dynamic shared memory array
   std::map<const ir::Value*, Regs> regs_;
   std::map<const ir::Value*, TensorView> tensors_;
+  std::map<const ir::Value*, llvm::Value*> stage_base_;  // byte offset of the current stage (pipelined loads)
   // Debug info: DSL lines become PTX .loc directives.
   std::unique_ptr<llvm::DIBuilder> di_;
   llvm::DISubprogram* di_sub_ = nullptr;

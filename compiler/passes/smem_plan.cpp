@@ -18,7 +18,10 @@ bool is_view(OpCode c) {
 
 class Planner {
  public:
-  Planner(const ir::Kernel& k, const LayoutMap& layouts) : k_(k), layouts_(layouts) {}
+  Planner(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline)
+      : k_(k), layouts_(layouts) {
+    plan_.pipeline = pipeline;
+  }
 
   SmemPlan run() {
     for (const auto& p : k_.params)
@@ -26,6 +29,7 @@ class Planner {
     classify_block(k_.body);
     number_block(k_.body);
     mark_block(k_.body);
+    for (const ir::Op* load : plan_.pipeline.loads) spilled_.insert(load->result());
     allocate();
     return std::move(plan_);
   }
@@ -188,8 +192,19 @@ class Planner {
         buf.bytes = s[0] * elem;
       }
       buf.bytes = (buf.bytes + 15) / 16 * 16;
+      buf.stage_bytes = buf.bytes;
+      int64_t begin = def_index_.at(v), end = last_use(v);
+      if (plan_.pipeline.contains(v)) {
+        // Copies for the next iteration are in flight during the whole loop (and one is issued
+        // before it): the buffer is live from the loop's start to its end, with one stage each.
+        buf.stages = plan_.pipeline.stages;
+        buf.bytes *= buf.stages;
+        const ir::Op* loop = v->def->parent->parent;
+        begin = start_.at(loop);
+        end = end_.at(loop);
+      }
       plan_.buffers[v] = buf;
-      intervals.push_back({v, def_index_.at(v), last_use(v), buf.bytes});
+      intervals.push_back({v, begin, end, buf.bytes});
     }
     // Deterministic order: by definition point, then by value id.
     std::sort(intervals.begin(), intervals.end(), [](const Interval& a, const Interval& b) {
@@ -230,14 +245,17 @@ class Planner {
 
 }  // namespace
 
-SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts) { return Planner(k, layouts).run(); }
+SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline) {
+  return Planner(k, layouts, pipeline).run();
+}
 
 std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
   auto names = ir::value_names(k);
   std::vector<std::pair<int64_t, std::string>> lines;
   for (const auto& [v, buf] : plan.buffers)
-    lines.push_back({buf.offset, fmt::format("smem {:>6} +{:<6} {} {}{}", buf.offset, buf.bytes, names.at(v),
-                                             v->type.str(), buf.row_stride ? fmt::format(" row_stride={}", buf.row_stride) : "")});
+    lines.push_back({buf.offset, fmt::format("smem {:>6} +{:<6} {} {}{}{}", buf.offset, buf.bytes, names.at(v),
+                                             v->type.str(), buf.row_stride ? fmt::format(" row_stride={}", buf.row_stride) : "",
+                                             buf.stages > 1 ? fmt::format(" pipelined stages={}", buf.stages) : "")});
   std::sort(lines.begin(), lines.end());
   std::string out;
   for (auto& [off, line] : lines) out += line + "\n";

@@ -20,6 +20,7 @@
 
 #include "compiler/ir/ir.h"
 #include "compiler/passes/layout.h"
+#include "compiler/passes/pipeline.h"
 
 namespace linac::passes {
 
@@ -34,11 +35,14 @@ enum class ValueClass : uint8_t {
 struct SmemBuffer {
   int64_t offset = 0;      // bytes from the start of dynamic shared memory (16-byte aligned)
   int64_t row_stride = 0;  // elements between rows (rank 2); 0 for rank 1
-  int64_t bytes = 0;
+  int64_t bytes = 0;         // all stages
+  int64_t stage_bytes = 0;   // one stage (bytes == stages * stage_bytes)
+  int stages = 1;            // 2 for a pipelined load: iteration i uses stage i % 2
   DType dtype = DType::f32;
 };
 
 struct SmemPlan {
+  PipelinePlan pipeline;
   std::map<const ir::Value*, ValueClass> classes;
   std::map<const ir::Value*, SmemBuffer> buffers;  // values written to shared memory after definition
   int64_t scratch_offset = 0;  // a scratch area for reductions of uniform values (one f32 per warp)
@@ -46,7 +50,7 @@ struct SmemPlan {
 };
 
 /// Plans shared memory for `k` with the given layouts.
-SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts);
+SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline);
 
 /// The buffers of the plan, one line per value (the pass's dump).
 std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan);

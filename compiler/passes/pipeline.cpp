@@ -1,0 +1,64 @@
+#include "compiler/passes/pipeline.h"
+
+#include "compiler/passes/layout.h"
+
+namespace linac::passes {
+
+using ir::OpCode;
+
+namespace {
+
+bool defined_in(const ir::Value* v, const ir::Block& b) {
+  if (!v->def) return v->owner == &b;
+  for (const ir::Block* blk = v->def->parent; blk; blk = blk->parent ? blk->parent->parent : nullptr)
+    if (blk == &b) return true;
+  return false;
+}
+
+void collect(const ir::Kernel& k, const ir::Block& b, PipelinePlan& plan) {
+  for (const auto& op : b.ops) {
+    for (const auto& r : op->regions) collect(k, *r, plan);
+    if (op->code != OpCode::For) continue;
+    const ir::Block& body = *op->regions[0];
+    for (const auto& inner : body.ops) {
+      if (inner->code != OpCode::Load || inner->result()->type.is_scalar()) continue;
+      const ir::Type& t = inner->result()->type;
+      int elem = dtype_bytes(t.dtype);
+      if (elem != 2 && elem != 4) continue;
+      // cp.async moves 16 bytes: the tile must split into 16-byte runs over all the threads.
+      Layout l = Layout::blocked(t.shape, k.num_warps * 32, elem);
+      if (l.vec * elem != 16) continue;
+      bool predictable = true;
+      for (size_t i = 1; i < inner->operands.size(); ++i) predictable &= is_predictable_scalar(inner->operands[i], body);
+      if (predictable) plan.loads.insert(inner.get());
+    }
+  }
+}
+
+}  // namespace
+
+bool is_predictable_scalar(const ir::Value* v, const ir::Block& body) {
+  if (!v->type.is_scalar()) return false;
+  if (!defined_in(v, body)) return true;  // loop-invariant
+  if (!v->def) return v == body.args[0];  // the induction variable (carried values are not)
+  switch (v->def->code) {
+    case OpCode::Constant: case OpCode::Dim: case OpCode::ProgramId: case OpCode::NumPrograms:
+      return true;
+    case OpCode::Add: case OpCode::Sub: case OpCode::Mul: case OpCode::Div: case OpCode::Rem:
+    case OpCode::Max: case OpCode::Min: case OpCode::Cast:
+      for (const ir::Value* o : v->def->operands)
+        if (!is_predictable_scalar(o, body)) return false;
+      return true;
+    default: return false;
+  }
+}
+
+PipelinePlan plan_pipelining(const ir::Kernel& k) {
+  PipelinePlan plan;
+  plan.stages = k.num_stages >= 2 ? 2 : 1;
+  if (plan.stages < 2) return plan;
+  collect(k, k.body, plan);
+  return plan;
+}
+
+}  // namespace linac::passes

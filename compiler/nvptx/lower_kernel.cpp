@@ -115,7 +115,40 @@ void KernelLowering::run() {
   di_->finalize();
 }
 
-void KernelLowering::barrier() { b_.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_all, {i32(0)}); }
+void KernelLowering::barrier() {
+  b_.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_all, {i32(0)});
+  smem_written_.clear();
+  smem_read_.clear();
+  smem_unknown_ = false;
+}
+
+namespace {
+bool overlaps(const std::vector<std::pair<int64_t, int64_t>>& ranges, std::pair<int64_t, int64_t> r) {
+  for (auto [lo, hi] : ranges)
+    if (lo < r.second && r.first < hi) return true;
+  return false;
+}
+}  // namespace
+
+void KernelLowering::before_smem_write(ByteRange r) {
+  if (smem_unknown_ || overlaps(smem_read_, r) || overlaps(smem_written_, r)) barrier();
+  smem_written_.push_back(r);
+}
+
+void KernelLowering::before_smem_read(ByteRange r) {
+  if (smem_unknown_ || overlaps(smem_written_, r)) barrier();
+  smem_read_.push_back(r);
+}
+
+void KernelLowering::before_smem_write(const ir::Value* v) {
+  const passes::SmemBuffer& buf = smem_.buffers.at(v);
+  before_smem_write(ByteRange{buf.offset, buf.offset + buf.bytes});
+}
+
+void KernelLowering::before_smem_read(const ir::Value* v) {
+  const passes::SmemBuffer& buf = smem_.buffers.at(v);
+  before_smem_read(ByteRange{buf.offset, buf.offset + buf.bytes});
+}
 
 void KernelLowering::lower_block(const ir::Block& blk) {
   for (const auto& op : blk.ops) {
@@ -489,6 +522,7 @@ void KernelLowering::lower_for(const ir::Op& op) {
   }
   b_.CreateCondBr(b_.CreateICmpSLT(iv, hi), body_bb, exit);
   b_.SetInsertPoint(body_bb);
+  assume_smem_hazards();  // the loop header joins the entry with the back edge
   // Inside the loop the thread id is read anew, opaquely: otherwise LLVM hoists every per-element
   // address (all loop-invariant functions of tid) out of the loop, and each then occupies a register
   // for the whole loop (255 registers and spills on the linear-attention kernel). Recomputed in the
@@ -525,6 +559,7 @@ void KernelLowering::lower_for(const ir::Op& op) {
     for (size_t r = 0; r < phis[i].size(); ++r) phis[i][r]->addIncoming(next[i][r], latch);
   b_.CreateBr(header);
   b_.SetInsertPoint(exit);
+  assume_smem_hazards();
   tid_ = outer_tid;
   if (!async_loads.empty()) {
     // The copies issued for the iteration past the end are still in flight: drain them before the
@@ -546,6 +581,7 @@ void KernelLowering::lower_if(const ir::Op& op) {
   llvm::BasicBlock* blocks[] = {then_bb, else_bb};
   for (size_t a = 0; a < 2; ++a) {
     b_.SetInsertPoint(blocks[a]);
+    assume_smem_hazards();
     std::vector<Regs> vals;
     if (a < op.regions.size()) {
       const ir::Block& region = *op.regions[a];
@@ -557,6 +593,7 @@ void KernelLowering::lower_if(const ir::Op& op) {
     b_.CreateBr(merge);
   }
   b_.SetInsertPoint(merge);
+  assume_smem_hazards();
   for (size_t i = 0; i < op.results.size(); ++i) {
     Regs rs;
     for (size_t r = 0; r < arms[0].first[i].size(); ++r) {

@@ -282,8 +282,8 @@ void KernelLowering::spill(const ir::Value* v) {
   const bool replicated = l.kind == Layout::Kind::Mma ? l.wm * l.wn < k_.num_warps
                                                       : int64_t{l.num_threads} * l.vec > l.numel();
   // The buffer may still be read by other threads (a previous iteration, or a value whose live range
-  // ended just before): wait for them, write, then make the writes visible.
-  barrier();
+  // ended just before): wait for them if needed; readers wait for the writes (before_smem_read).
+  before_smem_write(v);
   for (int r = 0; r < l.regs_per_thread(); ++r) {
     llvm::Value* x = rs[r];
     if (v->type.dtype == DType::i1) x = b_.CreateZExt(x, b_.getInt8Ty());
@@ -300,10 +300,10 @@ void KernelLowering::spill(const ir::Value* v) {
     b_.CreateBr(cont);
     b_.SetInsertPoint(cont);
   }
-  barrier();
 }
 
 llvm::Value* KernelLowering::smem_read(const ir::Value* v, const Coords& c) {
+  before_smem_read(v);
   llvm::Type* ety = v->type.dtype == DType::i1 ? b_.getInt8Ty() : llvm_type(v->type.dtype);
   llvm::Value* x = b_.CreateLoad(ety, smem_addr(v, c));
   if (v->type.dtype == DType::i1) x = b_.CreateICmpNE(x, b_.getInt8(0));

@@ -33,13 +33,132 @@ DType acc_dtype(DType t) { return (t == DType::bf16 || t == DType::f16) ? DType:
 
 }  // namespace
 
+namespace {
+
+llvm::Value* identity(llvm::IRBuilder<>& b, ir::ReduceKind kind, llvm::Type* ty) {
+  if (ty->isFloatingPointTy()) {
+    if (kind == ir::ReduceKind::sum) return llvm::ConstantFP::get(ty, 0.0);
+    return llvm::ConstantFP::getInfinity(ty, kind == ir::ReduceKind::max);
+  }
+  unsigned bits = ty->getIntegerBitWidth();
+  if (kind == ir::ReduceKind::sum) return llvm::ConstantInt::get(ty, 0);
+  return b.getInt(kind == ir::ReduceKind::max ? llvm::APInt::getSignedMinValue(bits) : llvm::APInt::getSignedMaxValue(bits));
+}
+
+}  // namespace
+
+llvm::Value* KernelLowering::scratch_addr(llvm::Value* byte_offset, llvm::Type* ty) {
+  llvm::Value* base = b_.CreateConstGEP1_64(b_.getInt8Ty(), smem_ptr_, smem_.scratch_offset);
+  return b_.CreateBitCast(b_.CreateGEP(b_.getInt8Ty(), base, byte_offset), llvm::PointerType::get(ctx_, 3));
+  (void)ty;
+}
+
+bool KernelLowering::lower_reduce_1d(const ir::Op& op) {
+  const ir::Value* x = op.operands[0];
+  const DType t = x->type.dtype, at = acc_dtype(t);
+  const int threads = k_.num_warps * 32;
+  if (x->type.rank() != 1 || !op.result()->type.is_scalar() || (at != DType::f32 && at != DType::i32) ||
+      x->type.shape[0] > threads)
+    return false;
+  const int64_t n = x->type.shape[0];
+  llvm::Type* aty = llvm_type(at);
+  before_smem_read(x);
+  llvm::Value* valid = b_.CreateICmpULT(tid_, i32(n));
+  llvm::Value* v = convert(smem_read(x, {b_.CreateSelect(valid, tid_, i32(0))}), t, at);
+  v = b_.CreateSelect(valid, v, identity(b_, op.attrs.reduce, aty));
+  auto shfl = at == DType::f32 ? llvm::Intrinsic::nvvm_shfl_sync_bfly_f32 : llvm::Intrinsic::nvvm_shfl_sync_bfly_i32;
+  for (int off = 16; off >= 1; off /= 2)
+    v = combine(b_, op.attrs.reduce, at, v, b_.CreateIntrinsic(shfl, {}, {i32(-1), v, i32(off), i32(31)}));
+  if (k_.num_warps > 1) {
+    // One partial per warp through scratch; every thread folds them in the same order.
+    std::pair<int64_t, int64_t> range{smem_.scratch_offset, smem_.scratch_offset + 32 * 8};
+    before_smem_write(range);
+    llvm::Value* warp = b_.CreateUDiv(tid_, i32(32));
+    llvm::BasicBlock* st = llvm::BasicBlock::Create(ctx_, "red.partial", fn_);
+    llvm::BasicBlock* cont = llvm::BasicBlock::Create(ctx_, "red.cont", fn_);
+    b_.CreateCondBr(b_.CreateICmpEQ(b_.CreateURem(tid_, i32(32)), i32(0)), st, cont);
+    b_.SetInsertPoint(st);
+    b_.CreateStore(v, scratch_addr(b_.CreateMul(warp, i32(4)), aty));
+    b_.CreateBr(cont);
+    b_.SetInsertPoint(cont);
+    before_smem_read(range);
+    v = b_.CreateLoad(aty, scratch_addr(i32(0), aty));
+    for (int w = 1; w < k_.num_warps; ++w) v = combine(b_, op.attrs.reduce, at, v, b_.CreateLoad(aty, scratch_addr(i32(4 * w), aty)));
+  }
+  regs_[op.result()] = {convert(v, at, t)};
+  return true;
+}
+
+bool KernelLowering::lower_scan_1d(const ir::Op& op) {
+  const ir::Value* x = op.operands[0];
+  const DType t = x->type.dtype, at = acc_dtype(t);
+  const int threads = k_.num_warps * 32;
+  if (x->type.rank() != 1 || op.attrs.reduce != ir::ReduceKind::sum || (at != DType::f32 && at != DType::i32) ||
+      x->type.shape[0] > threads)
+    return false;
+  const int64_t n = x->type.shape[0];
+  llvm::Type* aty = llvm_type(at);
+  before_smem_read(x);
+  llvm::Value* valid = b_.CreateICmpULT(tid_, i32(n));
+  llvm::Value* idx = op.attrs.reverse ? b_.CreateSub(i32(n - 1), tid_) : tid_;
+  idx = b_.CreateSelect(valid, idx, i32(0));
+  llvm::Value* v = b_.CreateSelect(valid, convert(smem_read(x, {idx}), t, at), identity(b_, ir::ReduceKind::sum, aty));
+  // Inclusive scan in each warp (Kogge-Stone with shfl.up), then the totals of earlier warps.
+  llvm::Value* lane = b_.CreateURem(tid_, i32(32));
+  auto shfl = at == DType::f32 ? llvm::Intrinsic::nvvm_shfl_sync_up_f32 : llvm::Intrinsic::nvvm_shfl_sync_up_i32;
+  for (int d = 1; d < 32; d *= 2) {
+    llvm::Value* y = b_.CreateIntrinsic(shfl, {}, {i32(-1), v, i32(d), i32(0)});
+    v = b_.CreateSelect(b_.CreateICmpUGE(lane, i32(d)), combine(b_, ir::ReduceKind::sum, at, v, y), v);
+  }
+  llvm::Value* warp = b_.CreateUDiv(tid_, i32(32));
+  const int64_t partials = smem_.scratch_offset, results = smem_.scratch_offset + 32 * 8;
+  if (k_.num_warps > 1) {
+    std::pair<int64_t, int64_t> range{partials, partials + 32 * 8};
+    before_smem_write(range);
+    llvm::BasicBlock* st = llvm::BasicBlock::Create(ctx_, "scan.total", fn_);
+    llvm::BasicBlock* cont = llvm::BasicBlock::Create(ctx_, "scan.cont", fn_);
+    b_.CreateCondBr(b_.CreateICmpEQ(lane, i32(31)), st, cont);
+    b_.SetInsertPoint(st);
+    b_.CreateStore(v, scratch_addr(b_.CreateMul(warp, i32(4)), aty));
+    b_.CreateBr(cont);
+    b_.SetInsertPoint(cont);
+    before_smem_read(range);
+    for (int w = 0; w + 1 < k_.num_warps; ++w) {
+      llvm::Value* total = b_.CreateLoad(aty, scratch_addr(i32(4 * w), aty));
+      v = b_.CreateSelect(b_.CreateICmpUGT(warp, i32(w)), combine(b_, ir::ReduceKind::sum, at, v, total), v);
+    }
+  }
+  // Element idx of the result, then read back in the result's layout.
+  std::pair<int64_t, int64_t> out_range{results, results + n * 4};
+  before_smem_write(out_range);
+  llvm::BasicBlock* st = llvm::BasicBlock::Create(ctx_, "scan.out", fn_);
+  llvm::BasicBlock* cont = llvm::BasicBlock::Create(ctx_, "scan.out.cont", fn_);
+  b_.CreateCondBr(valid, st, cont);
+  b_.SetInsertPoint(st);
+  b_.CreateStore(v, scratch_addr(b_.CreateAdd(i32(32 * 8), b_.CreateMul(idx, i32(4))), aty));
+  b_.CreateBr(cont);
+  b_.SetInsertPoint(cont);
+  before_smem_read(out_range);
+  const Layout& l = layout(op.result());
+  Regs out(l.regs_per_thread());
+  for (int r = 0; r < l.regs_per_thread(); ++r) {
+    Coords c = coords_of(l, r);
+    llvm::Value* e = b_.CreateLoad(aty, scratch_addr(b_.CreateAdd(i32(32 * 8), b_.CreateMul(c[0], i32(4))), aty));
+    out[r] = convert(e, at, t);
+  }
+  regs_[op.result()] = out;
+  return true;
+}
+
 void KernelLowering::lower_reduce(const ir::Op& op) {
+  if (lower_reduce_1d(op)) return;
   const ir::Value* x = op.operands[0];
   const auto& shape = x->type.shape;
   const int axis = static_cast<int>(op.attrs.axis);
   const DType t = x->type.dtype, at = acc_dtype(t);
   const ir::ReduceKind kind = op.attrs.reduce;
   const Layout out_l = op.result()->type.is_scalar() ? Layout::uniform() : layout(op.result());
+  before_smem_read(x);  // any barrier must come before the per-thread loops, never inside them
   Regs out(out_l.regs_per_thread());
   for (int r = 0; r < out_l.regs_per_thread(); ++r) {
     Coords rc = coords_of(out_l, r);
@@ -60,11 +179,13 @@ void KernelLowering::lower_reduce(const ir::Op& op) {
 }
 
 void KernelLowering::lower_scan(const ir::Op& op) {
+  if (lower_scan_1d(op)) return;
   const ir::Value* x = op.operands[0];
   const auto& shape = x->type.shape;
   const int axis = static_cast<int>(op.attrs.axis);
   const DType t = x->type.dtype, at = acc_dtype(t);
   const Layout& l = layout(op.result());
+  before_smem_read(x);  // any barrier must come before the per-thread loops, never inside them
   Regs out(l.regs_per_thread());
   for (int r = 0; r < l.regs_per_thread(); ++r) {
     Coords c = coords_of(l, r);

@@ -58,7 +58,16 @@ class KernelLowering {
   llvm::Type* llvm_type(DType t);
   llvm::Value* i32(int64_t v) { return b_.getInt32(static_cast<int32_t>(v)); }
   llvm::Value* thread_id() { return tid_; }
+  /// bar.sync 0. Shared-memory accesses decide whether they need one: a write to v's buffer waits
+  /// if bytes it covers were read or written since the last barrier (WAR, WAW), a read waits if they
+  /// were written (RAW). Runs of spills to distinct buffers so share one barrier.
   void barrier();
+  void before_smem_write(const ir::Value* v);
+  void before_smem_read(const ir::Value* v);
+  void before_smem_write(std::pair<int64_t, int64_t> bytes);
+  void before_smem_read(std::pair<int64_t, int64_t> bytes);
+  /// At control-flow joins the state of the paths is unknown: assume every hazard.
+  void assume_smem_hazards() { smem_unknown_ = true; }
   /// Emits `for (j = lo; j < hi; ++j) accs = body(j, accs)` as an LLVM loop; returns the final accs.
   std::vector<llvm::Value*> emit_counted_loop(llvm::Value* lo, llvm::Value* hi, std::vector<llvm::Value*> init,
                                               const std::function<std::vector<llvm::Value*>(llvm::Value*, const std::vector<llvm::Value*>&)>& body);
@@ -84,6 +93,10 @@ class KernelLowering {
   // lower_reduce.cpp
   void lower_reduce(const ir::Op& op);
   void lower_scan(const ir::Op& op);
+  /// Warp-shuffle forms for 1-D tiles no longer than the program (thread t owns element t).
+  bool lower_reduce_1d(const ir::Op& op);
+  bool lower_scan_1d(const ir::Op& op);
+  llvm::Value* scratch_addr(llvm::Value* byte_offset, llvm::Type* ty);
 
   const ir::Kernel& k_;
   const passes::LayoutMap& layouts_;
@@ -97,7 +110,11 @@ class KernelLowering {
   llvm::Value* smem_ptr_ = nullptr;  // the dynamic shared memory array
   std::map<const ir::Value*, Regs> regs_;
   std::map<const ir::Value*, TensorView> tensors_;
-  std::map<const ir::Value*, llvm::Value*> stage_base_;  // byte offset of the current stage (pipelined loads)
+  std::map<const ir::Value*, llvm::Value*> stage_base_;
+  using ByteRange = std::pair<int64_t, int64_t>;
+  std::vector<ByteRange> smem_written_;  // shared-memory bytes written since the last barrier
+  std::vector<ByteRange> smem_read_;     // and read
+  bool smem_unknown_ = false;            // after a join: anything may be pending  // byte offset of the current stage (pipelined loads)
   // Debug info: DSL lines become PTX .loc directives.
   std::unique_ptr<llvm::DIBuilder> di_;
   llvm::DISubprogram* di_sub_ = nullptr;

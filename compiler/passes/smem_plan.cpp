@@ -229,8 +229,14 @@ class Planner {
       total = std::max(total, off + iv.bytes);
       placed.push_back(iv);
     }
-    plan_.scratch_offset = total;
-    plan_.total_bytes = total + 32 * 4;
+    int64_t max_1d = 0;
+    ir::walk(const_cast<ir::Block&>(k_.body), [&](ir::Op& op) {
+      if ((op.code == OpCode::Reduce || op.code == OpCode::Scan) && op.operands[0]->type.rank() == 1)
+        max_1d = std::max(max_1d, op.operands[0]->type.shape[0]);
+    });
+    plan_.scratch_offset = (total + 15) / 16 * 16;
+    plan_.scratch_bytes = max_1d ? 32 * 8 + max_1d * 8 : 0;
+    plan_.total_bytes = plan_.scratch_offset + plan_.scratch_bytes;
   }
 
   const ir::Kernel& k_;
@@ -259,6 +265,8 @@ std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
   std::sort(lines.begin(), lines.end());
   std::string out;
   for (auto& [off, line] : lines) out += line + "\n";
+  if (plan.scratch_bytes)
+    out += fmt::format("smem {:>6} +{:<6} scratch (1-D reductions and scans)\n", plan.scratch_offset, plan.scratch_bytes);
   out += fmt::format("smem total {} bytes\n", plan.total_bytes);
   return out;
 }

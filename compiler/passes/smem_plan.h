@@ -45,7 +45,10 @@ struct SmemPlan {
   PipelinePlan pipeline;
   std::map<const ir::Value*, ValueClass> classes;
   std::map<const ir::Value*, SmemBuffer> buffers;  // values written to shared memory after definition
-  int64_t scratch_offset = 0;  // a scratch area for reductions of uniform values (one f32 per warp)
+  // Scratch for warp-shuffle reductions and scans of 1-D tiles: 32 per-warp partials (8 bytes each)
+  // followed by the scan's result (up to 8 bytes per element).
+  int64_t scratch_offset = 0;
+  int64_t scratch_bytes = 0;
   int64_t total_bytes = 0;
 };
 

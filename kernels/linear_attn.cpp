@@ -22,6 +22,7 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
   const DType dt = cfg.dtype;
   KernelBuilder kb("linear_attn_fwd");
   kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(cfg.num_stages);
   Tensor q = kb.tensor("q", dt, 4);
   Tensor k = kb.tensor("k", dt, 4);
   Tensor v = kb.tensor("v", dt, 4);
@@ -89,13 +90,23 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
 
 namespace {
 
+const std::vector<std::pair<std::string, std::string>>& linear_attn_config_keys() {
+  static const std::vector<std::pair<std::string, std::string>> keys = {
+      {"chunk", "rows per chunk (16, 32, 64, 128)"},
+      {"bv", "value columns per program (16..256)"},
+      {"warps", "warps per program (2, 4, 8)"},
+      {"stages", "pipeline stages of the chunk loads (1 or 2)"},
+  };
+  return keys;
+}
+
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_linear_attn_fwd(const LinearAttnConfig& cfg) {
   static std::mutex mu;
   static std::map<std::string, std::shared_ptr<ir::Kernel>> cache;
-  std::string key = fmt::format("{}/{}/{}/{}/{}{}{}{}/{}", dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
+  std::string key = fmt::format("{}/{}/{}/{}/{}{}{}{}/{}/{}", dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
                                 cfg.block_v, cfg.gated, cfg.initial_state, cfg.final_state, cfg.varlen,
-                                cfg.num_warps);
+                                cfg.num_warps, cfg.num_stages);
   std::lock_guard lock(mu);
   auto& slot = cache[key];
   if (!slot) slot = build_linear_attn_fwd(cfg);
@@ -109,11 +120,24 @@ OpPlan plan_linear_attn(const TensorMap& inputs, const OpOptions& opts, const st
   const bool has_h0 = inputs.count("initial_state") > 0;
   if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
 
+  check_config_keys("linear_attn", opts, linear_attn_config_keys());
   LinearAttnConfig cfg;
   cfg.dtype = opts.dtype;
   cfg.chunk = checked_chunk_size(opts.chunk_size, 64);
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
   cfg.block_k = padded_head_dim(seq.K);
-  cfg.block_v = std::min<int>(64, padded_head_dim(seq.V));
+  // Until the autotuner exists (issue 6), the defaults come from measurements on an H200 (see the
+  // issue notes): one program per head and 128 value columns when that fills the GPU, else 64
+  // columns (more programs), 8 warps for wide heads.
+  int64_t bv = 64, warps = 8;
+  if (seq.V <= 64) {
+    bv = padded_head_dim(seq.V), warps = 4;
+  } else if (seq.K <= 128 && seq.N * seq.H * ((seq.V + 127) / 128) >= 120) {
+    bv = 128;
+  }
+  cfg.block_v = static_cast<int>(config_value(opts, "bv", bv, {16, 32, 64, 128, 256}));
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", warps, {2, 4, 8}));
+  cfg.num_stages = static_cast<int>(config_value(opts, "stages", 2, {1, 2}));
   cfg.gated = gated;
   cfg.initial_state = has_h0;
   cfg.final_state = wants(wanted, "final_state");
@@ -160,9 +184,16 @@ OpDef linear_attn_op() {
       {"final_state", false, "[N,H,K,V]", "state after the last token of each sequence (fp32)"},
   };
   op.prepare = plan_linear_attn;
-  op.default_kernels = [](DType dt) {
+  op.config_keys = linear_attn_config_keys();
+  op.kernels = [](const OpOptions& opts) {
+    check_config_keys("linear_attn", opts, linear_attn_config_keys());
     LinearAttnConfig cfg;
-    cfg.dtype = dt;
+    cfg.dtype = opts.dtype;
+    cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, 64), {16, 32, 64, 128}));
+    cfg.block_k = 64;
+    cfg.block_v = static_cast<int>(config_value(opts, "bv", 64, {16, 32, 64, 128, 256}));
+    cfg.num_warps = static_cast<int>(config_value(opts, "warps", 4, {2, 4, 8}));
+    cfg.num_stages = static_cast<int>(config_value(opts, "stages", 2, {1, 2}));
     LinearAttnConfig gated = cfg;
     gated.gated = gated.initial_state = gated.final_state = true;
     return std::vector<std::shared_ptr<ir::Kernel>>{cached_linear_attn_fwd(cfg), cached_linear_attn_fwd(gated)};

@@ -18,6 +18,7 @@ struct LinearAttnConfig {
   bool final_state = false;
   bool varlen = false;       // cu_seqlens [N+1] present, B == 1
   int num_warps = 4;
+  int num_stages = 2;        // 2: chunk loads are pipelined one iteration ahead (cp.async)
 };
 
 /// Records the forward kernel for `cfg`. Parameters: q k v [g] [h0] [ht] [cu_seqlens] o scale.

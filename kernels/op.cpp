@@ -12,6 +12,28 @@ const std::vector<OpDef>& op_registry() {
   return ops;
 }
 
+std::map<std::string, int64_t> parse_config(const std::string& text) {
+  std::map<std::string, int64_t> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw UserError(fmt::format("--config: expected key=value, got '{}'", item));
+    std::string key = item.substr(0, eq), val = item.substr(eq + 1);
+    try {
+      size_t used = 0;
+      out[key] = std::stoll(val, &used);
+      if (used != val.size()) throw std::invalid_argument(val);
+    } catch (const std::exception&) {
+      throw UserError(fmt::format("--config: {} must be an integer, got '{}'", key, val));
+    }
+    pos = comma == std::string::npos ? text.size() : comma + 1;
+  }
+  return out;
+}
+
 const OpDef& find_op(const std::string& name) {
   std::vector<std::string> names;
   for (const auto& op : op_registry()) {

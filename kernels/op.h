@@ -26,7 +26,13 @@ struct OpOptions {
   DType dtype = DType::f32;           // precision the inputs are cast to before the kernel runs
   std::optional<int> chunk_size;      // BT; the op's default when unset
   std::optional<double> scale;        // defaults to K^-1/2
+  /// Tuning parameters by name (e.g. {"bv": 128, "warps": 8}); see OpDef::config_keys. They change
+  /// speed, never results beyond rounding.
+  std::map<std::string, int64_t> config;
 };
+
+/// Parses "key=value,key=value" (integers) for --config; UserError on malformed text.
+std::map<std::string, int64_t> parse_config(const std::string& text);
 
 struct OpArgSpec {
   std::string name;
@@ -60,11 +66,14 @@ struct OpDef {
   std::string summary;
   std::vector<OpArgSpec> inputs;
   std::vector<OpArgSpec> outputs;
+  /// Tuning parameters the op accepts in OpOptions::config, with a one-line description each.
+  std::vector<std::pair<std::string, std::string>> config_keys;
   /// Checks the inputs and plans the launches. `wanted` names the outputs to produce.
   std::function<OpPlan(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted)>
       prepare;
-  /// The op's kernels at their default configuration for the given input dtype (for dump/compile).
-  std::function<std::vector<std::shared_ptr<ir::Kernel>>(DType dtype)> default_kernels;
+  /// The op's kernels for opts.dtype and opts.config (defaults elsewhere), for dump/compile; a
+  /// representative set when the kernels depend on inputs (e.g. with and without a gate).
+  std::function<std::vector<std::shared_ptr<ir::Kernel>>(const OpOptions& opts)> kernels;
 };
 
 /// Plans and runs `op` on opts.device; returns the wanted outputs (as the kernels wrote them).

@@ -62,6 +62,27 @@ int checked_chunk_size(std::optional<int> requested, int dflt) {
   return c;
 }
 
+void check_config_keys(const std::string& op, const OpOptions& opts,
+                       const std::vector<std::pair<std::string, std::string>>& keys) {
+  for (const auto& [key, value] : opts.config) {
+    bool known = false;
+    for (const auto& k : keys) known |= k.first == key;
+    if (!known) {
+      std::vector<std::string> names;
+      for (const auto& k : keys) names.push_back(k.first);
+      throw UserError(fmt::format("{} has no tuning parameter '{}' (known: {})", op, key, fmt::join(names, ", ")));
+    }
+  }
+}
+
+int64_t config_value(const OpOptions& opts, const std::string& key, int64_t dflt, std::initializer_list<int64_t> allowed) {
+  auto it = opts.config.find(key);
+  if (it == opts.config.end()) return dflt;
+  for (int64_t a : allowed)
+    if (a == it->second) return a;
+  throw UserError(fmt::format("--config {}={}: must be one of {}", key, it->second, fmt::join(allowed, ", ")));
+}
+
 int padded_head_dim(int64_t d) {
   int p = 16;
   while (p < d) p *= 2;

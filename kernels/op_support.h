@@ -23,6 +23,12 @@ SequenceLayout check_qkv_inputs(const std::string& op, const TensorMap& inputs);
 void check_shape(const std::string& name, const HostTensor& t, const std::vector<int64_t>& shape);
 /// The chunk size to use: `requested` if set (must be 16, 32, 64 or 128), else `dflt`.
 int checked_chunk_size(std::optional<int> requested, int dflt);
+/// Checks that every key of opts.config is one the op knows; UserError naming the valid keys.
+void check_config_keys(const std::string& op, const OpOptions& opts,
+                       const std::vector<std::pair<std::string, std::string>>& keys);
+/// opts.config[key] if present and one of `allowed`, else `dflt`.
+int64_t config_value(const OpOptions& opts, const std::string& key, int64_t dflt, std::initializer_list<int64_t> allowed);
+
 /// The tile size that covers a head dim: the next power of two, at least 16.
 int padded_head_dim(int64_t d);
 inline bool wants(const std::vector<std::string>& wanted, const std::string& name) {

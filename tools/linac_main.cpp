@@ -42,11 +42,12 @@ Runs OP on the named inputs and writes the named outputs as float32 .npy files.
   --dtype fp32|bf16|fp16  precision the inputs are cast to before the kernel runs (default fp32)
   --chunk-size N        chunk size: 16, 32, 64 or 128 (default: the op's)
   --scale X             query scale (default K^-1/2)
+  --config K=V,...      tuning parameters (see 'linac list'); never change results beyond rounding
 Example:
   linac run linear_attn q=q.npy k=k.npy v=v.npy -o o=o.npy -o final_state=s.npy
 )";
 
-constexpr const char* kCompileUsage = R"(usage: linac compile OP|FILE.tir [--emit STAGE] [--dtype fp32|bf16|fp16] [--target sm_80|sm_90a]
+constexpr const char* kCompileUsage = R"(usage: linac compile OP|FILE.tir [--emit STAGE] [--dtype D] [--config K=V,...] [--target sm_80|sm_90a]
 
 Prints one stage of OP's kernels at their default configuration, or of a .tir file (parsed and
 verified first). Needs no GPU.
@@ -56,6 +57,7 @@ verified first). Needs no GPU.
                         llvm: LLVM IR before optimization; llvm-opt: after O3
                         ptx: the PTX (with .loc lines pointing at the DSL source)
   --dtype D             input dtype the op's kernels are specialized for (default bf16)
+  --config K=V,...      tuning parameters of the op's kernels (see 'linac list')
   --target T            GPU architecture for the backend stages (default sm_90a)
 )";
 
@@ -67,6 +69,7 @@ runs, cycling through copies of the inputs that together exceed twice the L2 cac
   --dtype fp32|bf16|fp16  input precision (default bf16)
   --gated               add a per-head log-decay gate g (linear_attn)
   --chunk-size N        chunk size (default: the op's)
+  --config K=V,...      tuning parameters (see 'linac list')
   --iters N             timed runs (default 50)
   --json FILE           also write the result as JSON
 )";
@@ -130,6 +133,7 @@ int cmd_list() {
       fmt::print("    in  {:<14} {:<10} {}{}\n", in.name, in.shape, in.help, in.required ? "" : " (optional)");
     for (const auto& out : op.outputs)
       fmt::print("    out {:<14} {:<10} {}{}\n", out.name, out.shape, out.help, out.required ? "" : " (optional)");
+    for (const auto& [key, help] : op.config_keys) fmt::print("    cfg {:<14} {}\n", key, help);
   }
   return 0;
 }
@@ -159,6 +163,8 @@ int cmd_run(const std::vector<std::string>& args) {
       opts.chunk_size = parse_int(a, value_of(args, i));
     } else if (a == "--scale") {
       opts.scale = parse_double(a, value_of(args, i));
+    } else if (a == "--config") {
+      opts.config = parse_config(value_of(args, i));
     } else if (a.starts_with("-")) {
       usage_error(fmt::format("unknown option '{}' for 'run' (see linac run --help)", a));
     } else {
@@ -214,7 +220,8 @@ int cmd_compile(const std::vector<std::string>& args) {
     return args.empty() ? 1 : 0;
   }
   std::string emit = "tir";
-  DType dtype = DType::bf16;
+  OpOptions opts;
+  opts.dtype = DType::bf16;
   nvptx::GpuTarget target;
   for (size_t i = 1; i < args.size(); ++i) {
     if (is_help(args[i])) {
@@ -223,7 +230,9 @@ int cmd_compile(const std::vector<std::string>& args) {
     } else if (args[i] == "--emit") {
       emit = value_of(args, i);
     } else if (args[i] == "--dtype") {
-      dtype = parse_input_dtype(value_of(args, i));
+      opts.dtype = parse_input_dtype(value_of(args, i));
+    } else if (args[i] == "--config") {
+      opts.config = parse_config(value_of(args, i));
     } else if (args[i] == "--target") {
       std::string t = value_of(args, i);
       if (t == "sm_80")
@@ -263,7 +272,7 @@ int cmd_compile(const std::vector<std::string>& args) {
     print_stage(*ir::parse(text, args[0]));
     return 0;
   }
-  for (const auto& k : find_op(args[0]).default_kernels(dtype)) print_stage(*k);
+  for (const auto& k : find_op(args[0]).kernels(opts)) print_stage(*k);
   return 0;
 }
 
@@ -316,6 +325,8 @@ int cmd_bench(const std::vector<std::string>& args) {
       gated = true;
     } else if (a == "--chunk-size") {
       opts.chunk_size = parse_int(a, value_of(args, i));
+    } else if (a == "--config") {
+      opts.config = parse_config(value_of(args, i));
     } else if (a == "--iters") {
       iters = parse_int(a, value_of(args, i));
       if (iters < 1) usage_error("--iters must be at least 1");
@@ -341,7 +352,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   }
   OpPlan plan = op.prepare(inputs, opts, {"o"});
   BenchResult r = bench_on_gpu(plan, iters);
-  std::string config = fmt::format("chunk={}", opts.chunk_size.value_or(64));
+  std::string config;
+  for (const auto& [key, value] : opts.config) config += fmt::format("{}{}={}", config.empty() ? "" : ",", key, value);
   fmt::print("{} B={} T={} H={} K={} V={} {}{}: median {:.4f} ms, min {:.4f} ms over {} runs ({} input sets), {:.1f} GB/s\n",
              op.name, B, T, H, K, V, dtype_name(opts.dtype), gated ? " gated" : "", r.median_ms, r.min_ms, r.iters,
              r.rotations, r.bytes / (r.median_ms * 1e6));

@@ -54,7 +54,7 @@ void KernelLowering::create_function() {
   // the driver JIT, which refuses optimized code with full debug info, accepts it.
   di_ = std::make_unique<llvm::DIBuilder>(m_);
   std::string file = k_.loc.known() ? k_.loc.file : "<dsl>";
-  auto* di_file = di_->createFile(file, ".");
+  auto* di_file = di_->createFile(file, "");
   di_files_[file] = di_file;
   auto* cu = di_->createCompileUnit(llvm::dwarf::DW_LANG_C_plus_plus_14, di_file, "linac", true, "", 0, "",
                                     llvm::DICompileUnit::DebugDirectivesOnly);
@@ -100,7 +100,7 @@ void KernelLowering::create_function() {
 void KernelLowering::set_location(const SourceLoc& loc) {
   if (!loc.known()) return;
   auto it = di_files_.find(loc.file);
-  if (it == di_files_.end()) it = di_files_.emplace(loc.file, di_->createFile(loc.file, ".")).first;
+  if (it == di_files_.end()) it = di_files_.emplace(loc.file, di_->createFile(loc.file, "")).first;
   // Ops of other files (a helper header) still need a scope of this function; the file is kept
   // through a lexical block so .loc names the right file.
   llvm::DIScope* scope = di_sub_;

@@ -39,8 +39,15 @@ BlockAccess make_access(KernelLowering* self, llvm::IRBuilder<>& b, const Tensor
   }
   for (int d = 0; d < rank; ++d) {
     llvm::Value* lim = scalar(op.operands[1 + rank + d]);
-    if (lim->getType() != b.getInt32Ty()) lim = b.CreateTrunc(lim, b.getInt32Ty());
-    a.bounds.push_back(b.CreateBinaryIntrinsic(llvm::Intrinsic::smin, lim, tv.dims[d]));
+    // i64 limits saturate into i32 (sizes are i32); the bound is clamped at 0 so that a negative
+    // limit masks everything, as in the interpreter (the unsigned compare below would not).
+    if (lim->getType() != b.getInt32Ty())
+      lim = b.CreateTrunc(b.CreateBinaryIntrinsic(llvm::Intrinsic::smax,
+                                                  b.CreateBinaryIntrinsic(llvm::Intrinsic::smin, lim, b.getInt64(INT32_MAX)),
+                                                  b.getInt64(0)),
+                          b.getInt32Ty());
+    llvm::Value* bound = b.CreateBinaryIntrinsic(llvm::Intrinsic::smin, lim, tv.dims[d]);
+    a.bounds.push_back(b.CreateBinaryIntrinsic(llvm::Intrinsic::smax, bound, b.getInt32(0)));
   }
   a.dims = op.attrs.dims;
   return a;

@@ -90,6 +90,7 @@ std::string Layout::str() const {
 }
 
 Layout store_layout(const ir::Value* v, const Layout& own, bool is_data, int num_warps) {
+  if (v->type.is_scalar()) return Layout::uniform();
   if (is_data && own.kind == Layout::Kind::Blocked) return own;
   return Layout::blocked(v->type.shape, num_warps * 32, dtype_bytes(v->type.dtype));
 }

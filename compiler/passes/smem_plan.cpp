@@ -112,6 +112,7 @@ class Planner {
 
   /// `v` is read in registers of layout `want`.
   void need_in_layout(const ir::Value* v, const Layout& want) {
+    if (v->type.is_scalar()) return;
     if (cls(v) == ValueClass::Data && layout(v) == want) return;
     need_eval(v);
   }

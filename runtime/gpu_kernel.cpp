@@ -1,10 +1,15 @@
 #include "runtime/gpu_kernel.h"
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
 #include <fmt/format.h>
 #include <mutex>
 
 #include "compiler/ir/printer.h"
+#include "runtime/build_id.h"
 #include "runtime/disk_cache.h"
 
 namespace linac {
@@ -13,8 +18,8 @@ namespace {
 
 std::atomic<int> g_compiles{0};
 
-/// Changing anything here that changes generated code must change this string.
-constexpr const char* kCompilerIdentity = "linac-0.1.0-backend-1";
+/// The compiler's version; the library's build-id (part of the key too) changes with any rebuild.
+constexpr const char* kCompilerVersion = "linac-0.1.0";
 
 std::string meta_json(const nvptx::CompiledKernel& c) {
   std::string params;
@@ -23,6 +28,68 @@ std::string meta_json(const nvptx::CompiledKernel& c) {
                           p.name, p.is_tensor, dtype_name(p.dtype), p.rank);
   return fmt::format("{{\"entry\":\"{}\",\"num_threads\":{},\"smem_bytes\":{},\"params\":[{}]}}\n", c.entry,
                      c.num_threads, c.smem_bytes, params);
+}
+
+/// What a cache hit needs besides the cubin, one fact per line (meta.json is for people and tools).
+std::string launch_meta(const nvptx::CompiledKernel& c) {
+  std::string out = fmt::format("entry {}\nnum_threads {}\nsmem_bytes {}\n", c.entry, c.num_threads, c.smem_bytes);
+  for (const auto& p : c.params)
+    out += fmt::format("param {} {} {} {}\n", p.name, p.is_tensor ? "tensor" : "scalar", dtype_name(p.dtype), p.rank);
+  return out;
+}
+
+/// Reads launch_meta's text back; false if it is malformed (the entry is then rebuilt).
+bool parse_launch_meta(const std::string& text, nvptx::CompiledKernel* c) {
+  std::istringstream in(text);
+  std::string word;
+  bool entry = false, threads = false, smem = false;
+  while (in >> word) {
+    if (word == "entry") {
+      entry = static_cast<bool>(in >> c->entry);
+    } else if (word == "num_threads") {
+      threads = static_cast<bool>(in >> c->num_threads);
+    } else if (word == "smem_bytes") {
+      smem = static_cast<bool>(in >> c->smem_bytes);
+    } else if (word == "param") {
+      nvptx::KernelParamInfo p;
+      std::string kind, dt;
+      if (!(in >> p.name >> kind >> dt >> p.rank)) return false;
+      auto d = parse_dtype(dt);
+      if (!d || (kind != "tensor" && kind != "scalar")) return false;
+      p.is_tensor = kind == "tensor";
+      p.dtype = *d;
+      c->params.push_back(p);
+    } else {
+      return false;
+    }
+  }
+  return entry && threads && smem;
+}
+
+/// LINAC_DUMP=<dir>: every stage of every kernel compiled for the GPU goes to <dir>/<entry>-<key>/.
+void dump_stages(const nvptx::CompiledKernel& c, const std::string& key, const cuda::LinkedModule& m) {
+  const char* dir = std::getenv("LINAC_DUMP");
+  if (!dir || !*dir) return;
+  namespace fs = std::filesystem;
+  fs::path d = fs::path(dir) / fmt::format("{}-{}", c.entry, key.substr(0, 12));
+  std::error_code ec;
+  fs::create_directories(d, ec);
+  if (ec) throw UserError(fmt::format("LINAC_DUMP: cannot create {}: {}", d.string(), ec.message()));
+  auto write = [&](const char* name, const std::string& text) {
+    std::FILE* f = std::fopen((d / name).c_str(), "wb");
+    if (!f) throw UserError(fmt::format("LINAC_DUMP: cannot write {}", (d / name).string()));
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+  };
+  write("1-recorded.tir", c.tir);
+  write("2-layouts.tir", c.tir_layouts);
+  write("3-smem-plan.txt", c.smem_plan);
+  write("4-lowered.ll", c.llvm_ir);
+  write("5-optimized.ll", c.llvm_ir_opt);
+  write("6-kernel.ptx", c.ptx);
+  write("7-kernel.cubin", std::string(m.cubin().begin(), m.cubin().end()));
+  write("8-link.log", m.info_log());
+  write("meta.json", meta_json(c));
 }
 
 }  // namespace
@@ -37,7 +104,8 @@ std::shared_ptr<GpuKernel> GpuKernel::get(const ir::Kernel& k) {
   std::string tir = ir::print(k);
   CacheKey key;
   key.add("format", std::to_string(kCacheFormatVersion))
-      .add("compiler", kCompilerIdentity)
+      .add("compiler", kCompilerVersion)
+      .add("build_id", library_build_id())
       .add("llvm", nvptx::llvm_version())
       .add("tir", tir)
       .add("target", target.name())
@@ -48,11 +116,16 @@ std::shared_ptr<GpuKernel> GpuKernel::get(const ir::Kernel& k) {
 
   auto gk = std::make_shared<GpuKernel>();
   DiskCache cache = DiskCache::open_default();
-  std::optional<CacheEntry> hit = cache.get(hex);
-  if (hit && hit->files.count("kernel.ptx") && hit->files.count("kernel.cubin")) {
-    // The PTX is recompiled only for its metadata (params, shared memory) when not in the entry; the
-    // LLVM part is cheap next to ptxas, and the cubin is what we skip building.
-    gk->compiled_ = nvptx::compile_kernel(k, target);
+  const char* dump = std::getenv("LINAC_DUMP");
+  const bool dumping = dump && *dump;  // dumping needs every stage: compile even on a hit
+  std::optional<CacheEntry> hit = dumping ? std::nullopt : cache.get(hex);
+  nvptx::CompiledKernel meta;
+  if (hit && hit->files.count("kernel.cubin") && hit->files.count("launch.meta") &&
+      parse_launch_meta(hit->files.at("launch.meta"), &meta)) {
+    // A hit compiles nothing: the cubin is loaded, and what a launch needs comes from launch.meta.
+    gk->compiled_ = std::move(meta);
+    gk->compiled_.tir = tir;
+    if (hit->files.count("kernel.ptx")) gk->compiled_.ptx = hit->files.at("kernel.ptx");
     const std::string& cubin = hit->files.at("kernel.cubin");
     gk->module_ = std::make_unique<cuda::LinkedModule>(cuda::load_cubin(
         std::vector<uint8_t>(cubin.begin(), cubin.end()), gk->compiled_.entry,
@@ -62,6 +135,7 @@ std::shared_ptr<GpuKernel> GpuKernel::get(const ir::Kernel& k) {
     gk->module_ = std::make_unique<cuda::LinkedModule>(cuda::link_ptx(gk->compiled_.ptx, gk->compiled_.entry));
     gk->compiled_here_ = true;
     ++g_compiles;
+    dump_stages(gk->compiled_, hex, *gk->module_);
     CacheEntry e;
     e.files["kernel.tir"] = tir;
     e.files["kernel.ll"] = gk->compiled_.llvm_ir_opt;
@@ -70,6 +144,7 @@ std::shared_ptr<GpuKernel> GpuKernel::get(const ir::Kernel& k) {
     e.files["kernel.cubin"] = std::string(cubin.begin(), cubin.end());
     e.files["link.log"] = gk->module_->info_log();
     e.files["meta.json"] = meta_json(gk->compiled_);
+    e.files["launch.meta"] = launch_meta(gk->compiled_);
     cache.put(hex, e);
   }
   if (gk->compiled_.smem_bytes > dev.max_shared_per_block_optin)

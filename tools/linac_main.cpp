@@ -3,6 +3,7 @@
 // Every failure the user can cause ends in exactly one line "linac: error: ..." on stderr and exit
 // status 1; nothing is written unless the whole run succeeded. Bugs in linac exit with status 2.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "compiler/nvptx/codegen.h"
 #include "kernels/op.h"
 #include "linac/error.h"
+#include "runtime/disk_cache.h"
 #include "runtime/executor.h"
 #include "runtime/npy.h"
 
@@ -30,8 +32,11 @@ commands:
   run OP NAME=FILE.npy ...  run an op on .npy inputs, write .npy outputs (see 'linac run --help')
   compile OP|FILE.tir       print a stage of an op's kernels (see 'linac compile --help')
   bench OP --shape ...      time an op on the GPU on random inputs (see 'linac bench --help')
+  cache ls|clear|prune      inspect or empty the kernel cache (see 'linac cache --help')
 
-Environment: LINAC_DEVICE (default device for run: cpu or cuda).
+Environment: LINAC_DEVICE (default device for run), LINAC_CACHE_DIR, LINAC_DISABLE_CACHE, LINAC_CACHE_LOG,
+LINAC_DUMP (a directory: every stage of every kernel compiled for the GPU), LINAC_DEBUG (whole error
+messages), LINAC_CUDA_DEVICE (GPU ordinal). See README.md.
 )";
 
 constexpr const char* kRunUsage = R"(usage: linac run OP NAME=FILE.npy ... -o NAME=FILE.npy [-o ...] [options]
@@ -72,6 +77,15 @@ runs, cycling through copies of the inputs that together exceed twice the L2 cac
   --config K=V,...      tuning parameters (see 'linac list')
   --iters N             timed runs (default 50)
   --json FILE           also write the result as JSON
+)";
+
+constexpr const char* kCacheUsage = R"(usage: linac cache ls | clear | prune --max-size SIZE
+
+The kernel cache ($LINAC_CACHE_DIR, else $XDG_CACHE_HOME/linac, else ~/.cache/linac):
+  ls                    one line per entry: key, size, age, kernel
+  clear                 remove every entry
+  prune --max-size S    remove least recently used entries until the cache is at most S bytes
+                        (suffixes K, M, G allowed)
 )";
 
 [[noreturn]] void usage_error(const std::string& msg) { throw UserError(msg); }
@@ -371,6 +385,70 @@ int cmd_bench(const std::vector<std::string>& args) {
   return 0;
 }
 
+int64_t parse_size(const std::string& s) {
+  if (s.empty()) usage_error("--max-size needs a value");
+  int64_t mult = 1;
+  std::string digits = s;
+  switch (s.back()) {
+    case 'K': case 'k': mult = int64_t{1} << 10; digits.pop_back(); break;
+    case 'M': case 'm': mult = int64_t{1} << 20; digits.pop_back(); break;
+    case 'G': case 'g': mult = int64_t{1} << 30; digits.pop_back(); break;
+    default: break;
+  }
+  int64_t n = parse_int("--max-size", digits);
+  if (n < 0) usage_error("--max-size must not be negative");
+  return n * mult;
+}
+
+int cmd_cache(const std::vector<std::string>& args) {
+  if (args.empty() || is_help(args[0])) {
+    fmt::print("{}", kCacheUsage);
+    return args.empty() ? 1 : 0;
+  }
+  const std::string& sub = args[0];
+  DiskCache cache = DiskCache::open_default();
+  if (sub == "ls") {
+    if (args.size() > 1) usage_error(fmt::format("unknown option '{}' for 'cache ls'", args[1]));
+    auto entries = cache.list();
+    uint64_t total = 0;
+    auto now = std::chrono::system_clock::now();
+    for (const auto& e : entries) {
+      total += e.size_bytes;
+      std::string entry = "?";
+      if (e.meta_json) {
+        auto pos = e.meta_json->find("\"entry\":\"");
+        if (pos != std::string::npos) {
+          pos += 9;
+          entry = e.meta_json->substr(pos, e.meta_json->find('"', pos) - pos);
+        }
+      }
+      auto age = std::chrono::duration_cast<std::chrono::seconds>(now - e.mtime).count();
+      fmt::print("{}  {:>9} bytes  {:>7}s ago  {}\n", e.key.substr(0, 16), e.size_bytes, age, entry);
+    }
+    fmt::print("{} entries, {} bytes in {}\n", entries.size(), total, cache.root().string());
+    return 0;
+  }
+  if (sub == "clear") {
+    if (args.size() > 1) usage_error(fmt::format("unknown option '{}' for 'cache clear'", args[1]));
+    fmt::print("removed {} entries from {}\n", cache.clear(), cache.root().string());
+    return 0;
+  }
+  if (sub == "prune") {
+    int64_t max_size = -1;
+    for (size_t i = 1; i < args.size(); ++i) {
+      if (args[i] == "--max-size")
+        max_size = parse_size(value_of(args, i));
+      else
+        usage_error(fmt::format("unknown option '{}' for 'cache prune'", args[i]));
+    }
+    if (max_size < 0) usage_error("cache prune needs --max-size SIZE");
+    if (!cache.prune(static_cast<uint64_t>(max_size)))
+      fmt::print("another process is pruning {}; nothing done\n", cache.root().string());
+    return 0;
+  }
+  usage_error(fmt::format("unknown cache command '{}' (ls, clear, prune)", sub));
+}
+
 int main_impl(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || is_help(args[0])) {
@@ -383,7 +461,8 @@ int main_impl(int argc, char** argv) {
   if (cmd == "run") return cmd_run(rest);
   if (cmd == "compile") return cmd_compile(rest);
   if (cmd == "bench") return cmd_bench(rest);
-  usage_error(fmt::format("unknown command '{}' (commands: list, run, compile, bench; see linac --help)", cmd));
+  if (cmd == "cache") return cmd_cache(rest);
+  usage_error(fmt::format("unknown command '{}' (commands: list, run, compile, bench, cache; see linac --help)", cmd));
 }
 
 /// One line: the first line of the message, so a multi-line message never breaks the contract.

@@ -34,6 +34,20 @@ std::map<std::string, int64_t> parse_config(const std::string& text) {
   return out;
 }
 
+void check_op_options(const OpDef& op, const OpOptions& opts) {
+  auto require = [&](bool set, const char* flag, const char* option) {
+    if (!set) return;
+    for (const auto& f : op.flags)
+      if (f == flag) return;
+    throw UserError(fmt::format("{} does not take {}", op.name, option));
+  };
+  require(opts.recurrent, "recurrent", "--recurrent");
+  require(opts.normalize, "normalize", "--normalize");
+  require(opts.no_normalize, "no_normalize", "--no-normalize");
+  require(opts.l2norm_qk, "l2norm_qk", "--l2norm-qk");
+  require(opts.a || opts.b || opts.c, "coefficients", "--a/--b/--c");
+}
+
 const OpDef& find_op(const std::string& name) {
   std::vector<std::string> names;
   for (const auto& op : op_registry()) {

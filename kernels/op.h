@@ -26,6 +26,11 @@ struct OpOptions {
   DType dtype = DType::f32;           // precision the inputs are cast to before the kernel runs
   std::optional<int> chunk_size;      // BT; the op's default when unset
   std::optional<double> scale;        // defaults to K^-1/2
+  bool recurrent = false;             // --recurrent: the token-by-token (decode) form of the op
+  bool normalize = false;             // --normalize (linear_attn): divide by scale*q.z + eps
+  bool no_normalize = false;          // --no-normalize (poly): the unnormalized kernel sum
+  bool l2norm_qk = false;             // --l2norm-qk (delta rules): L2-normalize q and k in the kernel
+  std::optional<double> a, b, c;      // --a/--b/--c (poly): f(x) = a + b x + c x^2
   /// Tuning parameters by name (e.g. {"bv": 128, "warps": 8}); see OpDef::config_keys. They change
   /// speed, never results beyond rounding.
   std::map<std::string, int64_t> config;
@@ -66,6 +71,9 @@ struct OpDef {
   std::string summary;
   std::vector<OpArgSpec> inputs;
   std::vector<OpArgSpec> outputs;
+  /// The optional switches of OpOptions the op implements: "recurrent", "normalize", "no_normalize",
+  /// "l2norm_qk", "coefficients" (a/b/c). Passing another is a UserError (check_op_options).
+  std::vector<std::string> flags;
   /// Tuning parameters the op accepts in OpOptions::config, with a one-line description each.
   std::vector<std::pair<std::string, std::string>> config_keys;
   /// Checks the inputs and plans the launches. `wanted` names the outputs to produce.
@@ -75,6 +83,9 @@ struct OpDef {
   /// representative set when the kernels depend on inputs (e.g. with and without a gate).
   std::function<std::vector<std::shared_ptr<ir::Kernel>>(const OpOptions& opts)> kernels;
 };
+
+/// UserError if `opts` sets a switch `op` does not implement (see OpDef::flags).
+void check_op_options(const OpDef& op, const OpOptions& opts);
 
 /// Plans and runs `op` on opts.device; returns the wanted outputs (as the kernels wrote them).
 TensorMap run_op(const OpDef& op, const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted);

@@ -117,6 +117,7 @@ BenchResult bench_on_gpu(OpPlan& plan, int iters) {
 
 TensorMap run_op(const OpDef& op, const TensorMap& inputs, const OpOptions& opts,
                  const std::vector<std::string>& wanted) {
+  check_op_options(op, opts);
   OpPlan plan = op.prepare(inputs, opts, wanted);
   return execute(plan, opts.device);
 }

@@ -48,6 +48,12 @@ Runs OP on the named inputs and writes the named outputs as float32 .npy files.
   --chunk-size N        chunk size: 16, 32, 64 or 128 (default: the op's)
   --scale X             query scale (default K^-1/2)
   --config K=V,...      tuning parameters (see 'linac list'); never change results beyond rounding
+  --recurrent           the token-by-token (decode) form instead of the chunked one
+  --normalize           (linear_attn) normalized output q S / (q z + eps)
+  --no-normalize        (poly) plain kernel sum without the denominator
+  --l2norm-qk           (delta_rule, gated_delta_rule) L2-normalize q and k inside the kernel
+  --a A --b B --c C     (poly) coefficients of f(x) = a + b x + c x^2 (default 1, 1, 0.5)
+An option the op does not use is an error.
 Example:
   linac run linear_attn q=q.npy k=k.npy v=v.npy -o o=o.npy -o final_state=s.npy
 )";
@@ -179,6 +185,20 @@ int cmd_run(const std::vector<std::string>& args) {
       opts.scale = parse_double(a, value_of(args, i));
     } else if (a == "--config") {
       opts.config = parse_config(value_of(args, i));
+    } else if (a == "--recurrent") {
+      opts.recurrent = true;
+    } else if (a == "--normalize") {
+      opts.normalize = true;
+    } else if (a == "--no-normalize") {
+      opts.no_normalize = true;
+    } else if (a == "--l2norm-qk") {
+      opts.l2norm_qk = true;
+    } else if (a == "--a") {
+      opts.a = parse_double(a, value_of(args, i));
+    } else if (a == "--b") {
+      opts.b = parse_double(a, value_of(args, i));
+    } else if (a == "--c") {
+      opts.c = parse_double(a, value_of(args, i));
     } else if (a.starts_with("-")) {
       usage_error(fmt::format("unknown option '{}' for 'run' (see linac run --help)", a));
     } else {
@@ -364,6 +384,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     for (int64_t i = 0; i < g.numel(); ++i) p[i] = -std::log1p(std::exp(-3.0f * p[i]));  // logsigmoid
     inputs["g"] = std::move(g);
   }
+  check_op_options(op, opts);
   OpPlan plan = op.prepare(inputs, opts, {"o"});
   BenchResult r = bench_on_gpu(plan, iters);
   std::string config;

@@ -5,7 +5,9 @@
 #include <fmt/format.h>
 #include <mutex>
 
+#include "kernels/linear_attn_normalized.h"
 #include "kernels/op_support.h"
+#include "kernels/recurrent.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -114,6 +116,9 @@ std::shared_ptr<ir::Kernel> cached_linear_attn_fwd(const LinearAttnConfig& cfg) 
 }
 
 OpPlan plan_linear_attn(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+  if (opts.normalize) return plan_linear_attn_normalized(inputs, opts, wanted);
+  if (opts.recurrent)
+    return plan_recurrent("linear_attn", RecurrentGate::scalar, false, linear_attn_config_keys(), inputs, opts, wanted);
   SequenceLayout seq = check_qkv_inputs("linear_attn", inputs);
   const bool gated = inputs.count("g") > 0;
   if (gated) check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H});
@@ -184,6 +189,29 @@ OpDef linear_attn_op() {
       {"final_state", false, "[N,H,K,V]", "state after the last token of each sequence (fp32)"},
   };
   op.prepare = plan_linear_attn;
+  op.flags.push_back("normalize");
+  op.flags.push_back("recurrent");
+  op.random_inputs = [](const ProblemShape& s, uint64_t seed) {
+    TensorMap in;
+    in["q"] = random_uniform({s.B, s.T, s.H, s.K}, seed);
+    in["k"] = random_uniform({s.B, s.T, s.H, s.K}, seed + 1);
+    in["v"] = random_uniform({s.B, s.T, s.H, s.V}, seed + 2);
+    if (s.gated) in["g"] = random_log_decay({s.B, s.T, s.H}, seed + 3);
+    return in;
+  };
+  op.shape_of = [](const TensorMap& in) {
+    const HostTensor& q = in.at("q");
+    return ProblemShape{q.shape[0], q.shape[1], q.shape[2], q.shape[3], in.at("v").shape[3], in.count("g") > 0};
+  };
+  op.tuning_space = [](const ProblemShape& s, DType) {
+    // Chunk 64 with 64 or 128 value columns and 4 or 8 warps covers what wins on an H200 (see the
+    // issue notes); chunks of 32 and 128 as outliers. Configs that do not fit are skipped.
+    std::vector<Config> space = {{{"bv", 64}, {"warps", 4}}, {{"bv", 64}, {"warps", 8}}, {{"bv", 128}, {"warps", 8}},
+                                 {{"bv", 32}, {"warps", 4}}, {{"chunk", 32}, {"bv", 64}, {"warps", 4}},
+                                 {{"chunk", 128}, {"bv", 64}, {"warps", 8}}};
+    if (s.V <= 64) space.push_back({{"bv", 64}, {"warps", 2}});
+    return space;
+  };
   op.config_keys = linear_attn_config_keys();
   op.kernels = [](const OpOptions& opts) {
     check_config_keys("linear_attn", opts, linear_attn_config_keys());
@@ -196,7 +224,10 @@ OpDef linear_attn_op() {
     cfg.num_stages = static_cast<int>(config_value(opts, "stages", 2, {1, 2}));
     LinearAttnConfig gated = cfg;
     gated.gated = gated.initial_state = gated.final_state = true;
-    return std::vector<std::shared_ptr<ir::Kernel>>{cached_linear_attn_fwd(cfg), cached_linear_attn_fwd(gated)};
+    std::vector<std::shared_ptr<ir::Kernel>> out{cached_linear_attn_fwd(cfg), cached_linear_attn_fwd(gated)};
+    for (auto& k : linear_attn_normalized_kernels(opts)) out.push_back(k);
+    for (auto& k : recurrent_kernels(opts, RecurrentGate::scalar)) out.push_back(k);
+    return out;
   };
   return op;
 }

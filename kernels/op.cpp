@@ -2,14 +2,28 @@
 
 #include <fmt/format.h>
 
+#include "kernels/delta_rule.h"
+#include "kernels/gla.h"
 #include "kernels/linear_attn.h"
+#include "kernels/poly.h"
 #include "linac/error.h"
 
 namespace linac {
 
 const std::vector<OpDef>& op_registry() {
-  static const std::vector<OpDef> ops = {linear_attn_op()};
+  static const std::vector<OpDef> ops = {linear_attn_op(), poly_op(), delta_rule_op(), gated_delta_rule_op(), gla_op()};
   return ops;
+}
+
+std::string ProblemShape::str() const {
+  return fmt::format("B={},T={},H={},K={},V={}{}", B, T, H, K, V, gated ? ",gated" : "");
+}
+
+std::string config_str(const Config& c) {
+  if (c.empty()) return "default";
+  std::string out;
+  for (const auto& [k, v] : c) out += fmt::format("{}{}={}", out.empty() ? "" : ",", k, v);
+  return out;
 }
 
 std::map<std::string, int64_t> parse_config(const std::string& text) {

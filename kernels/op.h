@@ -39,6 +39,17 @@ struct OpOptions {
 /// Parses "key=value,key=value" (integers) for --config; UserError on malformed text.
 std::map<std::string, int64_t> parse_config(const std::string& text);
 
+/// A problem size, for tuning and benchmarks (ops with other inputs map them onto these).
+struct ProblemShape {
+  int64_t B = 1, T = 1, H = 1, K = 64, V = 64;
+  bool gated = false;
+  std::string str() const;  // "B=8,T=4096,H=16,K=128,V=128[,gated]"
+};
+
+/// A configuration: tuning parameter -> value (see OpDef::config_keys).
+using Config = std::map<std::string, int64_t>;
+std::string config_str(const Config& c);  // "bv=128,warps=8" ("default" when empty)
+
 struct OpArgSpec {
   std::string name;
   bool required = true;
@@ -79,6 +90,12 @@ struct OpDef {
   /// Checks the inputs and plans the launches. `wanted` names the outputs to produce.
   std::function<OpPlan(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted)>
       prepare;
+  /// Random inputs of the given size (fixed seed), for tuning and benchmarks.
+  std::function<TensorMap(const ProblemShape& shape, uint64_t seed)> random_inputs;
+  /// The problem size of real inputs (the tuning database's key).
+  std::function<ProblemShape(const TensorMap& inputs)> shape_of;
+  /// Candidate configurations for the autotuner (at this size and dtype).
+  std::function<std::vector<Config>(const ProblemShape& shape, DType dtype)> tuning_space;
   /// The op's kernels for opts.dtype and opts.config (defaults elsewhere), for dump/compile; a
   /// representative set when the kernels depend on inputs (e.g. with and without a gate).
   std::function<std::vector<std::shared_ptr<ir::Kernel>>(const OpOptions& opts)> kernels;

@@ -1,5 +1,6 @@
 #include "kernels/op_support.h"
 
+#include <cmath>
 #include <fmt/format.h>
 
 #include "linac/error.h"
@@ -81,6 +82,24 @@ int64_t config_value(const OpOptions& opts, const std::string& key, int64_t dflt
   for (int64_t a : allowed)
     if (a == it->second) return a;
   throw UserError(fmt::format("--config {}={}: must be one of {}", key, it->second, fmt::join(allowed, ", ")));
+}
+
+HostTensor random_uniform(std::vector<int64_t> shape, uint64_t seed) {
+  HostTensor t = HostTensor::zeros(DType::f32, std::move(shape));
+  float* p = reinterpret_cast<float*>(t.data.data());
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
+    p[i] = static_cast<float>(static_cast<double>(x >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+  }
+  return t;
+}
+
+HostTensor random_log_decay(std::vector<int64_t> shape, uint64_t seed) {
+  HostTensor g = random_uniform(std::move(shape), seed);
+  float* p = reinterpret_cast<float*>(g.data.data());
+  for (int64_t i = 0; i < g.numel(); ++i) p[i] = -std::log1p(std::exp(-3.0f * p[i]));
+  return g;
 }
 
 int padded_head_dim(int64_t d) {

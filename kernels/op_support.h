@@ -29,6 +29,11 @@ void check_config_keys(const std::string& op, const OpOptions& opts,
 /// opts.config[key] if present and one of `allowed`, else `dflt`.
 int64_t config_value(const OpOptions& opts, const std::string& key, int64_t dflt, std::initializer_list<int64_t> allowed);
 
+/// float32 values uniform in [-1, 1) from a fixed seed (fast enough for the largest benchmark shapes).
+HostTensor random_uniform(std::vector<int64_t> shape, uint64_t seed);
+/// float32 log-decays logsigmoid(3u), u uniform in [-1, 1): values in about (-3.05, -0.05).
+HostTensor random_log_decay(std::vector<int64_t> shape, uint64_t seed);
+
 /// The tile size that covers a head dim: the next power of two, at least 16.
 int padded_head_dim(int64_t d);
 inline bool wants(const std::vector<std::string>& wanted, const std::string& name) {

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "compiler/interp/interp.h"
+#include "runtime/autotune.h"
 #include "runtime/gpu_kernel.h"
 
 namespace linac {
@@ -90,6 +91,8 @@ TensorMap execute(OpPlan& plan, Device device) {
   return out;
 }
 
+void prepare_kernels_on_gpu(const OpPlan& plan) { get_kernels(plan); }
+
 BenchResult bench_on_gpu(OpPlan& plan, int iters) {
   auto kernels = get_kernels(plan);
   BenchResult r;
@@ -118,8 +121,14 @@ BenchResult bench_on_gpu(OpPlan& plan, int iters) {
 TensorMap run_op(const OpDef& op, const TensorMap& inputs, const OpOptions& opts,
                  const std::vector<std::string>& wanted) {
   check_op_options(op, opts);
-  OpPlan plan = op.prepare(inputs, opts, wanted);
-  return execute(plan, opts.device);
+  OpOptions o = opts;
+  // On the GPU, a run without an explicit configuration uses the tuned one (tuning on first use).
+  // (Variants selected by switches — --recurrent, --normalize — have kernels of their own that the
+  // tuning space does not describe: they run at their defaults.)
+  if (o.device == Device::cuda && o.config.empty() && !o.chunk_size && !o.recurrent && !o.normalize)
+    o.config = autotuned_config(op, inputs, o);
+  OpPlan plan = op.prepare(inputs, o, wanted);
+  return execute(plan, o.device);
 }
 
 }  // namespace linac

@@ -9,6 +9,9 @@ namespace linac {
 /// kernel fails to write cannot pass for a result.
 TensorMap execute(OpPlan& plan, Device device);
 
+/// Compiles (or fetches from the caches) every kernel of the plan for the GPU.
+void prepare_kernels_on_gpu(const OpPlan& plan);
+
 /// Timing of a plan's launches on the GPU.
 struct BenchResult {
   double median_ms = 0, min_ms = 0;

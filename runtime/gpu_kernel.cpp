@@ -92,6 +92,14 @@ void dump_stages(const nvptx::CompiledKernel& c, const std::string& key, const c
   write("meta.json", meta_json(c));
 }
 
+/// Resource check before linking: a configuration that does not fit is a UserError naming the limit
+/// (the autotuner skips such candidates).
+void check_shared_memory(const ir::Kernel& k, const nvptx::CompiledKernel& c, const cuda::DeviceInfo& dev) {
+  if (c.smem_bytes > dev.max_shared_per_block_optin)
+    throw UserError(fmt::format("kernel {} needs {} bytes of shared memory; {} allows {}", k.name, c.smem_bytes,
+                                dev.name, dev.max_shared_per_block_optin));
+}
+
 }  // namespace
 
 int GpuKernel::compile_count() { return g_compiles.load(); }
@@ -111,9 +119,12 @@ std::shared_ptr<GpuKernel> GpuKernel::get(const ir::Kernel& k) {
       .add("target", target.name())
       .add("device_sm", std::to_string(dev.sm()));
   std::string hex = key.hex();
-  std::lock_guard lock(mu);
-  if (auto it = table.find(hex); it != table.end()) return it->second;
-
+  {
+    std::lock_guard lock(mu);
+    if (auto it = table.find(hex); it != table.end()) return it->second;
+  }
+  // Compiled outside the lock, so the autotuner's threads compile candidates in parallel; two threads
+  // racing on one kernel both compile it, and the first to finish wins the table slot.
   auto gk = std::make_shared<GpuKernel>();
   DiskCache cache = DiskCache::open_default();
   const char* dump = std::getenv("LINAC_DUMP");
@@ -132,6 +143,7 @@ std::shared_ptr<GpuKernel> GpuKernel::get(const ir::Kernel& k) {
         hit->files.count("link.log") ? hit->files.at("link.log") : std::string()));
   } else {
     gk->compiled_ = nvptx::compile_kernel(k, target);
+    check_shared_memory(k, gk->compiled_, dev);
     gk->module_ = std::make_unique<cuda::LinkedModule>(cuda::link_ptx(gk->compiled_.ptx, gk->compiled_.entry));
     gk->compiled_here_ = true;
     ++g_compiles;
@@ -147,13 +159,16 @@ std::shared_ptr<GpuKernel> GpuKernel::get(const ir::Kernel& k) {
     e.files["launch.meta"] = launch_meta(gk->compiled_);
     cache.put(hex, e);
   }
-  if (gk->compiled_.smem_bytes > dev.max_shared_per_block_optin)
-    throw UserError(fmt::format("kernel {} needs {} bytes of shared memory; {} allows {}", k.name,
-                                gk->compiled_.smem_bytes, dev.name, dev.max_shared_per_block_optin));
+  check_shared_memory(k, gk->compiled_, dev);
   if (gk->compiled_.smem_bytes > 48 * 1024)
     cuda::set_max_dynamic_shared(gk->module_->function(), static_cast<int>(gk->compiled_.smem_bytes));
-  table[hex] = gk;
-  return gk;
+  std::lock_guard lock(mu);
+  return table.emplace(hex, gk).first->second;
+}
+
+int64_t GpuKernel::spill_bytes() const {
+  return module_->spill_store_bytes().value_or(0) + module_->spill_load_bytes().value_or(0) +
+         module_->attributes().local_bytes;
 }
 
 void GpuKernel::launch(const std::array<int64_t, 3>& grid, const std::map<std::string, GpuArg>& args) const {

@@ -35,6 +35,8 @@ class GpuKernel {
 
   const nvptx::CompiledKernel& compiled() const { return compiled_; }
   const cuda::LinkedModule& module() const { return *module_; }
+  /// Local-memory bytes the kernel uses for register spills (0 when it fits in registers).
+  int64_t spill_bytes() const;
   /// Whether this process compiled it (false: from the disk cache).
   bool compiled_here() const { return compiled_here_; }
 

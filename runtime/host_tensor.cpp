@@ -1,5 +1,7 @@
 #include "runtime/host_tensor.h"
 
+#include "compiler/interp/number_formats.h"
+
 #include <bit>
 #include <cmath>
 #include <fmt/format.h>
@@ -8,44 +10,11 @@
 
 namespace linac {
 
-uint16_t float_to_bf16_bits(float f) {
-  uint32_t u = std::bit_cast<uint32_t>(f);
-  if (std::isnan(f)) return static_cast<uint16_t>((u >> 16) | 0x40);
-  uint32_t rounding = 0x7fff + ((u >> 16) & 1);  // ties to even
-  return static_cast<uint16_t>((u + rounding) >> 16);
-}
-
-float bf16_bits_to_float(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
-
-uint16_t float_to_f16_bits(float f) {
-  uint32_t u = std::bit_cast<uint32_t>(f);
-  uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000);
-  uint32_t abs = u & 0x7fffffff;
-  if (abs >= 0x7f800000) return sign | (abs > 0x7f800000 ? 0x7e00 : 0x7c00);
-  if (abs >= 0x477ff000) return sign | 0x7c00;  // rounds to >= 65520: overflow to inf
-  if (abs < 0x38800000) {
-    // Subnormal half (or zero): value = m * 2^-24. Round the float to a multiple of 2^-24, ties to even.
-    float a = std::bit_cast<float>(abs);
-    float scaled = a * 16777216.0f;  // exact: a power-of-two scaling
-    return sign | static_cast<uint16_t>(std::nearbyint(scaled));
-  }
-  // Normal: rebias exponent (127 -> 15) and round the 13 dropped mantissa bits to nearest even.
-  uint32_t v = abs - (112u << 23);
-  uint32_t rounding = 0xfff + ((v >> 13) & 1);
-  return sign | static_cast<uint16_t>((v + rounding) >> 13);
-}
-
-float f16_bits_to_float(uint16_t h) {
-  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  uint32_t exp = (h >> 10) & 0x1f;
-  uint32_t man = h & 0x3ff;
-  if (exp == 0) {
-    float v = std::ldexp(static_cast<float>(man), -24);
-    return sign ? -v : v;
-  }
-  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000 | (man << 13));
-  return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
-}
+// Thin wrappers over the interpreter's exact conversions: one implementation of the 16-bit formats.
+uint16_t float_to_bf16_bits(float f) { return interp::bf16_bits(f); }
+float bf16_bits_to_float(uint16_t b) { return static_cast<float>(interp::from_bf16_bits(b)); }
+uint16_t float_to_f16_bits(float f) { return interp::f16_bits(f); }
+float f16_bits_to_float(uint16_t h) { return static_cast<float>(interp::from_f16_bits(h)); }
 
 HostTensor HostTensor::zeros(DType t, std::vector<int64_t> shape) {
   HostTensor h;
@@ -87,8 +56,8 @@ void HostTensor::set(int64_t i, double x) {
     case DType::i1: *p = x != 0; return;
     case DType::i32: { int32_t v = static_cast<int32_t>(x); std::memcpy(p, &v, 4); return; }
     case DType::i64: { int64_t v = static_cast<int64_t>(x); std::memcpy(p, &v, 8); return; }
-    case DType::f16: { uint16_t v = float_to_f16_bits(static_cast<float>(x)); std::memcpy(p, &v, 2); return; }
-    case DType::bf16: { uint16_t v = float_to_bf16_bits(static_cast<float>(x)); std::memcpy(p, &v, 2); return; }
+    case DType::f16: { uint16_t v = interp::f16_bits(x); std::memcpy(p, &v, 2); return; }  // one rounding from double
+    case DType::bf16: { uint16_t v = interp::bf16_bits(x); std::memcpy(p, &v, 2); return; }
     case DType::f32: { float v = static_cast<float>(x); std::memcpy(p, &v, 4); return; }
     case DType::f64: std::memcpy(p, &x, 8); return;
   }
@@ -98,6 +67,19 @@ void HostTensor::set(int64_t i, double x) {
 HostTensor HostTensor::cast(DType t) const {
   if (t == dtype) return *this;
   HostTensor out = zeros(t, shape);
+  // The conversions every op call does on its inputs and outputs, without the per-element switch.
+  if (dtype == DType::f32 && (t == DType::bf16 || t == DType::f16)) {
+    const float* in = reinterpret_cast<const float*>(data.data());
+    uint16_t* o = reinterpret_cast<uint16_t*>(out.data.data());
+    for (int64_t i = 0, n = numel(); i < n; ++i) o[i] = t == DType::bf16 ? float_to_bf16_bits(in[i]) : float_to_f16_bits(in[i]);
+    return out;
+  }
+  if ((dtype == DType::bf16 || dtype == DType::f16) && t == DType::f32) {
+    const uint16_t* in = reinterpret_cast<const uint16_t*>(data.data());
+    float* o = reinterpret_cast<float*>(out.data.data());
+    for (int64_t i = 0, n = numel(); i < n; ++i) o[i] = dtype == DType::bf16 ? bf16_bits_to_float(in[i]) : f16_bits_to_float(in[i]);
+    return out;
+  }
   for (int64_t i = 0, n = numel(); i < n; ++i) out.set(i, get(i));
   return out;
 }

@@ -1,5 +1,7 @@
 #include "runtime/npy.h"
 
+#include "compiler/interp/number_formats.h"
+
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -301,41 +303,6 @@ void store_i64(DType t, uint8_t* base, int64_t i, int64_t v) {
   }
 }
 
-// Rounds x to the nearest value of a binary format with `mbits` stored mantissa bits and `ebits`
-// exponent bits (ties to even, overflow to inf) and returns its 16-bit pattern. Works from the double
-// directly so that f64 -> f16 rounds once (going through float could round twice).
-uint16_t round_to_bits(double x, int mbits, int ebits) {
-  const int bias = (1 << (ebits - 1)) - 1;
-  const int emin = 1 - bias, emax = bias;
-  const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
-  const uint16_t exp_ones = static_cast<uint16_t>(((1 << ebits) - 1) << mbits);
-  if (std::isnan(x)) return sign | exp_ones | static_cast<uint16_t>(1 << (mbits - 1));
-  double a = std::fabs(x);
-  if (std::isinf(a)) return sign | exp_ones;
-  if (a == 0) return sign;
-  int e = 0;
-  std::frexp(a, &e);
-  e -= 1;  // a in [2^e, 2^(e+1))
-  if (e < emin) e = emin;
-  // Scale so the last kept mantissa bit has weight 1; scaling by a power of two is exact here.
-  const int shift = e - mbits;
-  double n = std::ldexp(a, -shift);
-  double f = std::floor(n);
-  double frac = n - f;
-  if (frac > 0.5 || (frac == 0.5 && std::fmod(f, 2.0) != 0.0)) f += 1.0;
-  // f <= 2^(mbits+1); it reaches 2^(mbits+1) when rounding carries into the next binade.
-  auto m = static_cast<uint32_t>(f);
-  if (m >> (mbits + 1)) {
-    m >>= 1;
-    e += 1;
-  }
-  if (e > emax) return sign | exp_ones;
-  if (m >> mbits) {  // normal: implicit leading bit set
-    return sign | static_cast<uint16_t>((e + bias) << mbits) | static_cast<uint16_t>(m & ((1u << mbits) - 1));
-  }
-  return sign | static_cast<uint16_t>(m);  // subnormal (e == emin, no implicit bit)
-}
-
 void write_all(std::FILE* f, const void* p, size_t n, const std::string& path, const std::string& tmp) {
   if (n == 0) return;
   if (std::fwrite(p, 1, n, f) != n) {
@@ -357,31 +324,11 @@ std::string shape_str(std::span<const int64_t> shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
-double f16_bits_to_f64(uint16_t h) {
-  const int e = (h >> 10) & 0x1f;
-  const int m = h & 0x3ff;
-  double v;
-  if (e == 0) {
-    v = std::ldexp(static_cast<double>(m), -24);
-  } else if (e == 31) {
-    v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
-  } else {
-    v = std::ldexp(static_cast<double>(m | 0x400), e - 25);
-  }
-  return (h & 0x8000) ? -v : v;
-}
-
-uint16_t f64_to_f16_bits(double x) {
-  return round_to_bits(x, 10, 5);
-}
-
-double bf16_bits_to_f64(uint16_t h) {
-  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
-}
-
-uint16_t f64_to_bf16_bits(double x) {
-  return round_to_bits(x, 7, 8);
-}
+// One implementation of the 16-bit formats, shared with the interpreter and HostTensor.
+double f16_bits_to_f64(uint16_t h) { return interp::from_f16_bits(h); }
+uint16_t f64_to_f16_bits(double x) { return interp::f16_bits(x); }
+double bf16_bits_to_f64(uint16_t h) { return interp::from_bf16_bits(h); }
+uint16_t f64_to_bf16_bits(double x) { return interp::bf16_bits(x); }
 
 NpyArray read_npy(const std::string& path) {
   struct stat st {};

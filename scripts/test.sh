@@ -10,3 +10,4 @@ echo "== IR text tests (FileCheck)"
 python3 tests/ir/run_filecheck.py
 echo "== Python tests (ops on the CPU interpreter vs float64 references)"
 LINAC_BIN="$PWD/build/linac" python3 -m pytest -q tests/python
+echo "== Out-of-tree examples (install, find_package, build, run on the CPU)" && bash scripts/test_examples.sh build

@@ -18,6 +18,8 @@
 #include "compiler/nvptx/codegen.h"
 #include "kernels/op.h"
 #include "linac/error.h"
+#include "runtime/autotune.h"
+#include "runtime/cuda_driver.h"
 #include "runtime/disk_cache.h"
 #include "runtime/executor.h"
 #include "runtime/npy.h"
@@ -33,6 +35,7 @@ commands:
   compile OP|FILE.tir       print a stage of an op's kernels (see 'linac compile --help')
   bench OP --shape ...      time an op on the GPU on random inputs (see 'linac bench --help')
   cache ls|clear|prune      inspect or empty the kernel cache (see 'linac cache --help')
+  tune OP --shape ...       autotune OP's configuration on this GPU (see 'linac tune --help')
 
 Environment: LINAC_DEVICE (default device for run), LINAC_CACHE_DIR, LINAC_DISABLE_CACHE, LINAC_CACHE_LOG,
 LINAC_DUMP (a directory: every stage of every kernel compiled for the GPU), LINAC_DEBUG (whole error
@@ -310,16 +313,67 @@ int cmd_compile(const std::vector<std::string>& args) {
   return 0;
 }
 
-/// Uniform values in [-1, 1) from a fixed seed: fast enough for the largest benchmark shapes.
-HostTensor random_tensor(std::vector<int64_t> shape, uint64_t seed) {
-  HostTensor t = HostTensor::zeros(DType::f32, std::move(shape));
-  float* p = reinterpret_cast<float*>(t.data.data());
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (int64_t i = 0, n = t.numel(); i < n; ++i) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    p[i] = static_cast<float>(static_cast<double>(x >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+/// Parses "--shape B=..,T=..,H=..,K=..[,V=..]".
+ProblemShape parse_shape(const std::string& spec) {
+  std::map<std::string, int64_t> shape;
+  size_t pos = 0;
+  while (pos < spec.size()) {
+    size_t comma = spec.find(',', pos);
+    std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    auto [key, val] = split_binding(item);
+    if (key != "B" && key != "T" && key != "H" && key != "K" && key != "V")
+      usage_error(fmt::format("--shape: unknown dimension '{}' (expected B, T, H, K, V)", key));
+    shape[key] = parse_int("--shape " + key, val);
+    if (shape[key] < 1) usage_error(fmt::format("--shape: {} must be positive", key));
+    pos = comma == std::string::npos ? spec.size() : comma + 1;
   }
-  return t;
+  for (const char* d : {"B", "T", "H", "K"})
+    if (!shape.count(d)) usage_error(fmt::format("--shape needs {} (e.g. --shape B=8,T=4096,H=16,K=128)", d));
+  if (!shape.count("V")) shape["V"] = shape["K"];
+  return ProblemShape{shape["B"], shape["T"], shape["H"], shape["K"], shape["V"], false};
+}
+
+constexpr const char* kTuneUsage = R"(usage: linac tune OP --shape B=..,T=..,H=..,K=..[,V=..] [--dtype bf16] [--gated]
+
+Tunes OP's configuration on this GPU for the shape (progress on stderr), stores the winner in the
+tuning database (<cache dir>/tuning.db; later runs use it) and prints every candidate.
+)";
+
+int cmd_tune(const std::vector<std::string>& args) {
+  if (args.empty() || is_help(args[0])) {
+    fmt::print("{}", kTuneUsage);
+    return args.empty() ? 1 : 0;
+  }
+  const OpDef& op = find_op(args[0]);
+  OpOptions opts;
+  opts.device = Device::cuda;
+  opts.dtype = DType::bf16;
+  std::optional<ProblemShape> shape;
+  bool gated = false;
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (is_help(args[i])) {
+      fmt::print("{}", kTuneUsage);
+      return 0;
+    } else if (args[i] == "--shape") {
+      shape = parse_shape(value_of(args, i));
+    } else if (args[i] == "--dtype") {
+      opts.dtype = parse_input_dtype(value_of(args, i));
+    } else if (args[i] == "--gated") {
+      gated = true;
+    } else {
+      usage_error(fmt::format("unknown option '{}' for 'tune' (see linac tune --help)", args[i]));
+    }
+  }
+  if (!shape) usage_error("tune needs --shape B=..,T=..,H=..,K=..");
+  shape->gated = gated;
+  TuneResult r = tune(op, *shape, opts, true);
+  fmt::print("{} {} {} on {}: tuned in {:.1f} s\n", op.name, shape->str(), dtype_name(opts.dtype),
+             cuda::device_info().name, r.seconds);
+  fmt::print("{:<32} {:>10}  {}\n", "config", "median ms", "status");
+  for (const auto& c : r.candidates)
+    fmt::print("{:<32} {:>10}  {}\n", config_str(c.config), c.median_ms > 0 ? fmt::format("{:.4f}", c.median_ms) : "-",
+               c.status);
+  return 0;
 }
 
 int cmd_bench(const std::vector<std::string>& args) {
@@ -331,7 +385,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   OpOptions opts;
   opts.device = Device::cuda;
   opts.dtype = DType::bf16;
-  std::map<std::string, int64_t> shape;
+  std::optional<ProblemShape> shape;
   bool gated = false;
   int iters = 50;
   std::string json;
@@ -341,18 +395,7 @@ int cmd_bench(const std::vector<std::string>& args) {
       fmt::print("{}", kBenchUsage);
       return 0;
     } else if (a == "--shape") {
-      std::string spec = value_of(args, i);
-      size_t pos = 0;
-      while (pos < spec.size()) {
-        size_t comma = spec.find(',', pos);
-        std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-        auto [key, val] = split_binding(item);
-        if (key != "B" && key != "T" && key != "H" && key != "K" && key != "V")
-          usage_error(fmt::format("--shape: unknown dimension '{}' (expected B, T, H, K, V)", key));
-        shape[key] = parse_int("--shape " + key, val);
-        if (shape[key] < 1) usage_error(fmt::format("--shape: {} must be positive", key));
-        pos = comma == std::string::npos ? spec.size() : comma + 1;
-      }
+      shape = parse_shape(value_of(args, i));
     } else if (a == "--dtype") {
       opts.dtype = parse_input_dtype(value_of(args, i));
     } else if (a == "--gated") {
@@ -370,28 +413,29 @@ int cmd_bench(const std::vector<std::string>& args) {
       usage_error(fmt::format("unknown option '{}' for 'bench' (see linac bench --help)", a));
     }
   }
-  for (const char* d : {"B", "T", "H", "K"})
-    if (!shape.count(d)) usage_error(fmt::format("--shape needs {} (e.g. --shape B=8,T=4096,H=16,K=128)", d));
-  if (!shape.count("V")) shape["V"] = shape["K"];
-  const int64_t B = shape["B"], T = shape["T"], H = shape["H"], K = shape["K"], V = shape["V"];
-  TensorMap inputs;
-  inputs["q"] = random_tensor({B, T, H, K}, 1);
-  inputs["k"] = random_tensor({B, T, H, K}, 2);
-  inputs["v"] = random_tensor({B, T, H, V}, 3);
-  if (gated) {
-    HostTensor g = random_tensor({B, T, H}, 4);
-    float* p = reinterpret_cast<float*>(g.data.data());
-    for (int64_t i = 0; i < g.numel(); ++i) p[i] = -std::log1p(std::exp(-3.0f * p[i]));  // logsigmoid
-    inputs["g"] = std::move(g);
-  }
+  if (!shape) usage_error("bench needs --shape B=..,T=..,H=..,K=..");
+  const int64_t B = shape->B, T = shape->T, H = shape->H, K = shape->K, V = shape->V;
+  if (!op.random_inputs) usage_error(fmt::format("{} cannot be benchmarked yet", op.name));
+  ProblemShape ps{B, T, H, K, V, gated};
+  TensorMap inputs = op.random_inputs(ps, 1);
   check_op_options(op, opts);
+  // Setup = choosing the configuration (tuning database, or tuning) and getting the kernels (cache or
+  // compile): what a warm start costs before the first launch, input preparation aside.
+  auto t0 = std::chrono::steady_clock::now();
+  if (opts.config.empty() && !opts.chunk_size) opts.config = autotuned_config(op, inputs, opts);
   OpPlan plan = op.prepare(inputs, opts, {"o"});
+  auto t1 = std::chrono::steady_clock::now();
+  prepare_kernels_on_gpu(plan);
+  auto t2 = std::chrono::steady_clock::now();
+  fmt::print(stderr, "linac bench: setup {:.1f} ms (config {:.1f} ms incl. input cast, kernels {:.1f} ms)\n",
+             std::chrono::duration<double, std::milli>(t2 - t0).count(),
+             std::chrono::duration<double, std::milli>(t1 - t0).count(),
+             std::chrono::duration<double, std::milli>(t2 - t1).count());
   BenchResult r = bench_on_gpu(plan, iters);
-  std::string config;
-  for (const auto& [key, value] : opts.config) config += fmt::format("{}{}={}", config.empty() ? "" : ",", key, value);
-  fmt::print("{} B={} T={} H={} K={} V={} {}{}: median {:.4f} ms, min {:.4f} ms over {} runs ({} input sets), {:.1f} GB/s\n",
-             op.name, B, T, H, K, V, dtype_name(opts.dtype), gated ? " gated" : "", r.median_ms, r.min_ms, r.iters,
-             r.rotations, r.bytes / (r.median_ms * 1e6));
+  std::string config = config_str(opts.config);
+  fmt::print("{} B={} T={} H={} K={} V={} {}{} [{}]: median {:.4f} ms, min {:.4f} ms over {} runs ({} input sets), {:.1f} GB/s\n",
+             op.name, B, T, H, K, V, dtype_name(opts.dtype), gated ? " gated" : "", config, r.median_ms, r.min_ms,
+             r.iters, r.rotations, r.bytes / (r.median_ms * 1e6));
   if (!json.empty()) {
     std::string text = fmt::format(
         "{{\"op\": \"{}\", \"shape\": {{\"B\": {}, \"T\": {}, \"H\": {}, \"K\": {}, \"V\": {}}}, \"dtype\": \"{}\", "
@@ -483,7 +527,8 @@ int main_impl(int argc, char** argv) {
   if (cmd == "compile") return cmd_compile(rest);
   if (cmd == "bench") return cmd_bench(rest);
   if (cmd == "cache") return cmd_cache(rest);
-  usage_error(fmt::format("unknown command '{}' (commands: list, run, compile, bench, cache; see linac --help)", cmd));
+  if (cmd == "tune") return cmd_tune(rest);
+  usage_error(fmt::format("unknown command '{}' (commands: list, run, compile, bench, tune, cache; see linac --help)", cmd));
 }
 
 /// One line: the first line of the message, so a multi-line message never breaks the contract.

@@ -109,6 +109,13 @@ void KernelLowering::set_location(const SourceLoc& loc) {
 }
 
 void KernelLowering::run() {
+  std::set<const ir::Value*> loaded, stored;
+  ir::walk(const_cast<ir::Block&>(k_.body), [&](ir::Op& op) {
+    if (op.code == OpCode::Load) loaded.insert(op.operands[0]);
+    if (op.code == OpCode::Store) stored.insert(op.operands[0]);
+  });
+  for (const ir::Value* t : stored)
+    if (loaded.count(t)) read_write_tensors_.insert(t);
   create_function();
   lower_block(k_.body);
   b_.CreateRetVoid();

@@ -141,6 +141,15 @@ void KernelLowering::lower_load(const ir::Op& op) {
 }
 
 void KernelLowering::lower_store(const ir::Op& op) {
+  // A tensor the kernel also reads (state kept in global memory, updated in place): other threads of
+  // the program may read the elements this store overwrites, before (WAR) or after (RAW) it, so the
+  // store is fenced by barriers on both sides (bar.sync orders global memory within the program).
+  struct Fence {
+    KernelLowering* self;
+    bool on;
+    Fence(KernelLowering* s, bool o) : self(s), on(o) { if (on) self->barrier(); }
+    ~Fence() { if (on) self->barrier(); }
+  } fence(this, read_write_tensors_.count(op.operands[0]) > 0);
   const TensorView& tv = tensors_.at(op.operands[0]);
   BlockAccess acc = make_access(this, b_, tv, op, [&](const ir::Value* v) { return scalar(v); });
   const ir::Value* val = op.operands.back();

@@ -10,6 +10,7 @@
 #include <llvm/IR/Module.h>
 
 #include <map>
+#include <set>
 #include <vector>
 
 #include "compiler/ir/ir.h"
@@ -111,6 +112,7 @@ class KernelLowering {
   std::map<const ir::Value*, Regs> regs_;
   std::map<const ir::Value*, TensorView> tensors_;
   std::map<const ir::Value*, llvm::Value*> stage_base_;
+  std::set<const ir::Value*> read_write_tensors_;  // tensors the kernel both loads and stores
   using ByteRange = std::pair<int64_t, int64_t>;
   std::vector<ByteRange> smem_written_;  // shared-memory bytes written since the last barrier
   std::vector<ByteRange> smem_read_;     // and read

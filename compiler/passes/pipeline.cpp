@@ -15,13 +15,16 @@ bool defined_in(const ir::Value* v, const ir::Block& b) {
   return false;
 }
 
-void collect(const ir::Kernel& k, const ir::Block& b, PipelinePlan& plan) {
+void collect(const ir::Kernel& k, const ir::Block& b, const std::set<const ir::Value*>& stored, PipelinePlan& plan) {
   for (const auto& op : b.ops) {
-    for (const auto& r : op->regions) collect(k, *r, plan);
+    for (const auto& r : op->regions) collect(k, *r, stored, plan);
     if (op->code != OpCode::For) continue;
     const ir::Block& body = *op->regions[0];
     for (const auto& inner : body.ops) {
       if (inner->code != OpCode::Load || inner->result()->type.is_scalar()) continue;
+      // A tensor the kernel also writes may be written by this very loop: reading it an iteration
+      // early would read stale data (e.g. a state kept in global memory and updated in place).
+      if (stored.count(inner->operands[0])) continue;
       const ir::Type& t = inner->result()->type;
       int elem = dtype_bytes(t.dtype);
       if (elem != 2 && elem != 4) continue;
@@ -57,7 +60,11 @@ PipelinePlan plan_pipelining(const ir::Kernel& k) {
   PipelinePlan plan;
   plan.stages = k.num_stages >= 2 ? 2 : 1;
   if (plan.stages < 2) return plan;
-  collect(k, k.body, plan);
+  std::set<const ir::Value*> stored;
+  ir::walk(const_cast<ir::Block&>(k.body), [&](ir::Op& op) {
+    if (op.code == OpCode::Store) stored.insert(op.operands[0]);
+  });
+  collect(k, k.body, stored, plan);
   return plan;
 }
 

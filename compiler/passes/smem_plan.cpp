@@ -118,7 +118,16 @@ class Planner {
   }
 
   void mark_op(const ir::Op& op) {
-    auto note_use = [&](const ir::Value* v) { uses_[v].push_back(&op); };
+    // A view (expand_dims, broadcast, reshape, transpose) reads its source wherever the view is used,
+    // so a use of the view is a use of every value down its chain: the source's buffer must stay live
+    // (regression: tests/python/test_smem_plan.py, a view made early and used late).
+    auto note_use = [&](const ir::Value* v) {
+      uses_[v].push_back(&op);
+      while (!v->type.is_tensor() && cls(v) == ValueClass::View) {
+        v = v->def->operands[0];
+        uses_[v].push_back(&op);
+      }
+    };
     for (const ir::Value* v : op.operands) note_use(v);
     switch (op.code) {
       case OpCode::Dot:

@@ -1,0 +1,461 @@
+#include "kernels/delta_rule.h"
+
+#include <cmath>
+#include <fmt/format.h>
+#include <map>
+#include <mutex>
+
+#include "kernels/op_support.h"
+#include "linac/dsl.h"
+
+namespace linac {
+
+using namespace dsl;
+
+namespace {
+
+/// Rows of the diagonal blocks of the triangular inverse.
+constexpr int64_t kSub = 16;
+
+/// 1 / sqrt(sum x^2 + eps) of each row of a [rows, BK] tile, f32 [rows].
+Tile inverse_row_norms(const Tile& x) {
+  Tile xf = x.to(DType::f32);
+  return rsqrt(sum(xf * xf, 1) + kDeltaL2NormEps);
+}
+
+/// T = (I + A)^-1 for a strictly lower triangular f32 [BT, BT] tile A (BT a multiple of 16), in fp32.
+///
+/// The 16 x 16 diagonal blocks D_p of I + A are inverted together by forward substitution, their
+/// inverses stacked in X [BT, 16] (rows 16p..16p+15 hold D_p^-1), X starting as stacked identities.
+/// Step r sets row r of every block to e_r - a_r X_p (a_r: row r of A's diagonal block, non-zero left
+/// of r only, where X_p is already final). The tile language has no element access, so a step takes
+/// the whole product Ad X (Ad: the block-diagonal part of A, whose rows in block p meet only X_p) and
+/// keeps its rows r. Multiplying the whole of X, rather than X masked to rows r, keeps every step's
+/// values needed by the next one, so the compiler cannot defer the products and pile up registers.
+///
+/// Then, with D^-1 the block-diagonal inverse and N = D^-1 Ao (Ao the strictly block-lower part of
+/// A, so N^NS = 0), T = (I + N)^-1 D^-1 = (I - N)(I + N^2)(I + N^4)... D^-1: the block substitution
+/// T_ij = -T_ii sum_m A_im T_mj summed over the levels, each level one product of full tiles.
+Tile unit_lower_inverse(const Tile& A, int64_t BT) {
+  const DType f32 = DType::f32;
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+  Tile same_block = row / kSub == col / kSub;
+  Tile Ad = where(same_block, A, 0.0f);
+  Tile sub_col = expand_dims(iota(kSub), 0);
+  Tile row_in_block = row % kSub;
+  Tile eye_stacked = where(row_in_block == sub_col, full({BT, kSub}, 1.0, f32), 0.0f);
+  Tile X = eye_stacked;
+  for (int r = 1; r < kSub; ++r) X = where(row_in_block == r, eye_stacked - dot(Ad, X), X);
+  if (BT == kSub) return X;
+
+  // D^-1 [BT, BT] from its stacked blocks: column c of block p is column c % 16 of X, masked to p.
+  Tile spread = where(expand_dims(iota(kSub), 1) == col % kSub, full({kSub, BT}, 1.0, f32), 0.0f);
+  Tile D_inv = where(same_block, dot(X, spread), 0.0f);
+  Tile N = dot(D_inv, where(same_block, 0.0f, A));
+  Tile eye = where(row == col, full({BT, BT}, 1.0, f32), 0.0f);
+  Tile P = eye - N;
+  for (int64_t level = 2; level < BT / kSub; level *= 2) {
+    N = dot(N, N);
+    P = P + dot(P, N);
+  }
+  return dot(P, D_inv);
+}
+
+}  // namespace
+
+// One program per chunk. With b the chunk-local cumulative log-decay (zero without a gate) and
+// r = 1/||k|| with --l2norm-qk (else 1):
+//   A = strictly_lower(diag(beta r) (K K^T) diag(r) .* exp(b_r - b_c))
+//   T = (I + A)^-1                                  (see unit_lower_inverse: fp32 throughout)
+//   W = T diag(beta exp(b) r) K,   U = T diag(beta) V
+// exp is taken of b_r - b_c only where r > c (masked before exponentiating), and of b <= 0. W and U
+// are products on the tensor cores in the input dtype (T rounded to it, as the state products are).
+std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  if (BT % kSub != 0) throw InternalError(fmt::format("delta rule chunk {} is not a multiple of {}", BT, kSub));
+  KernelBuilder kb(cfg.gated ? "gated_delta_rule_wy" : "delta_rule_wy");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(1);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor v = kb.tensor("v", dt, 4);
+  Tensor beta = kb.tensor("beta", f32, 3);
+  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  Tensor w = kb.tensor("w", dt, 4);
+  Tensor u = kb.tensor("u", dt, 5);
+
+  Tile i_c = program_id(0), i_nh = program_id(1);
+  Tile b, i_h, bos, eos, chunk;
+  if (cfg.varlen) {
+    Tile i_n = load(chunk_indices, {i_c, 0}, {kIndex, kIndex});
+    chunk = load(chunk_indices, {i_c, 1}, {kIndex, kIndex});
+    b = constant(0, DType::i32);
+    i_h = i_nh;
+    bos = load(cu, {i_n}, {kIndex});
+    eos = load(cu, {i_n + 1}, {kIndex});
+  } else {
+    Tile H = k.dim(2);
+    b = i_nh / H;
+    i_h = i_nh % H;
+    chunk = i_c;
+    bos = constant(0, DType::i32);
+    eos = k.dim(1);
+  }
+  AccessOptions in_seq{.limits = {{1, eos}}};
+  Tile t0 = bos + chunk * BT;
+
+  // Rows past the sequence end load zeros (k, beta, g): their rows of A vanish and b stops growing.
+  Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile beta_c = load(beta, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+  Tile strict = row > col;
+  Tile A = dot(K, K.T());
+  Tile k_factor = beta_c;  // diag(beta exp(b) r) of W
+  Tile r_k;
+  if (cfg.l2norm_qk) {
+    r_k = inverse_row_norms(K);
+    A = A * expand_dims(beta_c * r_k, 1) * expand_dims(r_k, 0);
+    k_factor = k_factor * r_k;
+  } else {
+    A = A * expand_dims(beta_c, 1);
+  }
+  if (cfg.gated) {
+    Tile bg = cumsum(load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq), 0);
+    A = A * exp(where(strict, expand_dims(bg, 1) - expand_dims(bg, 0), 0.0f));
+    k_factor = k_factor * exp(bg);
+  }
+  // The row factors of K and V become column factors of T: the loaded blocks feed the tensor cores
+  // as they are.
+  Tile T = unit_lower_inverse(where(strict, A, 0.0f), BT);
+  Tile T_beta = (T * expand_dims(beta_c, 0)).to(dt);
+  // U in blocks of BV value columns.
+  Tile num_v_blocks = (v.dim(3) + (BV - 1)) / BV;
+  for_range(0, num_v_blocks, [&](Tile iv) {
+    Tile v0 = iv * BV;
+    Tile V = load(v, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
+    store(u, {b, t0, i_h, iv, 0}, {kIndex, BT, kIndex, kIndex, BV}, dot(T_beta, V).to(dt), in_seq);
+  });
+  store(w, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dot((T * expand_dims(k_factor, 0)).to(dt), K).to(dt), in_seq);
+  return kb.finish();
+}
+
+// One program per (V block, sequence x head) walks the chunks of its sequence in order, carrying the
+// state S [BK, BV] in registers. Per chunk, with b the chunk-local cumulative log-decay (zero without
+// a gate), r_q, r_k the inverse row norms with --l2norm-qk (else 1) and W, U from delta_rule_wy:
+//   V_new = U - W S
+//   O     = scale * ((exp(b) r_q .* Q) S + ((Q K^T) .* (r_q r_k^T) .* exp(b_r - b_c) .* M) V_new)
+//   S     = exp(b_C) S + (exp(b_C - b) r_k .* K)^T V_new
+// The row factors are applied to fp32 products so that Q and K feed the tensor cores as loaded.
+std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb(cfg.gated ? "gated_delta_rule_fwd" : "delta_rule_fwd");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(cfg.num_stages);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor w = kb.tensor("w", dt, 4);
+  Tensor u = kb.tensor("u", dt, 5);
+  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
+  Tensor ht = cfg.final_state ? kb.tensor("final_state", f32, 4) : Tensor();
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor o = kb.tensor("o", dt, 4);
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile i_v = program_id(0);
+  Tile i_nh = program_id(1);
+  Tile H = q.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  Tile b, bos, eos;
+  if (cfg.varlen) {
+    b = constant(0, DType::i32);
+    bos = load(cu, {i_n}, {kIndex});
+    eos = load(cu, {i_n + 1}, {kIndex});
+  } else {
+    b = i_n;
+    bos = constant(0, DType::i32);
+    eos = q.dim(1);
+  }
+  Tile num_chunks = (eos - bos + (BT - 1)) / BT;
+  Tile v0 = i_v * BV;
+
+  Tile S = zeros({BK, BV}, f32);
+  if (cfg.initial_state) S = load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
+
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+  Tile causal = row >= col;
+  AccessOptions in_seq{.limits = {{1, eos}}};
+
+  for_range(0, num_chunks, [&](Tile i) {
+    Tile t0 = bos + i * BT;
+    Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile W = load(w, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile U = load(u, {b, t0, i_h, i_v, 0}, {kIndex, BT, kIndex, kIndex, BV}, in_seq);
+    Tile S_dt = S.to(dt);
+    Tile V_new32 = U.to(f32) - dot(W, S_dt);
+    Tile V_new = V_new32.to(dt);
+
+    // Per-row factors of Q S and of K in the state update; invalid tiles stand for all ones.
+    Tile q_factor, k_factor;
+    Tile A = dot(Q, K.T()) * scale;
+    if (cfg.l2norm_qk) {
+      q_factor = inverse_row_norms(Q);
+      k_factor = inverse_row_norms(K);
+      A = A * expand_dims(q_factor, 1) * expand_dims(k_factor, 0);
+    }
+    Tile b_last;
+    if (cfg.gated) {
+      // Rows past the sequence end load g = 0, so b stops growing there and b_C = b at the last row.
+      Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+      Tile bg = cumsum(gc, 0);
+      b_last = sum(gc, 0);
+      A = A * exp(where(causal, expand_dims(bg, 1) - expand_dims(bg, 0), 0.0f));
+      q_factor = q_factor.valid() ? q_factor * exp(bg) : exp(bg);
+      Tile decay = exp(b_last - bg);
+      k_factor = k_factor.valid() ? k_factor * decay : decay;
+    }
+    A = where(causal, A, 0.0f);
+    Tile O = dot(Q, S_dt);
+    O = q_factor.valid() ? O * expand_dims(q_factor * scale, 1) : O * scale;
+    O = O + dot(A.to(dt), V_new);
+    store(o, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), in_seq);
+
+    // (diag(f) K)^T V_new = K^T (diag(f) V_new): the factor goes on the smaller fp32 tile.
+    Tile V_state = k_factor.valid() ? (V_new32 * expand_dims(k_factor, 1)).to(dt) : V_new;
+    if (cfg.gated) S = S * exp(b_last);
+    S = S + dot(K.T(), V_state);
+  }, S);
+
+  if (cfg.final_state) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
+  return kb.finish();
+}
+
+namespace {
+
+const std::vector<std::pair<std::string, std::string>>& delta_rule_config_keys() {
+  static const std::vector<std::pair<std::string, std::string>> keys = {
+      {"chunk", "rows per chunk (16, 32, 64, 128)"},
+      {"bv", "value columns per program (16..256)"},
+      {"warps", "warps per program (2, 4, 8)"},
+      {"stages", "pipeline stages of the chunk loads (1 or 2)"},
+  };
+  return keys;
+}
+
+enum class DeltaKernel { wy, fwd, recurrent };
+
+/// Kernels are recorded once per configuration and shared (the IR is immutable once built).
+std::shared_ptr<ir::Kernel> cached_delta_kernel(DeltaKernel which, const DeltaRuleConfig& cfg) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<ir::Kernel>> cache;
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}{}{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
+                                cfg.chunk, cfg.block_k, cfg.block_v, cfg.gated, cfg.l2norm_qk, cfg.initial_state,
+                                cfg.final_state, cfg.varlen, cfg.num_warps, cfg.num_stages);
+  std::lock_guard lock(mu);
+  auto& slot = cache[key];
+  if (!slot) {
+    switch (which) {
+      case DeltaKernel::wy: slot = build_delta_rule_wy(cfg); break;
+      case DeltaKernel::fwd: slot = build_delta_rule_fwd(cfg); break;
+      case DeltaKernel::recurrent: slot = build_delta_rule_recurrent(cfg); break;
+    }
+  }
+  return slot;
+}
+
+/// The configuration for head dims K, V: defaults, then opts.config on top.
+DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t V, const OpOptions& opts) {
+  check_config_keys(op, opts, delta_rule_config_keys());
+  DeltaRuleConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.gated = gated;
+  cfg.l2norm_qk = opts.l2norm_qk;
+  cfg.block_k = padded_head_dim(K);
+  // Defaults, each for a reason:
+  //  - chunks of 64 with 4 warps for head dims up to 64; chunks of 32 above, with 8 warps (bf16/fp16)
+  //    or 4 warps and 32 value columns (fp32): spill-free at K = V = 128 under ptxas (sm_80, sm_90a),
+  //    and on an H200 chunks of 64 with 8 warps gave wrong outputs (see the op's notes);
+  //  - shared memory (227 KB on Hopper): delta_rule_fwd holds Q, K and W [BT, BK] blocks, twice when
+  //    pipelined; fp32 blocks and K = 256 leave no room for the second stage.
+  const bool small = K <= 64 && V <= 64, fp32 = dtype_bytes(cfg.dtype) == 4;
+  cfg.chunk = checked_chunk_size(opts.chunk_size, small ? 64 : 32);
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
+  const int64_t bv = std::min<int64_t>(padded_head_dim(V), opts.recurrent || (fp32 && !small) ? 32 : 64);
+  cfg.block_v = static_cast<int>(config_value(opts, "bv", bv, {16, 32, 64, 128, 256}));
+  const int64_t warps = small || (fp32 && !opts.recurrent) ? 4 : 8;
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", warps, {2, 4, 8}));
+  cfg.num_stages = static_cast<int>(config_value(opts, "stages", fp32 || cfg.block_k > 128 ? 1 : 2, {1, 2}));
+  return cfg;
+}
+
+/// (sequence, chunk of the sequence) for every chunk of every packed sequence, in order.
+HostTensor varlen_chunk_indices(const HostTensor& cu, int64_t chunk) {
+  std::vector<int32_t> pairs;
+  for (int64_t n = 0; n + 1 < cu.numel(); ++n) {
+    int64_t len = static_cast<int64_t>(cu.get(n + 1) - cu.get(n));
+    for (int64_t c = 0; c * chunk < len; ++c) pairs.push_back(static_cast<int32_t>(n)), pairs.push_back(static_cast<int32_t>(c));
+  }
+  HostTensor t = HostTensor::zeros(DType::i32, {static_cast<int64_t>(pairs.size() / 2), 2});
+  for (size_t i = 0; i < pairs.size(); ++i) t.set(static_cast<int64_t>(i), pairs[i]);
+  return t;
+}
+
+OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+  const char* name = gated ? "gated_delta_rule" : "delta_rule";
+  SequenceLayout seq = check_qkv_inputs(name, inputs);
+  if (!inputs.count("beta")) throw UserError(fmt::format("{}: missing input 'beta'", name));
+  check_shape("beta", inputs.at("beta"), {seq.B, seq.T, seq.H});
+  if (gated) {
+    if (!inputs.count("g")) throw UserError(fmt::format("{}: missing input 'g'", name));
+    check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H});
+  }
+  const bool has_h0 = inputs.count("initial_state") > 0;
+  if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
+
+  DeltaRuleConfig cfg = delta_rule_config(name, gated, seq.K, seq.V, opts);
+  cfg.initial_state = has_h0;
+  cfg.final_state = wants(wanted, "final_state");
+  cfg.varlen = seq.varlen;
+
+  OpPlan plan;
+  for (const char* t : {"q", "k", "v"}) plan.tensors[t] = inputs.at(t).cast(cfg.dtype);
+  plan.tensors["beta"] = inputs.at("beta").cast(DType::f32);
+  if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32);
+  if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
+  if (cfg.final_state) plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
+  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+  plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+
+  // The launch that walks each (sequence, head, V block): the recurrent kernel or the chunk kernel.
+  const int64_t num_v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
+  KernelLaunch walk;
+  walk.grid = {num_v_blocks, seq.N * seq.H, 1};
+  walk.scalars["scale"] = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  for (const char* t : {"q", "k", "o"}) walk.tensors[t] = t;
+  if (gated) walk.tensors["g"] = "g";
+  if (has_h0) walk.tensors["initial_state"] = "initial_state";
+  if (cfg.final_state) walk.tensors["final_state"] = "final_state";
+  if (seq.varlen) walk.tensors["cu_seqlens"] = "cu_seqlens";
+
+  if (opts.recurrent) {
+    walk.kernel = cached_delta_kernel(DeltaKernel::recurrent, cfg);
+    walk.tensors["v"] = "v";
+    walk.tensors["beta"] = "beta";
+  } else {
+    // w and u are scratch: every row of every sequence is written by delta_rule_wy before
+    // delta_rule_fwd reads it. u is split in V blocks ([.., V blocks, BV], zero past V) so that
+    // delta_rule_fwd reads whole rows of it.
+    plan.tensors["w"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+    plan.tensors["u"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, num_v_blocks, cfg.block_v});
+    KernelLaunch wy;
+    wy.kernel = cached_delta_kernel(DeltaKernel::wy, cfg);
+    for (const char* t : {"k", "v", "beta", "w", "u"}) wy.tensors[t] = t;
+    if (gated) wy.tensors["g"] = "g";
+    int64_t chunks = 0;
+    if (seq.varlen) {
+      plan.tensors["chunk_indices"] = varlen_chunk_indices(seq.cu_seqlens, cfg.chunk);
+      chunks = plan.tensors["chunk_indices"].shape[0];
+      wy.tensors["cu_seqlens"] = "cu_seqlens";
+      wy.tensors["chunk_indices"] = "chunk_indices";
+      wy.grid = {chunks, seq.H, 1};
+    } else {
+      chunks = (seq.T + cfg.chunk - 1) / cfg.chunk;
+      wy.grid = {chunks, seq.B * seq.H, 1};
+    }
+    if (chunks > 0) plan.launches.push_back(std::move(wy));
+    walk.kernel = cached_delta_kernel(DeltaKernel::fwd, cfg);
+    walk.tensors["w"] = "w";
+    walk.tensors["u"] = "u";
+  }
+  plan.launches.push_back(std::move(walk));
+  if (wants(wanted, "o")) plan.outputs["o"] = "o";
+  if (cfg.final_state) plan.outputs["final_state"] = "final_state";
+  return plan;
+}
+
+/// A representative set of kernels at the default configuration of K = V = 128 (fla's DeltaNet
+/// head size): each kernel plain, and with every option on.
+std::vector<std::shared_ptr<ir::Kernel>> delta_rule_kernels(bool gated, const OpOptions& opts) {
+  const char* name = gated ? "gated_delta_rule" : "delta_rule";
+  std::vector<std::shared_ptr<ir::Kernel>> out;
+  for (bool recurrent : {false, true}) {
+    OpOptions o = opts;
+    o.recurrent = recurrent;
+    DeltaRuleConfig plain = delta_rule_config(name, gated, 128, 128, o);
+    plain.l2norm_qk = false;
+    DeltaRuleConfig full = plain;
+    full.l2norm_qk = full.initial_state = full.final_state = full.varlen = true;
+    if (recurrent) {
+      out.push_back(cached_delta_kernel(DeltaKernel::recurrent, plain));
+      out.push_back(cached_delta_kernel(DeltaKernel::recurrent, full));
+    } else {
+      for (const auto* c : {&plain, &full}) {
+        out.push_back(cached_delta_kernel(DeltaKernel::wy, *c));
+        out.push_back(cached_delta_kernel(DeltaKernel::fwd, *c));
+      }
+    }
+  }
+  return out;
+}
+
+OpDef delta_rule_op_def(bool gated) {
+  OpDef op;
+  op.name = gated ? "gated_delta_rule" : "delta_rule";
+  op.summary = gated ? "chunked Gated DeltaNet forward (UT transform + WY recurrence, KERNELS.md 3)"
+                     : "chunked DeltaNet forward (UT transform + WY recurrence, KERNELS.md 3)";
+  op.inputs = {
+      {"q", true, "[B,T,H,K]", "queries"},
+      {"k", true, "[B,T,H,K]", "keys (L2-normalized, or pass --l2norm-qk)"},
+      {"v", true, "[B,T,H,V]", "values"},
+  };
+  if (gated) op.inputs.push_back({"g", true, "[B,T,H]", "log-decay per token and head (<= 0)"});
+  op.inputs.push_back({"beta", true, "[B,T,H]", "delta-rule step size per token and head, in (0, 1)"});
+  op.inputs.push_back({"initial_state", false, "[N,H,K,V]", "state before the first token of each sequence (fp32)"});
+  op.inputs.push_back({"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"});
+  op.outputs = {
+      {"o", true, "[B,T,H,V]", "outputs"},
+      {"final_state", false, "[N,H,K,V]", "state after the last token of each sequence (fp32)"},
+  };
+  op.flags = {"recurrent", "l2norm_qk"};
+  op.config_keys = delta_rule_config_keys();
+  op.prepare = [gated](const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+    return plan_delta_rule(gated, inputs, opts, wanted);
+  };
+  op.kernels = [gated](const OpOptions& opts) { return delta_rule_kernels(gated, opts); };
+  op.random_inputs = [gated](const ProblemShape& s, uint64_t seed) {
+    TensorMap in;
+    in["q"] = random_uniform({s.B, s.T, s.H, s.K}, seed);
+    // Unit keys and beta in (0.27, 0.73) keep the recurrence contractive, as in real models.
+    HostTensor k = random_uniform({s.B, s.T, s.H, s.K}, seed + 1);
+    float* p = reinterpret_cast<float*>(k.data.data());
+    for (int64_t r = 0; r < s.B * s.T * s.H; ++r) {
+      double norm = 0;
+      for (int64_t d = 0; d < s.K; ++d) norm += double(p[r * s.K + d]) * p[r * s.K + d];
+      for (int64_t d = 0; d < s.K; ++d) p[r * s.K + d] = static_cast<float>(p[r * s.K + d] / std::sqrt(norm + 1e-6));
+    }
+    in["k"] = std::move(k);
+    in["v"] = random_uniform({s.B, s.T, s.H, s.V}, seed + 2);
+    HostTensor beta = random_uniform({s.B, s.T, s.H}, seed + 3);
+    float* bp = reinterpret_cast<float*>(beta.data.data());
+    for (int64_t i = 0; i < beta.numel(); ++i) bp[i] = static_cast<float>(1.0 / (1.0 + std::exp(-bp[i])));
+    in["beta"] = std::move(beta);
+    if (gated) in["g"] = random_log_decay({s.B, s.T, s.H}, seed + 4);
+    return in;
+  };
+  op.shape_of = [gated](const TensorMap& in) {
+    const HostTensor& q = in.at("q");
+    return ProblemShape{q.shape[0], q.shape[1], q.shape[2], q.shape[3], in.at("v").shape[3], gated};
+  };
+  return op;
+}
+
+}  // namespace
+
+OpDef delta_rule_op() { return delta_rule_op_def(false); }
+OpDef gated_delta_rule_op() { return delta_rule_op_def(true); }
+
+}  // namespace linac

@@ -1,0 +1,55 @@
+// DeltaNet and Gated DeltaNet forward (KERNELS.md sections 3 and 5): the DSL kernels and the ops
+// "delta_rule" and "gated_delta_rule".
+//
+//   S_t = alpha_t (I - beta_t k_t^T k_t) S_{t-1} + beta_t k_t^T v_t,  o_t = scale q_t S_t
+// with alpha_t = exp(g_t) for the gated form and 1 otherwise.
+//
+// The chunked form runs two kernels:
+//   1. delta_rule_wy, one program per (chunk, sequence x head), all chunks in parallel: the UT
+//      transform T = (I + A)^-1 of the chunk and the WY representation W = T diag(beta exp(b)) K,
+//      U = T diag(beta) V, written to scratch tensors w [B,T,H,K] and u [B,T,H,V blocks,BV];
+//   2. delta_rule_fwd, one program per (V block, sequence x head), walking the chunks in order with the
+//      state in registers: V_new = U - W S, the output and the state update (the schedule of
+//      linear_attn's fused chunk kernel).
+// The recurrent form (--recurrent, delta_rule_recurrent.cpp) walks the tokens one by one.
+#pragma once
+#include <memory>
+
+#include "kernels/op.h"
+
+namespace linac {
+
+/// --l2norm-qk divides q and k by sqrt(sum x^2 + kDeltaL2NormEps) (fla's l2norm).
+inline constexpr double kDeltaL2NormEps = 1e-6;
+
+/// Compile-time configuration of the delta-rule kernels. Every field specializes the kernel.
+struct DeltaRuleConfig {
+  DType dtype = DType::f32;  // q, k, v, o and the w/u scratch
+  int chunk = 64;            // BT: rows per chunk, a multiple of 16 (chunked form only)
+  int block_k = 64;          // BK >= K (the whole key dim lives in one program; masked past K)
+  int block_v = 64;          // BV: value columns per program (the UT kernel covers all of V in blocks of it)
+  bool gated = false;        // g [B,T,H] present
+  bool l2norm_qk = false;    // normalize q and k rows inside the kernels
+  bool initial_state = false;
+  bool final_state = false;
+  bool varlen = false;       // cu_seqlens [N+1] present, B == 1
+  int num_warps = 4;
+  int num_stages = 2;        // chunk loads of delta_rule_fwd pipelined one iteration ahead
+};
+
+/// Records the UT/WY kernel. Parameters: k v beta [g] [cu_seqlens chunk_indices] w u.
+/// Grid: (chunks, N*H), or (total chunks over all sequences, H) with varlen; chunk_indices [chunks, 2]
+/// holds (sequence, chunk of the sequence) per program then.
+std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg);
+/// Records the chunk-walking kernel. Parameters: q k w u [g] [initial_state] [final_state]
+/// [cu_seqlens] o scale. Grid: (V blocks, N*H).
+std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg);
+/// Records the token-by-token kernel. Parameters: q k v beta [g] [initial_state] [final_state]
+/// [cu_seqlens] o scale. Grid: (V blocks, N*H); cfg.chunk and num_stages are unused.
+std::shared_ptr<ir::Kernel> build_delta_rule_recurrent(const DeltaRuleConfig& cfg);
+
+/// The ops "delta_rule" and "gated_delta_rule" for the registry.
+OpDef delta_rule_op();
+OpDef gated_delta_rule_op();
+
+}  // namespace linac

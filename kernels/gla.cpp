@@ -1,0 +1,321 @@
+#include "kernels/gla.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+#include <map>
+#include <mutex>
+
+#include "kernels/op_support.h"
+#include "kernels/recurrent.h"
+#include "linac/dsl.h"
+#include "linac/error.h"
+
+namespace linac {
+
+using namespace dsl;
+
+namespace {
+
+/// The program's sequence: batch row, first and one-past-last token (varlen: from cu_seqlens).
+struct SequenceRange {
+  Tile b, bos, eos;
+};
+
+SequenceRange sequence_range(bool varlen, const Tensor& q, const Tensor& cu, const Tile& i_n) {
+  if (varlen) return {constant(0, DType::i32), load(cu, {i_n}, {kIndex}), load(cu, {i_n + 1}, {kIndex})};
+  return {i_n, constant(0, DType::i32), q.dim(1)};
+}
+
+/// Row sums of an [R, C] tile in two steps of about sqrt(C) elements: the GPU backend reduces a 2-D
+/// tile along an axis with one serial loop per output element, so this shortens the chain from C.
+Tile row_sums(const Tile& x) {
+  const int64_t R = x.shape()[0], C = x.shape()[1];
+  int64_t f = 1;
+  while (f * f < C) f *= 2;
+  if (f <= 2 || f >= C) return sum(x, 1);
+  return sum(reshape(sum(reshape(x, {R * C / f, f}), 1), {R, C / f}), 1);
+}
+
+}  // namespace
+
+// One program per (16-row sub-chunk, sequence x head), all independent: the diagonal block
+//   A_ii[r, c] = scale sum_d q_rd k_cd exp(L_rd - L_cd)  (r >= c; 0 above the diagonal)
+// with L the cumulative sum of the sub-chunk's gates from its first row, one column c at a time
+// (row c of K and L), masked to r >= c before exp. Written to a_diag [B, T, H, 16] (fp32).
+std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg) {
+  const int64_t BK = cfg.block_k, BC = kGlaSubChunk;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb("gla_intra");
+  kb.set_num_warps(4);
+  kb.set_num_stages(1);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor g = kb.tensor("g", f32, 4);
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor a_diag = kb.tensor("a_diag", f32, 4);
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile i_s = program_id(0);
+  Tile i_nh = program_id(1);
+  Tile H = q.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  SequenceRange seq = sequence_range(cfg.varlen, q, cu, i_n);
+  Tile b = seq.b;
+  Tile ti = seq.bos + i_s * BC;  // at or past eos for the sub-chunks of the longest sequence only
+  AccessOptions in_seq{.limits = {{1, seq.eos}}};
+
+  Tile Qf = load(q, {b, ti, i_h, 0}, {kIndex, BC, kIndex, BK}, in_seq).to(f32);
+  Tile L = cumsum(load(g, {b, ti, i_h, 0}, {kIndex, BC, kIndex, BK}, in_seq), 0);
+  Tile rows = expand_dims(iota(BC), 1), cols = expand_dims(iota(BC), 0);
+  Tile A = zeros({BC, BC}, f32);
+  Tile Lc = zeros({BK}, f32);  // row c of L, summed in the cumsum's order: L_r - L_c is 0 at r = c
+  for_range(0, BC, [&](Tile c) {
+    Tile kc = load(k, {b, ti + c, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq).to(f32);
+    Lc = Lc + load(g, {b, ti + c, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
+    Tile below = rows >= c;
+    Tile x = Qf * expand_dims(kc, 0) * exp(where(below, L - expand_dims(Lc, 0), 0.0f));
+    A = A + where((cols == c) & below, expand_dims(row_sums(x), 1), 0.0f);
+  }, A, Lc);
+  store(a_diag, {b, ti, i_h, 0}, {kIndex, BC, kIndex, BC}, A * scale, in_seq);
+  return kb.finish();
+}
+
+// One program per (V block, sequence x head) walks the chunks of its sequence in order, carrying the
+// state S [BK, BV] in registers (the "fused chunk" schedule). A chunk is NC sub-chunks of 16 rows.
+// For sub-chunk i: L_i is the cumulative sum of its gates from its first row (inclusive), tot_i its
+// total, g0_i its first row, R_i = tot_i - L_i (the decay from a row to the sub-chunk's end) and
+// P_i = tot_0 + ... + tot_{i-1}, so that G = P_i + L_i is the chunk-local cumulative gate and
+// G_n = P_i + g0_i its value at the first row of sub-chunk i (the reference gate). Then
+//   O_i  = scale (Q_i .* exp(G_i)) S + A_ii V_i + sum_{j<i} A_ij V_j
+//   A_ij = scale (Q_i .* exp(L_i - g0_i)) (K_j .* exp(R_j + g0_i + tot_{j+1} + ... + tot_{i-1}))^T
+//        = scale (Q_i .* exp(G_i - G_n)) (K_j .* exp(G_n - G_j))^T
+//   S    = diag(exp(G_C)) S + sum_i (K_i .* exp(R_i + tot_{i+1} + ... + tot_{NC-1}))^T V_i
+// with A_ii from gla_intra. Every exponent is a sum of gates, so <= 0. The decays between rows are
+// sums over the rows in between rather than differences of G, so a sub-chunk of very negative gates
+// (say -1e4) does not wipe out the precision of the sub-chunks after it in the same chunk. Rows past
+// the sequence end load q = k = v = g = 0.
+std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v, BC = kGlaSubChunk;
+  if (BT % BC != 0) throw InternalError(fmt::format("gla: chunk {} is not a multiple of {}", BT, BC));
+  const int NC = static_cast<int>(BT / BC);
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb("gla_fwd");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(cfg.num_stages);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor v = kb.tensor("v", dt, 4);
+  Tensor g = kb.tensor("g", f32, 4);
+  Tensor a_diag = kb.tensor("a_diag", f32, 4);
+  Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
+  Tensor ht = cfg.final_state ? kb.tensor("final_state", f32, 4) : Tensor();
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor o = kb.tensor("o", dt, 4);
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile i_v = program_id(0);
+  Tile i_nh = program_id(1);
+  Tile H = q.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  SequenceRange seq = sequence_range(cfg.varlen, q, cu, i_n);
+  Tile b = seq.b, bos = seq.bos, eos = seq.eos;
+  Tile num_chunks = (eos - bos + (BT - 1)) / BT;
+  Tile v0 = i_v * BV;
+
+  Tile S = zeros({BK, BV}, f32);
+  if (cfg.initial_state) S = load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
+  AccessOptions in_seq{.limits = {{1, eos}}};
+
+  for_range(0, num_chunks, [&](Tile ic) {
+    Tile t0 = bos + ic * BT;
+    Tile Sd = S.to(dt);  // the state before the chunk, for the inter-chunk term of every sub-chunk
+    Tile P;              // tot_0 + ... + tot_{i-1}
+    std::vector<Tile> V(NC), Kr(NC), tot(NC);
+    for (int i = 0; i < NC; ++i) {
+      Tile ti = t0 + i * BC;
+      Tile Qf = load(q, {b, ti, i_h, 0}, {kIndex, BC, kIndex, BK}, in_seq).to(f32);
+      Tile Kf = load(k, {b, ti, i_h, 0}, {kIndex, BC, kIndex, BK}, in_seq).to(f32);
+      V[i] = load(v, {b, ti, i_h, v0}, {kIndex, BC, kIndex, BV}, in_seq);
+      Tile gi = load(g, {b, ti, i_h, 0}, {kIndex, BC, kIndex, BK}, in_seq);
+      Tile L = cumsum(gi, 0);
+      tot[i] = sum(gi, 0);  // the cumsum's last row, summed in the same order
+      Tile g0 = load(g, {b, ti, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
+      Tile A = load(a_diag, {b, ti, i_h, 0}, {kIndex, BC, kIndex, BC}, in_seq);
+
+      // Q_i .* exp(G_i - G_n) and K_i .* exp(R_i); the other decays multiply these (factors <= 1).
+      Tile Qn = Qf * exp(L - expand_dims(g0, 0));
+      Kr[i] = Kf * exp(expand_dims(tot[i], 0) - L);
+      Tile Gn = i == 0 ? g0 : g0 + P;
+      Tile O = dot((Qn * expand_dims(exp(Gn), 0)).to(dt), Sd) * scale;
+      O = O + dot(A.to(dt), V[i]);
+      Tile Qnd = Qn.to(dt);
+      Tile decay = g0;  // from the end of sub-chunk j to the first row of sub-chunk i
+      for (int j = i - 1; j >= 0; --j) {
+        Tile Kn = (Kr[j] * expand_dims(exp(decay), 0)).to(dt);
+        O = O + dot((dot(Qnd, Kn.T()) * scale).to(dt), V[j]);
+        if (j > 0) decay = decay + tot[j];
+      }
+      store(o, {b, ti, i_h, v0}, {kIndex, BC, kIndex, BV}, O.to(dt), in_seq);
+      P = i == 0 ? tot[0] : P + tot[i];
+    }
+    // P is now G_C.
+    Tile S_next = S * expand_dims(exp(P), 1);
+    Tile after;  // tot_{i+1} + ... + tot_{NC-1}
+    for (int i = NC - 1; i >= 0; --i) {
+      Tile Kc = i == NC - 1 ? Kr[i] : Kr[i] * expand_dims(exp(after), 0);
+      S_next = S_next + dot(Kc.to(dt).T(), V[i]);
+      after = i == NC - 1 ? tot[i] : after + tot[i];
+    }
+    S = S_next;
+  }, S);
+
+  if (cfg.final_state) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
+  return kb.finish();
+}
+
+namespace {
+
+const std::vector<std::pair<std::string, std::string>>& gla_config_keys() {
+  static const std::vector<std::pair<std::string, std::string>> keys = {
+      {"chunk", "rows per chunk (16, 32, 64, 128; sub-chunks of 16)"},
+      {"bv", "value columns per program (16..128)"},
+      {"warps", "warps per program (2, 4, 8)"},
+      {"stages", "pipeline stages of the chunk loads (1 or 2)"},
+  };
+  return keys;
+}
+
+/// Kernels are recorded once per configuration and shared (the IR is immutable once built).
+std::shared_ptr<ir::Kernel> cached_gla_kernel(const GlaConfig& cfg, bool intra) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<ir::Kernel>> cache;
+  std::string key = intra ? fmt::format("intra/{}/{}/{}", dtype_name(cfg.dtype), cfg.block_k, cfg.varlen)
+                          : fmt::format("fwd/{}/{}/{}/{}/{}{}{}/{}/{}", dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
+                                        cfg.block_v, cfg.initial_state, cfg.final_state, cfg.varlen, cfg.num_warps,
+                                        cfg.num_stages);
+  std::lock_guard lock(mu);
+  auto& slot = cache[key];
+  if (!slot) slot = intra ? build_gla_intra(cfg) : build_gla_fwd(cfg);
+  return slot;
+}
+
+/// The configuration for head dims K and V (opts.config and --chunk-size override the defaults).
+GlaConfig gla_config(const OpOptions& opts, int64_t K, int64_t V) {
+  check_config_keys("gla", opts, gla_config_keys());
+  GlaConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = padded_head_dim(K);
+  // Until the autotuner covers gla, defaults measured on an H200 (bf16, B=8, H=16, T=2048..4096):
+  // chunks of 16 (the state absorbs the off-diagonal blocks) beat chunks of 32 and 64 in every
+  // configuration measured; one program per 128 value columns for K = 128 (each program redoes the key-side
+  // decay math), 32 columns otherwise. These are spill-free for K = V = 64 and 128 (test_ptxas).
+  const int64_t bv = std::min<int64_t>(padded_head_dim(V), cfg.block_k == 128 ? 128 : 32);
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, 16), {16, 32, 64, 128}));
+  cfg.block_v = static_cast<int>(config_value(opts, "bv", bv, {16, 32, 64, 128}));
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
+  cfg.num_stages = static_cast<int>(config_value(opts, "stages", 1, {1, 2}));
+  return cfg;
+}
+
+OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+  if (opts.recurrent)
+    return plan_recurrent("gla", RecurrentGate::channel, true, gla_config_keys(), inputs, opts, wanted);
+  SequenceLayout seq = check_qkv_inputs("gla", inputs);
+  if (!inputs.count("g")) throw UserError("gla: missing input 'g'");
+  check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H, seq.K});
+  const bool has_h0 = inputs.count("initial_state") > 0;
+  if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
+
+  GlaConfig cfg = gla_config(opts, seq.K, seq.V);
+  cfg.initial_state = has_h0;
+  cfg.final_state = wants(wanted, "final_state");
+  cfg.varlen = seq.varlen;
+
+  OpPlan plan;
+  for (const char* name : {"q", "k", "v"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
+  plan.tensors["g"] = inputs.at("g").cast(DType::f32);
+  plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  plan.tensors["a_diag"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, kGlaSubChunk});
+  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+
+  // The diagonal blocks: one program per sub-chunk of the longest sequence (shorter ones mask).
+  int64_t longest = seq.T;
+  if (seq.varlen) {
+    longest = 0;
+    for (int64_t n = 0; n < seq.N; ++n)
+      longest = std::max(longest, static_cast<int64_t>(seq.cu_seqlens.get(n + 1) - seq.cu_seqlens.get(n)));
+  }
+  KernelLaunch intra;
+  intra.kernel = cached_gla_kernel(cfg, true);
+  intra.grid = {std::max<int64_t>(1, (longest + kGlaSubChunk - 1) / kGlaSubChunk), seq.N * seq.H, 1};
+  for (const char* name : {"q", "k", "g", "a_diag"}) intra.tensors[name] = name;
+  if (seq.varlen) intra.tensors["cu_seqlens"] = "cu_seqlens";
+  intra.scalars["scale"] = scale;
+  plan.launches.push_back(std::move(intra));
+
+  KernelLaunch launch;
+  launch.kernel = cached_gla_kernel(cfg, false);
+  launch.grid = {(seq.V + cfg.block_v - 1) / cfg.block_v, seq.N * seq.H, 1};
+  for (const char* name : {"q", "k", "v", "g", "a_diag", "o"}) launch.tensors[name] = name;
+  launch.scalars["scale"] = scale;
+  if (has_h0)
+    plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32),
+    launch.tensors["initial_state"] = "initial_state";
+  if (cfg.final_state)
+    plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V}),
+    launch.tensors["final_state"] = "final_state";
+  if (seq.varlen) launch.tensors["cu_seqlens"] = "cu_seqlens";
+  plan.launches.push_back(std::move(launch));
+  if (wants(wanted, "o")) plan.outputs["o"] = "o";
+  if (cfg.final_state) plan.outputs["final_state"] = "final_state";
+  return plan;
+}
+
+}  // namespace
+
+OpDef gla_op() {
+  OpDef op;
+  op.name = "gla";
+  op.summary = "gated linear attention forward, per-channel log-decay gate, decay-aware sub-chunks (KERNELS.md 2)";
+  op.inputs = {
+      {"q", true, "[B,T,H,K]", "queries"},
+      {"k", true, "[B,T,H,K]", "keys"},
+      {"v", true, "[B,T,H,V]", "values"},
+      {"g", true, "[B,T,H,K]", "log-decay per token, head and key channel (<= 0; fp32)"},
+      {"initial_state", false, "[N,H,K,V]", "state before the first token of each sequence (fp32)"},
+      {"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"},
+  };
+  op.outputs = {
+      {"o", true, "[B,T,H,V]", "outputs"},
+      {"final_state", false, "[N,H,K,V]", "state after the last token of each sequence (fp32)"},
+  };
+  op.flags = {"recurrent"};
+  op.prepare = plan_gla;
+  op.config_keys = gla_config_keys();
+  op.random_inputs = [](const ProblemShape& s, uint64_t seed) {
+    TensorMap in;
+    in["q"] = random_uniform({s.B, s.T, s.H, s.K}, seed);
+    in["k"] = random_uniform({s.B, s.T, s.H, s.K}, seed + 1);
+    in["v"] = random_uniform({s.B, s.T, s.H, s.V}, seed + 2);
+    in["g"] = random_log_decay({s.B, s.T, s.H, s.K}, seed + 3);
+    return in;
+  };
+  op.kernels = [](const OpOptions& opts) {
+    // The chunked form (diagonal blocks, then the chunk loop) for K = V = 64 and K = V = 128 with
+    // both states, and the recurrent form.
+    std::vector<std::shared_ptr<ir::Kernel>> out;
+    for (int64_t d : {64, 128}) {
+      GlaConfig cfg = gla_config(opts, d, d);
+      cfg.initial_state = cfg.final_state = true;
+      out.push_back(cached_gla_kernel(cfg, true));
+      out.push_back(cached_gla_kernel(cfg, false));
+    }
+    for (auto& k : recurrent_kernels(opts, RecurrentGate::channel)) out.push_back(k);
+    return out;
+  };
+  return op;
+}
+
+}  // namespace linac

@@ -1,0 +1,42 @@
+// Normalized linear attention (KERNELS.md section 1), `linac run linear_attn --normalize`:
+//   o_t = scale q_t S_t / (scale q_t z_t + eps),  z_t = exp(g_t) z_{t-1} + k_t  (g = 0 without a gate)
+// with S_t as in linear attention and eps = kNormalizedLinearAttnEps. The denominator is fp32. It can
+// be near zero or negative unless q . k > 0 (e.g. positive feature maps such as elu + 1): the kernel
+// does not check. No initial or final state (the normalizer z would have to travel with S): the
+// op rejects them with --normalize.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/op.h"
+
+namespace linac {
+
+/// Added to the denominator scale q_t . z_t.
+inline constexpr double kNormalizedLinearAttnEps = 1e-6;
+
+/// Compile-time configuration of the normalized forward kernel. Every field specializes the kernel.
+struct LinearAttnNormalizedConfig {
+  DType dtype = DType::f32;  // q, k, v and o
+  int chunk = 64;            // BT: rows per chunk
+  int block_k = 64;          // BK >= K (masked past K)
+  int block_v = 64;          // BV: value columns per program
+  bool gated = false;        // g [B,T,H] present
+  bool varlen = false;       // cu_seqlens [N+1] present, B == 1
+  int num_warps = 4;
+  int num_stages = 2;
+};
+
+/// Records the normalized forward kernel. Parameters: q k v [g] [cu_seqlens] o scale.
+std::shared_ptr<ir::Kernel> build_linear_attn_normalized_fwd(const LinearAttnNormalizedConfig& cfg);
+
+/// linear_attn's prepare() with opts.normalize: checks the inputs (UserError for an initial state, a
+/// final state or --recurrent) and plans one launch of the normalized kernel.
+OpPlan plan_linear_attn_normalized(const TensorMap& inputs, const OpOptions& opts,
+                                   const std::vector<std::string>& wanted);
+
+/// The normalized kernels at their default configuration for opts (for linear_attn's OpDef::kernels).
+std::vector<std::shared_ptr<ir::Kernel>> linear_attn_normalized_kernels(const OpOptions& opts);
+
+}  // namespace linac

@@ -1,0 +1,46 @@
+// The autotuner: picks an op's configuration for a GPU, a problem size and a dtype, and remembers it.
+//
+// Every candidate of OpDef::tuning_space is compiled (in parallel threads); candidates that do not
+// fit (shared memory, register spills) are skipped; each survivor must match the CPU interpreter on
+// a small input and give bitwise-identical output on a repeat run before it is timed (CUDA events,
+// median) at the real size. The winner is stored in <cache dir>/tuning.db, keyed by op, GPU (name,
+// SM count, compute capability), shape bucket (T rounded up to a power of two) and dtype, so later
+// runs in any process use it without tuning.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/op.h"
+
+namespace linac {
+
+struct TuneCandidate {
+  Config config;
+  std::string status;  // "ok", "fastest", or why it was skipped
+  double median_ms = 0;
+};
+
+struct TuneResult {
+  std::vector<TuneCandidate> candidates;
+  Config best;
+  double best_ms = 0;
+  double seconds = 0;  // wall time of the tuning
+};
+
+/// The tuning database key of (op, this GPU, shape bucket, dtype).
+std::string tuning_key(const OpDef& op, const ProblemShape& shape, DType dtype);
+
+/// The stored configuration for the key, if any.
+std::optional<Config> lookup_tuned(const std::string& key);
+
+/// Tunes `op` at `shape` for base.dtype on the GPU and stores the winner. `progress` prints a line
+/// per candidate on stderr. UserError if no candidate survives.
+TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& base, bool progress);
+
+/// The configuration run_op uses on the GPU when the user gave none: the tuning database's entry,
+/// else a fresh tuning (stored), unless LINAC_AUTOTUNE=0 (then the op's defaults). Prints the choice
+/// when LINAC_PRINT_AUTOTUNING=1.
+Config autotuned_config(const OpDef& op, const TensorMap& inputs, const OpOptions& opts);
+
+}  // namespace linac

@@ -1,0 +1,287 @@
+"""`linac run delta_rule` and `linac run gated_delta_rule` through the CLI on the CPU interpreter, against
+the float64 token-by-token reference (reference_delta.py).
+
+Every case uses its own fixed seed. Keys are L2-normalized on the host unless the case runs with
+--l2norm-qk (then q and k are raw randn and the kernels normalize them); beta = sigmoid(randn) unless
+a case says otherwise.
+
+LINAC_TEST_DEVICE=cuda runs the numerics on the GPU instead of the interpreter (same references, same
+bounds), for the GPU machine.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+import reference
+import reference_delta
+
+FP32_TOL = 1e-5
+BF16_TOL = 2e-2
+OPS = ["delta_rule", "gated_delta_rule"]
+DEVICE = os.environ.get("LINAC_TEST_DEVICE", "cpu")
+
+
+def logsigmoid(x):
+    return -np.logaddexp(0.0, -x)
+
+
+def make_inputs(seed, op, B, T, H, K, V, l2norm=False, beta=None, gate_bias=2.0, init=False, N=None):
+    """float32 inputs for `op`: q ~ randn; k ~ randn, L2-normalized unless `l2norm` (the kernel does it);
+    v ~ randn; beta = sigmoid(randn), or the constant `beta`; g = logsigmoid(randn + gate_bias) for the
+    gated op; initial_state ~ randn [N or B, H, K, V] when `init`."""
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((B, T, H, K))
+    inputs = {
+        "q": rng.standard_normal((B, T, H, K)).astype(np.float32),
+        "k": (k if l2norm else reference_delta.l2normalize(k)).astype(np.float32),
+        "v": rng.standard_normal((B, T, H, V)).astype(np.float32),
+    }
+    if op == "gated_delta_rule":
+        inputs["g"] = logsigmoid(rng.standard_normal((B, T, H)) + gate_bias).astype(np.float32)
+    b = 1 / (1 + np.exp(-rng.standard_normal((B, T, H)))) if beta is None else np.full((B, T, H), beta)
+    inputs["beta"] = b.astype(np.float32)
+    if init:
+        inputs["initial_state"] = rng.standard_normal((N or B, H, K, V)).astype(np.float32)
+    return inputs
+
+
+def ref_of(inputs, scale=None, l2norm=False):
+    """The reference on exactly the values in `inputs` (whatever their dtype), in float64."""
+    return reference_delta.delta_rule(inputs["q"], inputs["k"], inputs["v"], inputs["beta"], g=inputs.get("g"),
+                                      initial_state=inputs.get("initial_state"),
+                                      cu_seqlens=inputs.get("cu_seqlens"), scale=scale, l2norm_qk=l2norm)
+
+
+def check_output(name, out, ref, tol=FP32_TOL):
+    assert out.dtype == np.float32, f"{name}: dtype {out.dtype}, expected float32"
+    assert out.shape == ref.shape, f"{name}: shape {out.shape}, expected {ref.shape}"
+    assert np.all(np.isfinite(out)), f"{name}: non-finite values"
+    err = reference.rel_err(out, ref)
+    assert err < tol, f"{name}: relative error {err:.3g} >= {tol:g}"
+
+
+def run_and_check(linac, op, inputs, options=(), scale=None, l2norm=False, final_state=True, tol=FP32_TOL):
+    outputs = ("o", "final_state") if final_state else ("o",)
+    options = [*options, "--l2norm-qk"] if l2norm else list(options)
+    got = linac.run_op(op, inputs, outputs=outputs, options=options, device=DEVICE)
+    o_ref, s_ref = ref_of(inputs, scale=scale, l2norm=l2norm)
+    check_output("o", got["o"], o_ref, tol)
+    if final_state:
+        check_output("final_state", got["final_state"], s_ref, tol)
+    return got
+
+
+# ---------------------------------------------------------------------------------------------------
+# Numerics
+
+
+@pytest.mark.parametrize("T", [1, 17, 64, 100])
+@pytest.mark.parametrize("op", OPS)
+def test_seq_lengths(linac, op, T):
+    inputs = make_inputs(100 + T + 1000 * OPS.index(op), op, B=2, T=T, H=2, K=32, V=32)
+    run_and_check(linac, op, inputs)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_initial_and_final_state(linac, op):
+    # A slow decay (mean g ~ -0.02) so the state carried across chunks matters to the output.
+    inputs = make_inputs(200 + OPS.index(op), op, B=2, T=100, H=2, K=32, V=32, gate_bias=4.0, init=True)
+    run_and_check(linac, op, inputs)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_o_only(linac, op):
+    # Without -o final_state only o is written.
+    inputs = make_inputs(210 + OPS.index(op), op, B=1, T=40, H=2, K=16, V=16, init=True)
+    run_and_check(linac, op, inputs, final_state=False)
+    assert not (linac.workdir / "out_final_state.npy").exists()
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_k_differs_from_v(linac, op):
+    inputs = make_inputs(300 + OPS.index(op), op, B=2, T=70, H=2, K=32, V=48, init=True)
+    run_and_check(linac, op, inputs)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_non_power_of_two_head_dims(linac, op):
+    inputs = make_inputs(400 + OPS.index(op), op, B=1, T=70, H=2, K=48, V=100, init=True)
+    run_and_check(linac, op, inputs)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_head_dim_128(linac, op):
+    # fla's DeltaNet head size: the default configuration of wide heads (chunks of 32, 8 warps in
+    # bf16), two V blocks per head, recurrent form alongside.
+    inputs = make_inputs(450 + OPS.index(op), op, B=1, T=100, H=2, K=128, V=128, l2norm=True, init=True)
+    run_and_check(linac, op, inputs, l2norm=True)
+    run_and_check(linac, op, inputs, options=["--recurrent"], l2norm=True)
+
+
+@pytest.mark.parametrize("l2norm", [False, True], ids=["host_normalized", "l2norm_qk"])
+@pytest.mark.parametrize("op", OPS)
+def test_l2norm_qk(linac, op, l2norm):
+    # With --l2norm-qk, q and k are raw randn rows (norm ~ sqrt(K)); without, k arrives normalized.
+    inputs = make_inputs(500 + 2 * OPS.index(op) + l2norm, op, B=2, T=100, H=2, K=32, V=24, l2norm=l2norm,
+                         init=True)
+    run_and_check(linac, op, inputs, l2norm=l2norm)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_beta_near_one_with_similar_keys(linac, op):
+    # beta = 0.99 and keys that share most of their direction: A's entries come close to 1, the case
+    # where the triangular inverse has the most to do.
+    rng = np.random.default_rng(600 + OPS.index(op))
+    inputs = make_inputs(610 + OPS.index(op), op, B=1, T=100, H=2, K=32, V=32, beta=0.99, gate_bias=6.0,
+                         init=True)
+    common = rng.standard_normal((1, 1, 2, 32))
+    k = common + 0.3 * rng.standard_normal((1, 100, 2, 32))
+    inputs["k"] = reference_delta.l2normalize(k).astype(np.float32)
+    run_and_check(linac, op, inputs)
+
+
+@pytest.mark.parametrize("gate_bias", [8.0, -6.0], ids=["gates_near_zero", "strong_gates"])
+def test_gate_strength(linac, gate_bias):
+    # g ~ -3e-4 (the decay barely acts, b stays near 0 over a chunk) and g ~ -6 (exp(b) underflows within
+    # a few tokens: every exponent must be masked or non-positive).
+    inputs = make_inputs(700 + (gate_bias > 0), "gated_delta_rule", B=2, T=100, H=2, K=32, V=32,
+                         gate_bias=gate_bias, init=True)
+    run_and_check(linac, "gated_delta_rule", inputs)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_chunk_sizes(linac, op):
+    # 1, 2, 4 and 8 diagonal blocks of 16 rows per chunk: the forward substitution alone, then one to
+    # three levels of block substitution.
+    inputs = make_inputs(800 + OPS.index(op), op, B=1, T=130, H=2, K=32, V=32, gate_bias=3.0, init=True)
+    for chunk in (16, 32, 64, 128):
+        run_and_check(linac, op, inputs, options=["--chunk-size", str(chunk)])
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_configs(linac, op):
+    # Tuning parameters change speed, not results: narrow V blocks (several programs per head and
+    # several U blocks per chunk), other warp counts, no pipelining.
+    inputs = make_inputs(900 + OPS.index(op), op, B=1, T=70, H=2, K=32, V=40, init=True)
+    for config in ("bv=16,warps=2", "bv=32,warps=8,stages=1", "chunk=32,bv=64,warps=4"):
+        run_and_check(linac, op, inputs, options=["--config", config])
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_varlen(linac, op):
+    # Sequences of length 1 first, in the middle and at the end; one spans two chunks of 64 and none
+    # starts on a chunk boundary of the packed axis.
+    cu = np.array([0, 1, 17, 80, 81, 150, 151], dtype=np.int32)
+    N = len(cu) - 1
+    inputs = make_inputs(1000 + OPS.index(op), op, B=1, T=151, H=2, K=32, V=32, init=True, N=N)
+    inputs["cu_seqlens"] = cu
+    got = run_and_check(linac, op, inputs)
+    assert got["final_state"].shape == (N, 2, 32, 32)
+    run_and_check(linac, op, inputs, options=["--chunk-size", "16"], l2norm=True)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_explicit_scale(linac, op):
+    inputs = make_inputs(1100 + OPS.index(op), op, B=1, T=40, H=2, K=16, V=24, init=True)
+    run_and_check(linac, op, inputs, options=["--scale", "0.3"], scale=0.3)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_bf16(linac, op):
+    inputs = make_inputs(1200 + OPS.index(op), op, B=1, T=100, H=2, K=32, V=32, init=True)
+    # beta, g and the state are pre-rounded so the comparison holds whether or not the CLI casts them
+    # (they are fp32 in the kernels); q, k, v are cast by the CLI itself.
+    for name in ("beta", "g", "initial_state"):
+        if name in inputs:
+            inputs[name] = reference.round_to_bf16(inputs[name])
+    got = linac.run_op(op, inputs, outputs=("o", "final_state"), options=["--dtype", "bf16"], device=DEVICE)
+    rounded = {name: reference.round_to_bf16(x) for name, x in inputs.items()}
+    o_ref, s_ref = ref_of(rounded)
+    check_output("o", got["o"], o_ref, BF16_TOL)
+    check_output("final_state", got["final_state"], s_ref, BF16_TOL)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_recurrent_matches_chunked(linac, op):
+    # The decode form against the chunked form on the same (varlen, l2norm, initial-state) input.
+    cu = np.array([0, 1, 40, 100], dtype=np.int64)
+    inputs = make_inputs(1300 + OPS.index(op), op, B=1, T=100, H=2, K=48, V=40, l2norm=True, init=True, N=3)
+    inputs["cu_seqlens"] = cu
+    chunked = run_and_check(linac, op, inputs, l2norm=True)
+    recurrent = run_and_check(linac, op, inputs, options=["--recurrent"], l2norm=True)
+    for name in ("o", "final_state"):
+        err = reference.rel_err(recurrent[name], chunked[name])
+        assert err < FP32_TOL, f"{name}: recurrent vs chunked differ by {err:.3g}"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_recurrent_single_token(linac, op):
+    # The decode step proper: one token from a given state.
+    inputs = make_inputs(1400 + OPS.index(op), op, B=3, T=1, H=2, K=32, V=32, init=True)
+    run_and_check(linac, op, inputs, options=["--recurrent", "--config", "bv=16"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Errors: exit status 1, exactly one line on stderr starting with "linac: error:", no output file.
+
+ERROR_PREFIX = "linac: error:"
+
+
+def expect_error(linac, args, mentions=None):
+    before = linac.files()
+    proc = linac.run(*args)
+    assert proc.returncode == 1, f"expected exit status 1, got {proc.returncode}; stderr: {proc.stderr!r}"
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].strip(), f"expected one line on stderr, got: {proc.stderr!r}"
+    assert lines[0].startswith(ERROR_PREFIX), f"stderr must start with {ERROR_PREFIX!r}: {lines[0]!r}"
+    if mentions is not None:
+        assert mentions in lines[0], f"error should mention {mentions!r}: {lines[0]!r}"
+    assert linac.files() == before, f"files changed: {before} -> {linac.files()}"
+    return lines[0]
+
+
+def cli_args(linac, op, inputs, *options):
+    args = ["run", op, *(f"{name}={linac.write(name, x)}" for name, x in inputs.items())]
+    return [*args, "-o", "o=o.npy", "--device", "cpu", *options]
+
+
+SMALL = dict(B=2, T=8, H=2, K=8, V=8)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_error_beta_wrong_shape(linac, op):
+    inputs = make_inputs(1, op, **SMALL)
+    inputs["beta"] = inputs["beta"][..., None]  # [B, T, H, 1] instead of [B, T, H]
+    expect_error(linac, cli_args(linac, op, inputs), mentions="beta")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_error_missing_beta(linac, op):
+    inputs = make_inputs(2, op, **SMALL)
+    del inputs["beta"]
+    expect_error(linac, cli_args(linac, op, inputs), mentions="beta")
+
+
+def test_error_missing_gate(linac):
+    inputs = make_inputs(3, "gated_delta_rule", **SMALL)
+    del inputs["g"]
+    expect_error(linac, cli_args(linac, "gated_delta_rule", inputs))
+
+
+def test_error_gate_given_to_delta_rule(linac):
+    inputs = make_inputs(4, "gated_delta_rule", **SMALL)
+    expect_error(linac, cli_args(linac, "delta_rule", inputs), mentions="g")
+
+
+def test_error_initial_state_wrong_shape(linac):
+    inputs = make_inputs(5, "delta_rule", **SMALL, init=True)
+    inputs["initial_state"] = inputs["initial_state"][:, :, :4]  # K = 4 instead of 8
+    expect_error(linac, cli_args(linac, "delta_rule", inputs), mentions="initial_state")
+
+
+def test_error_normalize_switch(linac):
+    # --normalize belongs to linear_attn.
+    inputs = make_inputs(6, "delta_rule", **SMALL)
+    expect_error(linac, cli_args(linac, "delta_rule", inputs, "--normalize"), mentions="--normalize")

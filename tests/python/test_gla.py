@@ -1,0 +1,209 @@
+"""`linac run gla` (chunked) through the CLI on the CPU interpreter, against the float64 token-by-token
+reference of reference_gla.py.
+
+The default chunk is 16 rows (one sub-chunk: no off-diagonal sub-chunk blocks), so the cases that test
+the decay-aware secondary chunking pass --chunk-size 64 (4 sub-chunks) or compare several sizes.
+
+Every case has its own fixed seed and randn-valued q, k, v; gates are logsigmoid(randn + bias) per
+channel unless a test says otherwise. Shapes stay small: the interpreter runs every case.
+"""
+
+import numpy as np
+import pytest
+
+import reference
+import reference_gla
+
+FP32_TOL = 1e-5
+BF16_TOL = 2e-2
+
+
+def logsigmoid(x):
+    return -np.logaddexp(0.0, -x)
+
+
+def make_inputs(seed, B, T, H, K, V, gate_bias=0.0, init=False, N=None):
+    """float32 inputs: q, k, v ~ randn; g = logsigmoid(randn + gate_bias) [B, T, H, K];
+    initial_state ~ randn [N or B, H, K, V] when `init`."""
+    rng = np.random.default_rng(seed)
+    inputs = {
+        "q": rng.standard_normal((B, T, H, K)),
+        "k": rng.standard_normal((B, T, H, K)),
+        "v": rng.standard_normal((B, T, H, V)),
+        "g": logsigmoid(rng.standard_normal((B, T, H, K)) + gate_bias),
+    }
+    if init:
+        inputs["initial_state"] = rng.standard_normal((N or B, H, K, V))
+    return {name: x.astype(np.float32) for name, x in inputs.items()}
+
+
+def ref_of(inputs, scale=None):
+    return reference_gla.gla(inputs["q"], inputs["k"], inputs["v"], inputs["g"],
+                             initial_state=inputs.get("initial_state"), cu_seqlens=inputs.get("cu_seqlens"),
+                             scale=scale)
+
+
+def check_output(name, out, ref, tol=FP32_TOL):
+    assert out.dtype == np.float32, f"{name}: dtype {out.dtype}, expected float32"
+    assert out.shape == ref.shape, f"{name}: shape {out.shape}, expected {ref.shape}"
+    assert np.all(np.isfinite(out)), f"{name}: non-finite values"
+    err = reference.rel_err(out, ref)
+    assert err < tol, f"{name}: relative error {err:.3g} >= {tol:g}"
+
+
+def run_and_check(linac, inputs, options=(), scale=None, final_state=True, tol=FP32_TOL):
+    outputs = ("o", "final_state") if final_state else ("o",)
+    got = linac.run_op("gla", inputs, outputs=outputs, options=options)
+    o_ref, s_ref = ref_of(inputs, scale=scale)
+    check_output("o", got["o"], o_ref, tol)
+    if final_state:
+        check_output("final_state", got["final_state"], s_ref, tol)
+    return got
+
+
+# ---------------------------------------------------------------------------------------------------
+# Numerics
+
+
+CHUNK64 = ["--chunk-size", "64"]
+
+
+@pytest.mark.parametrize("T", [1, 17, 64, 100])
+def test_seq_lengths(linac, T):
+    # Chunks of 64: 100 = one full chunk and a masked one; 17 = one sub-chunk and one row of the next.
+    run_and_check(linac, make_inputs(100 + T, B=2, T=T, H=2, K=32, V=32, gate_bias=2.0), options=CHUNK64)
+
+
+@pytest.mark.parametrize("init", [False, True], ids=["zero_state", "initial_state"])
+def test_initial_and_final_state(linac, init):
+    # Slow decay (mean g ~ -0.05) so the state carried across chunks matters to the output.
+    run_and_check(linac, make_inputs(200 + init, B=2, T=100, H=2, K=32, V=32, gate_bias=3.0, init=init))
+
+
+def test_o_only(linac):
+    inputs = make_inputs(210, B=1, T=40, H=2, K=16, V=16, init=True)
+    run_and_check(linac, inputs, final_state=False)
+    assert not (linac.workdir / "out_final_state.npy").exists()
+
+
+def test_k_differs_from_v(linac):
+    run_and_check(linac, make_inputs(300, B=2, T=70, H=2, K=32, V=16, gate_bias=2.0, init=True))
+
+
+def test_non_power_of_two_head_dims(linac):
+    # K = 48 and V = 100 are padded to 64 and 128 inside the kernels (masked loads).
+    run_and_check(linac, make_inputs(310, B=1, T=50, H=2, K=48, V=100, gate_bias=2.0, init=True))
+
+
+def test_chunk_sizes_agree(linac):
+    # Chunks of 16 have no off-diagonal sub-chunk blocks; 32, 64 and 128 have 1, 6 and 28 per chunk.
+    inputs = make_inputs(400, B=1, T=150, H=1, K=32, V=16, gate_bias=2.0, init=True)
+    results = {chunk: run_and_check(linac, inputs, options=["--chunk-size", str(chunk)]) for chunk in (16, 32, 64, 128)}
+    for chunk in (32, 64, 128):
+        for name in ("o", "final_state"):
+            err = reference.rel_err(results[chunk][name], results[16][name])
+            assert err < FP32_TOL, f"{name}: chunk {chunk} vs 16 differ by {err:.3g}"
+
+
+@pytest.mark.parametrize("init", [False, True], ids=["zero_state", "initial_state"])
+def test_varlen(linac, init):
+    # Sequences of length 1 first, in the middle and near the end; 130 tokens in all, packed in B=1.
+    cu = np.array([0, 1, 17, 80, 81, 130], dtype=np.int32 if init else np.int64)
+    N = len(cu) - 1
+    inputs = make_inputs(500 + init, B=1, T=130, H=2, K=32, V=16, gate_bias=2.0, init=init, N=N)
+    inputs["cu_seqlens"] = cu
+    got = run_and_check(linac, inputs, options=CHUNK64)
+    assert got["final_state"].shape == (N, 2, 32, 16)
+
+
+@pytest.mark.parametrize("chunk", [16, 64])
+def test_gates_clamped_at_minus_5(linac, chunk):
+    # Fast decay: about half the gates sit at the clamp, -5 per token (exp(-5 * 16) within a
+    # sub-chunk, exp(-5 * 64) over a chunk: both underflow-prone factors must stay finite).
+    inputs = make_inputs(600, B=1, T=100, H=2, K=32, V=16, init=True)
+    rng = np.random.default_rng(601)
+    inputs["g"] = np.maximum(logsigmoid(3.0 * rng.standard_normal(inputs["g"].shape) - 4.0), -5.0).astype(np.float32)
+    assert (inputs["g"] == -5.0).mean() > 0.3
+    run_and_check(linac, inputs, options=["--chunk-size", str(chunk)])
+
+
+@pytest.mark.parametrize("chunk", [16, 64])
+@pytest.mark.parametrize("rows", [(64, 128), (80, 96)], ids=["chunk", "sub_chunk"])
+def test_very_negative_gates(linac, rows, chunk):
+    # g = -1e4 on a whole chunk of 64 (or on one sub-chunk in the middle of one) resets the state
+    # there; the tokens after it, in the same chunk too, must still be accurate, and nothing may
+    # overflow.
+    inputs = make_inputs(700 + rows[0], B=1, T=160, H=1, K=32, V=16, gate_bias=2.0, init=True)
+    inputs["g"][:, rows[0]:rows[1]] = -1e4
+    run_and_check(linac, inputs, options=["--chunk-size", str(chunk)])
+
+
+def test_explicit_scale(linac):
+    run_and_check(linac, make_inputs(800, B=1, T=40, H=2, K=16, V=24, init=True), options=["--scale", "0.3"], scale=0.3)
+
+
+def test_bf16(linac):
+    # q, k, v are cast to bf16 by the CLI; g and the states stay fp32. The reference runs on the
+    # bf16-rounded q, k, v.
+    inputs = make_inputs(900, B=1, T=100, H=2, K=32, V=32, gate_bias=2.0, init=True)
+    got = linac.run_op("gla", inputs, outputs=("o", "final_state"), options=["--dtype", "bf16", *CHUNK64])
+    rounded = {name: reference.round_to_bf16(x) if name in ("q", "k", "v") else x for name, x in inputs.items()}
+    o_ref, s_ref = ref_of(rounded)
+    check_output("o", got["o"], o_ref, BF16_TOL)
+    check_output("final_state", got["final_state"], s_ref, BF16_TOL)
+
+
+def test_config_keys(linac):
+    # Tuning parameters change speed, never results beyond rounding.
+    inputs = make_inputs(950, B=1, T=40, H=1, K=32, V=32, init=True)
+    run_and_check(linac, inputs, options=["--config", "chunk=32,bv=16,warps=8,stages=1"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Errors: exit status 1, exactly one line on stderr starting with "linac: error:", no output file.
+
+ERROR_PREFIX = "linac: error:"
+
+
+def expect_error(linac, inputs, extra=(), mentions=None):
+    args = ["run", "gla", *(f"{name}={linac.write(name, x)}" for name, x in inputs.items()), "-o", "o=o.npy",
+            "--device", "cpu", *extra]
+    before = linac.files()
+    proc = linac.run(*args)
+    assert proc.returncode == 1, f"expected exit 1, got {proc.returncode}; stderr: {proc.stderr!r}"
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(ERROR_PREFIX), f"expected one error line, got: {proc.stderr!r}"
+    if mentions is not None:
+        assert mentions in lines[0], f"error should mention {mentions!r}: {lines[0]!r}"
+    assert linac.files() == before, f"files changed: {before} -> {linac.files()}"
+
+
+SMALL = dict(B=2, T=8, H=2, K=8, V=8)
+
+
+def test_error_gate_per_head(linac):
+    inputs = make_inputs(1, **SMALL)
+    inputs["g"] = inputs["g"][..., 0]  # [B, T, H]: linear_attn's per-head gate, not gla's
+    expect_error(linac, inputs, mentions="g")
+
+
+def test_error_gate_wrong_k(linac):
+    inputs = make_inputs(2, **SMALL)
+    inputs["g"] = inputs["g"][..., :4]
+    expect_error(linac, inputs, mentions="g")
+
+
+def test_error_missing_gate(linac):
+    inputs = make_inputs(3, **SMALL)
+    del inputs["g"]
+    expect_error(linac, inputs, mentions="g")
+
+
+def test_error_initial_state_wrong_shape(linac):
+    inputs = make_inputs(4, **SMALL, init=True)
+    inputs["initial_state"] = inputs["initial_state"][:1]
+    expect_error(linac, inputs, mentions="initial_state")
+
+
+def test_error_bad_chunk_config(linac):
+    expect_error(linac, make_inputs(5, **SMALL), extra=["--config", "chunk=48"], mentions="chunk")

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "kernels/op_support.h"
+#include "kernels/sequence_bounds.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -35,16 +36,8 @@ std::shared_ptr<ir::Kernel> build_linear_attn_normalized_fwd(const LinearAttnNor
   Tile i_nh = program_id(1);
   Tile H = q.dim(2);
   Tile i_n = i_nh / H, i_h = i_nh % H;
-  Tile b, bos, eos;
-  if (cfg.varlen) {
-    b = constant(0, DType::i32);
-    bos = load(cu, {i_n}, {kIndex});
-    eos = load(cu, {i_n + 1}, {kIndex});
-  } else {
-    b = i_n;
-    bos = constant(0, DType::i32);
-    eos = q.dim(1);
-  }
+  const SequenceBounds seq_rows = sequence_bounds(q, cu, cfg.varlen, i_n);
+  const Tile b = seq_rows.b, bos = seq_rows.bos, eos = seq_rows.eos;
   Tile num_chunks = (eos - bos + (BT - 1)) / BT;
   Tile v0 = i_v * BV;
 

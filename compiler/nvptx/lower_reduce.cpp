@@ -47,10 +47,9 @@ llvm::Value* identity(llvm::IRBuilder<>& b, ir::ReduceKind kind, llvm::Type* ty)
 
 }  // namespace
 
-llvm::Value* KernelLowering::scratch_addr(llvm::Value* byte_offset, llvm::Type* ty) {
+llvm::Value* KernelLowering::scratch_addr(llvm::Value* byte_offset) {
   llvm::Value* base = b_.CreateConstGEP1_64(b_.getInt8Ty(), smem_ptr_, smem_.scratch_offset);
-  return b_.CreateBitCast(b_.CreateGEP(b_.getInt8Ty(), base, byte_offset), llvm::PointerType::get(ctx_, 3));
-  (void)ty;
+  return b_.CreateGEP(b_.getInt8Ty(), base, byte_offset);
 }
 
 bool KernelLowering::lower_reduce_1d(const ir::Op& op) {
@@ -78,12 +77,12 @@ bool KernelLowering::lower_reduce_1d(const ir::Op& op) {
     llvm::BasicBlock* cont = llvm::BasicBlock::Create(ctx_, "red.cont", fn_);
     b_.CreateCondBr(b_.CreateICmpEQ(b_.CreateURem(tid_, i32(32)), i32(0)), st, cont);
     b_.SetInsertPoint(st);
-    b_.CreateStore(v, scratch_addr(b_.CreateMul(warp, i32(4)), aty));
+    b_.CreateStore(v, scratch_addr(b_.CreateMul(warp, i32(4))));
     b_.CreateBr(cont);
     b_.SetInsertPoint(cont);
     before_smem_read(range);
-    v = b_.CreateLoad(aty, scratch_addr(i32(0), aty));
-    for (int w = 1; w < k_.num_warps; ++w) v = combine(b_, op.attrs.reduce, at, v, b_.CreateLoad(aty, scratch_addr(i32(4 * w), aty)));
+    v = b_.CreateLoad(aty, scratch_addr(i32(0)));
+    for (int w = 1; w < k_.num_warps; ++w) v = combine(b_, op.attrs.reduce, at, v, b_.CreateLoad(aty, scratch_addr(i32(4 * w))));
   }
   regs_[op.result()] = {convert(v, at, t)};
   return true;
@@ -119,12 +118,12 @@ bool KernelLowering::lower_scan_1d(const ir::Op& op) {
     llvm::BasicBlock* cont = llvm::BasicBlock::Create(ctx_, "scan.cont", fn_);
     b_.CreateCondBr(b_.CreateICmpEQ(lane, i32(31)), st, cont);
     b_.SetInsertPoint(st);
-    b_.CreateStore(v, scratch_addr(b_.CreateMul(warp, i32(4)), aty));
+    b_.CreateStore(v, scratch_addr(b_.CreateMul(warp, i32(4))));
     b_.CreateBr(cont);
     b_.SetInsertPoint(cont);
     before_smem_read(range);
     for (int w = 0; w + 1 < k_.num_warps; ++w) {
-      llvm::Value* total = b_.CreateLoad(aty, scratch_addr(i32(4 * w), aty));
+      llvm::Value* total = b_.CreateLoad(aty, scratch_addr(i32(4 * w)));
       v = b_.CreateSelect(b_.CreateICmpUGT(warp, i32(w)), combine(b_, ir::ReduceKind::sum, at, v, total), v);
     }
   }
@@ -135,7 +134,7 @@ bool KernelLowering::lower_scan_1d(const ir::Op& op) {
   llvm::BasicBlock* cont = llvm::BasicBlock::Create(ctx_, "scan.out.cont", fn_);
   b_.CreateCondBr(valid, st, cont);
   b_.SetInsertPoint(st);
-  b_.CreateStore(v, scratch_addr(b_.CreateAdd(i32(32 * 8), b_.CreateMul(idx, i32(4))), aty));
+  b_.CreateStore(v, scratch_addr(b_.CreateAdd(i32(32 * 8), b_.CreateMul(idx, i32(4)))));
   b_.CreateBr(cont);
   b_.SetInsertPoint(cont);
   before_smem_read(out_range);
@@ -143,7 +142,7 @@ bool KernelLowering::lower_scan_1d(const ir::Op& op) {
   Regs out(l.regs_per_thread());
   for (int r = 0; r < l.regs_per_thread(); ++r) {
     Coords c = coords_of(l, r);
-    llvm::Value* e = b_.CreateLoad(aty, scratch_addr(b_.CreateAdd(i32(32 * 8), b_.CreateMul(c[0], i32(4))), aty));
+    llvm::Value* e = b_.CreateLoad(aty, scratch_addr(b_.CreateAdd(i32(32 * 8), b_.CreateMul(c[0], i32(4)))));
     out[r] = convert(e, at, t);
   }
   regs_[op.result()] = out;

@@ -38,7 +38,6 @@ class KernelLowering {
   void run();
 
  private:
-  friend struct DotLowering;
   // lower_kernel.cpp
   void create_function();
   void lower_block(const ir::Block& b);
@@ -86,7 +85,6 @@ class KernelLowering {
   void issue_async_copy(const ir::Op& op, const ir::Block& body, llvm::Value* iv, llvm::Value* stage);
   /// Re-evaluates a predictable scalar of `body` (see pipeline.h) with the induction variable = iv.
   llvm::Value* scalar_at_iteration(const ir::Value* v, const ir::Block& body, llvm::Value* iv);
-  llvm::Value* smem_base() { return smem_ptr_; }
 
   // lower_dot.cpp
   void lower_dot(const ir::Op& op);
@@ -97,7 +95,8 @@ class KernelLowering {
   /// Warp-shuffle forms for 1-D tiles no longer than the program (thread t owns element t).
   bool lower_reduce_1d(const ir::Op& op);
   bool lower_scan_1d(const ir::Op& op);
-  llvm::Value* scratch_addr(llvm::Value* byte_offset, llvm::Type* ty);
+  /// Address `byte_offset` bytes into the plan's scratch area.
+  llvm::Value* scratch_addr(llvm::Value* byte_offset);
 
   const ir::Kernel& k_;
   const passes::LayoutMap& layouts_;

@@ -19,8 +19,9 @@ struct PipelinePlan {
   bool contains(const ir::Value* v) const { return v->def && loads.count(v->def); }
 };
 
-/// Chooses the loads to pipeline. `num_threads` decides whether a tile splits into 16-byte vectors
-/// over the whole program (cp.async's unit).
+/// Chooses the loads to pipeline: loads directly in a for body, with predictable offsets, from a
+/// tensor the kernel never stores to, whose tile splits into 16-byte vectors (cp.async's unit) over
+/// the kernel's threads.
 PipelinePlan plan_pipelining(const ir::Kernel& k);
 
 /// Whether `v` is computed from the block's induction variable and values defined outside `body`

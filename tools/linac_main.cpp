@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <cstdlib>
 #include <fmt/format.h>
 #include <map>
@@ -23,6 +25,7 @@
 #include "runtime/disk_cache.h"
 #include "runtime/executor.h"
 #include "runtime/npy.h"
+#include "tools/dump.h"
 
 namespace linac {
 namespace {
@@ -36,6 +39,7 @@ commands:
   bench OP --shape ...      time an op on the GPU on random inputs (see 'linac bench --help')
   cache ls|clear|prune      inspect or empty the kernel cache (see 'linac cache --help')
   tune OP --shape ...       autotune OP's configuration on this GPU (see 'linac tune --help')
+  dump OP --dir D           write every stage of OP's kernels, annotated PTX and resources to D
 
 Environment: LINAC_DEVICE (default device for run), LINAC_CACHE_DIR, LINAC_DISABLE_CACHE, LINAC_CACHE_LOG,
 LINAC_DUMP (a directory: every stage of every kernel compiled for the GPU), LINAC_DEBUG (whole error
@@ -376,6 +380,55 @@ int cmd_tune(const std::vector<std::string>& args) {
   return 0;
 }
 
+constexpr const char* kDumpUsage = R"(usage: linac dump OP|FILE.tir --dir D [--dtype D] [--config K=V,...] [--target sm_80|sm_90a]
+
+Writes, per kernel of OP (or of the .tir file), into D/<n>-<kernel>/: the tile IR as recorded, with
+layouts, the shared-memory plan, LLVM IR before and after O3, the PTX, the PTX annotated with the DSL
+source lines its .loc directives point at, and — when ptxas is installed — the cubin and ptxas's
+resource report (registers, spills, stack), plus the SASS when cuobjdump is installed.
+)";
+
+int cmd_dump(const std::vector<std::string>& args) {
+  if (args.empty() || is_help(args[0])) {
+    fmt::print("{}", kDumpUsage);
+    return args.empty() ? 1 : 0;
+  }
+  OpOptions opts;
+  opts.dtype = DType::bf16;
+  nvptx::GpuTarget target;
+  std::string dir;
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (is_help(args[i])) {
+      fmt::print("{}", kDumpUsage);
+      return 0;
+    } else if (args[i] == "--dir") {
+      dir = value_of(args, i);
+    } else if (args[i] == "--dtype") {
+      opts.dtype = parse_input_dtype(value_of(args, i));
+    } else if (args[i] == "--config") {
+      opts.config = parse_config(value_of(args, i));
+    } else if (args[i] == "--target") {
+      std::string t = value_of(args, i);
+      if (t != "sm_80" && t != "sm_90a" && t != "sm_90") usage_error(fmt::format("--target {}: expected sm_80 or sm_90a", t));
+      target.sm = t == "sm_80" ? 80 : 90;
+    } else {
+      usage_error(fmt::format("unknown option '{}' for 'dump' (see linac dump --help)", args[i]));
+    }
+  }
+  if (dir.empty()) usage_error("dump needs --dir D");
+  std::vector<std::shared_ptr<ir::Kernel>> kernels;
+  if (args[0].ends_with(".tir")) {
+    std::ifstream f(args[0], std::ios::binary);
+    if (!f) usage_error(fmt::format("{}: cannot open", args[0]));
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    kernels.push_back(ir::parse(text, args[0]));
+  } else {
+    kernels = find_op(args[0]).kernels(opts);
+  }
+  for (const auto& line : dump_kernels(kernels, dir, target)) fmt::print("{}\n", line);
+  return 0;
+}
+
 int cmd_bench(const std::vector<std::string>& args) {
   if (args.empty() || is_help(args[0])) {
     fmt::print("{}", kBenchUsage);
@@ -528,7 +581,8 @@ int main_impl(int argc, char** argv) {
   if (cmd == "bench") return cmd_bench(rest);
   if (cmd == "cache") return cmd_cache(rest);
   if (cmd == "tune") return cmd_tune(rest);
-  usage_error(fmt::format("unknown command '{}' (commands: list, run, compile, bench, tune, cache; see linac --help)", cmd));
+  if (cmd == "dump") return cmd_dump(rest);
+  usage_error(fmt::format("unknown command '{}' (commands: list, run, compile, dump, bench, tune, cache; see linac --help)", cmd));
 }
 
 /// One line: the first line of the message, so a multi-line message never breaks the contract.

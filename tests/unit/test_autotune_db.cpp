@@ -1,0 +1,43 @@
+// The tuning database: what later runs read back (keys, later lines winning, damaged lines ignored).
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "runtime/autotune.h"
+
+using namespace linac;
+
+TEST_CASE("tuning db: lookup reads the latest line of a key and ignores damaged lines") {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / fmt::format("linac-tunedb-{}", ::getpid());
+  fs::create_directories(dir);
+  const char* old = std::getenv("LINAC_CACHE_DIR");
+  std::string saved = old ? old : "";
+  ::setenv("LINAC_CACHE_DIR", dir.c_str(), 1);
+  {
+    std::ofstream f(dir / "tuning.db");
+    f << "opA|GPU|132sm|sm_90|B=1,T<=64,H=1,K=64,V=64|bf16\tbv=64,warps=4\t0.5\n";
+    f << "garbage without tabs\n";
+    f << "opA|GPU|132sm|sm_90|B=1,T<=64,H=1,K=64,V=64|bf16\tbv=128,warps=8\t0.4\n";
+    f << "opB|GPU|132sm|sm_90|B=1,T<=64,H=1,K=64,V=64|bf16\tbv=notanumber\t0.4\n";
+    f << "opC|GPU|132sm|sm_90|B=1,T<=64,H=1,K=64,V=64|bf16\tdefault\t0.4\n";
+  }
+  auto a = lookup_tuned("opA|GPU|132sm|sm_90|B=1,T<=64,H=1,K=64,V=64|bf16");
+  REQUIRE(a.has_value());
+  CHECK(config_str(*a) == "bv=128,warps=8");
+  CHECK_FALSE(lookup_tuned("opB|GPU|132sm|sm_90|B=1,T<=64,H=1,K=64,V=64|bf16").has_value());
+  auto c = lookup_tuned("opC|GPU|132sm|sm_90|B=1,T<=64,H=1,K=64,V=64|bf16");
+  REQUIRE(c.has_value());
+  CHECK(c->empty());
+  CHECK_FALSE(lookup_tuned("missing").has_value());
+  if (old)
+    ::setenv("LINAC_CACHE_DIR", saved.c_str(), 1);
+  else
+    ::unsetenv("LINAC_CACHE_DIR");
+  fs::remove_all(dir);
+}

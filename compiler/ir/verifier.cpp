@@ -614,6 +614,19 @@ class Walker {
   }
 
  private:
+  /// For a value made inside a for/if body and used after it: the DSL's likely cause.
+  static std::string scope_hint(const Value* v) {
+    const Block* blk = v->def ? v->def->parent : v->owner;
+    for (; blk && blk->parent; blk = blk->parent->parent) {
+      OpCode c = blk->parent->code;
+      if (c == OpCode::For || c == OpCode::If)
+        return fmt::format(" (it is computed inside the {} at {}: in the DSL, list the variable after the body "
+                           "so that it is carried out of it)",
+                           c == OpCode::For ? "loop" : "if", blk->parent->loc.str());
+    }
+    return "";
+  }
+
   void walk(const Block& b) {
     std::vector<const Value*> defined;  // leave scope with this block
     for (const auto& op : b.ops) {
@@ -622,8 +635,8 @@ class Walker {
         const Value* v = op->operands[i];
         if (v && !visible_.count(v))
           throw Finding{op.get(), fmt::format("{}: operand #{} ({}) is not defined before this op in an "
-                                              "enclosing scope",
-                                              opcode_name(op->code), i, describe(v))};
+                                              "enclosing scope{}",
+                                              opcode_name(op->code), i, describe(v), scope_hint(v))};
       }
       OpChecker(*op).run();
       for (const auto& r : op->regions) {

@@ -130,7 +130,7 @@ TEST_CASE("error: a value from inside a loop used after it") {
   for_range(0, 4, [&](Tile i) { inner = zeros({16}, DType::f32) + i.to(DType::f32); });
   store(o, {0}, {16}, inner);
   unsigned line = __LINE__ - 1;
-  expect_user_error([&] { kb.finish(); }, line, "");
+  expect_user_error([&] { kb.finish(); }, line, "list the variable after the body");
 }
 
 TEST_CASE("error: an empty Tile used as an operand") {

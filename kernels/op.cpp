@@ -56,6 +56,7 @@ void check_op_options(const OpDef& op, const OpOptions& opts) {
     throw UserError(fmt::format("{} does not take {}", op.name, option));
   };
   require(opts.recurrent, "recurrent", "--recurrent");
+  require(opts.backward, "backward", "--backward");
   require(opts.normalize, "normalize", "--normalize");
   require(opts.no_normalize, "no_normalize", "--no-normalize");
   require(opts.l2norm_qk, "l2norm_qk", "--l2norm-qk");

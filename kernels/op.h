@@ -27,6 +27,7 @@ struct OpOptions {
   std::optional<int> chunk_size;      // BT; the op's default when unset
   std::optional<double> scale;        // defaults to K^-1/2
   bool recurrent = false;             // --recurrent: the token-by-token (decode) form of the op
+  bool backward = false;              // --backward: gradients (inputs gain do [, dfinal_state])
   bool normalize = false;             // --normalize (linear_attn): divide by scale*q.z + eps
   bool no_normalize = false;          // --no-normalize (poly): the unnormalized kernel sum
   bool l2norm_qk = false;             // --l2norm-qk (delta rules): L2-normalize q and k in the kernel

@@ -56,6 +56,7 @@ Runs OP on the named inputs and writes the named outputs as float32 .npy files.
   --scale X             query scale (default K^-1/2)
   --config K=V,...      tuning parameters (see 'linac list'); never change results beyond rounding
   --recurrent           the token-by-token (decode) form instead of the chunked one
+  --backward            gradients: add do=FILE [dfinal_state=FILE]; outputs dq, dk, dv, ...
   --normalize           (linear_attn) normalized output q S / (q z + eps)
   --no-normalize        (poly) plain kernel sum without the denominator
   --l2norm-qk           (delta_rule, gated_delta_rule) L2-normalize q and k inside the kernel
@@ -194,6 +195,8 @@ int cmd_run(const std::vector<std::string>& args) {
       opts.config = parse_config(value_of(args, i));
     } else if (a == "--recurrent") {
       opts.recurrent = true;
+    } else if (a == "--backward") {
+      opts.backward = true;
     } else if (a == "--normalize") {
       opts.normalize = true;
     } else if (a == "--no-normalize") {

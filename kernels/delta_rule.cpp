@@ -443,6 +443,15 @@ OpDef delta_rule_op_def(bool gated) {
     const HostTensor& q = in.at("q");
     return ProblemShape{q.shape[0], q.shape[1], q.shape[2], q.shape[3], in.at("v").shape[3], gated};
   };
+  op.tuning_space = [](const ProblemShape&, DType) {
+    // The defaults first. Every candidate must match the interpreter before it is timed, which also
+    // guards against the chunk-64/8-warp GPU results seen during development (see the issue notes).
+    return std::vector<Config>{{},
+                               {{"chunk", 32}, {"warps", 8}, {"bv", 64}},
+                               {{"chunk", 64}, {"warps", 4}, {"bv", 64}},
+                               {{"chunk", 16}, {"warps", 8}, {"bv", 64}},
+                               {{"chunk", 32}, {"warps", 4}, {"bv", 32}}};
+  };
   return op;
 }
 

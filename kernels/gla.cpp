@@ -302,6 +302,18 @@ OpDef gla_op() {
     in["g"] = random_log_decay({s.B, s.T, s.H, s.K}, seed + 3);
     return in;
   };
+  op.shape_of = [](const TensorMap& in) {
+    const HostTensor& q = in.at("q");
+    return ProblemShape{q.shape[0], q.shape[1], q.shape[2], q.shape[3], in.at("v").shape[3], true};
+  };
+  op.tuning_space = [](const ProblemShape&, DType) {
+    // The defaults first; then what won in measurements on an H200 at other sizes (see gla_config).
+    return std::vector<Config>{{},
+                               {{"chunk", 16}, {"bv", 128}, {"warps", 8}, {"stages", 2}},
+                               {{"chunk", 16}, {"bv", 64}, {"warps", 4}, {"stages", 2}},
+                               {{"chunk", 32}, {"bv", 128}, {"warps", 8}, {"stages", 2}},
+                               {{"chunk", 64}, {"bv", 128}, {"warps", 8}, {"stages", 1}}};
+  };
   op.kernels = [](const OpOptions& opts) {
     // The chunked form (diagonal blocks, then the chunk loop) for K = V = 64 and K = V = 128 with
     // both states, and the recurrent form.

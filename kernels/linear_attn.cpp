@@ -199,7 +199,8 @@ OpDef linear_attn_op() {
   op.tuning_space = [](const ProblemShape& s, DType) {
     // Chunk 64 with 64 or 128 value columns and 4 or 8 warps covers what wins on an H200 (see the
     // issue notes); chunks of 32 and 128 as outliers. Configs that do not fit are skipped.
-    std::vector<Config> space = {{{"bv", 64}, {"warps", 4}}, {{"bv", 64}, {"warps", 8}}, {{"bv", 128}, {"warps", 8}},
+    std::vector<Config> space = {{},  // the shape-based defaults
+                                 {{"bv", 64}, {"warps", 4}}, {{"bv", 64}, {"warps", 8}}, {{"bv", 128}, {"warps", 8}},
                                  {{"bv", 32}, {"warps", 4}}, {{"chunk", 32}, {"bv", 64}, {"warps", 4}},
                                  {{"chunk", 128}, {"bv", 64}, {"warps", 8}}};
     if (s.V <= 64) space.push_back({{"bv", 64}, {"warps", 2}});

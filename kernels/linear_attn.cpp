@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <mutex>
 
+#include "kernels/linear_attn_bwd.h"
 #include "kernels/linear_attn_normalized.h"
 #include "kernels/op_support.h"
 #include "kernels/recurrent.h"
@@ -109,6 +110,9 @@ std::shared_ptr<ir::Kernel> cached_linear_attn_fwd(const LinearAttnConfig& cfg) 
 }
 
 OpPlan plan_linear_attn(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+  if (opts.backward) return plan_linear_attn_bwd(inputs, opts, wanted);
+  for (const char* name : {"do", "dfinal_state"})
+    if (inputs.count(name)) throw UserError(fmt::format("linear_attn: input '{}' is a gradient; it needs --backward", name));
   if (opts.normalize) return plan_linear_attn_normalized(inputs, opts, wanted);
   if (opts.recurrent)
     return plan_recurrent("linear_attn", RecurrentGate::scalar, false, linear_attn_config_keys(), inputs, opts, wanted);
@@ -176,14 +180,22 @@ OpDef linear_attn_op() {
       {"g", false, "[B,T,H]", "log-decay per token and head (<= 0)"},
       {"initial_state", false, "[N,H,K,V]", "state before the first token of each sequence (fp32)"},
       {"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"},
+      {"do", false, "[B,T,H,V]", "--backward: gradient of the loss w.r.t. o"},
+      {"dfinal_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. final_state (fp32)"},
   };
   op.outputs = {
       {"o", true, "[B,T,H,V]", "outputs"},
       {"final_state", false, "[N,H,K,V]", "state after the last token of each sequence (fp32)"},
+      {"dq", false, "[B,T,H,K]", "--backward: gradient w.r.t. q"},
+      {"dk", false, "[B,T,H,K]", "--backward: gradient w.r.t. k"},
+      {"dv", false, "[B,T,H,V]", "--backward: gradient w.r.t. v"},
+      {"dg", false, "[B,T,H]", "--backward: gradient w.r.t. g (fp32)"},
+      {"dinitial_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. initial_state (fp32)"},
   };
   op.prepare = plan_linear_attn;
   op.flags.push_back("normalize");
   op.flags.push_back("recurrent");
+  op.flags.push_back("backward");
   op.random_inputs = [](const ProblemShape& s, uint64_t seed) {
     TensorMap in;
     in["q"] = random_uniform({s.B, s.T, s.H, s.K}, seed);

@@ -225,7 +225,7 @@ OpPlan plan_linear_attn_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
   cfg.block_k = padded_head_dim(seq.K);
   cfg.block_v = padded_head_dim(seq.V);  // one program covers all of V: dq and dk sum over it
-  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 4, {2, 4, 8}));
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
   cfg.gated = gated;
   cfg.initial_state = has_h0;
   cfg.final_state_grad = has_dht;
@@ -274,8 +274,9 @@ OpPlan plan_linear_attn_bwd(const TensorMap& inputs, const OpOptions& opts, cons
 std::vector<std::shared_ptr<ir::Kernel>> linear_attn_bwd_kernels(const OpOptions& opts) {
   LinearAttnBwdConfig cfg;
   cfg.dtype = opts.dtype;
-  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, 64), {16, 32, 64, 128}));
-  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 4, {2, 4, 8}));
+  cfg.chunk = static_cast<int>(
+      config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, 64), {16, 32, 64, 128}));
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
   LinearAttnBwdConfig gated = cfg;
   gated.gated = gated.initial_state = gated.final_state_grad = gated.initial_state_grad = true;
   return {cached_bwd(cfg, true), cached_bwd(cfg, false), cached_bwd(gated, true), cached_bwd(gated, false)};

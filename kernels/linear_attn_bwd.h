@@ -21,7 +21,7 @@ struct LinearAttnBwdConfig {
   bool final_state_grad = false;  // dfinal_state present
   bool initial_state_grad = false;  // dinitial_state produced
   bool varlen = false;
-  int num_warps = 4;
+  int num_warps = 8;
 };
 
 /// Forward walk: recomputes the state before each chunk and writes dq; with a gate also writes

@@ -258,34 +258,52 @@ int cmd_run(const std::vector<std::string>& args) {
   return 0;
 }
 
+/// Options shared by the commands that compile kernels without running them (compile, dump).
+struct KernelSelection {
+  OpOptions opts;  // dtype and config of an op's kernels
+  nvptx::GpuTarget target;
+  KernelSelection() { opts.dtype = DType::bf16; }
+};
+
+/// Consumes args[i] (and its value) if it is --dtype, --config or --target.
+bool parse_selection_option(const std::vector<std::string>& args, size_t& i, KernelSelection& sel) {
+  if (args[i] == "--dtype") {
+    sel.opts.dtype = parse_input_dtype(value_of(args, i));
+  } else if (args[i] == "--config") {
+    sel.opts.config = parse_config(value_of(args, i));
+  } else if (args[i] == "--target") {
+    std::string t = value_of(args, i);
+    if (t != "sm_80" && t != "sm_90a" && t != "sm_90") usage_error(fmt::format("--target {}: expected sm_80 or sm_90a", t));
+    sel.target.sm = t == "sm_80" ? 80 : 90;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+/// The kernels of an op (at the selection's dtype and config) or of a .tir file (parsed, verified).
+std::vector<std::shared_ptr<ir::Kernel>> load_kernels(const std::string& what, const KernelSelection& sel) {
+  if (!what.ends_with(".tir")) return find_op(what).kernels(sel.opts);
+  std::ifstream f(what, std::ios::binary);
+  if (!f) usage_error(fmt::format("{}: cannot open", what));
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return {ir::parse(text, what)};
+}
+
 int cmd_compile(const std::vector<std::string>& args) {
   if (args.empty() || is_help(args[0])) {
     fmt::print("{}", kCompileUsage);
     return args.empty() ? 1 : 0;
   }
   std::string emit = "tir";
-  OpOptions opts;
-  opts.dtype = DType::bf16;
-  nvptx::GpuTarget target;
+  KernelSelection sel;
   for (size_t i = 1; i < args.size(); ++i) {
     if (is_help(args[i])) {
       fmt::print("{}", kCompileUsage);
       return 0;
     } else if (args[i] == "--emit") {
       emit = value_of(args, i);
-    } else if (args[i] == "--dtype") {
-      opts.dtype = parse_input_dtype(value_of(args, i));
-    } else if (args[i] == "--config") {
-      opts.config = parse_config(value_of(args, i));
-    } else if (args[i] == "--target") {
-      std::string t = value_of(args, i);
-      if (t == "sm_80")
-        target.sm = 80;
-      else if (t == "sm_90a" || t == "sm_90")
-        target.sm = 90;
-      else
-        usage_error(fmt::format("--target {}: expected sm_80 or sm_90a", t));
-    } else {
+    } else if (!parse_selection_option(args, i, sel)) {
       usage_error(fmt::format("unknown option '{}' for 'compile' (see linac compile --help)", args[i]));
     }
   }
@@ -297,7 +315,7 @@ int cmd_compile(const std::vector<std::string>& args) {
       fmt::print("{}", ir::print(k));
       return;
     }
-    nvptx::CompiledKernel c = nvptx::compile_kernel(k, target);
+    nvptx::CompiledKernel c = nvptx::compile_kernel(k, sel.target);
     const std::string& text = emit == "layouts"  ? c.tir_layouts
                               : emit == "smem"   ? c.smem_plan
                               : emit == "llvm"   ? c.llvm_ir
@@ -305,18 +323,7 @@ int cmd_compile(const std::vector<std::string>& args) {
                                                  : c.ptx;
     fmt::print("{}", text);
   };
-  if (args[0].ends_with(".tir")) {
-    std::FILE* f = std::fopen(args[0].c_str(), "rb");
-    if (!f) usage_error(fmt::format("{}: cannot open", args[0]));
-    std::string text;
-    char buf[65536];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-    std::fclose(f);
-    print_stage(*ir::parse(text, args[0]));
-    return 0;
-  }
-  for (const auto& k : find_op(args[0]).kernels(opts)) print_stage(*k);
+  for (const auto& k : load_kernels(args[0], sel)) print_stage(*k);
   return 0;
 }
 
@@ -396,9 +403,7 @@ int cmd_dump(const std::vector<std::string>& args) {
     fmt::print("{}", kDumpUsage);
     return args.empty() ? 1 : 0;
   }
-  OpOptions opts;
-  opts.dtype = DType::bf16;
-  nvptx::GpuTarget target;
+  KernelSelection sel;
   std::string dir;
   for (size_t i = 1; i < args.size(); ++i) {
     if (is_help(args[i])) {
@@ -406,29 +411,13 @@ int cmd_dump(const std::vector<std::string>& args) {
       return 0;
     } else if (args[i] == "--dir") {
       dir = value_of(args, i);
-    } else if (args[i] == "--dtype") {
-      opts.dtype = parse_input_dtype(value_of(args, i));
-    } else if (args[i] == "--config") {
-      opts.config = parse_config(value_of(args, i));
-    } else if (args[i] == "--target") {
-      std::string t = value_of(args, i);
-      if (t != "sm_80" && t != "sm_90a" && t != "sm_90") usage_error(fmt::format("--target {}: expected sm_80 or sm_90a", t));
-      target.sm = t == "sm_80" ? 80 : 90;
-    } else {
+    } else if (!parse_selection_option(args, i, sel)) {
       usage_error(fmt::format("unknown option '{}' for 'dump' (see linac dump --help)", args[i]));
     }
   }
   if (dir.empty()) usage_error("dump needs --dir D");
-  std::vector<std::shared_ptr<ir::Kernel>> kernels;
-  if (args[0].ends_with(".tir")) {
-    std::ifstream f(args[0], std::ios::binary);
-    if (!f) usage_error(fmt::format("{}: cannot open", args[0]));
-    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    kernels.push_back(ir::parse(text, args[0]));
-  } else {
-    kernels = find_op(args[0]).kernels(opts);
-  }
-  for (const auto& line : dump_kernels(kernels, dir, target)) fmt::print("{}\n", line);
+  std::vector<std::shared_ptr<ir::Kernel>> kernels = load_kernels(args[0], sel);
+  for (const auto& line : dump_kernels(kernels, dir, sel.target)) fmt::print("{}\n", line);
   return 0;
 }
 

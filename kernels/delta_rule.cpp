@@ -229,35 +229,24 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
 
 namespace {
 
-const std::vector<std::pair<std::string, std::string>>& delta_rule_config_keys() {
-  static const std::vector<std::pair<std::string, std::string>> keys = {
-      {"chunk", "rows per chunk (16, 32, 64, 128)"},
-      {"bv", "value columns per program (16..256)"},
-      {"warps", "warps per program (2, 4, 8)"},
-      {"stages", "pipeline stages of the chunk loads (1 or 2)"},
-  };
-  return keys;
-}
+const std::vector<std::pair<std::string, std::string>>& delta_rule_config_keys() { return chunked_config_keys(); }
 
 enum class DeltaKernel { wy, fwd, recurrent };
 
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_delta_kernel(DeltaKernel which, const DeltaRuleConfig& cfg) {
-  static std::mutex mu;
-  static std::map<std::string, std::shared_ptr<ir::Kernel>> cache;
+  static KernelMemo memo;
   std::string key = fmt::format("{}/{}/{}/{}/{}/{}{}{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
                                 cfg.chunk, cfg.block_k, cfg.block_v, cfg.gated, cfg.l2norm_qk, cfg.initial_state,
                                 cfg.final_state, cfg.varlen, cfg.num_warps, cfg.num_stages);
-  std::lock_guard lock(mu);
-  auto& slot = cache[key];
-  if (!slot) {
+  return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
-      case DeltaKernel::wy: slot = build_delta_rule_wy(cfg); break;
-      case DeltaKernel::fwd: slot = build_delta_rule_fwd(cfg); break;
-      case DeltaKernel::recurrent: slot = build_delta_rule_recurrent(cfg); break;
+      case DeltaKernel::wy: return build_delta_rule_wy(cfg);
+      case DeltaKernel::fwd: return build_delta_rule_fwd(cfg);
+      case DeltaKernel::recurrent: return build_delta_rule_recurrent(cfg);
     }
-  }
-  return slot;
+    throw InternalError("bad delta-rule kernel");
+  });
 }
 
 /// The configuration for head dims K, V: defaults, then opts.config on top.

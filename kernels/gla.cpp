@@ -188,16 +188,12 @@ const std::vector<std::pair<std::string, std::string>>& gla_config_keys() {
 
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_gla_kernel(const GlaConfig& cfg, bool intra) {
-  static std::mutex mu;
-  static std::map<std::string, std::shared_ptr<ir::Kernel>> cache;
+  static KernelMemo memo;
   std::string key = intra ? fmt::format("intra/{}/{}/{}", dtype_name(cfg.dtype), cfg.block_k, cfg.varlen)
                           : fmt::format("fwd/{}/{}/{}/{}/{}{}{}/{}/{}", dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
                                         cfg.block_v, cfg.initial_state, cfg.final_state, cfg.varlen, cfg.num_warps,
                                         cfg.num_stages);
-  std::lock_guard lock(mu);
-  auto& slot = cache[key];
-  if (!slot) slot = intra ? build_gla_intra(cfg) : build_gla_fwd(cfg);
-  return slot;
+  return memo.get(key, [&] { return intra ? build_gla_intra(cfg) : build_gla_fwd(cfg); });
 }
 
 /// The configuration for head dims K and V (opts.config and --chunk-size override the defaults).

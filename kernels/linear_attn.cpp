@@ -86,27 +86,15 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
 
 namespace {
 
-const std::vector<std::pair<std::string, std::string>>& linear_attn_config_keys() {
-  static const std::vector<std::pair<std::string, std::string>> keys = {
-      {"chunk", "rows per chunk (16, 32, 64, 128)"},
-      {"bv", "value columns per program (16..256)"},
-      {"warps", "warps per program (2, 4, 8)"},
-      {"stages", "pipeline stages of the chunk loads (1 or 2)"},
-  };
-  return keys;
-}
+const std::vector<std::pair<std::string, std::string>>& linear_attn_config_keys() { return chunked_config_keys(); }
 
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_linear_attn_fwd(const LinearAttnConfig& cfg) {
-  static std::mutex mu;
-  static std::map<std::string, std::shared_ptr<ir::Kernel>> cache;
+  static KernelMemo memo;
   std::string key = fmt::format("{}/{}/{}/{}/{}{}{}{}/{}/{}", dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
                                 cfg.block_v, cfg.gated, cfg.initial_state, cfg.final_state, cfg.varlen,
                                 cfg.num_warps, cfg.num_stages);
-  std::lock_guard lock(mu);
-  auto& slot = cache[key];
-  if (!slot) slot = build_linear_attn_fwd(cfg);
-  return slot;
+  return memo.get(key, [&] { return build_linear_attn_fwd(cfg); });
 }
 
 OpPlan plan_linear_attn(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {

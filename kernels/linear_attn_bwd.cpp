@@ -177,26 +177,14 @@ std::shared_ptr<ir::Kernel> build_linear_attn_bwd_dkv(const LinearAttnBwdConfig&
 namespace {
 
 std::shared_ptr<ir::Kernel> cached_bwd(const LinearAttnBwdConfig& cfg, bool dq_kernel) {
-  static std::mutex mu;
-  static std::map<std::string, std::shared_ptr<ir::Kernel>> cache;
+  static KernelMemo memo;
   std::string key = fmt::format("{}/{}/{}/{}/{}/{}{}{}{}{}/{}", dq_kernel, dtype_name(cfg.dtype), cfg.chunk,
                                 cfg.block_k, cfg.block_v, cfg.gated, cfg.initial_state, cfg.final_state_grad,
                                 cfg.initial_state_grad, cfg.varlen, cfg.num_warps);
-  std::lock_guard lock(mu);
-  auto& slot = cache[key];
-  if (!slot) slot = dq_kernel ? build_linear_attn_bwd_dq(cfg) : build_linear_attn_bwd_dkv(cfg);
-  return slot;
+  return memo.get(key, [&] { return dq_kernel ? build_linear_attn_bwd_dq(cfg) : build_linear_attn_bwd_dkv(cfg); });
 }
 
-const std::vector<std::pair<std::string, std::string>>& bwd_config_keys() {
-  static const std::vector<std::pair<std::string, std::string>> keys = {
-      {"chunk", "rows per chunk (16, 32, 64, 128)"},
-      {"bv", "value columns per program (16..256)"},
-      {"warps", "warps per program (2, 4, 8)"},
-      {"stages", "pipeline stages of the chunk loads (1 or 2)"},
-  };
-  return keys;
-}
+const std::vector<std::pair<std::string, std::string>>& bwd_config_keys() { return chunked_config_keys(); }
 
 }  // namespace
 

@@ -63,6 +63,24 @@ int checked_chunk_size(std::optional<int> requested, int dflt) {
   return c;
 }
 
+std::shared_ptr<ir::Kernel> KernelMemo::get(const std::string& key,
+                                            const std::function<std::shared_ptr<ir::Kernel>()>& build) {
+  std::lock_guard lock(mu_);
+  auto& slot = kernels_[key];
+  if (!slot) slot = build();
+  return slot;
+}
+
+const std::vector<std::pair<std::string, std::string>>& chunked_config_keys() {
+  static const std::vector<std::pair<std::string, std::string>> keys = {
+      {"chunk", "rows per chunk (16, 32, 64, 128)"},
+      {"bv", "value columns per program (16..256)"},
+      {"warps", "warps per program (2, 4, 8)"},
+      {"stages", "pipeline stages of the chunk loads (1 or 2)"},
+  };
+  return keys;
+}
+
 void check_config_keys(const std::string& op, const OpOptions& opts,
                        const std::vector<std::pair<std::string, std::string>>& keys) {
   for (const auto& [key, value] : opts.config) {

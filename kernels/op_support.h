@@ -1,5 +1,9 @@
 // Argument checks and configuration helpers shared by the ops of the library.
 #pragma once
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +27,20 @@ SequenceLayout check_qkv_inputs(const std::string& op, const TensorMap& inputs);
 void check_shape(const std::string& name, const HostTensor& t, const std::vector<int64_t>& shape);
 /// The chunk size to use: `requested` if set (must be 16, 32, 64 or 128), else `dflt`.
 int checked_chunk_size(std::optional<int> requested, int dflt);
+/// Kernels recorded once per configuration key and shared by every later call (the IR is immutable
+/// once built). Thread-safe; one per kernel family.
+class KernelMemo {
+ public:
+  std::shared_ptr<ir::Kernel> get(const std::string& key, const std::function<std::shared_ptr<ir::Kernel>()>& build);
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<ir::Kernel>> kernels_;
+};
+
+/// The tuning parameters of the chunked ops: chunk, bv, warps, stages (with their descriptions).
+const std::vector<std::pair<std::string, std::string>>& chunked_config_keys();
+
 /// Checks that every key of opts.config is one the op knows; UserError naming the valid keys.
 void check_config_keys(const std::string& op, const OpOptions& opts,
                        const std::vector<std::pair<std::string, std::string>>& keys);

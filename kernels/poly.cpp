@@ -311,19 +311,15 @@ enum class PolyKernel { chunked, deg2, recurrent };
 
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_poly_kernel(const PolyConfig& cfg, PolyKernel which) {
-  static std::mutex mu;
-  static std::map<std::string, std::shared_ptr<ir::Kernel>> cache;
+  static KernelMemo memo;
   std::string key =
       fmt::format("{}/{}/{}/{}/{}/{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
                   cfg.block_v, cfg.normalize, cfg.quadratic, cfg.varlen, cfg.num_warps, cfg.num_stages);
-  std::lock_guard lock(mu);
-  auto& slot = cache[key];
-  if (!slot) {
-    slot = which == PolyKernel::chunked ? build_poly_fwd(cfg)
+  return memo.get(key, [&] {
+    return which == PolyKernel::chunked ? build_poly_fwd(cfg)
            : which == PolyKernel::deg2  ? build_poly_fwd_deg2(cfg)
                                         : build_poly_recurrent(cfg);
-  }
-  return slot;
+  });
 }
 
 /// The configuration of kernel `which` for the given head dims (opts.config and --chunk-size override

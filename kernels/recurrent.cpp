@@ -68,15 +68,11 @@ namespace {
 
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_recurrent_fwd(const RecurrentConfig& cfg) {
-  static std::mutex mu;
-  static std::map<std::string, std::shared_ptr<ir::Kernel>> cache;
+  static KernelMemo memo;
   std::string key = fmt::format("{}/{}/{}/{}/{}{}{}/{}", dtype_name(cfg.dtype), cfg.block_k, cfg.block_v,
                                 static_cast<int>(cfg.gate), cfg.initial_state, cfg.final_state, cfg.varlen,
                                 cfg.num_warps);
-  std::lock_guard lock(mu);
-  auto& slot = cache[key];
-  if (!slot) slot = build_recurrent_fwd(cfg);
-  return slot;
+  return memo.get(key, [&] { return build_recurrent_fwd(cfg); });
 }
 
 /// dtype, tiles and warps for head dims K and V (opts.config's bv and warps override the defaults).

@@ -92,6 +92,7 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
   if (!op.tuning_space || !op.random_inputs) throw UserError(fmt::format("{} has no tuning space", op.name));
   cuda::device_info();  // no GPU: fail now, with the driver's message
   auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   TuneResult result;
   for (const Config& c : op.tuning_space(shape, base.dtype)) result.candidates.push_back({c, "", 0});
 
@@ -133,6 +134,9 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
     else
       notes[i] = s;
   }
+  if (progress)
+    fmt::print(stderr, "linac tune: [{:5.1f} s] reference and inputs ready, {} candidates compiled\n", elapsed(),
+               result.candidates.size());
 
   for (size_t i = 0; i < result.candidates.size(); ++i) {
     TuneCandidate& cand = result.candidates[i];
@@ -155,7 +159,7 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
       cand.status = notes[i].empty() ? "ok" : "ok, " + notes[i];
     }
     if (progress)
-      fmt::print(stderr, "linac tune: {:<28} {}{}\n", config_str(cand.config), cand.status,
+      fmt::print(stderr, "linac tune: [{:5.1f} s] {:<28} {}{}\n", elapsed(), config_str(cand.config), cand.status,
                  cand.median_ms > 0 ? fmt::format(" {:.4f} ms", cand.median_ms) : "");
   }
   TuneCandidate* best = nullptr;

@@ -18,6 +18,9 @@ uint16_t f16_bits(double x);
 double from_f16_bits(uint16_t bits);
 /// The bfloat16 bit pattern nearest to x (same rules as f16_bits).
 uint16_t bf16_bits(double x);
+/// The same, always by the generic rounding (bf16_bits takes an integer fast path for normal results;
+/// tests check the two agree).
+uint16_t bf16_bits_generic(double x);
 /// The value of a bfloat16 bit pattern.
 double from_bf16_bits(uint16_t bits);
 

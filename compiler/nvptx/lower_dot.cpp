@@ -36,8 +36,7 @@ void KernelLowering::lower_dot(const ir::Op& op) {
   const Layout& l = layout(op.result());
   auto f32 = b_.getFloatTy();
 
-  before_smem_read(a.buf);
-  before_smem_read(b.buf);
+  before_smem_access({smem_range(a.buf), smem_range(b.buf)}, {});
   auto read = [&](const SmemOperand& o, llvm::Value* i, llvm::Value* j) {
     Coords c = o.transposed ? Coords{j, i} : Coords{i, j};
     return b_.CreateLoad(llvm_type(o.buf->type.dtype), smem_addr(o.buf, c));

@@ -137,25 +137,28 @@ bool overlaps(const std::vector<std::pair<int64_t, int64_t>>& ranges, std::pair<
 }
 }  // namespace
 
-void KernelLowering::before_smem_write(ByteRange r) {
-  if (smem_unknown_ || overlaps(smem_read_, r) || overlaps(smem_written_, r)) barrier();
-  smem_written_.push_back(r);
+void KernelLowering::before_smem_access(const std::vector<ByteRange>& reads, const std::vector<ByteRange>& writes) {
+  bool wait = smem_unknown_;
+  for (const ByteRange& r : reads) wait = wait || overlaps(smem_written_, r);
+  for (const ByteRange& w : writes) wait = wait || overlaps(smem_read_, w) || overlaps(smem_written_, w);
+  if (wait) barrier();
+  // Registered only after the barrier: every access announced here is emitted after it.
+  smem_read_.insert(smem_read_.end(), reads.begin(), reads.end());
+  smem_written_.insert(smem_written_.end(), writes.begin(), writes.end());
 }
 
-void KernelLowering::before_smem_read(ByteRange r) {
-  if (smem_unknown_ || overlaps(smem_written_, r)) barrier();
-  smem_read_.push_back(r);
-}
+void KernelLowering::before_smem_write(ByteRange r) { before_smem_access({}, {r}); }
 
-void KernelLowering::before_smem_write(const ir::Value* v) {
+void KernelLowering::before_smem_read(ByteRange r) { before_smem_access({r}, {}); }
+
+KernelLowering::ByteRange KernelLowering::smem_range(const ir::Value* v) const {
   const passes::SmemBuffer& buf = smem_.buffers.at(v);
-  before_smem_write(ByteRange{buf.offset, buf.offset + buf.bytes});
+  return {buf.offset, buf.offset + buf.bytes};
 }
 
-void KernelLowering::before_smem_read(const ir::Value* v) {
-  const passes::SmemBuffer& buf = smem_.buffers.at(v);
-  before_smem_read(ByteRange{buf.offset, buf.offset + buf.bytes});
-}
+void KernelLowering::before_smem_write(const ir::Value* v) { before_smem_write(smem_range(v)); }
+
+void KernelLowering::before_smem_read(const ir::Value* v) { before_smem_read(smem_range(v)); }
 
 void KernelLowering::lower_block(const ir::Block& blk) {
   for (const auto& op : blk.ops) {

@@ -62,10 +62,17 @@ class KernelLowering {
   /// if bytes it covers were read or written since the last barrier (WAR, WAW), a read waits if they
   /// were written (RAW). Runs of spills to distinct buffers so share one barrier.
   void barrier();
+  using ByteRange = std::pair<int64_t, int64_t>;
+  /// Announces the shared-memory bytes that the code emitted next reads and writes, all of them at
+  /// once: an op that reads two buffers must not register one, then emit the barrier the other needs
+  /// (the barrier would forget the first read, whose loads come after it; tests/regress/
+  /// dot_operand_reuse.tir).
+  void before_smem_access(const std::vector<ByteRange>& reads, const std::vector<ByteRange>& writes);
+  ByteRange smem_range(const ir::Value* v) const;
   void before_smem_write(const ir::Value* v);
   void before_smem_read(const ir::Value* v);
-  void before_smem_write(std::pair<int64_t, int64_t> bytes);
-  void before_smem_read(std::pair<int64_t, int64_t> bytes);
+  void before_smem_write(ByteRange bytes);
+  void before_smem_read(ByteRange bytes);
   /// At control-flow joins the state of the paths is unknown: assume every hazard.
   void assume_smem_hazards() { smem_unknown_ = true; }
   /// Emits `for (j = lo; j < hi; ++j) accs = body(j, accs)` as an LLVM loop; returns the final accs.
@@ -112,7 +119,6 @@ class KernelLowering {
   std::map<const ir::Value*, TensorView> tensors_;
   std::map<const ir::Value*, llvm::Value*> stage_base_;
   std::set<const ir::Value*> read_write_tensors_;  // tensors the kernel both loads and stores
-  using ByteRange = std::pair<int64_t, int64_t>;
   std::vector<ByteRange> smem_written_;  // shared-memory bytes written since the last barrier
   std::vector<ByteRange> smem_read_;     // and read
   bool smem_unknown_ = false;            // after a join: anything may be pending  // byte offset of the current stage (pipelined loads)

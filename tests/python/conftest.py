@@ -30,6 +30,8 @@ def linac_binary():
 class CliError(AssertionError):
     pass
 
+TEST_DEVICE = os.environ.get("LINAC_TEST_DEVICE", "cpu")
+
 
 class Linac:
     """Runs the linac CLI with `workdir` as its working directory; files are named relative to it."""
@@ -52,10 +54,12 @@ class Linac:
         return subprocess.run([str(self.binary), *map(str, args)], cwd=self.workdir, capture_output=True,
                               text=True, timeout=CLI_TIMEOUT_S)
 
-    def run_op(self, op, inputs, outputs=("o",), options=(), device="cpu"):
+    def run_op(self, op, inputs, outputs=("o",), options=(), device=None):
         """Writes `inputs` (name -> array) as .npy, runs `linac run <op> name=name.npy ... -o out=out_<out>.npy
         --device <device> <options>` and returns {output name: array}. Raises CliError with the CLI's
-        stderr when it fails."""
+        stderr when it fails. The device defaults to $LINAC_TEST_DEVICE (cpu when unset), so that every
+        numeric test runs on the GPU machine with LINAC_TEST_DEVICE=cuda."""
+        device = device or TEST_DEVICE
         args = ["run", op]
         for name, array in inputs.items():
             args.append(f"{name}={self.write(name, array)}")

@@ -161,12 +161,12 @@ def test_chunk_sizes(linac, op):
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_configs(linac, op):
+@pytest.mark.parametrize("config", ["bv=16,warps=2", "bv=32,warps=8,stages=1", "chunk=32,bv=64,warps=4"])
+def test_configs(linac, op, config):
     # Tuning parameters change speed, not results: narrow V blocks (several programs per head and
     # several U blocks per chunk), other warp counts, no pipelining.
     inputs = make_inputs(900 + OPS.index(op), op, B=1, T=70, H=2, K=32, V=40, init=True)
-    for config in ("bv=16,warps=2", "bv=32,warps=8,stages=1", "chunk=32,bv=64,warps=4"):
-        run_and_check(linac, op, inputs, options=["--config", config])
+    run_and_check(linac, op, inputs, options=["--config", config])
 
 
 @pytest.mark.parametrize("op", OPS)

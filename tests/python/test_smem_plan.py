@@ -29,3 +29,37 @@ def test_view_keeps_its_source_live(linac_bin):
     for name in ("%9", "%10"):
         lo, hi = bufs[name]
         assert hi <= x[0] or lo >= x[1], f"{name} {lo}..{hi} overlaps %x {x} while %x is still read"
+
+
+def smem_events(linac_bin, tir):
+    """The shared-memory accesses and barriers of the kernel in `tir`, in emission order (unoptimized
+    LLVM IR): ("R", line), ("W", line) or ("BAR", None), `line` the tir line of the op emitting it."""
+    r = subprocess.run([str(linac_bin), "compile", str(tir), "--emit", "llvm"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    text = r.stdout.splitlines()
+    lines = {m.group(1): int(m.group(2)) for m in (re.match(r"!(\d+) = !DILocation\(line: (\d+)", t) for t in text) if m}
+    events = []
+    for t in text:
+        dbg = re.search(r"!dbg !(\d+)", t)
+        line = lines.get(dbg.group(1)) if dbg else None
+        if "call" in t and "barrier" in t:
+            events.append(("BAR", None))
+        elif re.search(r"\bstore .*addrspace\(3\)", t):
+            events.append(("W", line))
+        elif re.search(r"= load .*addrspace\(3\)", t):
+            events.append(("R", line))
+    return events
+
+
+def test_barrier_between_dot_operand_reads_and_reuse_of_their_bytes(linac_bin):
+    tir = ROOT / "tests" / "regress" / "dot_operand_reuse.tir"
+    bufs = plan(linac_bin, tir)
+    a, z = bufs["%3"], bufs["%8"]  # printer numbering: %a is %3, %z is %8
+    assert z[0] < a[1] and a[0] < z[1], "the plan no longer reuses %a's bytes for %z: the test checks nothing"
+    events = smem_events(linac_bin, tir)
+    last_dot_read = max(i for i, e in enumerate(events) if e == ("R", 14))  # %d2 = dot %a, %x1
+    first_z_write = min(i for i, e in enumerate(events) if e == ("W", 15))  # %z's spill
+    assert last_dot_read < first_z_write
+    assert ("BAR", None) in events[last_dot_read:first_z_write], \
+        "no barrier between the dot's reads of %a and the write of %z into the same bytes"

@@ -97,6 +97,37 @@ TEST_SUITE("interp") {
     }
   }
 
+  TEST_CASE("bf16 fast rounding agrees with the generic one") {
+    // Random bit patterns over every exponent (normals, subnormals, overflow, NaN, inf), exact ties
+    // and the values next to them, and the largest bf16 with and without the carry into inf.
+    std::mt19937_64 rng(42);
+    auto check = [](double x) {
+      uint16_t fast = interp::bf16_bits(x), slow = interp::bf16_bits_generic(x);
+      if (std::isnan(x)) {
+        CHECK(std::isnan(interp::from_bf16_bits(fast)));
+      } else if (fast != slow) {
+        FAIL_CHECK("bf16 of " << x << ": fast " << fast << ", generic " << slow);
+      }
+    };
+    for (int i = 0; i < 2000000; ++i) check(std::bit_cast<double>(rng()));
+    for (int i = 0; i < 200000; ++i) {
+      // Doubles near bf16's range: exponent in [-140, 130], fraction random, ties forced sometimes.
+      uint64_t u = rng();
+      int64_t e = static_cast<int64_t>(u % 271) - 140;
+      uint64_t frac = rng() & ((uint64_t{1} << 52) - 1);
+      if (i % 3 == 0) frac = (frac & ~((uint64_t{1} << 45) - 1)) | (uint64_t{1} << 44);  // an exact tie
+      double x = std::bit_cast<double>((static_cast<uint64_t>(e + 1023) << 52) | frac) * ((u >> 63) ? -1 : 1);
+      check(x);
+      check(std::nextafter(x, 0.0));
+      check(std::nextafter(x, kInf));
+      check(static_cast<float>(x));
+    }
+    const double max_bf16 = std::ldexp(255.0, 120);
+    check(max_bf16);
+    check(max_bf16 + std::ldexp(1.0, 119));                       // the tie above it: rounds to inf
+    check(std::nextafter(max_bf16 + std::ldexp(1.0, 119), 0.0));  // just below the tie: max_bf16
+  }
+
   TEST_CASE("16-bit rounding agrees with independent references on random values") {
     std::mt19937_64 rng(7);
     std::uniform_real_distribution<double> mant(1.0, 2.0);

@@ -81,6 +81,62 @@ std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg) {
   return kb.finish();
 }
 
+namespace {
+
+/// The loads of one chunk that both the output and the state updates use.
+struct GlaChunk {
+  Tile b, i_h, t0, v0;
+  AccessOptions in_seq;
+};
+
+/// The outputs of the chunk at rows t0.. (NC sub-chunks of 16 rows) from Sd, the state before the
+/// chunk in the input dtype; stores o. Returns, per sub-chunk, V_i, Kr_i = K_i .* exp(R_i) and tot_i
+/// (see build_gla_fwd) for a state update.
+struct GlaChunkTerms {
+  std::vector<Tile> V, Kr, tot;
+  Tile P;  // tot_0 + ... + tot_{NC-1}: G_C
+};
+
+GlaChunkTerms gla_chunk_outputs(const GlaConfig& cfg, const GlaChunk& c, const Tile& Sd, const Tensor& q,
+                                const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& a_diag,
+                                const Tensor& o, const Tile& scale) {
+  const int64_t BK = cfg.block_k, BV = cfg.block_v, BC = kGlaSubChunk;
+  const int NC = static_cast<int>(cfg.chunk / BC);
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  GlaChunkTerms r;
+  r.V.resize(NC), r.Kr.resize(NC), r.tot.resize(NC);
+  for (int i = 0; i < NC; ++i) {
+    Tile ti = c.t0 + i * BC;
+    Tile Qf = load(q, {c.b, ti, c.i_h, 0}, {kIndex, BC, kIndex, BK}, c.in_seq).to(f32);
+    Tile Kf = load(k, {c.b, ti, c.i_h, 0}, {kIndex, BC, kIndex, BK}, c.in_seq).to(f32);
+    r.V[i] = load(v, {c.b, ti, c.i_h, c.v0}, {kIndex, BC, kIndex, BV}, c.in_seq);
+    Tile gi = load(g, {c.b, ti, c.i_h, 0}, {kIndex, BC, kIndex, BK}, c.in_seq);
+    Tile L = cumsum(gi, 0);
+    r.tot[i] = sum(gi, 0);  // the cumsum's last row, summed in the same order
+    Tile g0 = load(g, {c.b, ti, c.i_h, 0}, {kIndex, kIndex, kIndex, BK}, c.in_seq);
+    Tile A = load(a_diag, {c.b, ti, c.i_h, 0}, {kIndex, BC, kIndex, BC}, c.in_seq);
+
+    // Q_i .* exp(G_i - G_n) and K_i .* exp(R_i); the other decays multiply these (factors <= 1).
+    Tile Qn = Qf * exp(L - expand_dims(g0, 0));
+    r.Kr[i] = Kf * exp(expand_dims(r.tot[i], 0) - L);
+    Tile Gn = i == 0 ? g0 : g0 + r.P;
+    Tile O = dot((Qn * expand_dims(exp(Gn), 0)).to(dt), Sd) * scale;
+    O = O + dot(A.to(dt), r.V[i]);
+    Tile Qnd = Qn.to(dt);
+    Tile decay = g0;  // from the end of sub-chunk j to the first row of sub-chunk i
+    for (int j = i - 1; j >= 0; --j) {
+      Tile Kn = (r.Kr[j] * expand_dims(exp(decay), 0)).to(dt);
+      O = O + dot((dot(Qnd, Kn.T()) * scale).to(dt), r.V[j]);
+      if (j > 0) decay = decay + r.tot[j];
+    }
+    store(o, {c.b, ti, c.i_h, c.v0}, {kIndex, BC, kIndex, BV}, O.to(dt), c.in_seq);
+    r.P = i == 0 ? r.tot[0] : r.P + r.tot[i];
+  }
+  return r;
+}
+
+}  // namespace
+
 // One program per (V block, sequence x head) walks the chunks of its sequence in order, carrying the
 // state S [BK, BV] in registers (the "fused chunk" schedule). A chunk is NC sub-chunks of 16 rows.
 // For sub-chunk i: L_i is the cumulative sum of its gates from its first row (inclusive), tot_i its
@@ -119,58 +175,103 @@ std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg) {
   Tile H = q.dim(2);
   Tile i_n = i_nh / H, i_h = i_nh % H;
   SequenceRange seq = sequence_range(cfg.varlen, q, cu, i_n);
-  Tile b = seq.b, bos = seq.bos, eos = seq.eos;
-  Tile num_chunks = (eos - bos + (BT - 1)) / BT;
+  Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
   Tile v0 = i_v * BV;
 
   Tile S = zeros({BK, BV}, f32);
   if (cfg.initial_state) S = load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
-  AccessOptions in_seq{.limits = {{1, eos}}};
+  AccessOptions in_seq{.limits = {{1, seq.eos}}};
 
   for_range(0, num_chunks, [&](Tile ic) {
-    Tile t0 = bos + ic * BT;
-    Tile Sd = S.to(dt);  // the state before the chunk, for the inter-chunk term of every sub-chunk
-    Tile P;              // tot_0 + ... + tot_{i-1}
-    std::vector<Tile> V(NC), Kr(NC), tot(NC);
-    for (int i = 0; i < NC; ++i) {
-      Tile ti = t0 + i * BC;
-      Tile Qf = load(q, {b, ti, i_h, 0}, {kIndex, BC, kIndex, BK}, in_seq).to(f32);
-      Tile Kf = load(k, {b, ti, i_h, 0}, {kIndex, BC, kIndex, BK}, in_seq).to(f32);
-      V[i] = load(v, {b, ti, i_h, v0}, {kIndex, BC, kIndex, BV}, in_seq);
-      Tile gi = load(g, {b, ti, i_h, 0}, {kIndex, BC, kIndex, BK}, in_seq);
-      Tile L = cumsum(gi, 0);
-      tot[i] = sum(gi, 0);  // the cumsum's last row, summed in the same order
-      Tile g0 = load(g, {b, ti, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
-      Tile A = load(a_diag, {b, ti, i_h, 0}, {kIndex, BC, kIndex, BC}, in_seq);
-
-      // Q_i .* exp(G_i - G_n) and K_i .* exp(R_i); the other decays multiply these (factors <= 1).
-      Tile Qn = Qf * exp(L - expand_dims(g0, 0));
-      Kr[i] = Kf * exp(expand_dims(tot[i], 0) - L);
-      Tile Gn = i == 0 ? g0 : g0 + P;
-      Tile O = dot((Qn * expand_dims(exp(Gn), 0)).to(dt), Sd) * scale;
-      O = O + dot(A.to(dt), V[i]);
-      Tile Qnd = Qn.to(dt);
-      Tile decay = g0;  // from the end of sub-chunk j to the first row of sub-chunk i
-      for (int j = i - 1; j >= 0; --j) {
-        Tile Kn = (Kr[j] * expand_dims(exp(decay), 0)).to(dt);
-        O = O + dot((dot(Qnd, Kn.T()) * scale).to(dt), V[j]);
-        if (j > 0) decay = decay + tot[j];
-      }
-      store(o, {b, ti, i_h, v0}, {kIndex, BC, kIndex, BV}, O.to(dt), in_seq);
-      P = i == 0 ? tot[0] : P + tot[i];
-    }
-    // P is now G_C.
-    Tile S_next = S * expand_dims(exp(P), 1);
-    Tile after;  // tot_{i+1} + ... + tot_{NC-1}
+    GlaChunk c{seq.b, i_h, seq.bos + ic * BT, v0, in_seq};
+    GlaChunkTerms t = gla_chunk_outputs(cfg, c, S.to(dt), q, k, v, g, a_diag, o, scale);
+    Tile S_next = S * expand_dims(exp(t.P), 1);  // t.P is G_C
+    Tile after;                                  // tot_{i+1} + ... + tot_{NC-1}
     for (int i = NC - 1; i >= 0; --i) {
-      Tile Kc = i == NC - 1 ? Kr[i] : Kr[i] * expand_dims(exp(after), 0);
-      S_next = S_next + dot(Kc.to(dt).T(), V[i]);
-      after = i == NC - 1 ? tot[i] : after + tot[i];
+      Tile Kc = i == NC - 1 ? t.Kr[i] : t.Kr[i] * expand_dims(exp(after), 0);
+      S_next = S_next + dot(Kc.to(dt).T(), t.V[i]);
+      after = i == NC - 1 ? t.tot[i] : after + t.tot[i];
     }
     S = S_next;
   }, S);
 
   if (cfg.final_state) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
+  return kb.finish();
+}
+
+// The split schedule (dense inputs), for parallelism where the fused one has too few programs to
+// fill the GPU: gla_state walks the chunks of each (V block, sequence x head) updating only the
+// state, storing the state before every chunk into h [B, NT, H, BK, V] (input dtype, as the fused
+// kernel rounds it for the product), then gla_out computes every chunk's outputs in parallel from h.
+//   S = diag(exp(G_C)) S + (K .* exp(R))^T V,  R_r = g_{r+1} + ... + g_{BT-1}
+// R is summed directly (a reverse cumsum of the gates shifted up by one row, loaded again: the rows
+// after r only) rather than taken as G_C - G_r, so that very negative gates (-1e4) early in the chunk
+// do not cancel away the precision of the decays after them.
+std::shared_ptr<ir::Kernel> build_gla_state(const GlaConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb("gla_state");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(cfg.num_stages);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor v = kb.tensor("v", dt, 4);
+  Tensor g = kb.tensor("g", f32, 4);
+  Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
+  Tensor ht = cfg.final_state ? kb.tensor("final_state", f32, 4) : Tensor();
+  Tensor h = kb.tensor("h", dt, 5);
+
+  Tile i_v = program_id(0);
+  Tile i_nh = program_id(1);
+  Tile H = k.dim(2), T = k.dim(1);
+  Tile b = i_nh / H, i_h = i_nh % H;
+  Tile num_chunks = (T + (BT - 1)) / BT;
+  Tile v0 = i_v * BV;
+  Tile rows = expand_dims(iota(BT), 1);
+
+  Tile S = zeros({BK, BV}, f32);
+  if (cfg.initial_state) S = load(h0, {b, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
+  AccessOptions in_seq{.limits = {{1, T}}};
+  for_range(0, num_chunks, [&](Tile ic) {
+    Tile t0 = ic * BT;
+    store(h, {b, ic, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S.to(dt));
+    Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq).to(f32);
+    Tile V = load(v, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
+    Tile gc = load(g, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile g_next = where(rows < BT - 1, load(g, {b, t0 + 1, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq), 0.0f);
+    Tile R = cumsum(g_next, 0, /*reverse=*/true);
+    Tile tot = sum(gc, 0);
+    S = S * expand_dims(exp(tot), 1) + dot((K * exp(R)).to(dt).T(), V);
+  }, S);
+  if (cfg.final_state) store(ht, {b, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
+  return kb.finish();
+}
+
+std::shared_ptr<ir::Kernel> build_gla_out(const GlaConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v, BC = kGlaSubChunk;
+  if (BT % BC != 0) throw InternalError(fmt::format("gla: chunk {} is not a multiple of {}", BT, BC));
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb("gla_out");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(1);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor v = kb.tensor("v", dt, 4);
+  Tensor g = kb.tensor("g", f32, 4);
+  Tensor a_diag = kb.tensor("a_diag", f32, 4);
+  Tensor h = kb.tensor("h", dt, 5);
+  Tensor o = kb.tensor("o", dt, 4);
+  // (BK is the padded key dim: h's load masks past K.)
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile ic = program_id(0);
+  Tile i_nh = program_id(1);
+  Tile i_v = program_id(2);
+  Tile H = q.dim(2), T = q.dim(1);
+  Tile b = i_nh / H, i_h = i_nh % H;
+  Tile v0 = i_v * BV;
+  Tile Sd = load(h, {b, ic, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
+  GlaChunk c{b, i_h, ic * BT, v0, AccessOptions{.limits = {{1, T}}}};
+  gla_chunk_outputs(cfg, c, Sd, q, k, v, g, a_diag, o, scale);
   return kb.finish();
 }
 
@@ -182,18 +283,30 @@ const std::vector<std::pair<std::string, std::string>>& gla_config_keys() {
       {"bv", "value columns per program (16..128)"},
       {"warps", "warps per program (2, 4, 8)"},
       {"stages", "pipeline stages of the chunk loads (1 or 2)"},
+      {"split", "1: state pass + parallel outputs (dense inputs; varlen runs fused), 0: fused chunk loop"},
   };
   return keys;
 }
 
+enum class GlaKernel { intra, fused, state, out };
+
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
-std::shared_ptr<ir::Kernel> cached_gla_kernel(const GlaConfig& cfg, bool intra) {
+std::shared_ptr<ir::Kernel> cached_gla_kernel(const GlaConfig& cfg, GlaKernel which) {
   static KernelMemo memo;
-  std::string key = intra ? fmt::format("intra/{}/{}/{}", dtype_name(cfg.dtype), cfg.block_k, cfg.varlen)
-                          : fmt::format("fwd/{}/{}/{}/{}/{}{}{}/{}/{}", dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
-                                        cfg.block_v, cfg.initial_state, cfg.final_state, cfg.varlen, cfg.num_warps,
-                                        cfg.num_stages);
-  return memo.get(key, [&] { return intra ? build_gla_intra(cfg) : build_gla_fwd(cfg); });
+  std::string key = which == GlaKernel::intra
+                        ? fmt::format("intra/{}/{}/{}", dtype_name(cfg.dtype), cfg.block_k, cfg.varlen)
+                        : fmt::format("{}/{}/{}/{}/{}/{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
+                                      cfg.chunk, cfg.block_k, cfg.block_v, cfg.initial_state, cfg.final_state,
+                                      cfg.varlen, cfg.num_warps, cfg.num_stages);
+  return memo.get(key, [&] {
+    switch (which) {
+      case GlaKernel::intra: return build_gla_intra(cfg);
+      case GlaKernel::fused: return build_gla_fwd(cfg);
+      case GlaKernel::state: return build_gla_state(cfg);
+      case GlaKernel::out: return build_gla_out(cfg);
+    }
+    throw InternalError("bad gla kernel");
+  });
 }
 
 /// The configuration for head dims K and V (opts.config and --chunk-size override the defaults).
@@ -211,6 +324,7 @@ GlaConfig gla_config(const OpOptions& opts, int64_t K, int64_t V) {
   cfg.block_v = static_cast<int>(config_value(opts, "bv", bv, {16, 32, 64, 128}));
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
   cfg.num_stages = static_cast<int>(config_value(opts, "stages", 1, {1, 2}));
+  cfg.split = config_value(opts, "split", 0, {0, 1}) == 1;
   return cfg;
 }
 
@@ -244,26 +358,43 @@ OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vecto
       longest = std::max(longest, static_cast<int64_t>(seq.cu_seqlens.get(n + 1) - seq.cu_seqlens.get(n)));
   }
   KernelLaunch intra;
-  intra.kernel = cached_gla_kernel(cfg, true);
+  intra.kernel = cached_gla_kernel(cfg, GlaKernel::intra);
   intra.grid = {std::max<int64_t>(1, (longest + kGlaSubChunk - 1) / kGlaSubChunk), seq.N * seq.H, 1};
   for (const char* name : {"q", "k", "g", "a_diag"}) intra.tensors[name] = name;
   if (seq.varlen) intra.tensors["cu_seqlens"] = "cu_seqlens";
   intra.scalars["scale"] = scale;
   plan.launches.push_back(std::move(intra));
 
-  KernelLaunch launch;
-  launch.kernel = cached_gla_kernel(cfg, false);
-  launch.grid = {(seq.V + cfg.block_v - 1) / cfg.block_v, seq.N * seq.H, 1};
-  for (const char* name : {"q", "k", "v", "g", "a_diag", "o"}) launch.tensors[name] = name;
-  launch.scalars["scale"] = scale;
-  if (has_h0)
-    plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32),
-    launch.tensors["initial_state"] = "initial_state";
-  if (cfg.final_state)
-    plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V}),
-    launch.tensors["final_state"] = "final_state";
-  if (seq.varlen) launch.tensors["cu_seqlens"] = "cu_seqlens";
-  plan.launches.push_back(std::move(launch));
+  if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
+  if (cfg.final_state) plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
+  const int64_t num_v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
+  if (cfg.split && !seq.varlen) {
+    const int64_t num_chunks = (seq.T + cfg.chunk - 1) / cfg.chunk;
+    plan.tensors["h"] = HostTensor::zeros(cfg.dtype, {seq.B, num_chunks, seq.H, seq.K, seq.V});
+    KernelLaunch state;
+    state.kernel = cached_gla_kernel(cfg, GlaKernel::state);
+    state.grid = {num_v_blocks, seq.N * seq.H, 1};
+    for (const char* name : {"k", "v", "g", "h"}) state.tensors[name] = name;
+    if (has_h0) state.tensors["initial_state"] = "initial_state";
+    if (cfg.final_state) state.tensors["final_state"] = "final_state";
+    plan.launches.push_back(std::move(state));
+    KernelLaunch out;
+    out.kernel = cached_gla_kernel(cfg, GlaKernel::out);
+    out.grid = {std::max<int64_t>(num_chunks, 1), seq.N * seq.H, num_v_blocks};
+    for (const char* name : {"q", "k", "v", "g", "a_diag", "h", "o"}) out.tensors[name] = name;
+    out.scalars["scale"] = scale;
+    plan.launches.push_back(std::move(out));
+  } else {
+    KernelLaunch launch;
+    launch.kernel = cached_gla_kernel(cfg, GlaKernel::fused);
+    launch.grid = {num_v_blocks, seq.N * seq.H, 1};
+    for (const char* name : {"q", "k", "v", "g", "a_diag", "o"}) launch.tensors[name] = name;
+    launch.scalars["scale"] = scale;
+    if (has_h0) launch.tensors["initial_state"] = "initial_state";
+    if (cfg.final_state) launch.tensors["final_state"] = "final_state";
+    if (seq.varlen) launch.tensors["cu_seqlens"] = "cu_seqlens";
+    plan.launches.push_back(std::move(launch));
+  }
   if (wants(wanted, "o")) plan.outputs["o"] = "o";
   if (cfg.final_state) plan.outputs["final_state"] = "final_state";
   return plan;
@@ -308,7 +439,12 @@ OpDef gla_op() {
                                {{"chunk", 16}, {"bv", 128}, {"warps", 8}, {"stages", 2}},
                                {{"chunk", 16}, {"bv", 64}, {"warps", 4}, {"stages", 2}},
                                {{"chunk", 32}, {"bv", 128}, {"warps", 8}, {"stages", 2}},
-                               {{"chunk", 64}, {"bv", 128}, {"warps", 8}, {"stages", 1}}};
+                               {{"chunk", 64}, {"bv", 128}, {"warps", 8}, {"stages", 1}},
+                               // The split schedule: a state pass, then every chunk's outputs in parallel.
+                               {{"split", 1}, {"chunk", 64}, {"bv", 64}, {"warps", 4}},
+                               {{"split", 1}, {"chunk", 64}, {"bv", 128}, {"warps", 8}},
+                               {{"split", 1}, {"chunk", 32}, {"bv", 64}, {"warps", 4}},
+                               {{"split", 1}, {"chunk", 64}, {"bv", 64}, {"warps", 4}, {"stages", 2}}};
   };
   op.kernels = [](const OpOptions& opts) {
     // The chunked form (diagonal blocks, then the chunk loop) for K = V = 64 and K = V = 128 with
@@ -317,8 +453,16 @@ OpDef gla_op() {
     for (int64_t d : {64, 128}) {
       GlaConfig cfg = gla_config(opts, d, d);
       cfg.initial_state = cfg.final_state = true;
-      out.push_back(cached_gla_kernel(cfg, true));
-      out.push_back(cached_gla_kernel(cfg, false));
+      out.push_back(cached_gla_kernel(cfg, GlaKernel::intra));
+      out.push_back(cached_gla_kernel(cfg, GlaKernel::fused));
+      // The split schedule at its first tuning-space configuration.
+      GlaConfig split = cfg;
+      split.chunk = 64;
+      // (fp32 takes the FMA path for its dots: narrower V blocks keep it within registers.)
+      split.block_v = opts.dtype == DType::f32 ? 32 : 64;
+      split.num_warps = d == 128 ? 8 : 4;
+      out.push_back(cached_gla_kernel(split, GlaKernel::state));
+      out.push_back(cached_gla_kernel(split, GlaKernel::out));
     }
     for (auto& k : recurrent_kernels(opts, RecurrentGate::channel)) out.push_back(k);
     return out;

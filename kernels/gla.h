@@ -26,6 +26,7 @@ struct GlaConfig {
   bool varlen = false;  // cu_seqlens [N+1] present, B == 1
   int num_warps = 8;
   int num_stages = 1;
+  bool split = false;  // the split schedule (gla_state + gla_out; dense inputs only)
 };
 
 /// Records the kernel of the diagonal 16x16 blocks of the intra-chunk attention (elementwise in fp32,
@@ -35,6 +36,12 @@ std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg);
 /// [final_state] [cu_seqlens] o scale.
 std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg);
 
+/// The split schedule: the state pass storing the state before every chunk into h [B, NT, H, K, V]
+/// (dtype; dense inputs). Parameters: k v g [initial_state] [final_state] h.
+std::shared_ptr<ir::Kernel> build_gla_state(const GlaConfig& cfg);
+/// The split schedule's outputs, one program per (chunk, sequence x head, V block) from h.
+/// Parameters: q k v g a_diag h o scale.
+std::shared_ptr<ir::Kernel> build_gla_out(const GlaConfig& cfg);
 /// The op "gla" for the registry (--recurrent runs kernels/recurrent.h's token-by-token form).
 OpDef gla_op();
 

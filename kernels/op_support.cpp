@@ -120,6 +120,11 @@ HostTensor random_log_decay(std::vector<int64_t> shape, uint64_t seed) {
   return g;
 }
 
+void cast_qkv(TensorMap& inputs, DType dtype) {
+  for (const char* name : {"q", "k", "v"})
+    if (auto it = inputs.find(name); it != inputs.end()) it->second = it->second.cast(dtype);
+}
+
 int padded_head_dim(int64_t d) {
   int p = 16;
   while (p < d) p *= 2;

@@ -52,6 +52,11 @@ HostTensor random_uniform(std::vector<int64_t> shape, uint64_t seed);
 /// float32 log-decays logsigmoid(3u), u uniform in [-1, 1): values in about (-3.05, -0.05).
 HostTensor random_log_decay(std::vector<int64_t> shape, uint64_t seed);
 
+/// Every op reads q, k and v in the kernel dtype (its prepare casts them; gates, betas and states stay
+/// f32). Converting them once up front turns each later prepare of the same inputs into a plain copy,
+/// which matters where full-size inputs are prepared many times (the tuner: once per candidate).
+void cast_qkv(TensorMap& inputs, DType dtype);
+
 /// The tile size that covers a head dim: the next power of two, at least 16.
 int padded_head_dim(int64_t d);
 inline bool wants(const std::vector<std::string>& wanted, const std::string& name) {

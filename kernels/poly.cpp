@@ -331,9 +331,9 @@ PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel w
   cfg.block_k = padded_head_dim(K);
   cfg.quadratic = quadratic;
   cfg.normalize = !opts.no_normalize;
-  // Until poly is autotuned, the defaults are configurations that ptxas assembles without spills for
-  // sm_80 and sm_90a in every dtype (tests/python/test_ptxas.py). The two chunked kernels must split
-  // intra- and inter-chunk alike, so they share the chunk size; warps may differ.
+  // The defaults (what runs untuned, and the tuner's first candidate) are configurations that ptxas
+  // assembles without spills for sm_80 and sm_90a in every dtype (tests/python/test_ptxas.py). The two
+  // chunked kernels must split intra- and inter-chunk alike, so they share the chunk size; warps may differ.
   int chunk = cfg.block_k <= 64 ? 64 : 32;
   int warps = 4;
   if (which == PolyKernel::chunked && cfg.block_k <= 64) warps = 8;
@@ -345,6 +345,29 @@ PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel w
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", warps, {2, 4, 8}));
   cfg.num_stages = static_cast<int>(config_value(opts, "stages", 2, {1, 2}));
   return cfg;
+}
+
+/// The defaults first, then configurations that ptxas assembles without spills for sm_90a in bf16 (but
+/// chunk 64 at BK = 128, which spills 16-52 bytes: the timing decides). A config applies to both chunked
+/// kernels alike: they must share the chunk size. The key width splits the space: with BK = 128 every
+/// tile of Q and K is twice as wide, so chunks of 128 spill kilobytes there and are left out, while with
+/// BK <= 64 a chunk of 128 fits with 32 value columns and one stage. The tuner skips what does not fit.
+std::vector<Config> poly_tuning_space(const ProblemShape& s, DType) {
+  std::vector<Config> space = {{}};  // the defaults: chunk 64 (BK <= 64) or 32, warps per kernel
+  if (padded_head_dim(s.K) <= 64) {
+    space.push_back({{"chunk", 16}});
+    space.push_back({{"chunk", 32}});
+    space.push_back({{"stages", 1}});
+    space.push_back({{"chunk", 32}, {"stages", 1}});
+    if (s.V > 32) space.push_back({{"bv", 32}});  // twice the programs, for few sequences x heads
+    space.push_back({{"chunk", 128}, {"bv", 32}, {"stages", 1}});
+  } else {
+    space.push_back({{"chunk", 16}});
+    space.push_back({{"stages", 1}});
+    space.push_back({{"warps", 8}});
+    space.push_back({{"chunk", 64}});  // spills 16-52 bytes
+  }
+  return space;
 }
 
 OpPlan plan_poly(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
@@ -439,6 +462,11 @@ OpDef poly_op() {
     in["v"] = random_uniform({s.B, s.T, s.H, s.V}, seed + 2);
     return in;
   };
+  op.shape_of = [](const TensorMap& in) {
+    const HostTensor& q = in.at("q");
+    return ProblemShape{q.shape[0], q.shape[1], q.shape[2], q.shape[3], in.at("v").shape[3], false};
+  };
+  op.tuning_space = poly_tuning_space;
   op.config_keys = poly_config_keys();
   op.kernels = [](const OpOptions& opts) {
     // Both chunked kernels and the recurrent one for K = V = 64 and K = V = 128, all with the

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "kernels/op_support.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/disk_cache.h"
 #include "runtime/executor.h"
@@ -109,6 +110,7 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
   // Compile every candidate in parallel (the driver and LLVM are thread-safe). Kernels depend on the
   // configuration, dtype and head dims, not on B, T, H: the small input compiles what the real size runs.
   TensorMap big_in = op.random_inputs(shape, 5);
+  cast_qkv(big_in, base.dtype);
   std::vector<std::future<std::string>> compiles;
   for (auto& cand : result.candidates) {
     compiles.push_back(std::async(std::launch::async, [&, cfg = cand.config]() -> std::string {

@@ -174,6 +174,14 @@ DeviceInfo query_device(const Api& a, CUdevice dev, int ordinal) {
   info.regs_per_block = attr(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK, "the register file size");
   info.regs_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, "the register file size");
   info.l2_bytes = attr(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, "the L2 cache size");
+  // Only for reports (linac bench's HBM floor): a driver that does not answer leaves them 0 rather than
+  // failing the whole initialization.
+  auto optional_attr = [&](CUdevice_attribute at) {
+    int value = 0;
+    return a.cuDeviceGetAttribute(&value, at, dev) == CUDA_SUCCESS ? value : 0;
+  };
+  info.memory_clock_khz = optional_attr(CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE);
+  info.memory_bus_bits = optional_attr(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH);
   size_t total = 0;
   r = a.cuDeviceTotalMem_v2(&total, dev);
   if (r != CUDA_SUCCESS) throw_init_error(a, r, "cuDeviceTotalMem_v2", "reading the memory size");

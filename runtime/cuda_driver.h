@@ -45,6 +45,13 @@ struct DeviceInfo {
   int regs_per_sm = 0;
   int l2_bytes = 0;
   std::uint64_t total_memory = 0;
+  /// Peak memory clock (kHz) and memory bus width (bits); 0 when the driver does not report them.
+  int memory_clock_khz = 0;
+  int memory_bus_bits = 0;
+
+  /// Peak DRAM (HBM) bandwidth in bytes/s: two transfers per clock over the bus (about 4.8e12 on an H200);
+  /// 0 when the driver reports no clock or bus width.
+  double peak_memory_bytes_per_s() const { return 2.0 * memory_clock_khz * 1e3 * memory_bus_bits / 8; }
 
   /// Compute capability as one number: 80 for sm_80, 90 for sm_90.
   int sm() const { return cc_major * 10 + cc_minor; }

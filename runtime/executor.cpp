@@ -50,14 +50,15 @@ DeviceTensors upload(const OpPlan& plan) {
   return dev;
 }
 
+void launch_one(const KernelLaunch& l, GpuKernel& kernel, const DeviceTensors& dev) {
+  std::map<std::string, GpuArg> args;
+  for (const auto& [param, tensor] : l.tensors) args[param] = &dev.at(tensor);
+  for (const auto& [param, value] : l.scalars) args[param] = value;
+  kernel.launch(l.grid, args);
+}
+
 void launch_all(const OpPlan& plan, const std::vector<std::shared_ptr<GpuKernel>>& kernels, const DeviceTensors& dev) {
-  for (size_t i = 0; i < plan.launches.size(); ++i) {
-    const auto& l = plan.launches[i];
-    std::map<std::string, GpuArg> args;
-    for (const auto& [param, tensor] : l.tensors) args[param] = &dev.at(tensor);
-    for (const auto& [param, value] : l.scalars) args[param] = value;
-    kernels[i]->launch(l.grid, args);
-  }
+  for (size_t i = 0; i < plan.launches.size(); ++i) launch_one(plan.launches[i], *kernels[i], dev);
 }
 
 std::vector<std::shared_ptr<GpuKernel>> get_kernels(const OpPlan& plan) {
@@ -115,6 +116,21 @@ BenchResult bench_on_gpu(OpPlan& plan, int iters) {
   r.iters = iters;
   r.median_ms = times[times.size() / 2];
   r.min_ms = times.front();
+  if (plan.launches.size() > 1) {
+    std::vector<std::vector<double>> per(plan.launches.size());
+    for (int i = 0; i < iters; ++i) {
+      for (size_t j = 0; j < plan.launches.size(); ++j) {
+        timer.start();
+        launch_one(plan.launches[j], *kernels[j], sets[i % sets.size()]);
+        timer.stop();
+        per[j].push_back(timer.elapsed_ms());
+      }
+    }
+    for (size_t j = 0; j < per.size(); ++j) {
+      std::sort(per[j].begin(), per[j].end());
+      r.launch_ms.emplace_back(plan.launches[j].kernel->name, per[j][per[j].size() / 2]);
+    }
+  }
   return r;
 }
 

@@ -17,7 +17,12 @@ struct BenchResult {
   double median_ms = 0, min_ms = 0;
   int iters = 0;
   int rotations = 1;      // independent copies of the tensors cycled through so L2 holds none of them
-  int64_t bytes = 0;      // bytes every run must move at least once: inputs read + outputs written
+  /// Every tensor of the plan once: the inputs in the kernel dtype, the outputs and the op's scratch
+  /// (e.g. poly's state2), each of which a run reads or writes at least once.
+  int64_t bytes = 0;
+  /// Per launch of the plan (in order): its kernel's name and the median of its own CUDA-event
+  /// intervals (a second pass that times each launch alone; their sum can exceed median_ms slightly).
+  std::vector<std::pair<std::string, double>> launch_ms;
 };
 
 /// Times `plan` on the GPU with CUDA events: warm-up, then `iters` runs (each run = all launches),

@@ -81,12 +81,12 @@ void dump_stages(const nvptx::CompiledKernel& c, const std::string& key, const c
     std::fwrite(text.data(), 1, text.size(), f);
     std::fclose(f);
   };
-  write("1-recorded.tir", c.tir);
-  write("2-layouts.tir", c.tir_layouts);
-  write("3-smem-plan.txt", c.smem_plan);
-  write("4-lowered.ll", c.llvm_ir);
-  write("5-optimized.ll", c.llvm_ir_opt);
-  write("6-kernel.ptx", c.ptx);
+  write(nvptx::kRecordedTirFile, c.tir);
+  write(nvptx::kLayoutsTirFile, c.tir_layouts);
+  write(nvptx::kSmemPlanFile, c.smem_plan);
+  write(nvptx::kLoweredLlFile, c.llvm_ir);
+  write(nvptx::kOptimizedLlFile, c.llvm_ir_opt);
+  write(nvptx::kPtxFile, c.ptx);
   write("7-kernel.cubin", std::string(m.cubin().begin(), m.cubin().end()));
   write("8-link.log", m.info_log());
   write("meta.json", meta_json(c));
@@ -110,6 +110,8 @@ std::shared_ptr<GpuKernel> GpuKernel::get(const ir::Kernel& k) {
   const cuda::DeviceInfo& dev = cuda::device_info();
   nvptx::GpuTarget target{dev.sm() >= 90 ? 90 : 80};
   std::string tir = ir::print(k);
+  // Read before the key: the key must hash exactly the override that is compiled.
+  const std::optional<nvptx::StageOverride> replaced = nvptx::stage_override_from_env(k);
   CacheKey key;
   key.add("format", std::to_string(kCacheFormatVersion))
       .add("compiler", kCompilerVersion)
@@ -118,6 +120,9 @@ std::shared_ptr<GpuKernel> GpuKernel::get(const ir::Kernel& k) {
       .add("tir", tir)
       .add("target", target.name())
       .add("device_sm", std::to_string(dev.sm()));
+  // Only overridden kernels get these fields, so the keys of all others stay what they were, and an
+  // overridden kernel never meets the cubin of the normal one, or of another edit.
+  if (replaced) key.add("override_stage", replaced->stage_name()).add("override", replaced->text);
   std::string hex = key.hex();
   {
     std::lock_guard lock(mu);
@@ -142,7 +147,7 @@ std::shared_ptr<GpuKernel> GpuKernel::get(const ir::Kernel& k) {
         std::vector<uint8_t>(cubin.begin(), cubin.end()), gk->compiled_.entry,
         hit->files.count("link.log") ? hit->files.at("link.log") : std::string()));
   } else {
-    gk->compiled_ = nvptx::compile_kernel(k, target);
+    gk->compiled_ = nvptx::compile_kernel(k, target, replaced);
     check_shared_memory(k, gk->compiled_, dev);
     gk->module_ = std::make_unique<cuda::LinkedModule>(cuda::link_ptx(gk->compiled_.ptx, gk->compiled_.entry));
     gk->compiled_here_ = true;

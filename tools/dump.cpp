@@ -84,24 +84,25 @@ std::vector<std::string> dump_kernels(const std::vector<std::shared_ptr<ir::Kern
   std::vector<std::string> summary;
   const std::string ptxas = find_ptxas();
   for (size_t i = 0; i < kernels.size(); ++i) {
-    nvptx::CompiledKernel c = nvptx::compile_kernel(*kernels[i], target);
+    const ir::Kernel& k = *kernels[i];
+    nvptx::CompiledKernel c = nvptx::compile_kernel(k, target, nvptx::stage_override_from_env(k));
     fs::path d = fs::path(dir) / fmt::format("{}-{}", i, c.entry);
     std::error_code ec;
     fs::create_directories(d, ec);
     if (ec) throw UserError(fmt::format("cannot create {}: {}", d.string(), ec.message()));
-    write_file(d / "1-recorded.tir", c.tir);
-    write_file(d / "2-layouts.tir", c.tir_layouts);
-    write_file(d / "3-smem-plan.txt", c.smem_plan);
-    write_file(d / "4-lowered.ll", c.llvm_ir);
-    write_file(d / "5-optimized.ll", c.llvm_ir_opt);
-    write_file(d / "6-kernel.ptx", c.ptx);
+    write_file(d / nvptx::kRecordedTirFile, c.tir);
+    write_file(d / nvptx::kLayoutsTirFile, c.tir_layouts);
+    write_file(d / nvptx::kSmemPlanFile, c.smem_plan);
+    write_file(d / nvptx::kLoweredLlFile, c.llvm_ir);
+    write_file(d / nvptx::kOptimizedLlFile, c.llvm_ir_opt);
+    write_file(d / nvptx::kPtxFile, c.ptx);
     write_file(d / "7-annotated.txt", annotate_ptx(c.ptx));
     std::string line = fmt::format("{}: {} threads, {} bytes of shared memory", d.string(), c.num_threads, c.smem_bytes);
     if (!ptxas.empty()) {
       // ptxas -v: registers, spills, stack; the cubin for cuobjdump/nvdisasm (SASS needs those tools,
       // which come with the CUDA toolkit on the GPU machine).
       std::string cmd = fmt::format("{} -arch={} -v '{}' -o '{}' > '{}' 2>&1", ptxas, target.name(),
-                                    (d / "6-kernel.ptx").string(), (d / "8-kernel.cubin").string(),
+                                    (d / nvptx::kPtxFile).string(), (d / "8-kernel.cubin").string(),
                                     (d / "9-resources.txt").string());
       int rc = std::system(cmd.c_str());
       std::ifstream log(d / "9-resources.txt");

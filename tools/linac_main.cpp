@@ -19,6 +19,7 @@
 #include "compiler/ir/printer.h"
 #include "compiler/nvptx/codegen.h"
 #include "kernels/op.h"
+#include "kernels/op_support.h"
 #include "linac/error.h"
 #include "runtime/autotune.h"
 #include "runtime/cuda_driver.h"
@@ -42,7 +43,8 @@ commands:
   dump OP --dir D           write every stage of OP's kernels, annotated PTX and resources to D
 
 Environment: LINAC_DEVICE (default device for run), LINAC_CACHE_DIR, LINAC_DISABLE_CACHE, LINAC_CACHE_LOG,
-LINAC_DUMP (a directory: every stage of every kernel compiled for the GPU), LINAC_DEBUG (whole error
+LINAC_DUMP (a directory: every stage of every kernel compiled for the GPU), LINAC_OVERRIDE_DIR (a
+directory of stage files that replace the compiler's, see 'linac dump --help'), LINAC_DEBUG (whole error
 messages), LINAC_CUDA_DEVICE (GPU ordinal). See README.md.
 )";
 
@@ -78,19 +80,26 @@ verified first). Needs no GPU.
   --dtype D             input dtype the op's kernels are specialized for (default bf16)
   --config K=V,...      tuning parameters of the op's kernels (see 'linac list')
   --target T            GPU architecture for the backend stages (default sm_90a)
+With LINAC_OVERRIDE_DIR set, stages come from its files where it has them (see 'linac dump --help').
 )";
 
 constexpr const char* kBenchUsage = R"(usage: linac bench OP --shape B=8,T=4096,H=16,K=128[,V=128] [options]
 
 Times OP on the GPU on random inputs with CUDA events (3 warm-up runs, then the median of --iters
-runs, cycling through copies of the inputs that together exceed twice the L2 cache).
+runs, cycling through copies of the inputs that together exceed twice the L2 cache). Prints the
+time, the bandwidth achieved and the fraction of the HBM floor: the floor is the time the op's bytes
+take at the peak memory bandwidth (floor ms / median ms; 1 would be running at the memory's speed).
+The bytes are every tensor of the op's plan once: its inputs in the kernel dtype, its outputs and the
+scratch it allocates (e.g. poly's degree-2 state), each of which a run reads or writes at least once.
   --shape B=..,T=..,H=..,K=..[,V=..]  problem size (V defaults to K)
   --dtype fp32|bf16|fp16  input precision (default bf16)
   --gated               add a per-head log-decay gate g (linear_attn)
   --chunk-size N        chunk size (default: the op's)
   --config K=V,...      tuning parameters (see 'linac list')
   --iters N             timed runs (default 50)
-  --json FILE           also write the result as JSON
+  --peak-gbs X          peak memory bandwidth in GB/s (default: the device's, 2 x memory clock x bus
+                        width: about 4800 on an H200)
+  --json FILE           also write the result as JSON (with bytes, floor_ms, peak_gbs, fraction_of_floor)
 )";
 
 constexpr const char* kCacheUsage = R"(usage: linac cache ls | clear | prune --max-size SIZE
@@ -315,7 +324,7 @@ int cmd_compile(const std::vector<std::string>& args) {
       fmt::print("{}", ir::print(k));
       return;
     }
-    nvptx::CompiledKernel c = nvptx::compile_kernel(k, sel.target);
+    nvptx::CompiledKernel c = nvptx::compile_kernel(k, sel.target, nvptx::stage_override_from_env(k));
     const std::string& text = emit == "layouts"  ? c.tir_layouts
                               : emit == "smem"   ? c.smem_plan
                               : emit == "llvm"   ? c.llvm_ir
@@ -347,15 +356,25 @@ ProblemShape parse_shape(const std::string& spec) {
   return ProblemShape{shape["B"], shape["T"], shape["H"], shape["K"], shape["V"], false};
 }
 
-constexpr const char* kTuneUsage = R"(usage: linac tune OP --shape B=..,T=..,H=..,K=..[,V=..] [--dtype bf16] [--gated]
+constexpr const char* kTuneUsage = R"(usage: linac tune OP --shape B=..,T=..,H=..,K=..[,V=..] [--dtype bf16] [--gated] [--list]
 
 Tunes OP's configuration on this GPU for the shape (progress on stderr), stores the winner in the
 tuning database (<cache dir>/tuning.db; later runs use it) and prints every candidate.
+  --list                print the candidate configurations for the shape and dtype, one per line
+                        ("default" first), and exit; needs no GPU
 )";
+
+/// kTuneUsage and the ops it applies to, from the registry.
+void print_tune_usage() {
+  std::vector<std::string> tunable;
+  for (const auto& op : op_registry())
+    if (op.tuning_space) tunable.push_back(op.name);
+  fmt::print("{}Ops with a tuning space: {}\n", kTuneUsage, fmt::join(tunable, ", "));
+}
 
 int cmd_tune(const std::vector<std::string>& args) {
   if (args.empty() || is_help(args[0])) {
-    fmt::print("{}", kTuneUsage);
+    print_tune_usage();
     return args.empty() ? 1 : 0;
   }
   const OpDef& op = find_op(args[0]);
@@ -363,10 +382,10 @@ int cmd_tune(const std::vector<std::string>& args) {
   opts.device = Device::cuda;
   opts.dtype = DType::bf16;
   std::optional<ProblemShape> shape;
-  bool gated = false;
+  bool gated = false, list = false;
   for (size_t i = 1; i < args.size(); ++i) {
     if (is_help(args[i])) {
-      fmt::print("{}", kTuneUsage);
+      print_tune_usage();
       return 0;
     } else if (args[i] == "--shape") {
       shape = parse_shape(value_of(args, i));
@@ -374,12 +393,19 @@ int cmd_tune(const std::vector<std::string>& args) {
       opts.dtype = parse_input_dtype(value_of(args, i));
     } else if (args[i] == "--gated") {
       gated = true;
+    } else if (args[i] == "--list") {
+      list = true;
     } else {
       usage_error(fmt::format("unknown option '{}' for 'tune' (see linac tune --help)", args[i]));
     }
   }
   if (!shape) usage_error("tune needs --shape B=..,T=..,H=..,K=..");
   shape->gated = gated;
+  if (list) {
+    if (!op.tuning_space) usage_error(fmt::format("{} has no tuning space", op.name));
+    for (const Config& c : op.tuning_space(*shape, opts.dtype)) fmt::print("{}\n", config_str(c));
+    return 0;
+  }
   TuneResult r = tune(op, *shape, opts, true);
   fmt::print("{} {} {} on {}: tuned in {:.1f} s\n", op.name, shape->str(), dtype_name(opts.dtype),
              cuda::device_info().name, r.seconds);
@@ -395,7 +421,21 @@ constexpr const char* kDumpUsage = R"(usage: linac dump OP|FILE.tir --dir D [--d
 Writes, per kernel of OP (or of the .tir file), into D/<n>-<kernel>/: the tile IR as recorded, with
 layouts, the shared-memory plan, LLVM IR before and after O3, the PTX, the PTX annotated with the DSL
 source lines its .loc directives point at, and — when ptxas is installed — the cubin and ptxas's
-resource report (registers, spills, stack), plus the SASS when cuobjdump is installed.
+resource report (registers, spills, stack), plus the SASS when cuobjdump is installed:
+  1-recorded.tir 2-layouts.tir 3-smem-plan.txt 4-lowered.ll 5-optimized.ll 6-kernel.ptx
+  7-annotated.txt [8-kernel.cubin 9-resources.txt 10-kernel.sass]
+
+Overriding a stage (as Triton's kernel override): edit a file of D, then set LINAC_OVERRIDE_DIR=D
+for any command that compiles (run, bench, tune, compile, dump, and programs using linac/runtime.h).
+A kernel's stage is replaced by D/<n>-<kernel>/6-kernel.ptx (linked as it is), else 5-optimized.ll
+(then PTX is emitted from it), else 4-lowered.ll (then O3 and PTX): the latest stage present wins,
+so delete 6-kernel.ptx to start from an edited .ll. 1-recorded.tir ties the directory to the kernel
+with exactly that tile IR (other dtypes and configurations are compiled as usual); a directory named
+<kernel> without it serves every kernel of that name. Each replacement prints
+"linac: kernel K: STAGE replaced by FILE" on stderr; overridden kernels get their own cache entries.
+Example:
+  linac dump linear_attn --dir D && $EDITOR D/0-linear_attn_fwd/6-kernel.ptx
+  LINAC_OVERRIDE_DIR=D linac run linear_attn ... --device cuda
 )";
 
 int cmd_dump(const std::vector<std::string>& args) {
@@ -433,6 +473,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::optional<ProblemShape> shape;
   bool gated = false;
   int iters = 50;
+  std::optional<double> peak_gbs;
   std::string json;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -452,6 +493,9 @@ int cmd_bench(const std::vector<std::string>& args) {
     } else if (a == "--iters") {
       iters = parse_int(a, value_of(args, i));
       if (iters < 1) usage_error("--iters must be at least 1");
+    } else if (a == "--peak-gbs") {
+      peak_gbs = parse_double(a, value_of(args, i));
+      if (!(*peak_gbs > 0)) usage_error("--peak-gbs must be positive");
     } else if (a == "--json") {
       json = value_of(args, i);
     } else {
@@ -464,30 +508,59 @@ int cmd_bench(const std::vector<std::string>& args) {
   ProblemShape ps{B, T, H, K, V, gated};
   TensorMap inputs = op.random_inputs(ps, 1);
   check_op_options(op, opts);
-  // Setup = choosing the configuration (tuning database, or tuning) and getting the kernels (cache or
-  // compile): what a warm start costs before the first launch, input preparation aside.
-  auto t0 = std::chrono::steady_clock::now();
+  // The setup of a new process before its first launch, step by step: the CUDA driver and context,
+  // the configuration (tuning database, or tuning), the op's inputs (q, k, v cast to the kernel dtype,
+  // outputs allocated: proportional to the problem, paid by every call that passes fp32 arrays) and
+  // the kernels (disk cache, or compiling). "To first launch" is all of it but the inputs.
+  using clock = std::chrono::steady_clock;
+  auto ms = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  auto t0 = clock::now();
+  cuda::device_info();
+  auto t1 = clock::now();
   if (opts.config.empty() && !opts.chunk_size) opts.config = autotuned_config(op, inputs, opts);
+  auto t2 = clock::now();
+  cast_qkv(inputs, opts.dtype);
   OpPlan plan = op.prepare(inputs, opts, {"o"});
-  auto t1 = std::chrono::steady_clock::now();
+  auto t3 = clock::now();
   prepare_kernels_on_gpu(plan);
-  auto t2 = std::chrono::steady_clock::now();
-  fmt::print(stderr, "linac bench: setup {:.1f} ms (config {:.1f} ms incl. input cast, kernels {:.1f} ms)\n",
-             std::chrono::duration<double, std::milli>(t2 - t0).count(),
-             std::chrono::duration<double, std::milli>(t1 - t0).count(),
-             std::chrono::duration<double, std::milli>(t2 - t1).count());
+  auto t4 = clock::now();
+  const double first_launch_ms = ms(t0, t2) + ms(t3, t4);
+  fmt::print(stderr,
+             "linac bench: setup to first launch {:.1f} ms (CUDA init {:.1f} ms, configuration {:.1f} ms, kernels {:.1f} ms); "
+             "inputs {:.1f} ms\n",
+             first_launch_ms, ms(t0, t1), ms(t1, t2), ms(t3, t4), ms(t2, t3));
   BenchResult r = bench_on_gpu(plan, iters);
   std::string config = config_str(opts.config);
-  fmt::print("{} B={} T={} H={} K={} V={} {}{} [{}]: median {:.4f} ms, min {:.4f} ms over {} runs ({} input sets), {:.1f} GB/s\n",
+  // The HBM floor: the plan's bytes at the peak memory bandwidth (unknown when the driver reports no
+  // memory clock or bus width and --peak-gbs is not given).
+  if (!peak_gbs && cuda::device_info().peak_memory_bytes_per_s() > 0)
+    peak_gbs = cuda::device_info().peak_memory_bytes_per_s() / 1e9;
+  const std::optional<double> floor_ms = peak_gbs ? std::optional(r.bytes / (*peak_gbs * 1e6)) : std::nullopt;
+  const std::optional<double> fraction = floor_ms ? std::optional(*floor_ms / r.median_ms) : std::nullopt;
+  fmt::print("{} B={} T={} H={} K={} V={} {}{} [{}]: median {:.4f} ms, min {:.4f} ms over {} runs ({} input sets), "
+             "{:.1f} GB/s, {}\n",
              op.name, B, T, H, K, V, dtype_name(opts.dtype), gated ? " gated" : "", config, r.median_ms, r.min_ms,
-             r.iters, r.rotations, r.bytes / (r.median_ms * 1e6));
+             r.iters, r.rotations, r.bytes / (r.median_ms * 1e6),
+             fraction ? fmt::format("{:.2f} of the HBM floor ({:.0f} GB/s peak)", *fraction, *peak_gbs)
+                      : std::string("HBM floor unknown (the driver reports no peak bandwidth: pass --peak-gbs)"));
+  if (!r.launch_ms.empty()) {
+    std::string parts;
+    for (const auto& [name, ms] : r.launch_ms) parts += fmt::format("{}{} {:.4f} ms", parts.empty() ? "" : ", ", name, ms);
+    fmt::print("  per kernel (each timed alone, median): {}\n", parts);
+  }
   if (!json.empty()) {
+    auto number_or_null = [](const std::optional<double>& x) {
+      return x ? fmt::format("{}", *x) : std::string("null");
+    };
     std::string text = fmt::format(
         "{{\"op\": \"{}\", \"shape\": {{\"B\": {}, \"T\": {}, \"H\": {}, \"K\": {}, \"V\": {}}}, \"dtype\": \"{}\", "
         "\"gated\": {}, \"median_ms\": {}, \"min_ms\": {}, \"iters\": {}, \"rotations\": {}, \"bytes\": {}, "
-        "\"config\": \"{}\"}}\n",
+        "\"floor_ms\": {}, \"peak_gbs\": {}, \"fraction_of_floor\": {}, \"config\": \"{}\", "
+        "\"setup_ms\": {{\"to_first_launch\": {}, \"cuda_init\": {}, \"configuration\": {}, \"kernels\": {}, "
+        "\"inputs\": {}}}}}\n",
         op.name, B, T, H, K, V, dtype_name(opts.dtype), gated, r.median_ms, r.min_ms, r.iters, r.rotations, r.bytes,
-        config);
+        number_or_null(floor_ms), number_or_null(peak_gbs), number_or_null(fraction), config, first_launch_ms,
+        ms(t0, t1), ms(t1, t2), ms(t3, t4), ms(t2, t3));
     std::FILE* f = std::fopen(json.c_str(), "wb");
     if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size()) usage_error(fmt::format("{}: cannot write", json));
     std::fclose(f);

@@ -1,12 +1,14 @@
 #include "compiler/nvptx/codegen.h"
 
 #include <fmt/format.h>
+#include <llvm/AsmParser/Parser.h>
 #include <llvm/Config/llvm-config.h>
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Verifier.h>
 #include <llvm/MC/TargetRegistry.h>
 #include <llvm/Passes/PassBuilder.h>
 #include <llvm/Support/CommandLine.h>
+#include <llvm/Support/SourceMgr.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
@@ -48,9 +50,41 @@ std::string to_string(const llvm::Module& m) {
   return s;
 }
 
+/// The override's LLVM IR as a module of `ctx`. It is the user's text, so every defect is a UserError
+/// naming the file: it does not parse, does not verify, or lacks the kernel's entry function.
+std::unique_ptr<llvm::Module> parse_override(const StageOverride& o, const std::string& entry, llvm::LLVMContext& ctx) {
+  llvm::SMDiagnostic diag;
+  std::unique_ptr<llvm::Module> m = llvm::parseAssemblyString(o.text, diag, ctx);
+  if (!m)
+    throw UserError(fmt::format("kernel {}: {}:{}:{}: {}", entry, o.path, diag.getLineNo(), diag.getColumnNo() + 1,
+                                diag.getMessage().str()));
+  std::string err;
+  llvm::raw_string_ostream es(err);
+  if (llvm::verifyModule(*m, &es))
+    throw UserError(fmt::format("kernel {}: {} is not valid LLVM IR: {}", entry, o.path, err));
+  if (!m->getFunction(entry))
+    throw UserError(fmt::format("kernel {}: {} defines no function @{}", entry, o.path, entry));
+  return m;
+}
+
+/// PTX is parsed by the driver only, on the GPU; what can be checked here is that the override still
+/// defines the kernel's entry, whose absence the driver would report as a bare "named symbol not found".
+void check_ptx_override(const StageOverride& o, const std::string& entry) {
+  for (size_t pos = o.text.find(".entry"); pos != std::string::npos; pos = o.text.find(".entry", pos + 1)) {
+    size_t name = o.text.find_first_not_of(" \t", pos + 6);
+    if (name != std::string::npos && o.text.compare(name, entry.size(), entry) == 0) {
+      char after = name + entry.size() < o.text.size() ? o.text[name + entry.size()] : '\0';
+      if (after == '(' || after == ' ' || after == '\t' || after == '\n') return;
+    }
+  }
+  throw UserError(fmt::format("kernel {}: {} defines no .entry {}", entry, o.path, entry));
+}
+
 }  // namespace
 
-CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target) {
+CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
+                              const std::optional<StageOverride>& replaced) {
+  auto replaces = [&](OverrideStage s) { return replaced && replaced->stage == s; };
   init_nvptx();
   CompiledKernel out;
   out.entry = k.name;
@@ -63,16 +97,18 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target) {
   out.smem_bytes = plan.total_bytes;
 
   llvm::LLVMContext ctx;
-  llvm::Module m(k.name, ctx);
+  auto m = std::make_unique<llvm::Module>(k.name, ctx);
   llvm::Triple triple("nvptx64-nvidia-cuda");
-  m.setTargetTriple(triple);
-  m.addModuleFlag(llvm::Module::Warning, "Debug Info Version", llvm::DEBUG_METADATA_VERSION);
-  KernelLowering(k, layouts, plan, m, &out.params).run();
-  out.llvm_ir = to_string(m);
+  m->setTargetTriple(triple);
+  m->addModuleFlag(llvm::Module::Warning, "Debug Info Version", llvm::DEBUG_METADATA_VERSION);
+  // The lowering runs even under an override: its parameter list is the launch ABI.
+  KernelLowering(k, layouts, plan, *m, &out.params).run();
   std::string err;
   llvm::raw_string_ostream es(err);
-  if (llvm::verifyModule(m, &es))
+  if (llvm::verifyModule(*m, &es))
     throw InternalError(fmt::format("the lowering of {} produced invalid LLVM IR: {}", k.name, err));
+  if (replaces(OverrideStage::llvm)) m = parse_override(*replaced, k.name, ctx);
+  out.llvm_ir = to_string(*m);
 
   const llvm::Target* t = llvm::TargetRegistry::lookupTarget(triple, err);
   if (!t) throw InternalError("NVPTX target missing from this LLVM: " + err);
@@ -81,9 +117,14 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target) {
   std::unique_ptr<llvm::TargetMachine> tm(
       t->createTargetMachine(triple, target.name(), "+ptx86", opts, std::nullopt, std::nullopt,
                              llvm::CodeGenOptLevel::Aggressive));
-  m.setDataLayout(tm->createDataLayout());
+  m->setTargetTriple(triple);  // an override's module may name another target, or none
+  m->setDataLayout(tm->createDataLayout());
 
-  {
+  if (replaces(OverrideStage::llvm_opt)) {
+    m = parse_override(*replaced, k.name, ctx);
+    m->setTargetTriple(triple);
+    m->setDataLayout(tm->createDataLayout());
+  } else {
     llvm::LoopAnalysisManager lam;
     llvm::FunctionAnalysisManager fam;
     llvm::CGSCCAnalysisManager cgam;
@@ -95,16 +136,21 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target) {
     pb.registerLoopAnalyses(lam);
     pb.crossRegisterProxies(lam, fam, cgam, mam);
     llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
-    mpm.run(m, mam);
+    mpm.run(*m, mam);
   }
-  out.llvm_ir_opt = to_string(m);
+  out.llvm_ir_opt = to_string(*m);
+  if (replaces(OverrideStage::ptx)) {
+    check_ptx_override(*replaced, k.name);
+    out.ptx = replaced->text;
+    return out;
+  }
 
   llvm::SmallString<0> ptx;
   llvm::raw_svector_ostream ps(ptx);
   llvm::legacy::PassManager cg;
   if (tm->addPassesToEmitFile(cg, ps, nullptr, llvm::CodeGenFileType::AssemblyFile))
     throw InternalError("NVPTX cannot emit assembly");
-  cg.run(m);
+  cg.run(*m);
   out.ptx = std::string(ptx.str());
   // NVPTX still emits an empty .debug_macinfo section with debug directives only; any debug section
   // makes the driver's JIT treat the module as -g, which it refuses for optimized code.

@@ -1,10 +1,12 @@
 // The GPU backend's entry point: tile IR -> layouts -> shared-memory plan -> LLVM IR -> O3 -> PTX.
 // No LLVM header here: the rest of linac (and user code) compiles without them.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "compiler/ir/ir.h"
+#include "compiler/nvptx/stage_override.h"
 
 namespace linac::nvptx {
 
@@ -38,7 +40,11 @@ struct CompiledKernel {
 };
 
 /// Compiles `k` for `target`. UserError for programs the backend cannot lower (with the DSL line).
-CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target);
+/// With `replaced`, that stage's output is the override's text and the later stages start from it
+/// (the earlier ones are compiled as usual: the launch needs the lowering's parameter list); an
+/// override that does not parse or verify is a UserError naming its file.
+CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
+                              const std::optional<StageOverride>& replaced = std::nullopt);
 
 /// The LLVM version linked into linac ("22.1.8").
 std::string llvm_version();

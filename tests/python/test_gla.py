@@ -159,6 +159,36 @@ def test_config_keys(linac):
     run_and_check(linac, inputs, options=["--config", "chunk=32,bv=16,warps=8,stages=1"])
 
 
+SPLIT_CONFIGS = ["split=1,chunk=64,bv=64,warps=4", "split=1,chunk=32,bv=16,warps=2", "split=1,chunk=64,bv=64,stages=2"]
+
+
+@pytest.mark.parametrize("config", SPLIT_CONFIGS)
+@pytest.mark.parametrize("init", [False, True], ids=["zero_state", "initial_state"])
+def test_split_schedule(linac, config, init):
+    # The state pass + parallel outputs: T not a multiple of the chunk, several V blocks, K != V,
+    # B > 1, both states.
+    inputs = make_inputs(960 + init, B=2, T=150, H=2, K=48, V=40, gate_bias=2.0, init=init)
+    run_and_check(linac, inputs, options=["--config", config])
+
+
+@pytest.mark.parametrize("rows", [(64, 128), (80, 96), (16, 48)], ids=["chunk", "sub_chunk", "head_of_chunk"])
+def test_split_schedule_very_negative_gates(linac, rows):
+    # The state pass sums the decay after each row directly; -1e4 gates early in a chunk must not
+    # cancel the precision of the decays after them. (Blocks of -1e4 that start or end inside a
+    # 16-row sub-chunk lose precision in every schedule, ~1e-3: the diagonal blocks take exp(L_r - L_c)
+    # of cumulative sums, as fla does; fla clamps gates at -5, where this does not arise.)
+    inputs = make_inputs(980 + rows[0], B=1, T=160, H=1, K=32, V=16, gate_bias=2.0, init=True)
+    inputs["g"][:, rows[0]:rows[1]] = -1e4
+    run_and_check(linac, inputs, options=["--config", "split=1,chunk=64"])
+
+
+def test_split_schedule_varlen_runs_fused(linac):
+    cu = np.array([0, 1, 17, 80, 81, 130], dtype=np.int32)
+    inputs = make_inputs(990, B=1, T=130, H=2, K=32, V=16, gate_bias=2.0, init=True, N=len(cu) - 1)
+    inputs["cu_seqlens"] = cu
+    run_and_check(linac, inputs, options=["--config", "split=1,chunk=64"])
+
+
 # ---------------------------------------------------------------------------------------------------
 # Errors: exit status 1, exactly one line on stderr starting with "linac: error:", no output file.
 

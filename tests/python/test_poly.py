@@ -97,6 +97,36 @@ def test_config_does_not_change_results(linac):
     assert err < FP32_TOL, f"--config changed the result by {err:.3g}"
 
 
+def tuning_space(linac, K, V, T):
+    """The candidates `linac tune poly --list` prints for the size ("default" first)."""
+    proc = linac.run("tune", "poly", "--shape", f"B=1,T={T},H=1,K={K},V={V}", "--list")
+    assert proc.returncode == 0, proc.stderr
+    configs = proc.stdout.split()
+    assert configs and configs[0] == "default", proc.stdout
+    return configs
+
+
+# One size per half of the space: BK <= 64 (chunks of 128, 32 value columns) and BK = 128. T crosses
+# a chunk boundary with a ragged last chunk at every chunk size the half has.
+@pytest.mark.parametrize("K,V,T", [(16, 48, 150), (72, 16, 70)], ids=["narrow_keys", "wide_keys"])
+def test_every_tuning_candidate_matches_reference(linac, K, V, T):
+    # The tuner checks each candidate against the interpreter at the defaults before timing it; here
+    # each one is checked against the float64 reference, so a candidate the kernels mishandle fails
+    # on any machine, GPU or not.
+    inputs = make_inputs(420 + K, B=1, T=T, H=2, K=K, V=V)
+    ref = ref_of(inputs)
+    configs = tuning_space(linac, K, V, T)
+    assert len(configs) > 3, configs
+    failures = []
+    for config in configs:
+        options = [] if config == "default" else ["--config", config]
+        try:
+            check_output(linac.run_op("poly", inputs, options=options)["o"], ref)
+        except AssertionError as e:
+            failures.append(f"{config}: {e}")
+    assert not failures, "\n".join(failures)
+
+
 @pytest.mark.parametrize("a,b,c", [(2.0, 0.5, 0.25), (0.5, -1.0, 1.0), (3.0, 0.0, 0.0)],
                          ids=["wider", "negative_b", "constant"])
 def test_custom_coefficients(linac, a, b, c):

@@ -256,6 +256,10 @@ TEST_SUITE("cuda_driver") {
     CHECK(d.regs_per_sm > 0);
     CHECK(d.l2_bytes > 0);
     CHECK(d.total_memory > (1ull << 30));
+    // linac bench's HBM floor: from 0.1 to 10 TB/s on any GPU linac targets (4.8 TB/s on an H200).
+    MESSAGE("peak memory bandwidth: " << d.peak_memory_bytes_per_s() / 1e9 << " GB/s");
+    CHECK(d.peak_memory_bytes_per_s() > 1e11);
+    CHECK(d.peak_memory_bytes_per_s() < 1e13);
     MemInfo m = mem_info();
     CHECK(m.free_bytes > 0);
     CHECK(m.free_bytes <= m.total_bytes);

@@ -139,7 +139,8 @@ struct Compiled {
 };
 
 /// Compiles `k` to PTX for `arch`. Needs no GPU. UserError for a program the backend cannot lower
-/// (the message starts with the DSL file:line).
+/// (the message starts with the DSL file:line). Honors LINAC_OVERRIDE_DIR as run() does (a stage read
+/// from a file; see docs/dsl-guide.md).
 Compiled compile(const ir::Kernel& k, Arch arch = Arch::sm_90a);
 
 /// Runs `k` over `grid` on `device` with `args`; returns the device it ran on (cpu or gpu). The

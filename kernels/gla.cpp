@@ -27,16 +27,6 @@ SequenceRange sequence_range(bool varlen, const Tensor& q, const Tensor& cu, con
   return {i_n, constant(0, DType::i32), q.dim(1)};
 }
 
-/// Row sums of an [R, C] tile in two steps of about sqrt(C) elements: the GPU backend reduces a 2-D
-/// tile along an axis with one serial loop per output element, so this shortens the chain from C.
-Tile row_sums(const Tile& x) {
-  const int64_t R = x.shape()[0], C = x.shape()[1];
-  int64_t f = 1;
-  while (f * f < C) f *= 2;
-  if (f <= 2 || f >= C) return sum(x, 1);
-  return sum(reshape(sum(reshape(x, {R * C / f, f}), 1), {R, C / f}), 1);
-}
-
 }  // namespace
 
 // One program per (16-row sub-chunk, sequence x head), all independent: the diagonal block
@@ -75,7 +65,7 @@ std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg) {
     Lc = Lc + load(g, {b, ti + c, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
     Tile below = rows >= c;
     Tile x = Qf * expand_dims(kc, 0) * exp(where(below, L - expand_dims(Lc, 0), 0.0f));
-    A = A + where((cols == c) & below, expand_dims(row_sums(x), 1), 0.0f);
+    A = A + where((cols == c) & below, expand_dims(sum(x, 1), 1), 0.0f);  // rows reduce in registers
   }, A, Lc);
   store(a_diag, {b, ti, i_h, 0}, {kIndex, BC, kIndex, BC}, A * scale, in_seq);
   return kb.finish();

@@ -97,6 +97,8 @@ scratch it allocates (e.g. poly's degree-2 state), each of which a run reads or 
   --chunk-size N        chunk size (default: the op's)
   --config K=V,...      tuning parameters (see 'linac list')
   --iters N             timed runs (default 50)
+  --backward            also time the backward (ops with --backward: gradients from random do; at the
+                        backward kernels' defaults) and report fwd+bwd and the backward's device memory
   --peak-gbs X          peak memory bandwidth in GB/s (default: the device's, 2 x memory clock x bus
                         width: about 4800 on an H200)
   --json FILE           also write the result as JSON (with bytes, floor_ms, peak_gbs, fraction_of_floor)
@@ -471,7 +473,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   opts.device = Device::cuda;
   opts.dtype = DType::bf16;
   std::optional<ProblemShape> shape;
-  bool gated = false;
+  bool gated = false, backward = false;
   int iters = 50;
   std::optional<double> peak_gbs;
   std::string json;
@@ -486,6 +488,10 @@ int cmd_bench(const std::vector<std::string>& args) {
       opts.dtype = parse_input_dtype(value_of(args, i));
     } else if (a == "--gated") {
       gated = true;
+    } else if (a == "--backward") {
+      if (std::find(op.flags.begin(), op.flags.end(), "backward") == op.flags.end())
+        usage_error(fmt::format("{} has no backward yet", op.name));
+      backward = true;
     } else if (a == "--chunk-size") {
       opts.chunk_size = parse_int(a, value_of(args, i));
     } else if (a == "--config") {
@@ -548,6 +554,25 @@ int cmd_bench(const std::vector<std::string>& args) {
     for (const auto& [name, ms] : r.launch_ms) parts += fmt::format("{}{} {:.4f} ms", parts.empty() ? "" : ", ", name, ms);
     fmt::print("  per kernel (each timed alone, median): {}\n", parts);
   }
+  // The backward: gradients of every differentiable input from a random do, at the backward kernels'
+  // defaults (the forward's tuned configuration has keys of its own kernels).
+  BenchResult rb;
+  if (backward) {
+    inputs["do"] = random_uniform({B, T, H, V}, 7);
+    cast_qkv(inputs, opts.dtype);
+    OpOptions bo = opts;
+    bo.config.clear();
+    bo.backward = true;
+    std::vector<std::string> grads = {"dq", "dk", "dv"};
+    if (gated) grads.push_back("dg");
+    OpPlan bplan = op.prepare(inputs, bo, grads);
+    rb = bench_on_gpu(bplan, iters);
+    std::string parts;
+    for (const auto& [name, ms] : rb.launch_ms) parts += fmt::format("{}{} {:.4f} ms", parts.empty() ? "" : ", ", name, ms);
+    fmt::print("backward: median {:.4f} ms{}; forward+backward {:.4f} ms; the backward's device memory {:.1f} MB "
+               "(every tensor of the call: inputs, do, gradients, scratch)\n",
+               rb.median_ms, parts.empty() ? "" : " (" + parts + ")", r.median_ms + rb.median_ms, rb.bytes / 1e6);
+  }
   if (!json.empty()) {
     auto number_or_null = [](const std::optional<double>& x) {
       return x ? fmt::format("{}", *x) : std::string("null");
@@ -561,6 +586,9 @@ int cmd_bench(const std::vector<std::string>& args) {
         op.name, B, T, H, K, V, dtype_name(opts.dtype), gated, r.median_ms, r.min_ms, r.iters, r.rotations, r.bytes,
         number_or_null(floor_ms), number_or_null(peak_gbs), number_or_null(fraction), config, first_launch_ms,
         ms(t0, t1), ms(t1, t2), ms(t3, t4), ms(t2, t3));
+    if (backward)
+      text.insert(text.rfind('}'), fmt::format(", \"fwd_ms\": {}, \"bwd_ms\": {}, \"bwd_device_bytes\": {}", r.median_ms,
+                                               rb.median_ms, rb.bytes));
     std::FILE* f = std::fopen(json.c_str(), "wb");
     if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size()) usage_error(fmt::format("{}: cannot write", json));
     std::fclose(f);

@@ -1,6 +1,7 @@
 // Reductions and scans. The operand is in shared memory (the plan puts it there); each thread
 // computes the result elements its layout gives it by walking the reduced axis. Sums accumulate in
-// f32 (f64 for f64). Simple and exact enough; a warp-shuffle path for mma rows is future work.
+// f32 (f64 for f64). Two faster forms: 1-D tiles no longer than the program, and rows of 2-D blocked
+// tiles that each lie within one warp (passes::reduce_rows_in_registers), reduce with warp shuffles.
 #include <fmt/format.h>
 
 #include "compiler/nvptx/lowering.h"
@@ -149,8 +150,49 @@ bool KernelLowering::lower_scan_1d(const ir::Op& op) {
   return true;
 }
 
+bool KernelLowering::lower_reduce_rows(const ir::Op& op) {
+  const ir::Value* x = op.operands[0];
+  const Layout& l = layout(x);
+  if (!passes::reduce_rows_in_registers(op, l)) return false;
+  const DType t = x->type.dtype, at = acc_dtype(t);
+  const ir::ReduceKind kind = op.attrs.reduce;
+  const int64_t rows = x->type.shape[0], lanes_per_row = x->type.shape[1] / l.vec;
+  // Each pass of the layout gives a thread `vec` consecutive elements of one row: fold them, then
+  // fold the row's lanes (an aligned group of lanes_per_row lanes) with butterfly shuffles.
+  Regs xs = get_in_layout(x, l);
+  const int passes = l.regs_per_thread() / l.vec;
+  std::vector<llvm::Value*> part(passes);
+  for (int p = 0; p < passes; ++p) {
+    part[p] = convert(xs[p * l.vec], t, at);
+    for (int e = 1; e < l.vec; ++e) part[p] = combine(b_, kind, at, part[p], convert(xs[p * l.vec + e], t, at));
+  }
+  auto shfl = at == DType::f32 ? llvm::Intrinsic::nvvm_shfl_sync_bfly_f32 : llvm::Intrinsic::nvvm_shfl_sync_bfly_i32;
+  for (int64_t off = lanes_per_row / 2; off >= 1; off /= 2)
+    for (auto& v : part) v = combine(b_, kind, at, v, b_.CreateIntrinsic(shfl, {}, {i32(-1), v, i32(off), i32(31)}));
+  // The first lane of each row's group writes the row's result to scratch; the result's layout
+  // reads it back from there.
+  const ByteRange range{smem_.scratch_offset, smem_.scratch_offset + rows * 4};
+  before_smem_write(range);
+  llvm::Type* aty = llvm_type(at);
+  llvm::BasicBlock* st = llvm::BasicBlock::Create(ctx_, "rowred.out", fn_);
+  llvm::BasicBlock* cont = llvm::BasicBlock::Create(ctx_, "rowred.cont", fn_);
+  b_.CreateCondBr(b_.CreateICmpEQ(b_.CreateURem(tid_, i32(lanes_per_row)), i32(0)), st, cont);
+  b_.SetInsertPoint(st);
+  for (int p = 0; p < passes; ++p)
+    b_.CreateStore(part[p], scratch_addr(b_.CreateMul(coords_of(l, p * l.vec)[0], i32(4))));
+  b_.CreateBr(cont);
+  b_.SetInsertPoint(cont);
+  before_smem_read(range);
+  const Layout& out_l = layout(op.result());
+  Regs out(out_l.regs_per_thread());
+  for (int r = 0; r < out_l.regs_per_thread(); ++r)
+    out[r] = convert(b_.CreateLoad(aty, scratch_addr(b_.CreateMul(coords_of(out_l, r)[0], i32(4)))), at, t);
+  regs_[op.result()] = out;
+  return true;
+}
+
 void KernelLowering::lower_reduce(const ir::Op& op) {
-  if (lower_reduce_1d(op)) return;
+  if (lower_reduce_1d(op) || lower_reduce_rows(op)) return;
   const ir::Value* x = op.operands[0];
   const auto& shape = x->type.shape;
   const int axis = static_cast<int>(op.attrs.axis);

@@ -50,6 +50,22 @@ int64_t Layout::numel() const {
   return n;
 }
 
+bool reduce_rows_in_registers(const ir::Op& op, const Layout& l) {
+  if (op.code != ir::OpCode::Reduce || op.attrs.axis != 1 || l.kind != Layout::Kind::Blocked) return false;
+  const ir::Value* x = op.operands[0];
+  if (x->type.rank() != 2 || op.result()->type.rank() != 1) return false;
+  const DType t = x->type.dtype;
+  if (t != DType::f32 && t != DType::bf16 && t != DType::f16 && t != DType::i32) return false;
+  const int64_t n = l.shape[1], per_pass = int64_t{l.num_threads} * l.vec;
+  if (n % l.vec != 0) return false;
+  const int64_t lanes_per_row = n / l.vec;
+  if (lanes_per_row > 32 || 32 % lanes_per_row != 0) return false;  // a power of two, within a warp
+  if (per_pass % n != 0 || l.numel() % per_pass != 0) return false;  // whole rows per pass, threads distinct
+  // Large operands keep the shared-memory form: all of a thread's elements are live at the reduction
+  // here, which pushed poly_fwd's row sums ([32, 128] f32 at 4 warps: 32 registers each) into spills.
+  return l.regs_per_thread() <= 16;
+}
+
 int Layout::regs_per_thread() const {
   switch (kind) {
     case Kind::Uniform: return 1;

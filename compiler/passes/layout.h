@@ -53,6 +53,14 @@ struct Layout {
 /// memory first, as Triton converts before stores). `is_data` says whether v is held in registers.
 Layout store_layout(const ir::Value* v, const Layout& own, bool is_data, int num_warps);
 
+/// Whether reduce `op` runs from registers: a reduction along the last axis of a 2-D blocked tile
+/// whose every row lies in an aligned group of at most 32 lanes of one warp (whole rows per pass, no
+/// replicated threads), accumulating in f32 or i32, at most 16 elements per thread. Its operand then needs no shared-memory copy: the
+/// lowering folds each thread's elements of a row, then the row's lanes with butterfly shuffles, and
+/// passes the row results to the result's layout through the scratch area. (Other reductions read
+/// their operand from shared memory with one serial loop per result element.)
+bool reduce_rows_in_registers(const ir::Op& op, const Layout& operand);
+
 /// The layout of every value of a kernel.
 using LayoutMap = std::map<const ir::Value*, Layout>;
 

@@ -141,7 +141,10 @@ class Planner {
           }
         }
         return;
-      case OpCode::Reduce: case OpCode::Scan: need_smem(op.operands[0]); return;
+      case OpCode::Reduce:
+        if (!reduce_rows_in_registers(op, layout(op.operands[0]))) need_smem(op.operands[0]);
+        return;
+      case OpCode::Scan: need_smem(op.operands[0]); return;
       case OpCode::Store: need_in_layout(op.operands.back(), layout_for_store(op.operands.back())); return;
       case OpCode::For: {
         const ir::Block& body = *op.regions[0];
@@ -239,10 +242,11 @@ class Planner {
       total = std::max(total, off + iv.bytes);
       placed.push_back(iv);
     }
-    int64_t max_1d = 0;
+    int64_t max_1d = 0;  // also the rows of register row reductions, which pass their results through scratch
     ir::walk(const_cast<ir::Block&>(k_.body), [&](ir::Op& op) {
       if ((op.code == OpCode::Reduce || op.code == OpCode::Scan) && op.operands[0]->type.rank() == 1)
         max_1d = std::max(max_1d, op.operands[0]->type.shape[0]);
+      if (op.code == OpCode::Reduce && reduce_rows_in_registers(op, layout(op.operands[0]))) max_1d = std::max(max_1d, op.operands[0]->type.shape[0]);
     });
     plan_.scratch_offset = (total + 15) / 16 * 16;
     plan_.scratch_bytes = max_1d ? 32 * 8 + max_1d * 8 : 0;

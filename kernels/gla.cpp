@@ -64,7 +64,9 @@ std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg) {
     Tile kc = load(k, {b, ti + c, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq).to(f32);
     Lc = Lc + load(g, {b, ti + c, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
     Tile below = rows >= c;
-    Tile x = Qf * expand_dims(kc, 0) * exp(where(below, L - expand_dims(Lc, 0), 0.0f));
+    // exp(..) first: its f32 layout (4 per thread) then wins over Qf's (8, from the 16-bit load), so the
+    // loop-invariant Qf is the one read across layouts (from its copy made once), not each exp tile.
+    Tile x = exp(where(below, L - expand_dims(Lc, 0), 0.0f)) * Qf * expand_dims(kc, 0);
     A = A + where((cols == c) & below, expand_dims(sum(x, 1), 1), 0.0f);  // rows reduce in registers
   }, A, Lc);
   store(a_diag, {b, ti, i_h, 0}, {kIndex, BC, kIndex, BC}, A * scale, in_seq);

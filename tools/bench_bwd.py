@@ -116,7 +116,7 @@ def main():
                     print(f"    {who} error: {r['error']}")
     print("\ndevice memory of fwd+bwd, B1 H16 D128 bf16, plain (linac: tensors of the backward call; fla: peak)")
     print(f"{'T':>7} {'linac MB':>9} {'per token KB':>12} {'fla peak MB':>11}")
-    for T in (int(x) for x in args.mem_lengths.split(",")):
+    for T in (int(x) for x in args.mem_lengths.split(",") if x.strip()):
         shape = (1, T, 16, 128)
         lin = linac_bwd(args.linac, shape, False, 5)
         fl = fla_bwd(fn, shape, False, 3) if fn else {}

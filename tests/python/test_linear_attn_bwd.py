@@ -137,6 +137,13 @@ def test_explicit_scale_and_chunk(linac):
     check(linac, x, scale=0.3, options=("--scale", "0.3", "--chunk-size", "16"))
 
 
+@pytest.mark.parametrize("gate", [False, True], ids=["plain", "gated"])
+def test_head_dim_128(linac, gate):
+    # fla's head size: the backward defaults to chunks of 32 there (at 64 rows the dq kernel needs more
+    # shared memory than an H200 has), so T = 70 spans three chunks, the last one partial.
+    check(linac, make_inputs(650 + gate, B=1, T=70, H=1, K=128, V=128, gate=gate, init=True, dfinal=True))
+
+
 def test_non_power_of_two_head_dims(linac):
     check(linac, make_inputs(700, B=1, T=40, H=1, K=20, V=12, gate=True, init=True, dfinal=True))
 

@@ -40,6 +40,7 @@ commands:
   bench OP --shape ...      time an op on the GPU on random inputs (see 'linac bench --help')
   cache ls|clear|prune      inspect or empty the kernel cache (see 'linac cache --help')
   tune OP --shape ...       autotune OP's configuration on this GPU (see 'linac tune --help')
+  plan OP --shape ...       the launches and device memory of one call, without a GPU (see 'linac plan --help')
   dump OP --dir D           write every stage of OP's kernels, annotated PTX and resources to D
 
 Environment: LINAC_DEVICE (default device for run), LINAC_CACHE_DIR, LINAC_DISABLE_CACHE, LINAC_CACHE_LOG,
@@ -102,6 +103,19 @@ scratch it allocates (e.g. poly's degree-2 state), each of which a run reads or 
   --peak-gbs X          peak memory bandwidth in GB/s (default: the device's, 2 x memory clock x bus
                         width: about 4800 on an H200)
   --json FILE           also write the result as JSON (with bytes, floor_ms, peak_gbs, fraction_of_floor)
+)";
+
+constexpr const char* kPlanUsage = R"(usage: linac plan OP --shape B=..,T=..,H=..,K=..[,V=..] [options]
+
+Prints what one call of OP allocates on the device and launches, without a GPU: every tensor of its
+plan (inputs in the kernel dtype, outputs, scratch; a GPU run allocates exactly these, once per call)
+with dtype, shape and size, the total, the bytes per token, and each launch's kernel and grid.
+  --shape B=..,T=..,H=..,K=..[,V=..]  problem size (V defaults to K)
+  --dtype fp32|bf16|fp16  input precision (default bf16)
+  --gated               add the gate (linear_attn)
+  --backward            the backward call (random do; ops with --backward)
+  --chunk-size N, --config K=V,...   as for run
+  --json FILE           also write it as JSON (device_bytes, tensors, launches)
 )";
 
 constexpr const char* kCacheUsage = R"(usage: linac cache ls | clear | prune --max-size SIZE
@@ -463,6 +477,84 @@ int cmd_dump(const std::vector<std::string>& args) {
   return 0;
 }
 
+int cmd_plan(const std::vector<std::string>& args) {
+  if (args.empty() || is_help(args[0])) {
+    fmt::print("{}", kPlanUsage);
+    return args.empty() ? 1 : 0;
+  }
+  const OpDef& op = find_op(args[0]);
+  OpOptions opts;
+  opts.device = Device::cpu;
+  opts.dtype = DType::bf16;
+  std::optional<ProblemShape> shape;
+  bool gated = false;
+  std::string json;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (is_help(a)) {
+      fmt::print("{}", kPlanUsage);
+      return 0;
+    } else if (a == "--shape") {
+      shape = parse_shape(value_of(args, i));
+    } else if (a == "--dtype") {
+      opts.dtype = parse_input_dtype(value_of(args, i));
+    } else if (a == "--gated") {
+      gated = true;
+    } else if (a == "--backward") {
+      if (std::find(op.flags.begin(), op.flags.end(), "backward") == op.flags.end())
+        usage_error(fmt::format("{} has no backward yet", op.name));
+      opts.backward = true;
+    } else if (a == "--chunk-size") {
+      opts.chunk_size = parse_int(a, value_of(args, i));
+    } else if (a == "--config") {
+      opts.config = parse_config(value_of(args, i));
+    } else if (a == "--json") {
+      json = value_of(args, i);
+    } else {
+      usage_error(fmt::format("unknown option '{}' for 'plan' (see linac plan --help)", a));
+    }
+  }
+  if (!shape) usage_error("plan needs --shape B=..,T=..,H=..,K=..");
+  if (!op.random_inputs) usage_error(fmt::format("{} has no input generator", op.name));
+  ProblemShape ps = *shape;
+  ps.gated = gated;
+  TensorMap inputs = op.random_inputs(ps, 1);
+  std::vector<std::string> wanted = {"o"};
+  if (opts.backward) {
+    inputs["do"] = random_uniform({ps.B, ps.T, ps.H, ps.V}, 7);
+    wanted = {"dq", "dk", "dv"};
+    if (gated) wanted.push_back("dg");
+  }
+  check_op_options(op, opts);
+  cast_qkv(inputs, opts.dtype);
+  OpPlan plan = op.prepare(inputs, opts, wanted);
+  int64_t total = 0;
+  std::string tensors_json, launches_json;
+  fmt::print("{} {}{}: {} launch(es)\n", op.name, ps.str(), opts.backward ? " backward" : "", plan.launches.size());
+  for (const auto& l : plan.launches) {
+    fmt::print("  launch {:<28} grid [{}, {}, {}]\n", l.kernel->name, l.grid[0], l.grid[1], l.grid[2]);
+    launches_json += fmt::format("{}{{\"kernel\": \"{}\", \"grid\": [{}, {}, {}]}}", launches_json.empty() ? "" : ", ",
+                                 l.kernel->name, l.grid[0], l.grid[1], l.grid[2]);
+  }
+  for (const auto& [name, t] : plan.tensors) {
+    const auto bytes = static_cast<int64_t>(t.data.size());
+    total += bytes;
+    fmt::print("  tensor {:<16} {:<5} [{}] {:.3f} MB\n", name, dtype_name(t.dtype), fmt::join(t.shape, ", "), bytes / 1e6);
+    tensors_json += fmt::format("{}\"{}\": {{\"dtype\": \"{}\", \"shape\": [{}], \"bytes\": {}}}",
+                                tensors_json.empty() ? "" : ", ", name, dtype_name(t.dtype), fmt::join(t.shape, ", "), bytes);
+  }
+  fmt::print("device memory {:.3f} MB ({:.2f} KB per token)\n", total / 1e6, total / 1e3 / static_cast<double>(ps.B * ps.T));
+  if (!json.empty()) {
+    std::string text = fmt::format("{{\"op\": \"{}\", \"backward\": {}, \"device_bytes\": {}, \"tensors\": {{{}}}, "
+                                   "\"launches\": [{}]}}\n",
+                                   op.name, opts.backward, total, tensors_json, launches_json);
+    std::FILE* f = std::fopen(json.c_str(), "wb");
+    if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size()) usage_error(fmt::format("{}: cannot write", json));
+    std::fclose(f);
+  }
+  return 0;
+}
+
 int cmd_bench(const std::vector<std::string>& args) {
   if (args.empty() || is_help(args[0])) {
     fmt::print("{}", kBenchUsage);
@@ -675,6 +767,7 @@ int main_impl(int argc, char** argv) {
   if (cmd == "cache") return cmd_cache(rest);
   if (cmd == "tune") return cmd_tune(rest);
   if (cmd == "dump") return cmd_dump(rest);
+  if (cmd == "plan") return cmd_plan(rest);
   usage_error(fmt::format("unknown command '{}' (commands: list, run, compile, dump, bench, tune, cache; see linac --help)", cmd));
 }
 

@@ -1,0 +1,47 @@
+"""`linac plan`: what one call allocates on the device, without a GPU (a GPU run uploads exactly the
+plan's tensors, once per call). Issue 5's memory requirement for the backward: device memory linear in
+T, no buffer of T*K*V elements (chunk states are recomputed, never stored per token)."""
+import json
+
+import pytest
+
+
+def plan(linac, op, shape, *options):
+    proc = linac.run("plan", op, "--shape", shape, "--json", "plan.json", *options)
+    assert proc.returncode == 0, proc.stderr
+    assert "device memory" in proc.stdout
+    return json.loads((linac.workdir / "plan.json").read_text())
+
+
+@pytest.mark.parametrize("options", [["--backward"], ["--backward", "--gated"], []], ids=["bwd", "bwd_gated", "fwd"])
+def test_linear_attn_memory_is_linear_in_t(linac, options):
+    B, H, K, V = 1, 2, 64, 64
+    sizes = {}
+    for T in (1024, 4096, 16384):
+        p = plan(linac, "linear_attn", f"B={B},T={T},H={H},K={K},V={V}", *options)
+        sizes[T] = p["device_bytes"]
+        for name, t in p["tensors"].items():
+            numel = 1
+            for d in t["shape"]:
+                numel *= d
+            # O(T*D): nothing of T*K*V elements (per-token states) or anything between.
+            assert numel <= B * T * H * max(K, V), f"T={T}: tensor {name} {t['shape']} grows faster than T*D"
+    assert sizes[4096] == 4 * sizes[1024] and sizes[16384] == 4 * sizes[4096], sizes
+
+
+def test_plan_lists_launches_and_tensors(linac):
+    p = plan(linac, "linear_attn", "B=2,T=100,H=3,K=32,V=16", "--backward", "--gated")
+    assert [l["kernel"] for l in p["launches"]] == ["linear_attn_bwd_dq", "linear_attn_bwd_dkv"]
+    assert set(p["tensors"]) >= {"q", "k", "v", "do", "g", "dq", "dk", "dv", "dg"}
+    assert p["tensors"]["q"]["shape"] == [2, 100, 3, 32] and p["tensors"]["q"]["dtype"] == "bf16"
+    assert p["device_bytes"] == sum(t["bytes"] for t in p["tensors"].values())
+
+
+def test_plan_errors_are_one_line(linac):
+    for args, mention in ((["poly", "--shape", "B=1,T=8,H=1,K=16", "--backward"], "no backward"),
+                          (["linear_attn", "--shape", "B=1,T=8,H=1,K=16", "--nope"], "--nope"),
+                          (["linear_attn"], "--shape")):
+        proc = linac.run("plan", *args)
+        assert proc.returncode != 0
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("linac: error:") and mention in lines[0], proc.stderr

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "kernels/linear_attn_bwd.h"
+#include "kernels/linear_attn_normalized_bwd.h"
 #include "kernels/linear_attn_normalized.h"
 #include "kernels/op_support.h"
 #include "kernels/recurrent.h"
@@ -98,7 +99,8 @@ std::shared_ptr<ir::Kernel> cached_linear_attn_fwd(const LinearAttnConfig& cfg) 
 }
 
 OpPlan plan_linear_attn(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
-  if (opts.backward) return plan_linear_attn_bwd(inputs, opts, wanted);
+  if (opts.backward)
+    return opts.normalize ? plan_linear_attn_normalized_bwd(inputs, opts, wanted) : plan_linear_attn_bwd(inputs, opts, wanted);
   for (const char* name : {"do", "dfinal_state"})
     if (inputs.count(name)) throw UserError(fmt::format("linear_attn: input '{}' is a gradient; it needs --backward", name));
   if (opts.normalize) return plan_linear_attn_normalized(inputs, opts, wanted);
@@ -225,6 +227,7 @@ OpDef linear_attn_op() {
     // ones still spill (gated dq: 8-48 bytes on sm_80/sm_90a) and are left out until they do not.
     if (opts.dtype != DType::f32)
       for (auto& k : linear_attn_bwd_kernels(opts)) out.push_back(k);
+    for (auto& k : linear_attn_normalized_bwd_kernels(opts)) out.push_back(k);
     return out;
   };
   return op;

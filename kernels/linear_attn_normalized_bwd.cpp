@@ -1,0 +1,183 @@
+#include "kernels/linear_attn_normalized_bwd.h"
+
+#include <cmath>
+#include <fmt/format.h>
+
+#include "kernels/linear_attn.h"
+#include "kernels/linear_attn_bwd.h"
+#include "kernels/linear_attn_normalized.h"
+#include "kernels/op_support.h"
+#include "linac/dsl.h"
+
+namespace linac {
+
+using namespace dsl;
+
+namespace {
+
+/// Rows per program of the two elementwise kernels.
+constexpr int64_t kRows = 64;
+
+/// One program per (kRows tokens, batch x head): from do, the numerator N and the denominator
+/// D (without eps) of the forward, o = N / (D + eps) and
+///   dN = do / (D + eps),   dD = -rowsum(do .* o) / (D + eps)      (fp32; stored in the input dtype)
+/// Per token, so varlen needs nothing here (packed sequences are rows of B = 1).
+std::shared_ptr<ir::Kernel> build_normalized_bwd_prep(DType dt, int64_t block_v) {
+  const DType f32 = DType::f32;
+  KernelBuilder kb("linear_attn_normalized_bwd_prep");
+  kb.set_num_warps(4);
+  kb.set_num_stages(1);
+  Tensor d_o = kb.tensor("do", dt, 4);
+  Tensor num = kb.tensor("num", dt, 4);
+  Tensor den = kb.tensor("den", dt, 4);
+  Tensor dnum = kb.tensor("dnum", dt, 4);
+  Tensor dden = kb.tensor("dden", dt, 4);
+  Tile i_t = program_id(0), i_bh = program_id(1);
+  Tile H = d_o.dim(2);
+  Tile b = i_bh / H, h = i_bh % H, t0 = i_t * kRows;
+  Tile DO = load(d_o, {b, t0, h, 0}, {kIndex, kRows, kIndex, block_v}).to(f32);
+  Tile N = load(num, {b, t0, h, 0}, {kIndex, kRows, kIndex, block_v}).to(f32);
+  Tile inv = 1.0f / (load(den, {b, t0, h, 0}, {kIndex, kRows, kIndex, kIndex}).to(f32) + kNormalizedLinearAttnEps);
+  Tile inv2 = expand_dims(inv, 1);
+  store(dnum, {b, t0, h, 0}, {kIndex, kRows, kIndex, block_v}, (DO * inv2).to(dt));
+  Tile dD = -(sum(DO * (N * inv2), 1) * inv);
+  store(dden, {b, t0, h, 0}, {kIndex, kRows, kIndex, kIndex}, dD.to(dt));
+  return kb.finish();
+}
+
+/// acc += x over tensors [B, T, H, D] (rank 4) or [B, T, H] (rank 3), one program per (kRows tokens,
+/// batch x head).
+std::shared_ptr<ir::Kernel> build_accumulate(DType dt, int rank, int64_t block_d) {
+  KernelBuilder kb(fmt::format("accumulate_rank{}", rank));
+  kb.set_num_warps(4);
+  kb.set_num_stages(1);
+  Tensor acc = kb.tensor("acc", dt, rank);
+  Tensor x = kb.tensor("x", dt, rank);
+  Tile i_t = program_id(0), i_bh = program_id(1);
+  Tile H = acc.dim(2);
+  Tile b = i_bh / H, h = i_bh % H, t0 = i_t * kRows;
+  if (rank == 4) {
+    std::vector<Operand> at = {b, t0, h, 0};
+    std::vector<int64_t> block = {kIndex, kRows, kIndex, block_d};
+    store(acc, at, block, (load(acc, at, block).to(DType::f32) + load(x, at, block).to(DType::f32)).to(dt));
+  } else {
+    std::vector<Operand> at = {b, t0, h};
+    std::vector<int64_t> block = {kIndex, kRows, kIndex};
+    store(acc, at, block, (load(acc, at, block).to(DType::f32) + load(x, at, block).to(DType::f32)).to(dt));
+  }
+  return kb.finish();
+}
+
+std::shared_ptr<ir::Kernel> cached_prep(DType dt, int64_t block_v) {
+  static KernelMemo memo;
+  return memo.get(fmt::format("{}/{}", dtype_name(dt), block_v), [&] { return build_normalized_bwd_prep(dt, block_v); });
+}
+
+std::shared_ptr<ir::Kernel> cached_accumulate(DType dt, int rank, int64_t block_d) {
+  static KernelMemo memo;
+  return memo.get(fmt::format("{}/{}/{}", dtype_name(dt), rank, block_d),
+                  [&] { return build_accumulate(dt, rank, block_d); });
+}
+
+/// Appends `part`'s launches to `plan`. Its tensors are renamed `prefix + name`, except those named in
+/// `shared` (part's name -> plan's name), which are the plan's own: how the sub-plans of one op
+/// hand tensors to each other.
+void append_plan(OpPlan& plan, OpPlan part, const std::string& prefix, const std::map<std::string, std::string>& shared) {
+  auto rename = [&](const std::string& name) {
+    auto it = shared.find(name);
+    return it != shared.end() ? it->second : prefix + name;
+  };
+  for (auto& [name, t] : part.tensors)
+    if (!shared.count(name)) plan.tensors[prefix + name] = std::move(t);
+  for (auto& l : part.launches) {
+    for (auto& [param, tensor] : l.tensors) tensor = rename(tensor);
+    plan.launches.push_back(std::move(l));
+  }
+}
+
+}  // namespace
+
+OpPlan plan_linear_attn_normalized_bwd(const TensorMap& inputs, const OpOptions& opts,
+                                       const std::vector<std::string>& wanted) {
+  SequenceLayout seq = check_qkv_inputs("linear_attn", inputs);
+  if (opts.recurrent) throw UserError("linear_attn: --backward is not implemented with --recurrent");
+  if (inputs.count("initial_state") || inputs.count("dfinal_state"))
+    throw UserError("linear_attn --normalize has no states, so no initial_state or dfinal_state either");
+  if (!inputs.count("do")) throw UserError("linear_attn --backward: missing input 'do' (dL/do, [B,T,H,V])");
+  check_shape("do", inputs.at("do"), {seq.B, seq.T, seq.H, seq.V});
+  const bool gated = inputs.count("g") > 0;
+  for (const auto& w : wanted) {
+    if (w != "dq" && w != "dk" && w != "dv" && w != "dg")
+      throw UserError(fmt::format("linear_attn --normalize --backward produces dq, dk, dv and dg, not '{}'", w));
+  }
+  if (wants(wanted, "dg") && !gated) throw UserError("linear_attn --backward: -o dg needs the gate input g");
+  const DType dt = opts.dtype;
+
+  // o = N / (D + eps) with N = LA(q, k, v) and D = LA(q, k, 1) (both with the scale), so
+  //   (dq, dk, dg) = LA_bwd(q, k, v; dN) + LA_bwd(q, k, 1; dD),  dv = LA_bwd(q, k, v; dN)'s dv
+  // with dN, dD from the prep kernel: plain linear attention's kernels do all the chunked work.
+  TensorMap base;
+  for (const char* name : {"q", "k", "v", "g", "cu_seqlens"})
+    if (inputs.count(name)) base[name] = inputs.at(name);
+  TensorMap ones_in = base;
+  HostTensor ones = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, 1});
+  for (int64_t i = 0; i < ones.numel(); ++i) ones.set(i, 1.0);
+  ones_in["v"] = ones;
+
+  OpOptions fwd = opts;
+  fwd.backward = fwd.normalize = false;
+  fwd.config.clear();  // the user's --config is for the backward kernels
+  fwd.chunk_size.reset();
+  OpOptions bwd = opts;
+  bwd.normalize = false;
+  const OpDef la = linear_attn_op();
+
+  OpPlan plan;
+  for (const char* name : {"q", "k", "v", "do"}) plan.tensors[name] = inputs.at(name).cast(dt);
+  plan.tensors["ones"] = ones.cast(dt);
+  if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32);
+  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+  const std::map<std::string, std::string> common = {{"q", "q"}, {"k", "k"}, {"g", "g"}, {"cu_seqlens", "cu_seqlens"}};
+  auto with = [&](std::map<std::string, std::string> m) {
+    m.insert(common.begin(), common.end());
+    return m;
+  };
+  // Forward recomputation: the numerator and the denominator.
+  append_plan(plan, la.prepare(base, fwd, {"o"}), "num_", with({{"v", "v"}}));
+  append_plan(plan, la.prepare(ones_in, fwd, {"o"}), "den_", with({{"v", "ones"}}));
+  // dN, dD.
+  plan.tensors["dnum"] = HostTensor::zeros(dt, {seq.B, seq.T, seq.H, seq.V});
+  plan.tensors["dden"] = HostTensor::zeros(dt, {seq.B, seq.T, seq.H, 1});
+  KernelLaunch prep;
+  prep.kernel = cached_prep(dt, padded_head_dim(seq.V));
+  prep.grid = {std::max<int64_t>(1, (seq.T + kRows - 1) / kRows), seq.B * seq.H, 1};
+  prep.tensors = {{"do", "do"}, {"num", "num_o"}, {"den", "den_o"}, {"dnum", "dnum"}, {"dden", "dden"}};
+  plan.launches.push_back(std::move(prep));
+  // The two backward passes; the second one's dq, dk (and dg) are added to the first one's.
+  std::vector<std::string> grads = {"dq", "dk", "dv"};
+  if (gated) grads.push_back("dg");
+  TensorMap num_in = base, den_in = ones_in;
+  num_in["do"] = inputs.at("do");
+  den_in["do"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, 1});
+  append_plan(plan, la.prepare(num_in, bwd, grads), "", with({{"v", "v"}, {"do", "dnum"}}));
+  append_plan(plan, la.prepare(den_in, bwd, grads), "den_", with({{"v", "ones"}, {"do", "dden"}}));
+  auto accumulate = [&](const std::string& name, int rank, int64_t d) {
+    KernelLaunch l;
+    l.kernel = cached_accumulate(plan.tensors.at(name).dtype, rank, d);
+    l.grid = {std::max<int64_t>(1, (seq.T + kRows - 1) / kRows), seq.B * seq.H, 1};
+    l.tensors = {{"acc", name}, {"x", "den_" + name}};
+    plan.launches.push_back(std::move(l));
+  };
+  accumulate("dq", 4, padded_head_dim(seq.K));
+  accumulate("dk", 4, padded_head_dim(seq.K));
+  if (gated) accumulate("dg", 3, 0);
+  for (const auto& name : grads)
+    if (wants(wanted, name)) plan.outputs[name] = name;
+  return plan;
+}
+
+std::vector<std::shared_ptr<ir::Kernel>> linear_attn_normalized_bwd_kernels(const OpOptions& opts) {
+  return {cached_prep(opts.dtype, 64), cached_accumulate(opts.dtype, 4, 64), cached_accumulate(DType::f32, 3, 0)};
+}
+
+}  // namespace linac

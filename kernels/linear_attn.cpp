@@ -5,9 +5,11 @@
 #include <fmt/format.h>
 #include <mutex>
 
+#include "kernels/elementwise.h"
 #include "kernels/linear_attn_bwd.h"
 #include "kernels/linear_attn_normalized_bwd.h"
 #include "kernels/linear_attn_normalized.h"
+#include "kernels/noise_dropout.h"
 #include "kernels/op_support.h"
 #include "kernels/recurrent.h"
 #include "kernels/sequence_bounds.h"
@@ -98,7 +100,7 @@ std::shared_ptr<ir::Kernel> cached_linear_attn_fwd(const LinearAttnConfig& cfg) 
   return memo.get(key, [&] { return build_linear_attn_fwd(cfg); });
 }
 
-OpPlan plan_linear_attn(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
   if (opts.backward)
     return opts.normalize ? plan_linear_attn_normalized_bwd(inputs, opts, wanted) : plan_linear_attn_bwd(inputs, opts, wanted);
   for (const char* name : {"do", "dfinal_state"})
@@ -157,6 +159,16 @@ OpPlan plan_linear_attn(const TensorMap& inputs, const OpOptions& opts, const st
   return plan;
 }
 
+/// Every form, then the noise-dropout multipliers when asked for (on o, or on do for the backward).
+OpPlan plan_linear_attn(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+  OpPlan plan = plan_linear_attn_form(inputs, opts, wanted);
+  if (opts.noise_dropout) {
+    const HostTensor& q = inputs.at("q");
+    apply_noise_dropout(plan, opts, {q.shape.at(0), q.shape.at(1), q.shape.at(2), inputs.at("v").shape.at(3)});
+  }
+  return plan;
+}
+
 }  // namespace
 
 OpDef linear_attn_op() {
@@ -186,6 +198,7 @@ OpDef linear_attn_op() {
   op.flags.push_back("normalize");
   op.flags.push_back("recurrent");
   op.flags.push_back("backward");
+  op.flags.push_back("noise_dropout");
   op.random_inputs = [](const ProblemShape& s, uint64_t seed) {
     TensorMap in;
     in["q"] = random_uniform({s.B, s.T, s.H, s.K}, seed);
@@ -228,6 +241,7 @@ OpDef linear_attn_op() {
     if (opts.dtype != DType::f32)
       for (auto& k : linear_attn_bwd_kernels(opts)) out.push_back(k);
     for (auto& k : linear_attn_normalized_bwd_kernels(opts)) out.push_back(k);
+    out.push_back(elementwise_update_kernel(ElementwiseUpdate::mul, opts.dtype, DType::f32, 4, 64));  // noise-dropout
     return out;
   };
   return op;

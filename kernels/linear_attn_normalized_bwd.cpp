@@ -3,6 +3,7 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include "kernels/elementwise.h"
 #include "kernels/linear_attn.h"
 #include "kernels/linear_attn_bwd.h"
 #include "kernels/linear_attn_normalized.h"
@@ -15,7 +16,7 @@ using namespace dsl;
 
 namespace {
 
-/// Rows per program of the two elementwise kernels.
+/// Rows per program of the prep kernel.
 constexpr int64_t kRows = 64;
 
 /// One program per (kRows tokens, batch x head): from do, the numerator N and the denominator
@@ -45,38 +46,9 @@ std::shared_ptr<ir::Kernel> build_normalized_bwd_prep(DType dt, int64_t block_v)
   return kb.finish();
 }
 
-/// acc += x over tensors [B, T, H, D] (rank 4) or [B, T, H] (rank 3), one program per (kRows tokens,
-/// batch x head).
-std::shared_ptr<ir::Kernel> build_accumulate(DType dt, int rank, int64_t block_d) {
-  KernelBuilder kb(fmt::format("accumulate_rank{}", rank));
-  kb.set_num_warps(4);
-  kb.set_num_stages(1);
-  Tensor acc = kb.tensor("acc", dt, rank);
-  Tensor x = kb.tensor("x", dt, rank);
-  Tile i_t = program_id(0), i_bh = program_id(1);
-  Tile H = acc.dim(2);
-  Tile b = i_bh / H, h = i_bh % H, t0 = i_t * kRows;
-  if (rank == 4) {
-    std::vector<Operand> at = {b, t0, h, 0};
-    std::vector<int64_t> block = {kIndex, kRows, kIndex, block_d};
-    store(acc, at, block, (load(acc, at, block).to(DType::f32) + load(x, at, block).to(DType::f32)).to(dt));
-  } else {
-    std::vector<Operand> at = {b, t0, h};
-    std::vector<int64_t> block = {kIndex, kRows, kIndex};
-    store(acc, at, block, (load(acc, at, block).to(DType::f32) + load(x, at, block).to(DType::f32)).to(dt));
-  }
-  return kb.finish();
-}
-
 std::shared_ptr<ir::Kernel> cached_prep(DType dt, int64_t block_v) {
   static KernelMemo memo;
   return memo.get(fmt::format("{}/{}", dtype_name(dt), block_v), [&] { return build_normalized_bwd_prep(dt, block_v); });
-}
-
-std::shared_ptr<ir::Kernel> cached_accumulate(DType dt, int rank, int64_t block_d) {
-  static KernelMemo memo;
-  return memo.get(fmt::format("{}/{}/{}", dtype_name(dt), rank, block_d),
-                  [&] { return build_accumulate(dt, rank, block_d); });
 }
 
 /// Appends `part`'s launches to `plan`. Its tensors are renamed `prefix + name`, except those named in
@@ -161,23 +133,17 @@ OpPlan plan_linear_attn_normalized_bwd(const TensorMap& inputs, const OpOptions&
   den_in["do"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, 1});
   append_plan(plan, la.prepare(num_in, bwd, grads), "", with({{"v", "v"}, {"do", "dnum"}}));
   append_plan(plan, la.prepare(den_in, bwd, grads), "den_", with({{"v", "ones"}, {"do", "dden"}}));
-  auto accumulate = [&](const std::string& name, int rank, int64_t d) {
-    KernelLaunch l;
-    l.kernel = cached_accumulate(plan.tensors.at(name).dtype, rank, d);
-    l.grid = {std::max<int64_t>(1, (seq.T + kRows - 1) / kRows), seq.B * seq.H, 1};
-    l.tensors = {{"acc", name}, {"x", "den_" + name}};
-    plan.launches.push_back(std::move(l));
-  };
-  accumulate("dq", 4, padded_head_dim(seq.K));
-  accumulate("dk", 4, padded_head_dim(seq.K));
-  if (gated) accumulate("dg", 3, 0);
+  for (const char* name : {"dq", "dk", "dg"})
+    if (plan.tensors.count(name))
+      plan.launches.push_back(elementwise_update_launch(plan, ElementwiseUpdate::add, name, fmt::format("den_{}", name)));
   for (const auto& name : grads)
     if (wants(wanted, name)) plan.outputs[name] = name;
   return plan;
 }
 
 std::vector<std::shared_ptr<ir::Kernel>> linear_attn_normalized_bwd_kernels(const OpOptions& opts) {
-  return {cached_prep(opts.dtype, 64), cached_accumulate(opts.dtype, 4, 64), cached_accumulate(DType::f32, 3, 0)};
+  return {cached_prep(opts.dtype, 64), elementwise_update_kernel(ElementwiseUpdate::add, opts.dtype, opts.dtype, 4, 64),
+          elementwise_update_kernel(ElementwiseUpdate::add, DType::f32, DType::f32, 3, 0)};
 }
 
 }  // namespace linac

@@ -61,6 +61,7 @@ void check_op_options(const OpDef& op, const OpOptions& opts) {
   require(opts.no_normalize, "no_normalize", "--no-normalize");
   require(opts.l2norm_qk, "l2norm_qk", "--l2norm-qk");
   require(opts.a || opts.b || opts.c, "coefficients", "--a/--b/--c");
+  require(opts.noise_dropout.has_value(), "noise_dropout", "--noise-dropout");
 }
 
 const OpDef& find_op(const std::string& name) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 
+#include "kernels/noise_dropout.h"
 #include "kernels/op_support.h"
 #include "linac/dsl.h"
 
@@ -370,7 +371,7 @@ std::vector<Config> poly_tuning_space(const ProblemShape& s, DType) {
   return space;
 }
 
-OpPlan plan_poly(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+OpPlan plan_poly_form(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
   SequenceLayout seq = check_qkv_inputs("poly", inputs);
   if (seq.K > 128)
     throw UserError(fmt::format("poly: K up to 128 is supported (the degree-2 state has K(K+1)/2 x V entries "
@@ -453,8 +454,15 @@ OpDef poly_op() {
   op.outputs = {
       {"o", true, "[B,T,H,V]", "outputs"},
   };
-  op.flags = {"recurrent", "no_normalize", "coefficients"};
-  op.prepare = plan_poly;
+  op.flags = {"recurrent", "no_normalize", "coefficients", "noise_dropout"};
+  op.prepare = [](const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+    OpPlan plan = plan_poly_form(inputs, opts, wanted);
+    if (opts.noise_dropout) {
+      const HostTensor& q = inputs.at("q");
+      apply_noise_dropout(plan, opts, {q.shape.at(0), q.shape.at(1), q.shape.at(2), inputs.at("v").shape.at(3)});
+    }
+    return plan;
+  };
   op.random_inputs = [](const ProblemShape& s, uint64_t seed) {
     TensorMap in;
     in["q"] = random_uniform({s.B, s.T, s.H, s.K}, seed);

@@ -64,6 +64,10 @@ Runs OP on the named inputs and writes the named outputs as float32 .npy files.
   --no-normalize        (poly) plain kernel sum without the denominator
   --l2norm-qk           (delta_rule, gated_delta_rule) L2-normalize q and k inside the kernel
   --a A --b B --c C     (poly) coefficients of f(x) = a + b x + c x^2 (default 1, 1, 0.5)
+  --noise-dropout P     (linear_attn, poly) o <- (1-P) o (1+psi), psi ~ N(0, P) per element, from a
+                        counter-based generator (kernels/noise_dropout.h); with --backward, the gradients
+                        of the same noisy output (the same --seed regenerates the same noise)
+  --seed S              seed of the noise-dropout generator (default 0)
 An option the op does not use is an error.
 Example:
   linac run linear_attn q=q.npy k=k.npy v=v.npy -o o=o.npy -o final_state=s.npy
@@ -234,6 +238,13 @@ int cmd_run(const std::vector<std::string>& args) {
       opts.b = parse_double(a, value_of(args, i));
     } else if (a == "--c") {
       opts.c = parse_double(a, value_of(args, i));
+    } else if (a == "--noise-dropout") {
+      opts.noise_dropout = parse_double(a, value_of(args, i));
+      if (!(*opts.noise_dropout >= 0 && *opts.noise_dropout < 1)) usage_error("--noise-dropout must be in [0, 1)");
+    } else if (a == "--seed") {
+      const int64_t seed = parse_int(a, value_of(args, i));
+      if (seed < 0) usage_error("--seed must be non-negative");
+      opts.seed = static_cast<uint64_t>(seed);
     } else if (a.starts_with("-")) {
       usage_error(fmt::format("unknown option '{}' for 'run' (see linac run --help)", a));
     } else {

@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 
+#include "kernels/gla_bwd.h"
 #include "kernels/op_support.h"
 #include "kernels/recurrent.h"
 #include "linac/dsl.h"
@@ -321,6 +322,9 @@ GlaConfig gla_config(const OpOptions& opts, int64_t K, int64_t V) {
 }
 
 OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+  if (opts.backward) return plan_gla_bwd(inputs, opts, wanted);
+  for (const char* name : {"do", "dfinal_state"})
+    if (inputs.count(name)) throw UserError(fmt::format("gla: input '{}' is a gradient; it needs --backward", name));
   if (opts.recurrent)
     return plan_recurrent("gla", RecurrentGate::channel, true, gla_config_keys(), inputs, opts, wanted);
   SequenceLayout seq = check_qkv_inputs("gla", inputs);
@@ -405,12 +409,19 @@ OpDef gla_op() {
       {"g", true, "[B,T,H,K]", "log-decay per token, head and key channel (<= 0; fp32)"},
       {"initial_state", false, "[N,H,K,V]", "state before the first token of each sequence (fp32)"},
       {"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"},
+      {"do", false, "[B,T,H,V]", "--backward: gradient of the loss w.r.t. o"},
+      {"dfinal_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. final_state (fp32)"},
   };
   op.outputs = {
       {"o", true, "[B,T,H,V]", "outputs"},
       {"final_state", false, "[N,H,K,V]", "state after the last token of each sequence (fp32)"},
+      {"dq", false, "[B,T,H,K]", "--backward: gradient w.r.t. q (token by token: slow)"},
+      {"dk", false, "[B,T,H,K]", "--backward: gradient w.r.t. k"},
+      {"dv", false, "[B,T,H,V]", "--backward: gradient w.r.t. v"},
+      {"dg", false, "[B,T,H,K]", "--backward: gradient w.r.t. g (fp32)"},
+      {"dinitial_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. initial_state (fp32)"},
   };
-  op.flags = {"recurrent"};
+  op.flags = {"recurrent", "backward"};
   op.prepare = plan_gla;
   op.config_keys = gla_config_keys();
   op.random_inputs = [](const ProblemShape& s, uint64_t seed) {
@@ -457,6 +468,7 @@ OpDef gla_op() {
       out.push_back(cached_gla_kernel(split, GlaKernel::out));
     }
     for (auto& k : recurrent_kernels(opts, RecurrentGate::channel)) out.push_back(k);
+    for (auto& k : gla_bwd_kernels(opts)) out.push_back(k);
     return out;
   };
   return op;

@@ -1,0 +1,105 @@
+"""`linac run gla ... do=.. [dfinal_state=..] --backward` (token by token) against the float64 forward
+reference (reference_gla.gla): every gradient is checked by directional central differences,
+<grad, d> = (L(x + e d) - L(x - e d)) / 2e for random directions d, L = sum(o do) + sum(S_T dfinal),
+which needs no gradient formula at all."""
+import numpy as np
+import pytest
+
+import reference
+import reference_gla
+
+GRADS = {"q": "dq", "k": "dk", "v": "dv", "g": "dg", "initial_state": "dinitial_state"}
+
+
+def logsigmoid(x):
+    return -np.logaddexp(0.0, -x)
+
+
+def make_inputs(seed, B, T, H, K, V, init=False, dfinal=False, N=None):
+    rng = np.random.default_rng(seed)
+    N = N or B
+    x = {"q": rng.standard_normal((B, T, H, K)), "k": rng.standard_normal((B, T, H, K)),
+         "v": rng.standard_normal((B, T, H, V)), "g": logsigmoid(rng.standard_normal((B, T, H, K)) + 2.0),
+         "do": rng.standard_normal((B, T, H, V))}
+    if init:
+        x["initial_state"] = rng.standard_normal((N, H, K, V))
+    if dfinal:
+        x["dfinal_state"] = rng.standard_normal((N, H, K, V))
+    return {n: a.astype(np.float32) for n, a in x.items()}
+
+
+def loss(x):
+    o, s = reference_gla.gla(x["q"], x["k"], x["v"], x["g"], initial_state=x.get("initial_state"),
+                             cu_seqlens=x.get("cu_seqlens"))
+    total = np.sum(o * x["do"])
+    if "dfinal_state" in x:
+        total += np.sum(s * x["dfinal_state"])
+    return total
+
+
+def check(linac, x, directions=3, tol=1e-5, options=()):
+    outputs = [GRADS[n] for n in GRADS if n in x]
+    got = linac.run_op("gla", x, outputs=outputs, options=["--backward", *options])
+    x64 = {n: (a.astype(np.float64) if a.dtype.kind == "f" else a) for n, a in x.items()}
+    rng = np.random.default_rng(0)
+    eps = 1e-6
+    for name in (n for n in GRADS if n in x):
+        g = got[GRADS[name]].astype(np.float64)
+        assert g.shape == x[name].shape and np.all(np.isfinite(g)), name
+        for _ in range(directions):
+            d = rng.standard_normal(x[name].shape)
+            xp = dict(x64); xp[name] = x64[name] + eps * d
+            xm = dict(x64); xm[name] = x64[name] - eps * d
+            fd = (loss(xp) - loss(xm)) / (2 * eps)
+            if fd == 0:  # e.g. dg at T = 1 without states: q.dq - k.dk cancels to rounding noise
+                assert abs(np.sum(g * d)) < 1e-5 * np.linalg.norm(d), f"d{name} should vanish"
+                continue
+            err = abs(np.sum(g * d) - fd) / max(abs(fd), 1e-2)
+            assert err < tol, f"d{name}: directional derivative {np.sum(g * d):.9g} vs finite differences {fd:.9g}"
+    return got
+
+
+@pytest.mark.parametrize("T", [1, 17, 64])
+def test_gradients(linac, T):
+    check(linac, make_inputs(10 + T, B=2, T=T, H=2, K=16, V=8))
+
+
+def test_states(linac):
+    check(linac, make_inputs(30, B=2, T=40, H=2, K=16, V=12, init=True, dfinal=True))
+
+
+def test_varlen(linac):
+    x = make_inputs(40, B=1, T=50, H=2, K=8, V=8, init=True, dfinal=True, N=3)
+    x["cu_seqlens"] = np.array([0, 1, 30, 50], dtype=np.int32)
+    check(linac, x)
+
+
+def test_non_power_of_two_head_dims(linac):
+    check(linac, make_inputs(50, B=1, T=30, H=1, K=20, V=12, init=True, dfinal=True))
+
+
+def test_very_negative_gates_stay_finite(linac):
+    x = make_inputs(60, B=1, T=40, H=1, K=8, V=8, init=True, dfinal=True)
+    x["g"][:, 10:20] = -1e4
+    check(linac, x)
+
+
+def test_bf16(linac):
+    x = make_inputs(70, B=1, T=40, H=2, K=16, V=16, init=True, dfinal=True)
+    got = linac.run_op("gla", x, outputs=("dq", "dk", "dv", "dg"), options=["--backward", "--dtype", "bf16"])
+    ref = linac.run_op("gla", {n: reference.round_to_bf16(a) if n in ("q", "k", "v", "do") else a for n, a in x.items()},
+                       outputs=("dq", "dk", "dv", "dg"), options=["--backward"])
+    for name in ("dq", "dk", "dv", "dg"):
+        assert reference.rel_err(got[name], ref[name]) < 3e-2, name
+
+
+def test_errors(linac):
+    x = make_inputs(80, B=1, T=8, H=1, K=8, V=8)
+    for extra, outputs, mention in ((["--backward", "--chunk-size", "16"], ["dq"], "--chunk-size"),
+                                    ([], ["o"], "--backward"),
+                                    (["--backward"], ["o"], "'o'")):
+        proc = linac.run("run", "gla", *(f"{n}={linac.write(n, a)}" for n, a in x.items()),
+                         *(a for o in outputs for a in ("-o", f"{o}={o}.npy")), "--device", "cpu", *extra)
+        assert proc.returncode == 1, (extra, proc.stderr)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and mention in lines[0], proc.stderr

@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 
+#include "kernels/delta_rule_bwd.h"
 #include "kernels/op_support.h"
 #include "kernels/sequence_bounds.h"
 #include "linac/dsl.h"
@@ -288,6 +289,9 @@ HostTensor varlen_chunk_indices(const HostTensor& cu, int64_t chunk) {
 
 OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
   const char* name = gated ? "gated_delta_rule" : "delta_rule";
+  if (opts.backward) return plan_delta_rule_bwd(gated, inputs, opts, wanted);
+  for (const char* grad : {"do", "dfinal_state"})
+    if (inputs.count(grad)) throw UserError(fmt::format("{}: input '{}' is a gradient; it needs --backward", name, grad));
   SequenceLayout seq = check_qkv_inputs(name, inputs);
   if (!inputs.count("beta")) throw UserError(fmt::format("{}: missing input 'beta'", name));
   check_shape("beta", inputs.at("beta"), {seq.B, seq.T, seq.H});
@@ -381,6 +385,7 @@ std::vector<std::shared_ptr<ir::Kernel>> delta_rule_kernels(bool gated, const Op
       }
     }
   }
+  for (auto& k : delta_rule_bwd_kernels(gated, opts)) out.push_back(k);
   return out;
 }
 
@@ -398,11 +403,19 @@ OpDef delta_rule_op_def(bool gated) {
   op.inputs.push_back({"beta", true, "[B,T,H]", "delta-rule step size per token and head, in (0, 1)"});
   op.inputs.push_back({"initial_state", false, "[N,H,K,V]", "state before the first token of each sequence (fp32)"});
   op.inputs.push_back({"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"});
+  op.inputs.push_back({"do", false, "[B,T,H,V]", "--backward: gradient of the loss w.r.t. o"});
+  op.inputs.push_back({"dfinal_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. final_state (fp32)"});
   op.outputs = {
       {"o", true, "[B,T,H,V]", "outputs"},
       {"final_state", false, "[N,H,K,V]", "state after the last token of each sequence (fp32)"},
+      {"dq", false, "[B,T,H,K]", "--backward (token by token: slow): gradient w.r.t. q"},
+      {"dk", false, "[B,T,H,K]", "--backward: gradient w.r.t. k"},
+      {"dv", false, "[B,T,H,V]", "--backward: gradient w.r.t. v"},
+      {"dbeta", false, "[B,T,H]", "--backward: gradient w.r.t. beta (fp32)"},
   };
-  op.flags = {"recurrent", "l2norm_qk"};
+  if (gated) op.outputs.push_back({"dg", false, "[B,T,H]", "--backward: gradient w.r.t. g (fp32)"});
+  op.outputs.push_back({"dinitial_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. initial_state (fp32)"});
+  op.flags = {"recurrent", "l2norm_qk", "backward"};
   op.config_keys = delta_rule_config_keys();
   op.prepare = [gated](const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
     return plan_delta_rule(gated, inputs, opts, wanted);

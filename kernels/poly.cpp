@@ -9,6 +9,7 @@
 
 #include "kernels/noise_dropout.h"
 #include "kernels/op_support.h"
+#include "kernels/poly_bwd.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -379,6 +380,8 @@ OpPlan plan_poly_form(const TensorMap& inputs, const OpOptions& opts, const std:
                                 seq.K));
   const double a = opts.a.value_or(1.0), b = opts.b.value_or(1.0), c = opts.c.value_or(0.5);
   check_poly_coefficients(a, b, c, !opts.no_normalize);
+  if (opts.backward) return plan_poly_bwd(inputs, opts, wanted, a, b, c);
+  if (inputs.count("do")) throw UserError("poly: input 'do' is a gradient; it needs --backward");
   auto config_of = [&](PolyKernel which) {
     PolyConfig cfg = poly_config(opts, seq.K, seq.V, which, c != 0);
     cfg.varlen = seq.varlen;
@@ -450,11 +453,15 @@ OpDef poly_op() {
       {"k", true, "[B,T,H,K]", "keys"},
       {"v", true, "[B,T,H,V]", "values"},
       {"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"},
+      {"do", false, "[B,T,H,V]", "--backward: gradient of the loss w.r.t. o"},
   };
   op.outputs = {
       {"o", true, "[B,T,H,V]", "outputs"},
+      {"dq", false, "[B,T,H,K]", "--backward (pairwise, O(T^2): slow): gradient w.r.t. q"},
+      {"dk", false, "[B,T,H,K]", "--backward: gradient w.r.t. k"},
+      {"dv", false, "[B,T,H,V]", "--backward: gradient w.r.t. v"},
   };
-  op.flags = {"recurrent", "no_normalize", "coefficients", "noise_dropout"};
+  op.flags = {"recurrent", "no_normalize", "coefficients", "noise_dropout", "backward"};
   op.prepare = [](const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
     OpPlan plan = plan_poly_form(inputs, opts, wanted);
     if (opts.noise_dropout) {
@@ -483,6 +490,11 @@ OpDef poly_op() {
     for (int64_t d : {64, 128})
       for (PolyKernel which : {PolyKernel::deg2, PolyKernel::chunked, PolyKernel::recurrent})
         out.push_back(cached_poly_kernel(poly_config(opts, d, d, which), which));
+    // The pairwise backward: its 16-bit variants spill 4-16 bytes on sm_80 / sm_90a (ptxas keeps them at
+    // 32-64 registers, at 2 or 4 warps alike): left out of the zero-spill list, like linear_attn's fp32
+    // backward, until they do not.
+    if (opts.dtype == DType::f32)
+      for (auto& k : poly_bwd_kernels(opts)) out.push_back(k);
     return out;
   };
   return op;

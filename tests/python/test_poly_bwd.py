@@ -1,0 +1,73 @@
+"""`linac run poly ... do=.. --backward` (pairwise form) against the float64 forward reference
+(reference_poly.poly): every gradient by directional central differences of L = sum(o do)."""
+import numpy as np
+import pytest
+
+import reference
+import reference_poly
+
+
+def make_inputs(seed, B, T, H, K, V):
+    rng = np.random.default_rng(seed)
+    x = {n: rng.standard_normal(s) for n, s in (("q", (B, T, H, K)), ("k", (B, T, H, K)), ("v", (B, T, H, V)),
+                                                   ("do", (B, T, H, V)))}
+    return {n: a.astype(np.float32) for n, a in x.items()}
+
+
+def check(linac, x, coeffs=(1.0, 1.0, 0.5), normalize=True, options=(), tol=1e-5, directions=3):
+    a, b, c = coeffs
+    opts = ["--backward", "--a", str(a), "--b", str(b), "--c", str(c), *options]
+    if not normalize:
+        opts.append("--no-normalize")
+    got = linac.run_op("poly", x, outputs=("dq", "dk", "dv"), options=opts)
+    x64 = {n: (v.astype(np.float64) if v.dtype.kind == "f" else v) for n, v in x.items()}
+
+    def loss(y):
+        o = reference_poly.poly(y["q"], y["k"], y["v"], a=a, b=b, c=c, cu_seqlens=y.get("cu_seqlens"),
+                                normalize=normalize)
+        return np.sum(o * y["do"])
+    rng = np.random.default_rng(0)
+    for name in ("q", "k", "v"):
+        g = got["d" + name].astype(np.float64)
+        assert g.shape == x[name].shape and np.all(np.isfinite(g))
+        for _ in range(directions):
+            d = rng.standard_normal(x[name].shape)
+            xp = dict(x64); xp[name] = x64[name] + 1e-6 * d
+            xm = dict(x64); xm[name] = x64[name] - 1e-6 * d
+            fd = (loss(xp) - loss(xm)) / 2e-6
+            err = abs(np.sum(g * d) - fd) / max(abs(fd), 1e-2)
+            assert err < tol, f"d{name}: directional derivative {np.sum(g * d):.9g} vs finite differences {fd:.9g}"
+
+
+@pytest.mark.parametrize("T", [2, 17, 40])
+def test_gradients(linac, T):
+    check(linac, make_inputs(T, B=2, T=T, H=2, K=8, V=6))
+
+
+def test_single_token(linac):
+    # Normalized, o_1 = v_1 f / (f + eps): dq and dk are O(eps), rounding noise only; unnormalized they are not.
+    check(linac, make_inputs(1, B=2, T=1, H=2, K=8, V=6), normalize=False)
+
+
+def test_no_normalize_and_coefficients(linac):
+    check(linac, make_inputs(50, B=1, T=30, H=2, K=8, V=8), coeffs=(0.5, -1.0, 1.0), normalize=False)
+    check(linac, make_inputs(51, B=1, T=30, H=2, K=8, V=8), coeffs=(2.0, 0.5, 0.25))
+
+
+def test_varlen(linac):
+    x = make_inputs(60, B=1, T=40, H=1, K=8, V=8)
+    x["cu_seqlens"] = np.array([0, 1, 25, 40], dtype=np.int32)
+    check(linac, x)
+
+
+def test_non_power_of_two_head_dims(linac):
+    check(linac, make_inputs(70, B=1, T=20, H=1, K=12, V=5))
+
+
+def test_bf16(linac):
+    x = make_inputs(80, B=1, T=30, H=2, K=16, V=16)
+    got = linac.run_op("poly", x, outputs=("dq", "dk", "dv"), options=["--backward", "--dtype", "bf16"])
+    ref = linac.run_op("poly", {n: reference.round_to_bf16(a) for n, a in x.items()}, outputs=("dq", "dk", "dv"),
+                       options=["--backward"])
+    for name in ("dq", "dk", "dv"):
+        assert reference.rel_err(got[name], ref[name]) < 3e-2, name

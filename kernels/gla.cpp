@@ -76,7 +76,7 @@ std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg) {
 
 namespace {
 
-/// The loads of one chunk that both the output and the state updates use.
+/// Where a chunk is: batch row, head, first row, first value column, and the sequence-end mask.
 struct GlaChunk {
   Tile b, i_h, t0, v0;
   AccessOptions in_seq;

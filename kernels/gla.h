@@ -1,9 +1,11 @@
 // Gated linear attention forward (KERNELS.md section 2) with a per-channel log-decay g [B,T,H,K]:
 //   S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t ;  o_t = scale q_t S_t
 // chunked with decay-aware secondary chunking (16-row sub-chunks): the kernels in the DSL and the op.
-// Two launches: gla_intra computes the diagonal 16x16 blocks of the attention (elementwise in fp32,
-// parallel over all sub-chunks), then gla_fwd walks the chunks with the state in registers, the
-// off-diagonal sub-chunk blocks on tensor cores.
+// gla_intra computes the diagonal 16x16 blocks of the attention (elementwise in fp32, parallel over
+// all sub-chunks); then either gla_fwd walks the chunks with the state in registers, the off-diagonal
+// sub-chunk blocks on tensor cores (the default), or (config split=1, dense inputs) gla_state stores
+// the state before every chunk and gla_out computes all chunks' outputs in parallel. The backward
+// (--backward) is in gla_bwd.h.
 #pragma once
 #include <memory>
 

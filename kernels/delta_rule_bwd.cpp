@@ -232,18 +232,15 @@ OpPlan plan_delta_rule_bwd(bool gated, const TensorMap& inputs, const OpOptions&
   if (cfg.initial_state_grad) plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
 
   const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
-  auto launch = [&](bool forward, std::initializer_list<const char*> names) {
-    KernelLaunch l;
-    l.kernel = cached_delta_bwd(cfg, forward);
-    for (const char* n : names)
-      if (plan.tensors.count(n)) l.tensors[n] = n;
-    l.scalars["scale"] = scale;
-    l.grid = {seq.N * seq.H, 1, 1};
-    plan.launches.push_back(std::move(l));
-  };
-  launch(true, {"q", "k", "v", "beta", "g", "do", "initial_state", "cu_seqlens", "checkpoints", "dq"});
-  launch(false, {"q", "k", "v", "beta", "g", "do", "dfinal_state", "cu_seqlens", "checkpoints", "scratch", "dk", "dv",
-                 "dbeta", "dg", "dinitial_state"});
+  const std::array<int64_t, 3> grid = {seq.N * seq.H, 1, 1};
+  plan.launches.push_back(plan_launch(plan, cached_delta_bwd(cfg, true), grid,
+                                      {"q", "k", "v", "beta", "g", "do", "initial_state", "cu_seqlens", "checkpoints",
+                                       "dq"},
+                                      {{"scale", scale}}));
+  plan.launches.push_back(plan_launch(plan, cached_delta_bwd(cfg, false), grid,
+                                      {"q", "k", "v", "beta", "g", "do", "dfinal_state", "cu_seqlens", "checkpoints",
+                                       "scratch", "dk", "dv", "dbeta", "dg", "dinitial_state"},
+                                      {{"scale", scale}}));
   for (const char* n : {"dq", "dk", "dv", "dbeta", "dg", "dinitial_state"})
     if (wants(wanted, n) && plan.tensors.count(n)) plan.outputs[n] = n;
   return plan;

@@ -172,19 +172,15 @@ OpPlan plan_gla_bwd(const TensorMap& inputs, const OpOptions& opts, const std::v
   if (cfg.initial_state_grad) plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
   if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
 
-  // Every plan tensor is bound under its own name to the kernels that declare it.
-  auto launch = [&](bool dq_kernel, std::initializer_list<const char*> names) {
-    KernelLaunch l;
-    l.kernel = cached_gla_bwd(cfg, dq_kernel);
-    for (const char* name : names)
-      if (plan.tensors.count(name)) l.tensors[name] = name;
-    l.scalars["scale"] = scale;
-    l.grid = {seq.N * seq.H, 1, 1};
-    plan.launches.push_back(std::move(l));
-  };
-  launch(true, {"q", "k", "v", "g", "do", "initial_state", "dfinal_state", "cu_seqlens", "dq", "dg_final"});
-  launch(false, {"q", "k", "v", "g", "do", "dq", "dfinal_state", "dg_final", "cu_seqlens", "dk", "dv", "dg",
-                 "dinitial_state"});
+  const std::array<int64_t, 3> grid = {seq.N * seq.H, 1, 1};
+  plan.launches.push_back(plan_launch(plan, cached_gla_bwd(cfg, true), grid,
+                                      {"q", "k", "v", "g", "do", "initial_state", "dfinal_state", "cu_seqlens", "dq",
+                                       "dg_final"},
+                                      {{"scale", scale}}));
+  plan.launches.push_back(plan_launch(plan, cached_gla_bwd(cfg, false), grid,
+                                      {"q", "k", "v", "g", "do", "dq", "dfinal_state", "dg_final", "cu_seqlens", "dk",
+                                       "dv", "dg", "dinitial_state"},
+                                      {{"scale", scale}}));
   for (const char* name : {"dq", "dk", "dv", "dg", "dinitial_state"})
     if (wants(wanted, name)) plan.outputs[name] = name;
   return plan;

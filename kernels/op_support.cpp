@@ -125,6 +125,17 @@ void cast_qkv(TensorMap& inputs, DType dtype) {
     if (auto it = inputs.find(name); it != inputs.end()) it->second = it->second.cast(dtype);
 }
 
+KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel, std::array<int64_t, 3> grid,
+                         std::initializer_list<const char*> names, std::map<std::string, double> scalars) {
+  KernelLaunch l;
+  l.kernel = std::move(kernel);
+  l.grid = grid;
+  for (const char* name : names)
+    if (plan.tensors.count(name)) l.tensors[name] = name;
+  l.scalars = std::move(scalars);
+  return l;
+}
+
 int padded_head_dim(int64_t d) {
   int p = 16;
   while (p < d) p *= 2;

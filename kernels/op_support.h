@@ -57,6 +57,11 @@ HostTensor random_log_decay(std::vector<int64_t> shape, uint64_t seed);
 /// which matters where full-size inputs are prepared many times (the tuner: once per candidate).
 void cast_qkv(TensorMap& inputs, DType dtype);
 
+/// A launch of `kernel` on `grid` that binds each of `names` the plan holds to the kernel parameter of
+/// the same name (names the plan lacks, e.g. optional states, are skipped), with `scalars`.
+KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel, std::array<int64_t, 3> grid,
+                         std::initializer_list<const char*> names, std::map<std::string, double> scalars);
+
 /// The tile size that covers a head dim: the next power of two, at least 16.
 int padded_head_dim(int64_t d);
 inline bool wants(const std::vector<std::string>& wanted, const std::string& name) {

@@ -166,17 +166,12 @@ OpPlan plan_poly_bwd(const TensorMap& inputs, const OpOptions& opts, const std::
   plan.tensors["dk"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
   plan.tensors["dv"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
   const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
-  auto launch = [&](bool q_kernel, std::initializer_list<const char*> names) {
-    KernelLaunch l;
-    l.kernel = cached_poly_bwd(cfg, q_kernel);
-    for (const char* n : names)
-      if (plan.tensors.count(n)) l.tensors[n] = n;
-    l.scalars = {{"a", a}, {"b", b}, {"c", c}, {"scale", scale}};
-    l.grid = {seq.N * seq.H, 1, 1};
-    plan.launches.push_back(std::move(l));
-  };
-  launch(true, {"q", "k", "v", "do", "cu_seqlens", "dn", "dd", "dq"});
-  launch(false, {"q", "k", "v", "cu_seqlens", "dn", "dd", "dk", "dv"});
+  const std::array<int64_t, 3> grid = {seq.N * seq.H, 1, 1};
+  const std::map<std::string, double> scalars = {{"a", a}, {"b", b}, {"c", c}, {"scale", scale}};
+  plan.launches.push_back(plan_launch(plan, cached_poly_bwd(cfg, true), grid,
+                                      {"q", "k", "v", "do", "cu_seqlens", "dn", "dd", "dq"}, scalars));
+  plan.launches.push_back(plan_launch(plan, cached_poly_bwd(cfg, false), grid,
+                                      {"q", "k", "v", "cu_seqlens", "dn", "dd", "dk", "dv"}, scalars));
   for (const char* n : {"dq", "dk", "dv"})
     if (wants(wanted, n)) plan.outputs[n] = n;
   return plan;

@@ -488,57 +488,90 @@ int cmd_dump(const std::vector<std::string>& args) {
   return 0;
 }
 
+/// The options `plan` and `bench` share: a synthetic call of an op on random inputs.
+struct SyntheticCall {
+  OpOptions opts;
+  std::optional<ProblemShape> shape;
+  bool gated = false;
+  std::string json;
+};
+
+/// Consumes args[i] (and its value) if it is one of the shared options; false otherwise.
+bool parse_synthetic_option(const OpDef& op, const std::vector<std::string>& args, size_t& i, SyntheticCall& call) {
+  const std::string& a = args[i];
+  if (a == "--shape") {
+    call.shape = parse_shape(value_of(args, i));
+  } else if (a == "--dtype") {
+    call.opts.dtype = parse_input_dtype(value_of(args, i));
+  } else if (a == "--gated") {
+    call.gated = true;
+  } else if (a == "--backward") {
+    if (std::find(op.flags.begin(), op.flags.end(), "backward") == op.flags.end())
+      usage_error(fmt::format("{} has no backward yet", op.name));
+    call.opts.backward = true;
+  } else if (a == "--chunk-size") {
+    call.opts.chunk_size = parse_int(a, value_of(args, i));
+  } else if (a == "--config") {
+    call.opts.config = parse_config(value_of(args, i));
+  } else if (a == "--json") {
+    call.json = value_of(args, i);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+/// The random gradient of o of a synthetic backward call.
+HostTensor synthetic_do(const ProblemShape& ps) { return random_uniform({ps.B, ps.T, ps.H, ps.V}, 7); }
+
+/// The op's random inputs at the call's shape (plus do for the backward).
+TensorMap synthetic_inputs(const OpDef& op, const ProblemShape& ps, bool backward) {
+  if (!op.random_inputs) usage_error(fmt::format("{} has no input generator", op.name));
+  TensorMap inputs = op.random_inputs(ps, 1);
+  if (backward) inputs["do"] = synthetic_do(ps);
+  return inputs;
+}
+
+/// The outputs a synthetic forward or backward call asks for.
+std::vector<std::string> synthetic_outputs(bool backward, bool gated) {
+  if (!backward) return {"o"};
+  std::vector<std::string> grads = {"dq", "dk", "dv"};
+  if (gated) grads.push_back("dg");
+  return grads;
+}
+
+void write_text_file(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  const bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (f) std::fclose(f);
+  if (!ok) usage_error(fmt::format("{}: cannot write", path));
+}
+
 int cmd_plan(const std::vector<std::string>& args) {
   if (args.empty() || is_help(args[0])) {
     fmt::print("{}", kPlanUsage);
     return args.empty() ? 1 : 0;
   }
   const OpDef& op = find_op(args[0]);
-  OpOptions opts;
-  opts.device = Device::cpu;
-  opts.dtype = DType::bf16;
-  std::optional<ProblemShape> shape;
-  bool gated = false;
-  std::string json;
+  SyntheticCall call;
+  call.opts.device = Device::cpu;
+  call.opts.dtype = DType::bf16;
   for (size_t i = 1; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (is_help(a)) {
+    if (is_help(args[i])) {
       fmt::print("{}", kPlanUsage);
       return 0;
-    } else if (a == "--shape") {
-      shape = parse_shape(value_of(args, i));
-    } else if (a == "--dtype") {
-      opts.dtype = parse_input_dtype(value_of(args, i));
-    } else if (a == "--gated") {
-      gated = true;
-    } else if (a == "--backward") {
-      if (std::find(op.flags.begin(), op.flags.end(), "backward") == op.flags.end())
-        usage_error(fmt::format("{} has no backward yet", op.name));
-      opts.backward = true;
-    } else if (a == "--chunk-size") {
-      opts.chunk_size = parse_int(a, value_of(args, i));
-    } else if (a == "--config") {
-      opts.config = parse_config(value_of(args, i));
-    } else if (a == "--json") {
-      json = value_of(args, i);
-    } else {
-      usage_error(fmt::format("unknown option '{}' for 'plan' (see linac plan --help)", a));
     }
+    if (!parse_synthetic_option(op, args, i, call))
+      usage_error(fmt::format("unknown option '{}' for 'plan' (see linac plan --help)", args[i]));
   }
-  if (!shape) usage_error("plan needs --shape B=..,T=..,H=..,K=..");
-  if (!op.random_inputs) usage_error(fmt::format("{} has no input generator", op.name));
-  ProblemShape ps = *shape;
-  ps.gated = gated;
-  TensorMap inputs = op.random_inputs(ps, 1);
-  std::vector<std::string> wanted = {"o"};
-  if (opts.backward) {
-    inputs["do"] = random_uniform({ps.B, ps.T, ps.H, ps.V}, 7);
-    wanted = {"dq", "dk", "dv"};
-    if (gated) wanted.push_back("dg");
-  }
+  if (!call.shape) usage_error("plan needs --shape B=..,T=..,H=..,K=..");
+  const OpOptions& opts = call.opts;
+  ProblemShape ps = *call.shape;
+  ps.gated = call.gated;
+  TensorMap inputs = synthetic_inputs(op, ps, opts.backward);
   check_op_options(op, opts);
   cast_qkv(inputs, opts.dtype);
-  OpPlan plan = op.prepare(inputs, opts, wanted);
+  OpPlan plan = op.prepare(inputs, opts, synthetic_outputs(opts.backward, call.gated));
   int64_t total = 0;
   std::string tensors_json, launches_json;
   fmt::print("{} {}{}: {} launch(es)\n", op.name, ps.str(), opts.backward ? " backward" : "", plan.launches.size());
@@ -555,14 +588,10 @@ int cmd_plan(const std::vector<std::string>& args) {
                                 tensors_json.empty() ? "" : ", ", name, dtype_name(t.dtype), fmt::join(t.shape, ", "), bytes);
   }
   fmt::print("device memory {:.3f} MB ({:.2f} KB per token)\n", total / 1e6, total / 1e3 / static_cast<double>(ps.B * ps.T));
-  if (!json.empty()) {
-    std::string text = fmt::format("{{\"op\": \"{}\", \"backward\": {}, \"device_bytes\": {}, \"tensors\": {{{}}}, "
-                                   "\"launches\": [{}]}}\n",
-                                   op.name, opts.backward, total, tensors_json, launches_json);
-    std::FILE* f = std::fopen(json.c_str(), "wb");
-    if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size()) usage_error(fmt::format("{}: cannot write", json));
-    std::fclose(f);
-  }
+  if (!call.json.empty())
+    write_text_file(call.json, fmt::format("{{\"op\": \"{}\", \"backward\": {}, \"device_bytes\": {}, "
+                                           "\"tensors\": {{{}}}, \"launches\": [{}]}}\n",
+                                           op.name, opts.backward, total, tensors_json, launches_json));
   return 0;
 }
 
@@ -572,51 +601,37 @@ int cmd_bench(const std::vector<std::string>& args) {
     return args.empty() ? 1 : 0;
   }
   const OpDef& op = find_op(args[0]);
-  OpOptions opts;
-  opts.device = Device::cuda;
-  opts.dtype = DType::bf16;
-  std::optional<ProblemShape> shape;
-  bool gated = false, backward = false;
+  SyntheticCall call;
+  call.opts.device = Device::cuda;
+  call.opts.dtype = DType::bf16;
   int iters = 50;
   std::optional<double> peak_gbs;
-  std::string json;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (is_help(a)) {
       fmt::print("{}", kBenchUsage);
       return 0;
-    } else if (a == "--shape") {
-      shape = parse_shape(value_of(args, i));
-    } else if (a == "--dtype") {
-      opts.dtype = parse_input_dtype(value_of(args, i));
-    } else if (a == "--gated") {
-      gated = true;
-    } else if (a == "--backward") {
-      if (std::find(op.flags.begin(), op.flags.end(), "backward") == op.flags.end())
-        usage_error(fmt::format("{} has no backward yet", op.name));
-      backward = true;
-    } else if (a == "--chunk-size") {
-      opts.chunk_size = parse_int(a, value_of(args, i));
-    } else if (a == "--config") {
-      opts.config = parse_config(value_of(args, i));
+    } else if (parse_synthetic_option(op, args, i, call)) {
+      continue;
     } else if (a == "--iters") {
       iters = parse_int(a, value_of(args, i));
       if (iters < 1) usage_error("--iters must be at least 1");
     } else if (a == "--peak-gbs") {
       peak_gbs = parse_double(a, value_of(args, i));
       if (!(*peak_gbs > 0)) usage_error("--peak-gbs must be positive");
-    } else if (a == "--json") {
-      json = value_of(args, i);
     } else {
       usage_error(fmt::format("unknown option '{}' for 'bench' (see linac bench --help)", a));
     }
   }
-  if (!shape) usage_error("bench needs --shape B=..,T=..,H=..,K=..");
-  const int64_t B = shape->B, T = shape->T, H = shape->H, K = shape->K, V = shape->V;
-  if (!op.random_inputs) usage_error(fmt::format("{} cannot be benchmarked yet", op.name));
+  if (!call.shape) usage_error("bench needs --shape B=..,T=..,H=..,K=..");
+  const int64_t B = call.shape->B, T = call.shape->T, H = call.shape->H, K = call.shape->K, V = call.shape->V;
+  const bool gated = call.gated, backward = call.opts.backward;
+  const std::string& json = call.json;
+  OpOptions opts = call.opts;
+  opts.backward = false;  // the forward first; the backward after it
   ProblemShape ps{B, T, H, K, V, gated};
-  TensorMap inputs = op.random_inputs(ps, 1);
-  check_op_options(op, opts);
+  TensorMap inputs = synthetic_inputs(op, ps, false);  // do joins them for the backward (the forward refuses it)
+  check_op_options(op, call.opts);
   // The setup of a new process before its first launch, step by step: the CUDA driver and context,
   // the configuration (tuning database, or tuning), the op's inputs (q, k, v cast to the kernel dtype,
   // outputs allocated: proportional to the problem, paid by every call that passes fp32 arrays) and
@@ -661,14 +676,11 @@ int cmd_bench(const std::vector<std::string>& args) {
   // defaults (the forward's tuned configuration has keys of its own kernels).
   BenchResult rb;
   if (backward) {
-    inputs["do"] = random_uniform({B, T, H, V}, 7);
-    cast_qkv(inputs, opts.dtype);
+    inputs["do"] = synthetic_do(ps);
     OpOptions bo = opts;
     bo.config.clear();
     bo.backward = true;
-    std::vector<std::string> grads = {"dq", "dk", "dv"};
-    if (gated) grads.push_back("dg");
-    OpPlan bplan = op.prepare(inputs, bo, grads);
+    OpPlan bplan = op.prepare(inputs, bo, synthetic_outputs(true, gated));
     rb = bench_on_gpu(bplan, iters);
     std::string parts;
     for (const auto& [name, ms] : rb.launch_ms) parts += fmt::format("{}{} {:.4f} ms", parts.empty() ? "" : ", ", name, ms);
@@ -692,9 +704,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     if (backward)
       text.insert(text.rfind('}'), fmt::format(", \"fwd_ms\": {}, \"bwd_ms\": {}, \"bwd_device_bytes\": {}", r.median_ms,
                                                rb.median_ms, rb.bytes));
-    std::FILE* f = std::fopen(json.c_str(), "wb");
-    if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size()) usage_error(fmt::format("{}: cannot write", json));
-    std::fclose(f);
+    write_text_file(json, text);
   }
   return 0;
 }

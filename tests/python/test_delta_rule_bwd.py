@@ -1,10 +1,10 @@
 """`linac run delta_rule|gated_delta_rule ... do=.. [dfinal_state=..] --backward` (token by token with
-checkpoints) against the float64 forward reference (reference_delta.delta_rule): every gradient is
-checked by directional central differences, <grad, d> = (L(x + e d) - L(x - e d)) / 2e for random
-directions d, L = sum(o do) + sum(S_T dfinal), which shares no gradient formula with the kernels."""
+checkpoints) against the float64 forward reference (reference_delta.delta_rule): every gradient by
+directional central differences (gradcheck.py) of L = sum(o do) + sum(S_T dfinal)."""
 import numpy as np
 import pytest
 
+import gradcheck
 import reference
 import reference_delta
 
@@ -35,22 +35,11 @@ def loss(x):
     return total
 
 
-def check(linac, op, x, directions=3, tol=1e-5):
+def check(linac, op, x):
     grads = {"q": "dq", "k": "dk", "v": "dv", "beta": "dbeta", "g": "dg", "initial_state": "dinitial_state"}
     grads = {n: d for n, d in grads.items() if n in x}
     got = linac.run_op(op, x, outputs=list(grads.values()), options=["--backward"])
-    x64 = {n: (a.astype(np.float64) if a.dtype.kind == "f" else a) for n, a in x.items()}
-    rng = np.random.default_rng(0)
-    for name, gname in grads.items():
-        g = got[gname].astype(np.float64)
-        assert g.shape == x[name].shape and np.all(np.isfinite(g)), gname
-        for _ in range(directions):
-            d = rng.standard_normal(x[name].shape)
-            xp = dict(x64); xp[name] = x64[name] + 1e-6 * d
-            xm = dict(x64); xm[name] = x64[name] - 1e-6 * d
-            fd = (loss(xp) - loss(xm)) / 2e-6
-            err = abs(np.sum(g * d) - fd) / max(abs(fd), 1e-2)
-            assert err < tol, f"{gname}: directional derivative {np.sum(g * d):.9g} vs finite differences {fd:.9g}"
+    gradcheck.check_directional({n: got[d] for n, d in grads.items()}, x, loss)
 
 
 @pytest.mark.parametrize("op", OPS)

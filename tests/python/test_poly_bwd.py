@@ -1,8 +1,10 @@
 """`linac run poly ... do=.. --backward` (pairwise form) against the float64 forward reference
-(reference_poly.poly): every gradient by directional central differences of L = sum(o do)."""
+(reference_poly.poly): every gradient by directional central differences (gradcheck.py) of
+L = sum(o do)."""
 import numpy as np
 import pytest
 
+import gradcheck
 import reference
 import reference_poly
 
@@ -14,29 +16,18 @@ def make_inputs(seed, B, T, H, K, V):
     return {n: a.astype(np.float32) for n, a in x.items()}
 
 
-def check(linac, x, coeffs=(1.0, 1.0, 0.5), normalize=True, options=(), tol=1e-5, directions=3):
+def check(linac, x, coeffs=(1.0, 1.0, 0.5), normalize=True, options=()):
     a, b, c = coeffs
     opts = ["--backward", "--a", str(a), "--b", str(b), "--c", str(c), *options]
     if not normalize:
         opts.append("--no-normalize")
     got = linac.run_op("poly", x, outputs=("dq", "dk", "dv"), options=opts)
-    x64 = {n: (v.astype(np.float64) if v.dtype.kind == "f" else v) for n, v in x.items()}
 
     def loss(y):
         o = reference_poly.poly(y["q"], y["k"], y["v"], a=a, b=b, c=c, cu_seqlens=y.get("cu_seqlens"),
                                 normalize=normalize)
         return np.sum(o * y["do"])
-    rng = np.random.default_rng(0)
-    for name in ("q", "k", "v"):
-        g = got["d" + name].astype(np.float64)
-        assert g.shape == x[name].shape and np.all(np.isfinite(g))
-        for _ in range(directions):
-            d = rng.standard_normal(x[name].shape)
-            xp = dict(x64); xp[name] = x64[name] + 1e-6 * d
-            xm = dict(x64); xm[name] = x64[name] - 1e-6 * d
-            fd = (loss(xp) - loss(xm)) / 2e-6
-            err = abs(np.sum(g * d) - fd) / max(abs(fd), 1e-2)
-            assert err < tol, f"d{name}: directional derivative {np.sum(g * d):.9g} vs finite differences {fd:.9g}"
+    gradcheck.check_directional({n: got["d" + n] for n in ("q", "k", "v")}, x, loss)
 
 
 @pytest.mark.parametrize("T", [2, 17, 40])

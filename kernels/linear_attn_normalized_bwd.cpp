@@ -96,11 +96,15 @@ OpPlan plan_linear_attn_normalized_bwd(const TensorMap& inputs, const OpOptions&
   for (int64_t i = 0; i < ones.numel(); ++i) ones.set(i, 1.0);
   ones_in["v"] = ones;
 
+  // The sub-plans are plain linear attention: no normalization, and no noise-dropout (the caller
+  // applies it once, to this plan's do).
   OpOptions fwd = opts;
+  fwd.noise_dropout.reset();
   fwd.backward = fwd.normalize = false;
   fwd.config.clear();  // the user's --config is for the backward kernels
   fwd.chunk_size.reset();
   OpOptions bwd = opts;
+  bwd.noise_dropout.reset();
   bwd.normalize = false;
   const OpDef la = linear_attn_op();
 

@@ -134,3 +134,18 @@ def test_errors(linac, op, extra, mention):
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and mention in lines[0], proc.stderr
     assert not (linac.workdir / "o.npy").exists()
+
+
+@pytest.mark.parametrize("op,options", [("linear_attn", ["--normalize"]), ("poly", [])], ids=["normalized", "poly"])
+def test_backward_of_other_forms_sees_the_same_noise(linac, op, options):
+    # The gradients with noise-dropout equal the plain gradients with do * m (m regenerated here).
+    x = inputs(11, B=1, T=40, H=2, K=16, V=16, positive=True)
+    x["do"] = np.random.default_rng(12).standard_normal(x["v"].shape).astype(np.float32)
+    p, seed = 0.2, 31
+    outputs = ("dq", "dk", "dv")
+    noisy = linac.run_op(op, x, outputs=outputs,
+                         options=[*options, "--backward", "--noise-dropout", str(p), "--seed", str(seed)])
+    scaled = dict(x, do=(x["do"] * multipliers(x["v"].shape, p, seed)).astype(np.float32))
+    plain = linac.run_op(op, scaled, outputs=outputs, options=[*options, "--backward"])
+    for name in outputs:
+        assert reference.rel_err(noisy[name], plain[name]) < 1e-5, name

@@ -260,8 +260,9 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   cfg.block_k = padded_head_dim(K);
   // Defaults, each for a reason:
   //  - chunks of 64 with 4 warps for head dims up to 64; chunks of 32 above, with 8 warps (bf16/fp16)
-  //    or 4 warps and 32 value columns (fp32): spill-free at K = V = 128 under ptxas (sm_80, sm_90a),
-  //    and on an H200 chunks of 64 with 8 warps gave wrong outputs (see the op's notes);
+  //    or 4 warps and 32 value columns (fp32): spill-free at K = V = 128 under ptxas (sm_80, sm_90a).
+  //    (Chunks of 64 with 8 warps once gave wrong outputs on an H200: that was the shared-memory
+  //    barrier bug of tests/regress/dot_operand_reuse.tir, fixed; the tuner may pick them now.)
   //  - shared memory (227 KB on Hopper): delta_rule_fwd holds Q, K and W [BT, BK] blocks, twice when
   //    pipelined; fp32 blocks and K = 256 leave no room for the second stage.
   const bool small = K <= 64 && V <= 64, fp32 = dtype_bytes(cfg.dtype) == 4;

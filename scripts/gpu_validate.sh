@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One GPU-machine run that validates and measures everything, within one device call (~6-8 min on an
+# H200): run it through the device tool from the repository root after `bash scripts/pack_for_gpu.sh`,
+# carrying .carry (and third_party/fla for the fla comparison):
+#   bash scripts/gpu_validate.sh [quick]
+# Logs go to $OUT (or ./gpu_out). "quick" skips the fla comparison (fla autotunes for minutes).
+#  1. every numeric test file with LINAC_TEST_DEVICE=cuda, in parallel (LINAC_AUTOTUNE=0: the default
+#     configs; the tuner's own checks run in 3.), ~90 s
+#  2. the main job on the GPU (tools/e2e.py --device cuda, forward and backward of every op)
+#  3. each op at B8 T4096 H16 D128 bf16 with per-kernel times, linear_attn forward+backward, cold/warm
+#     start per op, the polynomial kernel against SDPA
+#  4. (unless quick) tools/bench_vs_fla.py at the bar shape and tools/bench_bwd.py
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+[ -f .carry/linac.tar.gz ] && tar -xzf .carry/linac.tar.gz
+export LD_LIBRARY_PATH=$PWD/build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} LINAC_CACHE_DIR=${LINAC_CACHE_DIR:-/tmp/linac_cache}
+export PYTHONUNBUFFERED=1
+T0=$SECONDS
+stamp() { echo "[$((SECONDS - T0)) s] $*"; }
+
+stamp "1. numeric tests on the GPU"
+for f in tests/python/test_{linear_attn,configs,gla,gla_bwd,delta_rule,delta_rule_bwd,poly,poly_bwd,recurrent,linear_attn_normalized,linear_attn_normalized_bwd,linear_attn_bwd,noise_dropout}.py; do
+  name=$(basename "$f" .py)
+  (cd tests/python && LINAC_TEST_DEVICE=cuda LINAC_BIN=$PWD/../../build/linac LINAC_AUTOTUNE=0 \
+     timeout 300 python3 -m pytest -q -p no:cacheprovider "$name.py" > "$OUT/pytest_$name.txt" 2>&1
+   echo "  $name rc=$? $(tail -1 "$OUT/pytest_$name.txt")") &
+done
+wait
+grep -h "^FAILED" "$OUT"/pytest_*.txt | head -30
+
+stamp "2. the main job on the GPU"
+timeout 400 python3 tools/e2e.py --device cuda --json "$OUT/e2e.json" > "$OUT/e2e.txt" 2>&1
+echo "  rc=$? $(tail -1 "$OUT/e2e.txt")"; grep -v " ok$" "$OUT/e2e.txt" | grep -i "fail" | head -20
+
+stamp "3. performance"
+for op in linear_attn gla delta_rule gated_delta_rule; do
+  timeout 120 ./build/linac bench $op --shape B=8,T=4096,H=16,K=128 --iters 20 2>&1 | grep -v "^linac bench: setup"
+done
+timeout 120 ./build/linac bench linear_attn --shape B=8,T=4096,H=16,K=128 --backward --iters 10 2>&1 | grep -v "^linac bench: setup"
+timeout 200 python3 tools/start_times.py --json "$OUT/start_times.json" 2>&1 | tail -8
+timeout 120 python3 tools/bench_poly_vs_sdpa.py --json "$OUT/poly_vs_sdpa.json" 2>&1 | tail -6
+
+if [ "${1:-}" != quick ]; then
+  stamp "4. against fla"
+  timeout 400 python3 tools/bench_vs_fla.py --ops linear_attn,gla,delta_rule,gated_delta_rule --shapes 8x4096x16x128 \
+    --json "$OUT/bench_vs_fla.json" > "$OUT/bench_vs_fla.txt" 2> "$OUT/bench_vs_fla.err"
+  tail -12 "$OUT/bench_vs_fla.txt"
+  timeout 300 python3 tools/bench_bwd.py --gates none --json "$OUT/bench_bwd.json" 2>&1 | grep -v "^    \[" | tail -12
+fi
+stamp "done"

@@ -461,8 +461,9 @@ OpDef gla_op() {
       // The split schedule at its first tuning-space configuration.
       GlaConfig split = cfg;
       split.chunk = 64;
-      // (fp32 takes the FMA path for its dots: narrower V blocks keep it within registers.)
-      split.block_v = opts.dtype == DType::f32 ? 32 : 64;
+      // (fp32 takes the FMA path for its dots, and K = 128 holds a [128, BV] state: narrower V blocks
+      // keep them within registers.)
+      split.block_v = opts.dtype == DType::f32 || d == 128 ? 32 : 64;
       split.num_warps = d == 128 ? 8 : 4;
       out.push_back(cached_gla_kernel(split, GlaKernel::state));
       out.push_back(cached_gla_kernel(split, GlaKernel::out));

@@ -124,6 +124,9 @@ class LayoutAssigner {
     // Second round: elementwise math on views and index math (no operand in registers) takes the
     // layout its consumers want, so a gate matrix computed for an mma accumulator is computed in the
     // mma layout instead of being moved there through shared memory.
+    // Loads (and their casts) feeding elementwise math in another blocked layout take that layout, so
+    // that a bf16 tile loaded 8 per thread and multiplied with f32 math held 4 per thread is loaded 4
+    // per thread instead of one of them being moved through shared memory (gla_fwd's Qf .* exp(..)).
     for (int round = 0; round < 2; ++round) {
       collect_wants(k_.body);
       assign_block(k_.body);
@@ -165,7 +168,15 @@ class LayoutAssigner {
     return d;
   }
 
-  /// Records, for elementwise results, that a consumer computes in the mma layout.
+  /// A load, or casts of one: its layout can follow its consumer's at no cost (the load reads global
+  /// memory at whatever coordinates it is given).
+  static bool load_rooted(const ir::Value* v) {
+    while (v->def && v->def->code == OpCode::Cast) v = v->def->operands[0];
+    return v->def && v->def->code == OpCode::Load;
+  }
+
+  /// Records, for elementwise results, that a consumer computes in the mma layout; and for loads (and
+  /// their casts) that an elementwise consumer computes in another blocked layout.
   void collect_wants(const ir::Block& b) {
     for (auto it = b.ops.rbegin(); it != b.ops.rend(); ++it) {
       const ir::Op& op = **it;
@@ -173,6 +184,17 @@ class LayoutAssigner {
       if (!ir::is_elementwise(op.code) || op.results.empty()) continue;
       const ir::Value* res = op.result();
       auto l = out_.find(res);
+      if (l != out_.end() && l->second.kind == Layout::Kind::Blocked) {
+        for (const ir::Value* o : op.operands) {
+          auto ol = out_.find(o);
+          if (ol == out_.end() || ol->second.kind != Layout::Kind::Blocked || ol->second == l->second) continue;
+          if (o->type.shape != res->type.shape || !load_rooted(o)) continue;
+          for (const ir::Value* v = o;; v = v->def->operands[0]) {
+            wants_blocked_.emplace(v, l->second);  // the first consumer's wish wins
+            if (v->def->code == OpCode::Load) break;
+          }
+        }
+      }
       bool mma = (l != out_.end() && l->second.kind == Layout::Kind::Mma) || wants_mma_.count(res);
       if (!mma) continue;
       for (const ir::Value* o : op.operands)
@@ -225,10 +247,17 @@ class LayoutAssigner {
       out_[op.result()] = Layout::uniform();
       return;
     }
+    if (op.code == OpCode::Load) {
+      auto w = wants_blocked_.find(op.result());
+      out_[op.result()] = w != wants_blocked_.end() && w->second.shape == t.shape ? w->second : natural(t);
+      return;
+    }
     if (ir::is_elementwise(op.code)) {
       // Elementwise ops keep their operands' layout (mma first: it anchors the dot chains) so that a
       // chain of casts and math never moves data between threads.
       const Layout* chosen = nullptr;
+      // Among blocked data operands, computed values win over loaded ones (the loads then follow).
+      bool chosen_loaded = false;
       for (ir::Value* v : op.operands) {
         auto it = out_.find(v);
         if (it == out_.end() || it->second.shape != t.shape) continue;
@@ -236,7 +265,10 @@ class LayoutAssigner {
           chosen = &it->second;
           break;
         }
-        if (!chosen && it->second.kind == Layout::Kind::Blocked && is_data(v)) chosen = &it->second;
+        if (it->second.kind == Layout::Kind::Blocked && is_data(v) && (!chosen || (chosen_loaded && !load_rooted(v)))) {
+          chosen = &it->second;
+          chosen_loaded = load_rooted(v);
+        }
       }
       if (chosen) {
         Layout l = *chosen;
@@ -256,6 +288,7 @@ class LayoutAssigner {
   LayoutMap out_;
   std::map<const ir::Value*, bool> is_data_;
   std::set<const ir::Value*> wants_mma_;
+  std::map<const ir::Value*, Layout> wants_blocked_;
 };
 
 }  // namespace

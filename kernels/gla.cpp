@@ -8,6 +8,7 @@
 
 #include "kernels/gla_bwd.h"
 #include "kernels/op_support.h"
+#include "kernels/sequence_bounds.h"
 #include "kernels/recurrent.h"
 #include "linac/dsl.h"
 #include "linac/error.h"
@@ -15,20 +16,6 @@
 namespace linac {
 
 using namespace dsl;
-
-namespace {
-
-/// The program's sequence: batch row, first and one-past-last token (varlen: from cu_seqlens).
-struct SequenceRange {
-  Tile b, bos, eos;
-};
-
-SequenceRange sequence_range(bool varlen, const Tensor& q, const Tensor& cu, const Tile& i_n) {
-  if (varlen) return {constant(0, DType::i32), load(cu, {i_n}, {kIndex}), load(cu, {i_n + 1}, {kIndex})};
-  return {i_n, constant(0, DType::i32), q.dim(1)};
-}
-
-}  // namespace
 
 // One program per (16-row sub-chunk, sequence x head), all independent: the diagonal block
 //   A_ii[r, c] = scale sum_d q_rd k_cd exp(L_rd - L_cd)  (r >= c; 0 above the diagonal)
@@ -51,7 +38,7 @@ std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg) {
   Tile i_nh = program_id(1);
   Tile H = q.dim(2);
   Tile i_n = i_nh / H, i_h = i_nh % H;
-  SequenceRange seq = sequence_range(cfg.varlen, q, cu, i_n);
+  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
   Tile b = seq.b;
   Tile ti = seq.bos + i_s * BC;  // at or past eos for the sub-chunks of the longest sequence only
   AccessOptions in_seq{.limits = {{1, seq.eos}}};
@@ -65,8 +52,9 @@ std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg) {
     Tile kc = load(k, {b, ti + c, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq).to(f32);
     Lc = Lc + load(g, {b, ti + c, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
     Tile below = rows >= c;
-    // exp(..) first: its f32 layout (4 per thread) then wins over Qf's (8, from the 16-bit load), so the
-    // loop-invariant Qf is the one read across layouts (from its copy made once), not each exp tile.
+    // exp(..) first, so the product computes in the f32 math's layout and the Qf load follows it
+    // (passes: loads take their consumer's layout); Qf * kc first would fix the product in the 16-bit
+    // load's layout and copy each exp tile through shared memory.
     Tile x = exp(where(below, L - expand_dims(Lc, 0), 0.0f)) * Qf * expand_dims(kc, 0);
     A = A + where((cols == c) & below, expand_dims(sum(x, 1), 1), 0.0f);  // rows reduce in registers
   }, A, Lc);
@@ -167,7 +155,7 @@ std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg) {
   Tile i_nh = program_id(1);
   Tile H = q.dim(2);
   Tile i_n = i_nh / H, i_h = i_nh % H;
-  SequenceRange seq = sequence_range(cfg.varlen, q, cu, i_n);
+  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
   Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
   Tile v0 = i_v * BV;
 

@@ -162,10 +162,7 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
 /// Every form, then the noise-dropout multipliers when asked for (on o, or on do for the backward).
 OpPlan plan_linear_attn(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
   OpPlan plan = plan_linear_attn_form(inputs, opts, wanted);
-  if (opts.noise_dropout) {
-    const HostTensor& q = inputs.at("q");
-    apply_noise_dropout(plan, opts, {q.shape.at(0), q.shape.at(1), q.shape.at(2), inputs.at("v").shape.at(3)});
-  }
+  apply_noise_dropout(plan, opts, inputs);
   return plan;
 }
 

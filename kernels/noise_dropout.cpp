@@ -34,8 +34,10 @@ HostTensor noise_dropout_multipliers(const std::vector<int64_t>& shape, double p
   return m;
 }
 
-void apply_noise_dropout(OpPlan& plan, const OpOptions& opts, const std::vector<int64_t>& o_shape) {
+void apply_noise_dropout(OpPlan& plan, const OpOptions& opts, const TensorMap& inputs) {
   if (!opts.noise_dropout) return;
+  const HostTensor& q = inputs.at("q");
+  const std::vector<int64_t> o_shape = {q.shape.at(0), q.shape.at(1), q.shape.at(2), inputs.at("v").shape.at(3)};
   const double p = *opts.noise_dropout;
   if (!(p >= 0 && p < 1)) throw UserError(fmt::format("--noise-dropout {}: must be in [0, 1)", p));
   plan.tensors["noise_multipliers"] = noise_dropout_multipliers(o_shape, p, opts.seed);

@@ -18,8 +18,8 @@ namespace linac {
 /// The multipliers (1 - p)(1 + psi) for an output of `shape`, fp32.
 HostTensor noise_dropout_multipliers(const std::vector<int64_t>& shape, double p, uint64_t seed);
 
-/// Applies opts.noise_dropout (if set) to `plan`: forward plans get o *= m after their launches,
-/// backward plans do *= m before theirs. `o_shape` is the forward output's [B, T, H, V].
-void apply_noise_dropout(OpPlan& plan, const OpOptions& opts, const std::vector<int64_t>& o_shape);
+/// Applies opts.noise_dropout (if set) to the plan an op made from `inputs`: forward plans get o *= m
+/// after their launches, backward plans do *= m before theirs (o is [B, T, H, V] from q and v).
+void apply_noise_dropout(OpPlan& plan, const OpOptions& opts, const TensorMap& inputs);
 
 }  // namespace linac

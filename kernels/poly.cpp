@@ -9,6 +9,7 @@
 
 #include "kernels/noise_dropout.h"
 #include "kernels/op_support.h"
+#include "kernels/sequence_bounds.h"
 #include "kernels/poly_bwd.h"
 #include "linac/dsl.h"
 
@@ -17,16 +18,6 @@ namespace linac {
 using namespace dsl;
 
 namespace {
-
-/// The program's sequence: batch row, first and one-past-last token (varlen: from cu_seqlens).
-struct SequenceRange {
-  Tile b, bos, eos;
-};
-
-SequenceRange sequence_range(const PolyConfig& cfg, const Tensor& q, const Tensor& cu, const Tile& i_n) {
-  if (cfg.varlen) return {constant(0, DType::i32), load(cu, {i_n}, {kIndex}), load(cu, {i_n + 1}, {kIndex})};
-  return {i_n, constant(0, DType::i32), q.dim(1)};
-}
 
 /// First row of state2 holding the entries (d, e >= d): sum_{j<d} (K - j).
 Tile state2_row(const Tile& d, const Tile& K) { return d * (2 * K - d + 1) / 2; }
@@ -75,7 +66,7 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_deg2(const PolyConfig& cfg) {
   Tile i_nh = program_id(1);
   Tile H = q.dim(2), Kdim = q.dim(3);
   Tile i_n = i_nh / H, i_h = i_nh % H;
-  SequenceRange seq = sequence_range(cfg, q, cu, i_n);
+  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
   Tile b = seq.b, bos = seq.bos, eos = seq.eos;
   Tile num_chunks = (eos - bos + (BT - 1)) / BT;
   Tile v0 = i_v * BV;
@@ -154,7 +145,7 @@ std::shared_ptr<ir::Kernel> build_poly_fwd(const PolyConfig& cfg) {
   Tile i_nh = program_id(1);
   Tile H = q.dim(2);
   Tile i_n = i_nh / H, i_h = i_nh % H;
-  SequenceRange seq = sequence_range(cfg, q, cu, i_n);
+  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
   Tile b = seq.b, bos = seq.bos, eos = seq.eos;
   Tile num_chunks = (eos - bos + (BT - 1)) / BT;
   Tile v0 = i_v * BV;
@@ -219,7 +210,7 @@ std::shared_ptr<ir::Kernel> build_poly_recurrent(const PolyConfig& cfg) {
   Tile i_nh = program_id(1);
   Tile H = q.dim(2), Kdim = q.dim(3);
   Tile i_n = i_nh / H, i_h = i_nh % H;
-  SequenceRange seq = sequence_range(cfg, q, cu, i_n);
+  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
   Tile b = seq.b, bos = seq.bos, eos = seq.eos;
   Tile v0 = i_v * BV;
   Tile n2_slab = i_nh * num_programs(0) + i_v;
@@ -464,10 +455,7 @@ OpDef poly_op() {
   op.flags = {"recurrent", "no_normalize", "coefficients", "noise_dropout", "backward"};
   op.prepare = [](const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
     OpPlan plan = plan_poly_form(inputs, opts, wanted);
-    if (opts.noise_dropout) {
-      const HostTensor& q = inputs.at("q");
-      apply_noise_dropout(plan, opts, {q.shape.at(0), q.shape.at(1), q.shape.at(2), inputs.at("v").shape.at(3)});
-    }
+    apply_noise_dropout(plan, opts, inputs);
     return plan;
   };
   op.random_inputs = [](const ProblemShape& s, uint64_t seed) {

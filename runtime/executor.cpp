@@ -94,7 +94,7 @@ TensorMap execute(OpPlan& plan, Device device) {
 
 void prepare_kernels_on_gpu(const OpPlan& plan) { get_kernels(plan); }
 
-BenchResult bench_on_gpu(OpPlan& plan, int iters) {
+BenchResult bench_on_gpu(OpPlan& plan, int iters, bool per_launch) {
   auto kernels = get_kernels(plan);
   BenchResult r;
   for (const auto& [name, t] : plan.tensors) r.bytes += static_cast<int64_t>(t.data.size());
@@ -116,7 +116,7 @@ BenchResult bench_on_gpu(OpPlan& plan, int iters) {
   r.iters = iters;
   r.median_ms = times[times.size() / 2];
   r.min_ms = times.front();
-  if (plan.launches.size() > 1) {
+  if (per_launch && plan.launches.size() > 1) {
     std::vector<std::vector<double>> per(plan.launches.size());
     for (int i = 0; i < iters; ++i) {
       for (size_t j = 0; j < plan.launches.size(); ++j) {

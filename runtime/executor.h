@@ -27,6 +27,8 @@ struct BenchResult {
 
 /// Times `plan` on the GPU with CUDA events: warm-up, then `iters` runs (each run = all launches),
 /// cycling through enough copies of the tensors to exceed twice the L2 cache; median and minimum.
-BenchResult bench_on_gpu(OpPlan& plan, int iters);
+/// With `per_launch`, a second pass times each launch alone (BenchResult::launch_ms): for `linac bench`,
+/// not for the tuner, which needs only the total.
+BenchResult bench_on_gpu(OpPlan& plan, int iters, bool per_launch = false);
 
 }  // namespace linac

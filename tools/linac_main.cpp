@@ -653,7 +653,7 @@ int cmd_bench(const std::vector<std::string>& args) {
              "linac bench: setup to first launch {:.1f} ms (CUDA init {:.1f} ms, configuration {:.1f} ms, kernels {:.1f} ms); "
              "inputs {:.1f} ms\n",
              first_launch_ms, ms(t0, t1), ms(t1, t2), ms(t3, t4), ms(t2, t3));
-  BenchResult r = bench_on_gpu(plan, iters);
+  BenchResult r = bench_on_gpu(plan, iters, /*per_launch=*/true);
   std::string config = config_str(opts.config);
   // The HBM floor: the plan's bytes at the peak memory bandwidth (unknown when the driver reports no
   // memory clock or bus width and --peak-gbs is not given).
@@ -681,7 +681,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     bo.config.clear();
     bo.backward = true;
     OpPlan bplan = op.prepare(inputs, bo, synthetic_outputs(true, gated));
-    rb = bench_on_gpu(bplan, iters);
+    rb = bench_on_gpu(bplan, iters, /*per_launch=*/true);
     std::string parts;
     for (const auto& [name, ms] : rb.launch_ms) parts += fmt::format("{}{} {:.4f} ms", parts.empty() ? "" : ", ", name, ms);
     fmt::print("backward: median {:.4f} ms{}; forward+backward {:.4f} ms; the backward's device memory {:.1f} MB "

@@ -219,6 +219,8 @@ OpDef linear_attn_op() {
     return space;
   };
   op.config_keys = linear_attn_config_keys();
+  for (const auto& key : linear_attn_bwd_config_keys())
+    if (key.first == "bk") op.config_keys.push_back(key);  // the backward's only key the forward lacks
   op.kernels = [](const OpOptions& opts) {
     check_config_keys("linear_attn", opts, linear_attn_config_keys());
     LinearAttnConfig cfg;
@@ -233,10 +235,7 @@ OpDef linear_attn_op() {
     std::vector<std::shared_ptr<ir::Kernel>> out{cached_linear_attn_fwd(cfg), cached_linear_attn_fwd(gated)};
     for (auto& k : linear_attn_normalized_kernels(opts)) out.push_back(k);
     for (auto& k : recurrent_kernels(opts, RecurrentGate::scalar)) out.push_back(k);
-    // The backward kernels are listed for bf16/fp16, which assemble without spills at 8 warps; the fp32
-    // ones still spill (gated dq: 8-48 bytes on sm_80/sm_90a) and are left out until they do not.
-    if (opts.dtype != DType::f32)
-      for (auto& k : linear_attn_bwd_kernels(opts)) out.push_back(k);
+    for (auto& k : linear_attn_bwd_kernels(opts)) out.push_back(k);
     for (auto& k : linear_attn_normalized_bwd_kernels(opts)) out.push_back(k);
     out.push_back(elementwise_update_kernel(ElementwiseUpdate::mul, opts.dtype, DType::f32, 4, 64));  // noise-dropout
     return out;

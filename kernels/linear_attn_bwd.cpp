@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 
+#include "compiler/ir/ir.h"
 #include "kernels/op_support.h"
 #include "kernels/sequence_bounds.h"
 #include "linac/dsl.h"
@@ -18,95 +19,160 @@ using namespace dsl;
 // dH_t = dL/dS_t = scale q_t^T do_t + a_{t+1} dH_{t+1}, seeded by dS_T = dfinal_state. Then
 //   dq_t = scale do_t S_t^T,  dk_t = v_t dH_t^T,  dv_t = k_t dH_t,  dinitial_state = a_1 dH_1,
 //   dg_t = sum_{s>=t} (q_s.dq_s - k_s.dk_s) + <dfinal_state, S_T>   (= a_t <dH_t, S_{t-1}>).
-// Per chunk, b is the chunk-local cumulative log-decay (zeros without a gate), b_C its last row.
+//
+// Each of dq, dk, dv is a walk with the shape of the forward, out = a X + ((a b^T) .* D) c and
+// X <- decay X + b^T c, for roles (a, b, c) and a state X that needs no transpose:
+//   dq: forward walk, a = do, b = v, c = k, X = S^T [V, K]   (dq = scale (do S^T + (do v^T .* M) k))
+//   dk: reverse walk, a = v, b = do, c = q, X = dH^T [V, K]  (dk = v dH^T + scale (v do^T .* M^T) q)
+//   dv: reverse walk, a = k, b = q, c = do, X = dH [K, V]    (dv = k dH + scale (k q^T .* M^T) do)
+// The contraction a.b runs over a whole head dim; c, out and X's columns are split in blocks across
+// programs (bk for dq and dk, bv for dv), so a head is spread over K/bk or V/bv programs. Per chunk,
+// b is the chunk-local cumulative log-decay (zeros without a gate) and b_C its last row: forward walks
+// weigh the state term by exp(b_r), pairs by exp(b_r - b_s) (s <= r) and the update rows by
+// exp(b_C - b_s); reverse walks by exp(b_C - b_r), exp(b_s - b_r) (s >= r) and exp(b_s).
+// dg's row sums (q.dq, k.dk) are split the same way: each dq/dk program writes its block's partial
+// sum, and a last kernel adds the blocks in a fixed order and takes the suffix sums (deterministic).
 
-std::shared_ptr<ir::Kernel> build_linear_attn_bwd_dq(const LinearAttnBwdConfig& cfg) {
-  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
+namespace {
+
+/// A block loaded (or stored) transposed: the state's rows c0.. as columns.
+const AccessOptions kTransposed{.limits = {}, .transpose = true};
+
+struct WalkRoles {
+  const char* name;
+  bool reverse;
+  const char* a;
+  const char* b;
+  const char* c;
+  const char* out;
+  bool state_rows_k;  // X is [K, BC] (dv) rather than [V, BC] (dq, dk)
+};
+
+WalkRoles roles_of(LinearAttnBwdKernel which) {
+  switch (which) {
+    case LinearAttnBwdKernel::dq: return {"linear_attn_bwd_dq", false, "do", "v", "k", "dq", false};
+    case LinearAttnBwdKernel::dk: return {"linear_attn_bwd_dk", true, "v", "do", "q", "dk", false};
+    case LinearAttnBwdKernel::dv: return {"linear_attn_bwd_dv", true, "k", "q", "do", "dv", true};
+    case LinearAttnBwdKernel::dg: break;
+  }
+  throw InternalError("roles_of: dg is not a walk");
+}
+
+std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAttnBwdKernel which) {
+  const WalkRoles r = roles_of(which);
+  const int64_t BT = cfg.chunk;
+  const int64_t W = r.state_rows_k ? cfg.block_k : cfg.block_v;  // a and b: a whole head dim
+  const int64_t BC = r.state_rows_k ? cfg.split_v : cfg.split_k;  // c, out, X's columns: one block
   const DType dt = cfg.dtype;
-  KernelBuilder kb("linear_attn_bwd_dq");
+  const bool is_dq = which == LinearAttnBwdKernel::dq, is_dk = which == LinearAttnBwdKernel::dk;
+  const bool state_term = cfg.gated && cfg.final_state_grad;  // dg's <dfinal_state, S_T>
+  KernelBuilder kb(r.name);
   kb.set_num_warps(cfg.num_warps);
+  // One program per SM holds a head's column block for the whole walk: registers over a second block
+  // (at 8 warps and 64-row chunks ptxas otherwise caps at 128 registers and spills 12-40 bytes).
+  kb.set_min_ctas_per_sm(1);
   Tensor q = kb.tensor("q", dt, 4);
   Tensor k = kb.tensor("k", dt, 4);
   Tensor v = kb.tensor("v", dt, 4);
   Tensor dout = kb.tensor("do", dt, 4);
   Tensor g = cfg.gated ? kb.tensor("g", DType::f32, 3) : Tensor();
-  Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", DType::f32, 4) : Tensor();
-  const bool state_term = cfg.gated && cfg.final_state_grad;
-  Tensor dht = state_term ? kb.tensor("dfinal_state", DType::f32, 4) : Tensor();
+  Tensor h0 = is_dq && cfg.initial_state ? kb.tensor("initial_state", DType::f32, 4) : Tensor();
+  Tensor dht = (!is_dq && cfg.final_state_grad) || (is_dq && state_term) ? kb.tensor("dfinal_state", DType::f32, 4)
+                                                                         : Tensor();
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor dq = kb.tensor("dq", dt, 4);
-  Tensor dg = cfg.gated ? kb.tensor("dg", DType::f32, 3) : Tensor();
-  Tensor dg_state = state_term ? kb.tensor("dg_state", DType::f32, 2) : Tensor();
+  Tensor out = kb.tensor(r.out, dt, 4);
+  const bool dg_part = cfg.gated && (is_dq || is_dk);
+  Tensor part = dg_part ? kb.tensor(is_dq ? "dg_q" : "dg_k", DType::f32, 4) : Tensor();  // [blocks, B, T, H]
+  Tensor state_part = is_dq && state_term ? kb.tensor("dg_s", DType::f32, 3) : Tensor();  // [blocks, N, H]
+  Tensor dh0 = !is_dq && !is_dk && cfg.initial_state_grad ? kb.tensor("dinitial_state", DType::f32, 4) : Tensor();
   Tile scale = kb.scalar("scale", DType::f32);
+  const std::map<std::string, Tensor> by_name = {{"q", q}, {"k", k}, {"v", v}, {"do", dout}};
 
-  Tile i_nh = program_id(0);
+  Tile i_c = program_id(0);
+  Tile i_nh = program_id(1);
   Tile H = q.dim(2);
   Tile i_n = i_nh / H, i_h = i_nh % H;
   const SequenceBounds seq_rows = sequence_bounds(q, cu, cfg.varlen, i_n);
   const Tile b = seq_rows.b, bos = seq_rows.bos, eos = seq_rows.eos;
   Tile num_chunks = (eos - bos + (BT - 1)) / BT;
+  Tile c0 = i_c * BC;
 
-  Tile S = zeros({BK, BV}, DType::f32);
-  if (cfg.initial_state) S = load(h0, {i_n, i_h, 0, 0}, {kIndex, kIndex, BK, BV});
+  // X starts at h0^T (dq) or dfinal_state^T (dk) or dfinal_state (dv): the block of columns c0.. of
+  // the state's transpose is the block of rows c0.. of the state, loaded transposed.
+  Tile X = zeros({W, BC}, DType::f32);
+  if (h0.value()) X = load(h0, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, kTransposed);
+  if (!is_dq && dht.value())
+    X = r.state_rows_k ? load(dht, {i_n, i_h, 0, c0}, {kIndex, kIndex, W, BC})
+                       : load(dht, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, kTransposed);
 
   Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
-  Tile causal = row >= col;
+  Tile pairs = r.reverse ? row <= col : row >= col;  // forward: r receives from s <= r; reverse: s >= r
   AccessOptions in_seq{.limits = {{1, eos}}};
 
-  // dQ = scale * (exp(b) .* (dO S^T) + ((dO V^T) .* exp(b_r - b_c) .* M) K)
-  for_range(0, num_chunks, [&](Tile i) {
+  for_range(0, num_chunks, [&](Tile j) {
+    Tile i = r.reverse ? num_chunks - 1 - j : j;
     Tile t0 = bos + i * BT;
-    Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-    Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-    Tile V = load(v, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
-    Tile dO = load(dout, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
-    Tile A = where(causal, dot(dO, V.T()) * scale, 0.0f);
-    Tile dQ;
+    Tile A_ = load(by_name.at(r.a), {b, t0, i_h, 0}, {kIndex, BT, kIndex, W}, in_seq);
+    Tile B_ = load(by_name.at(r.b), {b, t0, i_h, 0}, {kIndex, BT, kIndex, W}, in_seq);
+    Tile C_ = load(by_name.at(r.c), {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
+    Tile P = where(pairs, dot(A_, B_.T()) * scale, 0.0f);
+    Tile inter, update_rows;  // the state term of out; the rows of b weighted for the state update
+    Tile decay_all;           // exp(b_C): the state's decay over the chunk
     if (cfg.gated) {
+      // Rows past the sequence end load g = 0, so b stops growing there and b_C = b at the last row.
       Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
       Tile bg = cumsum(gc, 0);
       Tile b_last = sum(gc, 0);
       Tile br = expand_dims(bg, 1), bc = expand_dims(bg, 0);
-      A = A * exp(where(causal, br - bc, 0.0f));
-      dQ = dot(dO, S.T().to(dt)) * (exp(br) * scale);
-      Tile K_decayed = (K.to(DType::f32) * expand_dims(exp(b_last - bg), 1)).to(dt);
-      S = S * exp(b_last) + dot(K_decayed.T(), V);
+      // Exponentiate only the pairs that interact: the others would overflow.
+      P = P * exp(where(pairs, r.reverse ? bc - br : br - bc, 0.0f));
+      Tile row_weight = r.reverse ? exp(b_last - bg) : exp(bg);
+      Tile update_weight = r.reverse ? exp(bg) : exp(b_last - bg);
+      inter = dot(A_, X.to(dt)) * expand_dims(row_weight, 1);
+      update_rows = (B_.to(DType::f32) * expand_dims(update_weight, 1)).to(dt);
+      decay_all = exp(b_last);
     } else {
-      dQ = dot(dO, S.T().to(dt)) * scale;
-      S = S + dot(K.T(), V);
+      inter = dot(A_, X.to(dt));
+      update_rows = B_;
     }
-    dQ = dQ + dot(A.to(dt), K);
-    store(dq, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dQ.to(dt), in_seq);
-    // The first half of dg's per-token term, q.dq, in fp32 before dq is rounded.
-    if (cfg.gated) store(dg, {b, t0, i_h}, {kIndex, BT, kIndex}, sum(Q.to(DType::f32) * dQ, 1), in_seq);
-  }, S);
+    // P carries scale. For dq the state term needs it too; for dk and dv the state dH carries it in
+    // its updates (dfinal_state, where it starts, has none).
+    Tile O = (is_dq ? inter * scale : inter) + dot(P.to(dt), C_);
+    Tile update = dot(update_rows.T(), C_);
+    if (!is_dq) update = update * scale;
+    X = cfg.gated ? X * decay_all + update : X + update;
+    store(out, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, O.to(dt), in_seq);
+    if (dg_part) {
+      // This block's share of q.dq (dq) or k.dk (dk), in fp32 before the gradient is rounded.
+      Tile own = load(is_dq ? q : k, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
+      store(part, {i_c, b, t0, i_h}, {kIndex, kIndex, BT, kIndex}, sum(own.to(DType::f32) * O, 1),
+            {.limits = {{2, eos}}});
+    }
+  }, X);
 
-  if (state_term) {
-    Tile dS = load(dht, {i_n, i_h, 0, 0}, {kIndex, kIndex, BK, BV});
-    store(dg_state, {i_n, i_h}, {kIndex, kIndex}, sum(sum(dS * S, 1), 0));
+  if (state_part.value()) {
+    Tile dS = load(dht, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, kTransposed);
+    store(state_part, {i_c, i_n, i_h}, {kIndex, kIndex, kIndex}, sum(sum(dS * X, 1), 0));
   }
+  // After the reverse walk X = dL/dS_0 = a_1 dH_1 (its last step applied the first chunk's decay).
+  if (dh0.value()) store(dh0, {i_n, i_h, 0, c0}, {kIndex, kIndex, W, BC}, X);
   return kb.finish();
 }
 
-std::shared_ptr<ir::Kernel> build_linear_attn_bwd_dkv(const LinearAttnBwdConfig& cfg) {
-  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
-  const DType dt = cfg.dtype;
-  KernelBuilder kb("linear_attn_bwd_dkv");
-  kb.set_num_warps(cfg.num_warps);
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
-  Tensor dout = kb.tensor("do", dt, 4);
-  Tensor g = cfg.gated ? kb.tensor("g", DType::f32, 3) : Tensor();
-  Tensor dht = cfg.final_state_grad ? kb.tensor("dfinal_state", DType::f32, 4) : Tensor();
+/// dg_t = sum_{s>=t} (q_s.dq_s - k_s.dk_s) + <dfinal_state, S_T>: adds the per-block partial sums of
+/// the dq and dk kernels in block order and takes suffix sums by a reverse walk over the chunks.
+std::shared_ptr<ir::Kernel> build_dg(const LinearAttnBwdConfig& cfg) {
+  const int64_t BT = cfg.chunk;
+  const int64_t blocks = cfg.block_k / cfg.split_k;
+  const bool state_term = cfg.final_state_grad;
+  KernelBuilder kb("linear_attn_bwd_dg");
+  kb.set_num_warps(1);
+  Tensor q = kb.tensor("q", cfg.dtype, 4);  // for the sequence bounds (B, T, H)
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  const bool state_term = cfg.gated && cfg.final_state_grad;
-  Tensor dg_state = state_term ? kb.tensor("dg_state", DType::f32, 2) : Tensor();
-  Tensor dk = kb.tensor("dk", dt, 4);
-  Tensor dv = kb.tensor("dv", dt, 4);
-  Tensor dg = cfg.gated ? kb.tensor("dg", DType::f32, 3) : Tensor();
-  Tensor dh0 = cfg.initial_state_grad ? kb.tensor("dinitial_state", DType::f32, 4) : Tensor();
-  Tile scale = kb.scalar("scale", DType::f32);
+  Tensor dg_q = kb.tensor("dg_q", DType::f32, 4);
+  Tensor dg_k = kb.tensor("dg_k", DType::f32, 4);
+  Tensor dg_s = state_term ? kb.tensor("dg_s", DType::f32, 3) : Tensor();
+  Tensor dg = kb.tensor("dg", DType::f32, 3);
 
   Tile i_nh = program_id(0);
   Tile H = q.dim(2);
@@ -115,82 +181,68 @@ std::shared_ptr<ir::Kernel> build_linear_attn_bwd_dkv(const LinearAttnBwdConfig&
   const Tile b = seq_rows.b, bos = seq_rows.bos, eos = seq_rows.eos;
   Tile num_chunks = (eos - bos + (BT - 1)) / BT;
 
-  // E: dL/dS at the end of the chunk being processed, through everything after it.
-  Tile E = zeros({BK, BV}, DType::f32);
-  if (cfg.final_state_grad) E = load(dht, {i_n, i_h, 0, 0}, {kIndex, kIndex, BK, BV});
-  // dg_t's suffix sum over later chunks, started at the final-state term.
-  Tile dg_acc = constant(0.0, DType::f32);
-  if (state_term) dg_acc = load(dg_state, {i_n, i_h}, {kIndex, kIndex});
-
-  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
-  Tile anticausal = row <= col;  // token r receives from tokens s >= r
-  AccessOptions in_seq{.limits = {{1, eos}}};
-
-  // dK = exp(b_C - b) .* (V E^T) + scale * ((V dO^T) .* exp(b_s - b_r) .* M^T) Q
-  // dV = exp(b_C - b) .* (K E)   + scale * ((K Q^T)  .* exp(b_s - b_r) .* M^T) dO
-  // E  <- exp(b_C) E + scale * (exp(b) .* Q)^T dO
+  Tile acc = constant(0.0, DType::f32);
+  if (state_term)
+    for (int64_t c = 0; c < blocks; ++c) acc = acc + load(dg_s, {c, i_n, i_h}, {kIndex, kIndex, kIndex});
   for_range(0, num_chunks, [&](Tile j) {
-    Tile i = num_chunks - 1 - j;
-    Tile t0 = bos + i * BT;
-    Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-    Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-    Tile V = load(v, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
-    Tile dO = load(dout, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
-    Tile Adk = where(anticausal, dot(V, dO.T()) * scale, 0.0f);
-    Tile Adv = where(anticausal, dot(K, Q.T()) * scale, 0.0f);
-    Tile dK, dV;
-    if (cfg.gated) {
-      // Rows past the sequence end load g = 0, so b_C = b at the last valid row.
-      Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
-      Tile bg = cumsum(gc, 0);
-      Tile b_last = sum(gc, 0);
-      Tile br = expand_dims(bg, 1), bc = expand_dims(bg, 0);
-      Tile decay = exp(where(anticausal, bc - br, 0.0f));
-      Adk = Adk * decay;
-      Adv = Adv * decay;
-      Tile to_end = expand_dims(exp(b_last - bg), 1);
-      dK = dot(V, E.T().to(dt)) * to_end;
-      dV = dot(K, E.to(dt)) * to_end;
-      Tile Q_decayed = (Q.to(DType::f32) * expand_dims(exp(bg) * scale, 1)).to(dt);
-      E = E * exp(b_last) + dot(Q_decayed.T(), dO);
-    } else {
-      dK = dot(V, E.T().to(dt));
-      dV = dot(K, E.to(dt));
-      E = E + dot(Q.T(), dO) * scale;
-    }
-    dK = dK + dot(Adk.to(dt), Q);
-    dV = dV + dot(Adv.to(dt), dO);
-    store(dk, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dK.to(dt), in_seq);
-    store(dv, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, dV.to(dt), in_seq);
-    if (cfg.gated) {
-      // dg holds q.dq from the dq kernel; rows past the end read 0 and contribute nothing.
-      Tile x = load(dg, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq) - sum(K.to(DType::f32) * dK, 1);
-      store(dg, {b, t0, i_h}, {kIndex, BT, kIndex}, cumsum(x, 0, true) + dg_acc, in_seq);
-      dg_acc = dg_acc + sum(x, 0);
-    }
-  }, E, dg_acc);
-
-  if (cfg.initial_state_grad) store(dh0, {i_n, i_h, 0, 0}, {kIndex, kIndex, BK, BV}, E);
+    Tile t0 = bos + (num_chunks - 1 - j) * BT;
+    AccessOptions in_seq{.limits = {{2, eos}}};
+    Tile x = zeros({BT}, DType::f32);
+    for (int64_t c = 0; c < blocks; ++c)
+      x = x + load(dg_q, {c, b, t0, i_h}, {kIndex, kIndex, BT, kIndex}, in_seq) -
+          load(dg_k, {c, b, t0, i_h}, {kIndex, kIndex, BT, kIndex}, in_seq);
+    store(dg, {b, t0, i_h}, {kIndex, BT, kIndex}, cumsum(x, 0, true) + acc, {.limits = {{1, eos}}});
+    acc = acc + sum(x, 0);
+  }, acc);
   return kb.finish();
+}
+
+}  // namespace
+
+std::shared_ptr<ir::Kernel> build_linear_attn_bwd(const LinearAttnBwdConfig& cfg, LinearAttnBwdKernel which) {
+  if (cfg.block_k % cfg.split_k || cfg.block_v % cfg.split_v)
+    throw InternalError("linear_attn bwd: the column blocks must divide the padded head dims");
+  return which == LinearAttnBwdKernel::dg ? build_dg(cfg) : build_walk(cfg, which);
 }
 
 namespace {
 
-/// Chunks of 64 rows, 32 past head dims of 64: at 128 the dq kernel's shared memory at 64 rows
-/// (241664 bytes) exceeds an H200's 232448.
-int default_bwd_chunk(int64_t block_k, int64_t block_v) { return std::max(block_k, block_v) > 64 ? 32 : 64; }
+/// Chunks of 64 rows; column blocks of 64 (a head of 128 spreads over two programs per kernel).
+constexpr int kDefaultBwdChunk = 64;
+constexpr int64_t kDefaultBwdSplit = 64;
 
-std::shared_ptr<ir::Kernel> cached_bwd(const LinearAttnBwdConfig& cfg, bool dq_kernel) {
+std::shared_ptr<ir::Kernel> cached_bwd(const LinearAttnBwdConfig& cfg, LinearAttnBwdKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}{}{}{}{}/{}", dq_kernel, dtype_name(cfg.dtype), cfg.chunk,
-                                cfg.block_k, cfg.block_v, cfg.gated, cfg.initial_state, cfg.final_state_grad,
-                                cfg.initial_state_grad, cfg.varlen, cfg.num_warps);
-  return memo.get(key, [&] { return dq_kernel ? build_linear_attn_bwd_dq(cfg) : build_linear_attn_bwd_dkv(cfg); });
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
+                                cfg.chunk, cfg.block_k, cfg.block_v, cfg.split_k, cfg.split_v, cfg.gated,
+                                cfg.initial_state, cfg.final_state_grad, cfg.initial_state_grad, cfg.varlen,
+                                cfg.num_warps);
+  return memo.get(key, [&] { return build_linear_attn_bwd(cfg, which); });
 }
 
-const std::vector<std::pair<std::string, std::string>>& bwd_config_keys() { return chunked_config_keys(); }
+/// Reads chunk, bk, bv and warps from opts (defaults otherwise) for padded head dims block_k, block_v.
+void configure(LinearAttnBwdConfig& cfg, const OpOptions& opts) {
+  cfg.chunk = checked_chunk_size(opts.chunk_size, kDefaultBwdChunk);
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
+  cfg.split_k = config_value(opts, "bk", std::min(cfg.block_k, kDefaultBwdSplit), {16, 32, 64, 128, 256});
+  cfg.split_v = config_value(opts, "bv", std::min(cfg.block_v, kDefaultBwdSplit), {16, 32, 64, 128, 256});
+  if (cfg.split_k > cfg.block_k || cfg.split_v > cfg.block_v)
+    throw UserError(fmt::format("linear_attn --backward: --config bk={} bv={} exceed the padded head dims {} and {}",
+                                cfg.split_k, cfg.split_v, cfg.block_k, cfg.block_v));
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
+}
 
 }  // namespace
+
+const std::vector<std::pair<std::string, std::string>>& linear_attn_bwd_config_keys() {
+  static const std::vector<std::pair<std::string, std::string>> keys = {
+      {"chunk", "rows per chunk (16, 32, 64, 128)"},
+      {"bk", "--backward: key columns per program of the dq and dk kernels (16..256)"},
+      {"bv", "--backward: value columns per program of the dv kernel (16..256)"},
+      {"warps", "warps per program (2, 4, 8)"},
+  };
+  return keys;
+}
 
 OpPlan plan_linear_attn_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
   if (opts.normalize || opts.recurrent)
@@ -210,20 +262,19 @@ OpPlan plan_linear_attn_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   }
   if (wants(wanted, "dg") && !gated) throw UserError("linear_attn --backward: -o dg needs the gate input g");
 
-  check_config_keys("linear_attn", opts, bwd_config_keys());
+  check_config_keys("linear_attn --backward", opts, linear_attn_bwd_config_keys());
   LinearAttnBwdConfig cfg;
   cfg.dtype = opts.dtype;
   cfg.block_k = padded_head_dim(seq.K);
-  cfg.block_v = padded_head_dim(seq.V);  // one program covers all of V: dq and dk sum over it
-  cfg.chunk = checked_chunk_size(opts.chunk_size, default_bwd_chunk(cfg.block_k, cfg.block_v));
-  cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
-  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
+  cfg.block_v = padded_head_dim(seq.V);
+  configure(cfg, opts);
   cfg.gated = gated;
   cfg.initial_state = has_h0;
   cfg.final_state_grad = has_dht;
   cfg.initial_state_grad = wants(wanted, "dinitial_state");
   cfg.varlen = seq.varlen;
   const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  const int64_t k_blocks = cfg.block_k / cfg.split_k, v_blocks = cfg.block_v / cfg.split_v;
 
   OpPlan plan;
   for (const char* name : {"q", "k", "v", "do"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
@@ -233,53 +284,50 @@ OpPlan plan_linear_attn_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   if (gated) {
     plan.tensors["g"] = inputs.at("g").cast(DType::f32);
     plan.tensors["dg"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
+    // Per key block, the partial row sums q.dq and k.dk (O(T) scratch).
+    plan.tensors["dg_q"] = HostTensor::zeros(DType::f32, {k_blocks, seq.B, seq.T, seq.H});
+    plan.tensors["dg_k"] = HostTensor::zeros(DType::f32, {k_blocks, seq.B, seq.T, seq.H});
+    if (has_dht) plan.tensors["dg_s"] = HostTensor::zeros(DType::f32, {k_blocks, seq.N, seq.H});
   }
   if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
   if (has_dht) plan.tensors["dfinal_state"] = inputs.at("dfinal_state").cast(DType::f32);
-  if (gated && has_dht) plan.tensors["dg_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H});
   if (cfg.initial_state_grad)
     plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
   if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
 
-  auto bind = [&](KernelLaunch& l, std::initializer_list<const char*> names) {
-    for (const char* n : names)
-      if (plan.tensors.count(n)) l.tensors[n] = n;
+  auto launch = [&](LinearAttnBwdKernel which, int64_t blocks) {
+    KernelLaunch l;
+    l.kernel = cached_bwd(cfg, which);
+    l.grid = {blocks, seq.N * seq.H, 1};
+    if (which == LinearAttnBwdKernel::dg) l.grid = {seq.N * seq.H, 1, 1};
+    // Bind every plan tensor the kernel declares (kernels declare exactly what they use).
+    for (const auto& p : l.kernel->params)
+      if (plan.tensors.count(p.name)) l.tensors[p.name] = p.name;
+    if (which != LinearAttnBwdKernel::dg) l.scalars["scale"] = scale;
+    plan.launches.push_back(std::move(l));
   };
-  KernelLaunch l1;
-  l1.kernel = cached_bwd(cfg, true);
-  l1.grid = {seq.N * seq.H, 1, 1};
-  bind(l1, {"q", "k", "v", "do", "g", "initial_state", "cu_seqlens", "dq", "dg"});
-  if (gated && has_dht) bind(l1, {"dfinal_state", "dg_state"});
-  l1.scalars["scale"] = scale;
-  KernelLaunch l2;
-  l2.kernel = cached_bwd(cfg, false);
-  l2.grid = {seq.N * seq.H, 1, 1};
-  bind(l2, {"q", "k", "v", "do", "g", "dfinal_state", "cu_seqlens", "dg_state", "dk", "dv", "dg", "dinitial_state"});
-  l2.scalars["scale"] = scale;
-  plan.launches.push_back(std::move(l1));
-  plan.launches.push_back(std::move(l2));
+  launch(LinearAttnBwdKernel::dq, k_blocks);
+  launch(LinearAttnBwdKernel::dk, k_blocks);
+  launch(LinearAttnBwdKernel::dv, v_blocks);
+  if (gated) launch(LinearAttnBwdKernel::dg, 1);
   for (const char* name : {"dq", "dk", "dv", "dg", "dinitial_state"})
     if (wants(wanted, name)) plan.outputs[name] = name;
   return plan;
 }
 
 std::vector<std::shared_ptr<ir::Kernel>> linear_attn_bwd_kernels(const OpOptions& opts) {
-  // Head dim 64, plain and with every option. (At 128 the dkv kernel with gate and both states spills
-  // 28-44 bytes at its default chunk of 32, 32 bytes even at 16: it is left out of this zero-spill list
-  // like the fp32 kernels; the plain one does not spill.)
+  // Head dim 64, plain and with every option.
   std::vector<std::shared_ptr<ir::Kernel>> out;
-  for (int d : {64}) {
-    LinearAttnBwdConfig cfg;
-    cfg.dtype = opts.dtype;
-    cfg.block_k = cfg.block_v = d;
-    cfg.chunk = static_cast<int>(
-        config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, default_bwd_chunk(d, d)), {16, 32, 64, 128}));
-    cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
-    LinearAttnBwdConfig gated = cfg;
-    gated.gated = gated.initial_state = gated.final_state_grad = gated.initial_state_grad = true;
-    for (const auto& c : {cfg, gated})
-      for (bool dq : {true, false}) out.push_back(cached_bwd(c, dq));
-  }
+  LinearAttnBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = cfg.block_v = 64;
+  configure(cfg, opts);
+  LinearAttnBwdConfig gated = cfg;
+  gated.gated = gated.initial_state = gated.final_state_grad = gated.initial_state_grad = true;
+  for (const auto& c : {cfg, gated})
+    for (auto which : {LinearAttnBwdKernel::dq, LinearAttnBwdKernel::dk, LinearAttnBwdKernel::dv})
+      out.push_back(cached_bwd(c, which));
+  out.push_back(cached_bwd(gated, LinearAttnBwdKernel::dg));
   return out;
 }
 

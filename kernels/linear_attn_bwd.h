@@ -1,21 +1,25 @@
 // Linear attention backward (KERNELS.md section 1, "Backward"), plain or gated by a per-head scalar
-// log-decay g: two DSL kernels and the plan that runs them. Memory stays O(T*D): chunk states are
-// recomputed by a forward walk, the state gradient is carried by a reverse walk, none is stored per chunk.
+// log-decay g: three walks with the shape of the forward (dq forward in time; dk and dv backward in
+// time), a small dg kernel for the gate, and the plan that runs them. Memory stays O(T*D): chunk
+// states are recomputed by the walks, none is stored per chunk.
 #pragma once
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/op.h"
 
 namespace linac {
 
-/// Compile-time configuration of the two backward kernels. Every field specializes them.
+/// Compile-time configuration of the backward kernels. Every field specializes them.
 struct LinearAttnBwdConfig {
   DType dtype = DType::f32;    // q, k, v, do and dq, dk, dv
   int chunk = 64;              // BT
-  int block_k = 64;            // BK >= K (one program holds the whole key dim)
-  int block_v = 64;            // BV >= V (one program holds the whole value dim: dq and dk sum over V)
+  int64_t block_k = 64;        // K padded: the contraction width of the dv kernel
+  int64_t block_v = 64;        // V padded: the contraction width of the dq and dk kernels
+  int64_t split_k = 64;        // key columns per program of dq and dk (divides block_k)
+  int64_t split_v = 64;        // value columns per program of dv (divides block_v)
   bool gated = false;          // g [B,T,H] present (and dg produced)
   bool initial_state = false;  // h0 present
   bool final_state_grad = false;  // dfinal_state present
@@ -24,18 +28,24 @@ struct LinearAttnBwdConfig {
   int num_warps = 8;
 };
 
-/// Forward walk: recomputes the state before each chunk and writes dq; with a gate also writes
-/// dg_partial = q.dq per token and, with dfinal_state, dg_state = <dfinal_state, S_T> per (n, h).
-/// Parameters: q k v do [g] [h0] [dht] [cu_seqlens] dq [dg] [dg_state] scale.
-std::shared_ptr<ir::Kernel> build_linear_attn_bwd_dq(const LinearAttnBwdConfig& cfg);
-/// Reverse walk: carries dS (the gradient w.r.t. the state after the chunk) and writes dk, dv, [dg]
-/// and [dinitial_state]. Parameters: q k v do [g] [dht] [cu_seqlens] [dg_state] dk dv [dg] [dh0] scale.
-std::shared_ptr<ir::Kernel> build_linear_attn_bwd_dkv(const LinearAttnBwdConfig& cfg);
+enum class LinearAttnBwdKernel {
+  dq,  // forward walk over S^T; writes dq [, dg_q = per-block q.dq, dg_s = per-block <dfinal_state, S_T>]
+  dk,  // reverse walk over dH^T; writes dk [, dg_k = per-block k.dk]
+  dv,  // reverse walk over dH; writes dv [, dinitial_state]
+  dg,  // gated only: dg = suffix sums of sum over blocks (dg_q - dg_k), plus sum of dg_s
+};
+
+/// One backward kernel. Parameters (each only when the configuration uses it):
+/// q k v do g initial_state dfinal_state cu_seqlens, its output, dg_q|dg_k|dg_s|dinitial_state, scale.
+std::shared_ptr<ir::Kernel> build_linear_attn_bwd(const LinearAttnBwdConfig& cfg, LinearAttnBwdKernel which);
+
+/// Tuning keys of the backward (chunk, bk, bv, warps).
+const std::vector<std::pair<std::string, std::string>>& linear_attn_bwd_config_keys();
 
 /// The plan of `linac run linear_attn --backward`.
 OpPlan plan_linear_attn_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted);
 
-/// Representative backward kernels for dump/compile (opts.dtype, default sizes; plain and gated).
+/// Representative backward kernels for dump/compile (opts.dtype, head dim 64; plain and gated).
 std::vector<std::shared_ptr<ir::Kernel>> linear_attn_bwd_kernels(const OpOptions& opts);
 
 }  // namespace linac

@@ -74,6 +74,7 @@ Example:
 )";
 
 constexpr const char* kCompileUsage = R"(usage: linac compile OP|FILE.tir [--emit STAGE] [--dtype D] [--config K=V,...] [--target sm_80|sm_90a]
+       [--shape B=..,T=..,H=..,K=..[,V=..] [--gated] [--backward]]
 
 Prints one stage of OP's kernels at their default configuration, or of a .tir file (parsed and
 verified first). Needs no GPU.
@@ -85,6 +86,9 @@ verified first). Needs no GPU.
   --dtype D             input dtype the op's kernels are specialized for (default bf16)
   --config K=V,...      tuning parameters of the op's kernels (see 'linac list')
   --target T            GPU architecture for the backend stages (default sm_90a)
+  --shape S             instead of the representative kernels, exactly those a call at shape S
+                        launches (its plan, at the default or --config configuration)
+  --gated, --backward   with --shape: the gated call (linear_attn's g) / the backward's kernels
 With LINAC_OVERRIDE_DIR set, stages come from its files where it has them (see 'linac dump --help').
 )";
 
@@ -104,6 +108,7 @@ scratch it allocates (e.g. poly's degree-2 state), each of which a run reads or 
   --iters N             timed runs (default 50)
   --backward            also time the backward (ops with --backward: gradients from random do; at the
                         backward kernels' defaults) and report fwd+bwd and the backward's device memory
+  --bwd-config K=V,...  the backward's configuration (e.g. linear_attn: chunk, bk, bv, warps)
   --peak-gbs X          peak memory bandwidth in GB/s (default: the device's, 2 x memory clock x bus
                         width: about 4800 on an H200)
   --json FILE           also write the result as JSON (with bytes, floor_ms, peak_gbs, fraction_of_floor)
@@ -296,14 +301,26 @@ int cmd_run(const std::vector<std::string>& args) {
 
 /// Options shared by the commands that compile kernels without running them (compile, dump).
 struct KernelSelection {
-  OpOptions opts;  // dtype and config of an op's kernels
+  OpOptions opts;  // dtype and config of an op's kernels (and backward)
   nvptx::GpuTarget target;
+  std::optional<ProblemShape> shape;  // the kernels of a call at this shape instead of the representative ones
+  bool gated = false;
   KernelSelection() { opts.dtype = DType::bf16; }
 };
 
-/// Consumes args[i] (and its value) if it is --dtype, --config or --target.
+ProblemShape parse_shape(const std::string& spec);
+TensorMap synthetic_inputs(const OpDef& op, const ProblemShape& ps, bool backward);
+std::vector<std::string> synthetic_outputs(bool backward, bool gated);
+
+/// Consumes args[i] (and its value) if it is --dtype, --config, --target, --shape, --gated or --backward.
 bool parse_selection_option(const std::vector<std::string>& args, size_t& i, KernelSelection& sel) {
-  if (args[i] == "--dtype") {
+  if (args[i] == "--shape") {
+    sel.shape = parse_shape(value_of(args, i));
+  } else if (args[i] == "--gated") {
+    sel.gated = true;
+  } else if (args[i] == "--backward") {
+    sel.opts.backward = true;
+  } else if (args[i] == "--dtype") {
     sel.opts.dtype = parse_input_dtype(value_of(args, i));
   } else if (args[i] == "--config") {
     sel.opts.config = parse_config(value_of(args, i));
@@ -319,6 +336,28 @@ bool parse_selection_option(const std::vector<std::string>& args, size_t& i, Ker
 
 /// The kernels of an op (at the selection's dtype and config) or of a .tir file (parsed, verified).
 std::vector<std::shared_ptr<ir::Kernel>> load_kernels(const std::string& what, const KernelSelection& sel) {
+  if (what.ends_with(".tir") && (sel.shape || sel.gated || sel.opts.backward))
+    usage_error("--shape, --gated and --backward select an op's kernels, not a .tir file's");
+  if (!what.ends_with(".tir") && (sel.gated || sel.opts.backward) && !sel.shape)
+    usage_error("--gated and --backward need --shape B=..,T=..,H=..,K=.. (the call whose kernels to take)");
+  if (!what.ends_with(".tir") && sel.shape) {
+    // Exactly the kernels a call at this shape launches (its plan, made on the host), each once.
+    const OpDef& op = find_op(what);
+    if (sel.opts.backward && std::find(op.flags.begin(), op.flags.end(), "backward") == op.flags.end())
+      usage_error(fmt::format("{} has no backward yet", op.name));
+    ProblemShape ps = *sel.shape;
+    ps.gated = sel.gated;
+    TensorMap inputs = synthetic_inputs(op, ps, sel.opts.backward);
+    OpOptions opts = sel.opts;
+    opts.device = Device::cpu;
+    check_op_options(op, opts);
+    cast_qkv(inputs, opts.dtype);
+    OpPlan plan = op.prepare(inputs, opts, synthetic_outputs(opts.backward, sel.gated));
+    std::vector<std::shared_ptr<ir::Kernel>> kernels;
+    for (const auto& l : plan.launches)
+      if (std::find(kernels.begin(), kernels.end(), l.kernel) == kernels.end()) kernels.push_back(l.kernel);
+    return kernels;
+  }
   if (!what.ends_with(".tir")) return find_op(what).kernels(sel.opts);
   std::ifstream f(what, std::ios::binary);
   if (!f) usage_error(fmt::format("{}: cannot open", what));
@@ -444,6 +483,7 @@ int cmd_tune(const std::vector<std::string>& args) {
 }
 
 constexpr const char* kDumpUsage = R"(usage: linac dump OP|FILE.tir --dir D [--dtype D] [--config K=V,...] [--target sm_80|sm_90a]
+       [--shape B=..,T=..,H=..,K=..[,V=..] [--gated] [--backward]]
 
 Writes, per kernel of OP (or of the .tir file), into D/<n>-<kernel>/: the tile IR as recorded, with
 layouts, the shared-memory plan, LLVM IR before and after O3, the PTX, the PTX annotated with the DSL
@@ -451,6 +491,8 @@ source lines its .loc directives point at, and — when ptxas is installed — t
 resource report (registers, spills, stack), plus the SASS when cuobjdump is installed:
   1-recorded.tir 2-layouts.tir 3-smem-plan.txt 4-lowered.ll 5-optimized.ll 6-kernel.ptx
   7-annotated.txt [8-kernel.cubin 9-resources.txt 10-kernel.sass]
+Options as 'linac compile' (--dtype, --config, --target; --shape S [--gated] [--backward]: the
+kernels a call at shape S launches, e.g. linac dump linear_attn --shape B=8,T=4096,H=16,K=128 --backward).
 
 Overriding a stage (as Triton's kernel override): edit a file of D, then set LINAC_OVERRIDE_DIR=D
 for any command that compiles (run, bench, tune, compile, dump, and programs using linac/runtime.h).
@@ -606,6 +648,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   call.opts.dtype = DType::bf16;
   int iters = 50;
   std::optional<double> peak_gbs;
+  std::optional<Config> bwd_config;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (is_help(a)) {
@@ -613,6 +656,8 @@ int cmd_bench(const std::vector<std::string>& args) {
       return 0;
     } else if (parse_synthetic_option(op, args, i, call)) {
       continue;
+    } else if (a == "--bwd-config") {
+      bwd_config = parse_config(value_of(args, i));
     } else if (a == "--iters") {
       iters = parse_int(a, value_of(args, i));
       if (iters < 1) usage_error("--iters must be at least 1");
@@ -624,6 +669,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     }
   }
   if (!call.shape) usage_error("bench needs --shape B=..,T=..,H=..,K=..");
+  if (bwd_config && !call.opts.backward) usage_error("--bwd-config configures the backward: add --backward");
   const int64_t B = call.shape->B, T = call.shape->T, H = call.shape->H, K = call.shape->K, V = call.shape->V;
   const bool gated = call.gated, backward = call.opts.backward;
   const std::string& json = call.json;
@@ -673,12 +719,12 @@ int cmd_bench(const std::vector<std::string>& args) {
     fmt::print("  per kernel (each timed alone, median): {}\n", parts);
   }
   // The backward: gradients of every differentiable input from a random do, at the backward kernels'
-  // defaults (the forward's tuned configuration has keys of its own kernels).
+  // defaults or --bwd-config (the forward's tuned configuration has keys of its own kernels).
   BenchResult rb;
   if (backward) {
     inputs["do"] = synthetic_do(ps);
     OpOptions bo = opts;
-    bo.config.clear();
+    bo.config = bwd_config.value_or(Config{});
     bo.backward = true;
     OpPlan bplan = op.prepare(inputs, bo, synthetic_outputs(true, gated));
     rb = bench_on_gpu(bplan, iters, /*per_launch=*/true);

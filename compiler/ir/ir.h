@@ -141,6 +141,9 @@ struct Kernel {
   // Launch metadata recorded by the author (does not change semantics).
   int num_warps = 4;
   int num_stages = 2;
+  /// Thread blocks per SM the register allocation must allow (0: ptxas chooses; it aims at two when
+  /// shared memory allows, capping 256-thread kernels at 128 registers, and spills rather than drop to one).
+  int min_ctas_per_sm = 0;
 
   Kernel() = default;
   Kernel(const Kernel&) = delete;

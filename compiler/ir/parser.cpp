@@ -743,11 +743,14 @@ class Parser {
     if (is_word("attributes")) {
       take();
       for (const RawAttr& a : parse_attr_dict()) {
-        if (a.key.text != "num_warps" && a.key.text != "num_stages")
-          fail(a.key, fmt::format("unknown kernel attribute '{}' (expected num_warps or num_stages)", a.key.text));
+        if (a.key.text != "num_warps" && a.key.text != "num_stages" && a.key.text != "min_ctas_per_sm")
+          fail(a.key, fmt::format("unknown kernel attribute '{}' (expected num_warps, num_stages or min_ctas_per_sm)",
+                                  a.key.text));
         if (a.kind != RawAttr::Kind::Int || a.i < INT_MIN || a.i > INT_MAX)
           fail(a.key, fmt::format("kernel attribute '{}' must be an integer", a.key.text));
-        (a.key.text == "num_warps" ? k_->num_warps : k_->num_stages) = static_cast<int>(a.i);
+        (a.key.text == "num_warps"    ? k_->num_warps
+         : a.key.text == "num_stages" ? k_->num_stages
+                                      : k_->min_ctas_per_sm) = static_cast<int>(a.i);
       }
     }
     k_->loc = parse_optional_loc();

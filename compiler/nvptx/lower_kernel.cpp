@@ -48,6 +48,7 @@ void KernelLowering::create_function() {
   fn_->setCallingConv(llvm::CallingConv::PTX_Kernel);
   int nthreads = k_.num_warps * 32;
   fn_->addFnAttr("nvvm.maxntid", std::to_string(nthreads));
+  if (k_.min_ctas_per_sm) fn_->addFnAttr("nvvm.minctasm", std::to_string(k_.min_ctas_per_sm));
   fn_->addFnAttr(llvm::Attribute::NoUnwind);
 
   // Debug directives only (.loc/.file, no DWARF sections): PTX lines point at the DSL source, and

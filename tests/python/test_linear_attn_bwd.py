@@ -139,9 +139,19 @@ def test_explicit_scale_and_chunk(linac):
 
 @pytest.mark.parametrize("gate", [False, True], ids=["plain", "gated"])
 def test_head_dim_128(linac, gate):
-    # fla's head size: the backward defaults to chunks of 32 there (at 64 rows the dq kernel needs more
-    # shared memory than an H200 has), so T = 70 spans three chunks, the last one partial.
+    # fla's head size: each walk spreads a head over two programs (column blocks of 64) by default;
+    # T = 70 spans two chunks of 64, the last one partial.
     check(linac, make_inputs(650 + gate, B=1, T=70, H=1, K=128, V=128, gate=gate, init=True, dfinal=True))
+
+
+@pytest.mark.parametrize("config", ["bk=16,bv=16", "bk=32,bv=16,chunk=32,warps=4", "chunk=16,bk=16,bv=64"])
+def test_column_blocks(linac, config):
+    # Heads split in several column blocks per walk (dg adds the blocks' partial sums), with every
+    # input: gate, both states, varlen; V = 48 pads to 64 (the last value block is partly masked).
+    cu = np.array([0, 5, 70, 90], dtype=np.int32)
+    x = make_inputs(660, B=1, T=90, H=2, K=32, V=48, gate=True, init=True, dfinal=True, N=3)
+    x["cu_seqlens"] = cu
+    check(linac, x, options=("--config", config))
 
 
 def test_non_power_of_two_head_dims(linac):
@@ -200,6 +210,11 @@ def test_error_do_without_backward(linac):
 
 def test_error_dg_without_gate(linac):
     expect_error(linac, make_inputs(904, B=1, T=8, H=1, K=16, V=16), ["dg"], ["--backward"], mentions="dg")
+
+
+def test_error_column_block_wider_than_head(linac):
+    expect_error(linac, make_inputs(906, B=1, T=8, H=1, K=16, V=16), ["dq"], ["--backward", "--config", "bk=32"],
+                 mentions="bk=32")
 
 
 def test_error_forward_output_with_backward(linac):

@@ -31,7 +31,8 @@ def test_linear_attn_memory_is_linear_in_t(linac, options):
 
 def test_plan_lists_launches_and_tensors(linac):
     p = plan(linac, "linear_attn", "B=2,T=100,H=3,K=32,V=16", "--backward", "--gated")
-    assert [l["kernel"] for l in p["launches"]] == ["linear_attn_bwd_dq", "linear_attn_bwd_dkv"]
+    assert [l["kernel"] for l in p["launches"]] == ["linear_attn_bwd_dq", "linear_attn_bwd_dk",
+                                                     "linear_attn_bwd_dv", "linear_attn_bwd_dg"]
     assert set(p["tensors"]) >= {"q", "k", "v", "do", "g", "dq", "dk", "dv", "dg"}
     assert p["tensors"]["q"]["shape"] == [2, 100, 3, 32] and p["tensors"]["q"]["dtype"] == "bf16"
     assert p["device_bytes"] == sum(t["bytes"] for t in p["tensors"].values())

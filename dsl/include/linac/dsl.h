@@ -102,6 +102,9 @@ class KernelBuilder {
   /// Launch hints carried with the kernel (they never change results).
   void set_num_warps(int n);
   void set_num_stages(int n);
+  /// Blocks per SM that register allocation must allow; 1 gives a kernel all 255 registers per thread
+  /// where ptxas would otherwise cap it to fit two blocks (and spill). 0 (default): ptxas chooses.
+  void set_min_ctas_per_sm(int n);
   /// Ends recording, verifies the kernel and returns it. Throws UserError on a malformed program.
   std::shared_ptr<ir::Kernel> finish();
 

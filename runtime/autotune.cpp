@@ -177,6 +177,8 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
 }
 
 Config autotuned_config(const OpDef& op, const TensorMap& inputs, const OpOptions& opts) {
+  if (!opts.config.empty()) return opts.config;
+  if (opts.chunk_size || opts.recurrent || opts.normalize || opts.backward) return {};
   if (!op.tuning_space || !op.shape_of || !env_flag("LINAC_AUTOTUNE", true)) return {};
   static std::mutex mu;  // one tuning at a time per process
   std::lock_guard lock(mu);

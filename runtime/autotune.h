@@ -38,9 +38,11 @@ std::optional<Config> lookup_tuned(const std::string& key);
 /// per candidate on stderr. UserError if no candidate survives.
 TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& base, bool progress);
 
-/// The configuration run_op uses on the GPU when the user gave none: the tuning database's entry,
-/// else a fresh tuning (stored), unless LINAC_AUTOTUNE=0 (then the op's defaults). Prints the choice
-/// when LINAC_PRINT_AUTOTUNING=1.
+/// The configuration run_op (and bench) use on the GPU: opts.config when given, else the tuning
+/// database's entry, else a fresh tuning (stored), unless LINAC_AUTOTUNE=0 (then the op's defaults).
+/// Forms with kernels of their own that the tuning space, timed on the forward, does not describe
+/// (--chunk-size given, --recurrent, --normalize, --backward) keep their defaults: {}. Prints the
+/// choice when LINAC_PRINT_AUTOTUNING=1.
 Config autotuned_config(const OpDef& op, const TensorMap& inputs, const OpOptions& opts);
 
 }  // namespace linac

@@ -139,10 +139,7 @@ TensorMap run_op(const OpDef& op, const TensorMap& inputs, const OpOptions& opts
   check_op_options(op, opts);
   OpOptions o = opts;
   // On the GPU, a run without an explicit configuration uses the tuned one (tuning on first use).
-  // (Variants selected by switches — --recurrent, --normalize, --backward — have kernels of their own
-  // that the tuning space, timed on the forward, does not describe: they run at their defaults.)
-  if (o.device == Device::cuda && o.config.empty() && !o.chunk_size && !o.recurrent && !o.normalize && !o.backward)
-    o.config = autotuned_config(op, inputs, o);
+  if (o.device == Device::cuda) o.config = autotuned_config(op, inputs, o);
   OpPlan plan = op.prepare(inputs, o, wanted);
   return execute(plan, o.device);
 }

@@ -103,6 +103,7 @@ scratch it allocates (e.g. poly's degree-2 state), each of which a run reads or 
   --shape B=..,T=..,H=..,K=..[,V=..]  problem size (V defaults to K)
   --dtype fp32|bf16|fp16  input precision (default bf16)
   --gated               add a per-head log-decay gate g (linear_attn)
+  --normalize           the normalized form (linear_attn)
   --chunk-size N        chunk size (default: the op's)
   --config K=V,...      tuning parameters (see 'linac list')
   --iters N             timed runs (default 50)
@@ -122,6 +123,7 @@ with dtype, shape and size, the total, the bytes per token, and each launch's ke
   --shape B=..,T=..,H=..,K=..[,V=..]  problem size (V defaults to K)
   --dtype fp32|bf16|fp16  input precision (default bf16)
   --gated               add the gate (linear_attn)
+  --normalize           the normalized form (linear_attn)
   --backward            the backward call (random do; ops with --backward)
   --chunk-size N, --config K=V,...   as for run
   --json FILE           also write it as JSON (device_bytes, tensors, launches)
@@ -547,6 +549,10 @@ bool parse_synthetic_option(const OpDef& op, const std::vector<std::string>& arg
     call.opts.dtype = parse_input_dtype(value_of(args, i));
   } else if (a == "--gated") {
     call.gated = true;
+  } else if (a == "--normalize") {
+    if (std::find(op.flags.begin(), op.flags.end(), "normalize") == op.flags.end())
+      usage_error(fmt::format("{} has no --normalize", op.name));
+    call.opts.normalize = true;
   } else if (a == "--backward") {
     if (std::find(op.flags.begin(), op.flags.end(), "backward") == op.flags.end())
       usage_error(fmt::format("{} has no backward yet", op.name));
@@ -687,7 +693,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   auto t0 = clock::now();
   cuda::device_info();
   auto t1 = clock::now();
-  if (opts.config.empty() && !opts.chunk_size) opts.config = autotuned_config(op, inputs, opts);
+  opts.config = autotuned_config(op, inputs, opts);
   auto t2 = clock::now();
   cast_qkv(inputs, opts.dtype);
   OpPlan plan = op.prepare(inputs, opts, {"o"});

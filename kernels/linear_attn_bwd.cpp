@@ -212,8 +212,9 @@ namespace {
 /// 0.91; bk = bv = 64 (two programs per head) 1.19 at 8 warps, 1.04 at 4; 32-column blocks 1.57.
 /// Shared memory bounds it: 16-bit gated at chunk 64 and 128 columns plans 175 KB (an H100/H200 block
 /// has 227 KB); fp32 tiles are twice as large, so fp32 takes chunks of 32 and 64 columns (168 KB gated;
-/// at chunk 64 it needed 292 KB).
-int default_bwd_chunk(DType dt) { return dt == DType::f32 ? 32 : 64; }
+/// at chunk 64 it needed 292 KB). Gated, 16-bit: chunk 32 at 128 columns 1.76 ms, chunk 64 2.14 (its dq
+/// and dk kernels spill 84-96 bytes there; the dg kernel walks twice as many chunks, 0.11 vs 0.24 ms).
+int default_bwd_chunk(DType dt, bool gated) { return dt == DType::f32 || gated ? 32 : 64; }
 int64_t default_bwd_split(DType dt, int64_t padded) { return std::min<int64_t>(padded, dt == DType::f32 ? 64 : 128); }
 
 std::shared_ptr<ir::Kernel> cached_bwd(const LinearAttnBwdConfig& cfg, LinearAttnBwdKernel which) {
@@ -227,7 +228,7 @@ std::shared_ptr<ir::Kernel> cached_bwd(const LinearAttnBwdConfig& cfg, LinearAtt
 
 /// Reads chunk, bk, bv and warps from opts (defaults otherwise) for padded head dims block_k, block_v.
 void configure(LinearAttnBwdConfig& cfg, const OpOptions& opts) {
-  cfg.chunk = checked_chunk_size(opts.chunk_size, default_bwd_chunk(cfg.dtype));
+  cfg.chunk = checked_chunk_size(opts.chunk_size, default_bwd_chunk(cfg.dtype, cfg.gated));
   cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
   cfg.split_k = config_value(opts, "bk", default_bwd_split(cfg.dtype, cfg.block_k), {16, 32, 64, 128, 256});
   cfg.split_v = config_value(opts, "bv", default_bwd_split(cfg.dtype, cfg.block_v), {16, 32, 64, 128, 256});
@@ -272,8 +273,8 @@ OpPlan plan_linear_attn_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   cfg.dtype = opts.dtype;
   cfg.block_k = padded_head_dim(seq.K);
   cfg.block_v = padded_head_dim(seq.V);
-  configure(cfg, opts);
   cfg.gated = gated;
+  configure(cfg, opts);
   cfg.initial_state = has_h0;
   cfg.final_state_grad = has_dht;
   cfg.initial_state_grad = wants(wanted, "dinitial_state");
@@ -326,9 +327,10 @@ std::vector<std::shared_ptr<ir::Kernel>> linear_attn_bwd_kernels(const OpOptions
   LinearAttnBwdConfig cfg;
   cfg.dtype = opts.dtype;
   cfg.block_k = cfg.block_v = 64;
-  configure(cfg, opts);
   LinearAttnBwdConfig gated = cfg;
   gated.gated = gated.initial_state = gated.final_state_grad = gated.initial_state_grad = true;
+  configure(cfg, opts);
+  configure(gated, opts);
   for (const auto& c : {cfg, gated})
     for (auto which : {LinearAttnBwdKernel::dq, LinearAttnBwdKernel::dk, LinearAttnBwdKernel::dv})
       out.push_back(cached_bwd(c, which));

@@ -26,6 +26,7 @@ struct TuneResult {
   Config best;
   double best_ms = 0;
   double seconds = 0;  // wall time of the tuning
+  ProblemShape timed;  // the shape the candidates were timed at (T capped; see tune)
 };
 
 /// The tuning database key of (op, this GPU, shape bucket, dtype).

@@ -427,7 +427,10 @@ ProblemShape parse_shape(const std::string& spec) {
 constexpr const char* kTuneUsage = R"(usage: linac tune OP --shape B=..,T=..,H=..,K=..[,V=..] [--dtype bf16] [--gated] [--list]
 
 Tunes OP's configuration on this GPU for the shape (progress on stderr), stores the winner in the
-tuning database (<cache dir>/tuning.db; later runs use it) and prints every candidate.
+tuning database (<cache dir>/tuning.db; later runs use it) and prints every candidate. Each
+candidate must match the CPU interpreter on a small input and repeat bitwise; survivors are timed at
+the shape's B, H and head dims on at most 1024 tokens (the kernels' cost grows per chunk, so the
+ranking holds, and tuning a long sequence costs no more than a short one).
   --list                print the candidate configurations for the shape and dtype, one per line
                         ("default" first), and exit; needs no GPU
 )";
@@ -477,6 +480,9 @@ int cmd_tune(const std::vector<std::string>& args) {
   TuneResult r = tune(op, *shape, opts, true);
   fmt::print("{} {} {} on {}: tuned in {:.1f} s\n", op.name, shape->str(), dtype_name(opts.dtype),
              cuda::device_info().name, r.seconds);
+  if (r.timed.T != shape->T)
+    fmt::print("(candidates timed at {}: the real B, H and head dims, the sequence cut to {} tokens)\n",
+               r.timed.str(), r.timed.T);
   fmt::print("{:<32} {:>10}  {}\n", "config", "median ms", "status");
   for (const auto& c : r.candidates)
     fmt::print("{:<32} {:>10}  {}\n", config_str(c.config), c.median_ms > 0 ? fmt::format("{:.4f}", c.median_ms) : "-",

@@ -46,13 +46,15 @@ struct WalkRoles {
   const char* c;
   const char* out;
   bool state_rows_k;  // X is [K, BC] (dv) rather than [V, BC] (dq, dk)
+  const char* a2;     // the denominator's pair (LinearAttnBwdConfig::denominator), one column each
+  const char* b2;
 };
 
 WalkRoles roles_of(LinearAttnBwdKernel which) {
   switch (which) {
-    case LinearAttnBwdKernel::dq: return {"linear_attn_bwd_dq", false, "do", "v", "k", "dq", false};
-    case LinearAttnBwdKernel::dk: return {"linear_attn_bwd_dk", true, "v", "do", "q", "dk", false};
-    case LinearAttnBwdKernel::dv: return {"linear_attn_bwd_dv", true, "k", "q", "do", "dv", true};
+    case LinearAttnBwdKernel::dq: return {"linear_attn_bwd_dq", false, "do", "v", "k", "dq", false, "den_do", "ones"};
+    case LinearAttnBwdKernel::dk: return {"linear_attn_bwd_dk", true, "v", "do", "q", "dk", false, "ones", "den_do"};
+    case LinearAttnBwdKernel::dv: return {"linear_attn_bwd_dv", true, "k", "q", "do", "dv", true, nullptr, nullptr};
     case LinearAttnBwdKernel::dg: break;
   }
   throw InternalError("roles_of: dg is not a walk");
@@ -65,6 +67,8 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
   const int64_t BC = r.state_rows_k ? cfg.split_v : cfg.split_k;  // c, out, X's columns: one block
   const DType dt = cfg.dtype;
   const bool is_dq = which == LinearAttnBwdKernel::dq, is_dk = which == LinearAttnBwdKernel::dk;
+  const bool den = cfg.denominator && r.a2;
+  constexpr int64_t W2 = 16;  // the denominator pair's one column, padded to the smallest dot
   const bool state_term = cfg.gated && cfg.final_state_grad;  // dg's <dfinal_state, S_T>
   KernelBuilder kb(r.name);
   kb.set_num_warps(cfg.num_warps);
@@ -80,13 +84,16 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
   Tensor dht = (!is_dq && cfg.final_state_grad) || (is_dq && state_term) ? kb.tensor("dfinal_state", DType::f32, 4)
                                                                          : Tensor();
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor den_do = den ? kb.tensor("den_do", dt, 4) : Tensor();
+  Tensor ones = den ? kb.tensor("ones", dt, 4) : Tensor();
   Tensor out = kb.tensor(r.out, dt, 4);
   const bool dg_part = cfg.gated && (is_dq || is_dk);
   Tensor part = dg_part ? kb.tensor(is_dq ? "dg_q" : "dg_k", DType::f32, 4) : Tensor();  // [blocks, B, T, H]
   Tensor state_part = is_dq && state_term ? kb.tensor("dg_s", DType::f32, 3) : Tensor();  // [blocks, N, H]
   Tensor dh0 = !is_dq && !is_dk && cfg.initial_state_grad ? kb.tensor("dinitial_state", DType::f32, 4) : Tensor();
   Tile scale = kb.scalar("scale", DType::f32);
-  const std::map<std::string, Tensor> by_name = {{"q", q}, {"k", k}, {"v", v}, {"do", dout}};
+  const std::map<std::string, Tensor> by_name = {{"q", q}, {"k", k}, {"v", v}, {"do", dout}, {"den_do", den_do},
+                                                 {"ones", ones}};
 
   Tile i_c = program_id(0);
   Tile i_nh = program_id(1);
@@ -105,18 +112,29 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
     X = r.state_rows_k ? load(dht, {i_n, i_h, 0, c0}, {kIndex, kIndex, W, BC})
                        : load(dht, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, kTransposed);
 
+  // The denominator's state: the one-column pair's X (no initial or final state: --normalize has none).
+  Tile X2 = den ? zeros({W2, BC}, DType::f32) : Tile();
+
   Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
   Tile pairs = r.reverse ? row <= col : row >= col;  // forward: r receives from s <= r; reverse: s >= r
   AccessOptions in_seq{.limits = {{1, eos}}};
 
-  for_range(0, num_chunks, [&](Tile j) {
+  auto body = [&](Tile j) {
     Tile i = r.reverse ? num_chunks - 1 - j : j;
     Tile t0 = bos + i * BT;
     Tile A_ = load(by_name.at(r.a), {b, t0, i_h, 0}, {kIndex, BT, kIndex, W}, in_seq);
     Tile B_ = load(by_name.at(r.b), {b, t0, i_h, 0}, {kIndex, BT, kIndex, W}, in_seq);
     Tile C_ = load(by_name.at(r.c), {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
-    Tile P = where(pairs, dot(A_, B_.T()) * scale, 0.0f);
+    Tile AB = dot(A_, B_.T());
+    Tile A2, B2;  // the denominator's pair: [BT, 16] tiles whose columns past the first load zeros
+    if (den) {
+      A2 = load(by_name.at(r.a2), {b, t0, i_h, 0}, {kIndex, BT, kIndex, W2}, in_seq);
+      B2 = load(by_name.at(r.b2), {b, t0, i_h, 0}, {kIndex, BT, kIndex, W2}, in_seq);
+      AB = AB + dot(A2, B2.T());
+    }
+    Tile P = where(pairs, AB * scale, 0.0f);
     Tile inter, update_rows;  // the state term of out; the rows of b weighted for the state update
+    Tile update_rows2;          // the same for the denominator's pair
     Tile decay_all;           // exp(b_C): the state's decay over the chunk
     if (cfg.gated) {
       // Rows past the sequence end load g = 0, so b stops growing there and b_C = b at the last row.
@@ -128,12 +146,17 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
       P = P * exp(where(pairs, r.reverse ? bc - br : br - bc, 0.0f));
       Tile row_weight = r.reverse ? exp(b_last - bg) : exp(bg);
       Tile update_weight = r.reverse ? exp(bg) : exp(b_last - bg);
-      inter = dot(A_, X.to(dt)) * expand_dims(row_weight, 1);
+      Tile rows_in = dot(A_, X.to(dt));
+      if (den) rows_in = rows_in + dot(A2, X2.to(dt));
+      inter = rows_in * expand_dims(row_weight, 1);
       update_rows = (B_.to(DType::f32) * expand_dims(update_weight, 1)).to(dt);
+      if (den) update_rows2 = (B2.to(DType::f32) * expand_dims(update_weight, 1)).to(dt);
       decay_all = exp(b_last);
     } else {
       inter = dot(A_, X.to(dt));
+      if (den) inter = inter + dot(A2, X2.to(dt));
       update_rows = B_;
+      update_rows2 = B2;
     }
     // P carries scale. For dq the state term needs it too; for dk and dv the state dH carries it in
     // its updates (dfinal_state, where it starts, has none).
@@ -141,6 +164,11 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
     Tile update = dot(update_rows.T(), C_);
     if (!is_dq) update = update * scale;
     X = cfg.gated ? X * decay_all + update : X + update;
+    if (den) {
+      Tile update2 = dot(update_rows2.T(), C_);
+      if (!is_dq) update2 = update2 * scale;
+      X2 = cfg.gated ? X2 * decay_all + update2 : X2 + update2;
+    }
     store(out, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, O.to(dt), in_seq);
     if (dg_part) {
       // This block's share of q.dq (dq) or k.dk (dk), in fp32 before the gradient is rounded.
@@ -148,7 +176,11 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
       store(part, {i_c, b, t0, i_h}, {kIndex, kIndex, BT, kIndex}, sum(own.to(DType::f32) * O, 1),
             {.limits = {{2, eos}}});
     }
-  }, X);
+  };
+  if (den)
+    for_range(0, num_chunks, body, X, X2);
+  else
+    for_range(0, num_chunks, body, X);
 
   if (state_part.value()) {
     Tile dS = load(dht, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, kTransposed);
@@ -219,10 +251,10 @@ int64_t default_bwd_split(DType dt, int64_t padded) { return std::min<int64_t>(p
 
 std::shared_ptr<ir::Kernel> cached_bwd(const LinearAttnBwdConfig& cfg, LinearAttnBwdKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
                                 cfg.chunk, cfg.block_k, cfg.block_v, cfg.split_k, cfg.split_v, cfg.gated,
                                 cfg.initial_state, cfg.final_state_grad, cfg.initial_state_grad, cfg.varlen,
-                                cfg.num_warps);
+                                cfg.denominator, cfg.num_warps);
   return memo.get(key, [&] { return build_linear_attn_bwd(cfg, which); });
 }
 
@@ -250,9 +282,10 @@ const std::vector<std::pair<std::string, std::string>>& linear_attn_bwd_config_k
   return keys;
 }
 
-OpPlan plan_linear_attn_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
-  if (opts.normalize || opts.recurrent)
-    throw UserError("linear_attn: --backward is not implemented with --normalize or --recurrent");
+namespace {
+
+OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted,
+                bool denominator) {
   SequenceLayout seq = check_qkv_inputs("linear_attn", inputs);
   if (!inputs.count("do")) throw UserError("linear_attn --backward: missing input 'do' (dL/do, [B,T,H,V])");
   check_shape("do", inputs.at("do"), {seq.B, seq.T, seq.H, seq.V});
@@ -279,6 +312,9 @@ OpPlan plan_linear_attn_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   cfg.final_state_grad = has_dht;
   cfg.initial_state_grad = wants(wanted, "dinitial_state");
   cfg.varlen = seq.varlen;
+  cfg.denominator = denominator;
+  if (denominator && (has_h0 || has_dht || cfg.initial_state_grad))
+    throw InternalError("linear_attn bwd: the denominator form has no states");
   const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
   const int64_t k_blocks = cfg.block_k / cfg.split_k, v_blocks = cfg.block_v / cfg.split_v;
 
@@ -300,6 +336,11 @@ OpPlan plan_linear_attn_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   if (cfg.initial_state_grad)
     plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
   if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+  if (denominator)
+    for (const char* name : {"den_do", "ones"}) {
+      check_shape(name, inputs.at(name), {seq.B, seq.T, seq.H, 1});
+      plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
+    }
 
   auto launch = [&](LinearAttnBwdKernel which, int64_t blocks) {
     KernelLaunch l;
@@ -321,8 +362,25 @@ OpPlan plan_linear_attn_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   return plan;
 }
 
+}  // namespace
+
+OpPlan plan_linear_attn_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+  if (opts.normalize || opts.recurrent)
+    throw UserError("linear_attn: --backward is not implemented with --normalize or --recurrent");
+  return plan_bwd(inputs, opts, wanted, false);
+}
+
+OpPlan plan_linear_attn_bwd_with_denominator(const TensorMap& inputs, const OpOptions& opts,
+                                             const std::vector<std::string>& wanted) {
+  OpOptions o = opts;
+  o.normalize = false;
+  return plan_bwd(inputs, o, wanted, true);
+}
+
 std::vector<std::shared_ptr<ir::Kernel>> linear_attn_bwd_kernels(const OpOptions& opts) {
-  // Head dim 64, plain and with every option.
+  // Head dim 64, plain and with every option; the dq and dk walks also with --normalize's denominator
+  // in 16-bit (these lists feed test_ptxas's zero-spill check: in fp32 the denominator's walks spill
+  // 4-12 bytes at 255 registers, so they are left out there).
   std::vector<std::shared_ptr<ir::Kernel>> out;
   LinearAttnBwdConfig cfg;
   cfg.dtype = opts.dtype;
@@ -335,6 +393,14 @@ std::vector<std::shared_ptr<ir::Kernel>> linear_attn_bwd_kernels(const OpOptions
     for (auto which : {LinearAttnBwdKernel::dq, LinearAttnBwdKernel::dk, LinearAttnBwdKernel::dv})
       out.push_back(cached_bwd(c, which));
   out.push_back(cached_bwd(gated, LinearAttnBwdKernel::dg));
+  for (bool g : {false, true}) {
+    if (opts.dtype == DType::f32) break;
+    LinearAttnBwdConfig norm = cfg;
+    norm.gated = g;
+    norm.denominator = true;
+    configure(norm, opts);
+    for (auto which : {LinearAttnBwdKernel::dq, LinearAttnBwdKernel::dk}) out.push_back(cached_bwd(norm, which));
+  }
   return out;
 }
 

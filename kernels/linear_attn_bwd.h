@@ -25,6 +25,10 @@ struct LinearAttnBwdConfig {
   bool final_state_grad = false;  // dfinal_state present
   bool initial_state_grad = false;  // dinitial_state produced
   bool varlen = false;
+  // --normalize's denominator D = LA(q, k, 1) folded into the dq and dk walks: the roles gain a second
+  // pair of one column, (dD, 1) for dq and (1, dD) for dk, so each walk adds the denominator's
+  // gradient to the numerator's with one state column more (dv needs none: 1 has no gradient).
+  bool denominator = false;
   int num_warps = 8;
 };
 
@@ -36,7 +40,7 @@ enum class LinearAttnBwdKernel {
 };
 
 /// One backward kernel. Parameters (each only when the configuration uses it):
-/// q k v do g initial_state dfinal_state cu_seqlens, its output, dg_q|dg_k|dg_s|dinitial_state, scale.
+/// q k v do g initial_state dfinal_state cu_seqlens [den_do ones], its output, dg_q|dg_k|dg_s|dinitial_state, scale.
 std::shared_ptr<ir::Kernel> build_linear_attn_bwd(const LinearAttnBwdConfig& cfg, LinearAttnBwdKernel which);
 
 /// Tuning keys of the backward (chunk, bk, bv, warps).
@@ -44,6 +48,12 @@ const std::vector<std::pair<std::string, std::string>>& linear_attn_bwd_config_k
 
 /// The plan of `linac run linear_attn --backward`.
 OpPlan plan_linear_attn_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted);
+
+/// The same with the denominator folded in (LinearAttnBwdConfig::denominator): inputs also hold
+/// den_do (dL/dD, [B,T,H,1]) and ones ([B,T,H,1]); dq, dk (and dg) are the sums of the numerator's and
+/// the denominator's gradients, dv the numerator's. No states. For the normalized backward's plan.
+OpPlan plan_linear_attn_bwd_with_denominator(const TensorMap& inputs, const OpOptions& opts,
+                                             const std::vector<std::string>& wanted);
 
 /// Representative backward kernels for dump/compile (opts.dtype, head dim 64; plain and gated).
 std::vector<std::shared_ptr<ir::Kernel>> linear_attn_bwd_kernels(const OpOptions& opts);

@@ -74,7 +74,7 @@ Example:
 )";
 
 constexpr const char* kCompileUsage = R"(usage: linac compile OP|FILE.tir [--emit STAGE] [--dtype D] [--config K=V,...] [--target sm_80|sm_90a]
-       [--shape B=..,T=..,H=..,K=..[,V=..] [--gated] [--backward]]
+       [--shape B=..,T=..,H=..,K=..[,V=..] [--gated] [--normalize] [--backward]]
 
 Prints one stage of OP's kernels at their default configuration, or of a .tir file (parsed and
 verified first). Needs no GPU.
@@ -88,7 +88,8 @@ verified first). Needs no GPU.
   --target T            GPU architecture for the backend stages (default sm_90a)
   --shape S             instead of the representative kernels, exactly those a call at shape S
                         launches (its plan, at the default or --config configuration)
-  --gated, --backward   with --shape: the gated call (linear_attn's g) / the backward's kernels
+  --gated, --normalize, --backward   with --shape: the gated call (linear_attn's g) / the normalized
+                        form / the backward's kernels
 With LINAC_OVERRIDE_DIR set, stages come from its files where it has them (see 'linac dump --help').
 )";
 
@@ -322,6 +323,8 @@ bool parse_selection_option(const std::vector<std::string>& args, size_t& i, Ker
     sel.gated = true;
   } else if (args[i] == "--backward") {
     sel.opts.backward = true;
+  } else if (args[i] == "--normalize") {
+    sel.opts.normalize = true;
   } else if (args[i] == "--dtype") {
     sel.opts.dtype = parse_input_dtype(value_of(args, i));
   } else if (args[i] == "--config") {
@@ -340,8 +343,9 @@ bool parse_selection_option(const std::vector<std::string>& args, size_t& i, Ker
 std::vector<std::shared_ptr<ir::Kernel>> load_kernels(const std::string& what, const KernelSelection& sel) {
   if (what.ends_with(".tir") && (sel.shape || sel.gated || sel.opts.backward))
     usage_error("--shape, --gated and --backward select an op's kernels, not a .tir file's");
-  if (!what.ends_with(".tir") && (sel.gated || sel.opts.backward) && !sel.shape)
-    usage_error("--gated and --backward need --shape B=..,T=..,H=..,K=.. (the call whose kernels to take)");
+  if (what.ends_with(".tir") && sel.opts.normalize) usage_error("--normalize selects an op's kernels, not a .tir file's");
+  if (!what.ends_with(".tir") && (sel.gated || sel.opts.backward || sel.opts.normalize) && !sel.shape)
+    usage_error("--gated, --normalize and --backward need --shape B=..,T=..,H=..,K=.. (the call whose kernels to take)");
   if (!what.ends_with(".tir") && sel.shape) {
     // Exactly the kernels a call at this shape launches (its plan, made on the host), each once.
     const OpDef& op = find_op(what);
@@ -491,7 +495,7 @@ int cmd_tune(const std::vector<std::string>& args) {
 }
 
 constexpr const char* kDumpUsage = R"(usage: linac dump OP|FILE.tir --dir D [--dtype D] [--config K=V,...] [--target sm_80|sm_90a]
-       [--shape B=..,T=..,H=..,K=..[,V=..] [--gated] [--backward]]
+       [--shape B=..,T=..,H=..,K=..[,V=..] [--gated] [--normalize] [--backward]]
 
 Writes, per kernel of OP (or of the .tir file), into D/<n>-<kernel>/: the tile IR as recorded, with
 layouts, the shared-memory plan, LLVM IR before and after O3, the PTX, the PTX annotated with the DSL

@@ -15,8 +15,9 @@ using namespace dsl;
 
 namespace {
 
-/// Rows per program of the prep kernel.
-constexpr int64_t kRows = 64;
+/// Rows per program of the prep kernel. (At 64 it held three [64, V] f32 tiles in 224 registers per
+/// thread and took 0.35 ms at B8 T4096 H16 D128 bf16 on an H200, ~4x its bytes at HBM speed.)
+constexpr int64_t kRows = 16;
 
 /// One program per (kRows tokens, batch x head): from do, the numerator N and the denominator
 /// D (without eps) of the forward, o = N / (D + eps) and

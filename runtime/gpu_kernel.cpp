@@ -1,6 +1,7 @@
 #include "runtime/gpu_kernel.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -104,6 +105,11 @@ void check_shared_memory(const ir::Kernel& k, const nvptx::CompiledKernel& c, co
 
 int GpuKernel::compile_count() { return g_compiles.load(); }
 
+namespace {
+/// When the library was loaded: the origin of LINAC_PRINT_COMPILE_TIMES's intervals.
+const std::chrono::steady_clock::time_point g_loaded = std::chrono::steady_clock::now();
+}  // namespace
+
 std::shared_ptr<GpuKernel> GpuKernel::get(const ir::Kernel& k) {
   static std::mutex mu;
   static std::map<std::string, std::shared_ptr<GpuKernel>> table;  // by cache key
@@ -147,9 +153,15 @@ std::shared_ptr<GpuKernel> GpuKernel::get(const ir::Kernel& k) {
         std::vector<uint8_t>(cubin.begin(), cubin.end()), gk->compiled_.entry,
         hit->files.count("link.log") ? hit->files.at("link.log") : std::string()));
   } else {
+    // LINAC_PRINT_COMPILE_TIMES=1: where a cold start's compile time goes, per kernel (the tuner
+    // compiles candidates on several threads: overlapping intervals show whether they run in parallel).
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
     gk->compiled_ = nvptx::compile_kernel(k, target, replaced);
     check_shared_memory(k, gk->compiled_, dev);
+    const auto t1 = clock::now();
     gk->module_ = std::make_unique<cuda::LinkedModule>(cuda::link_ptx(gk->compiled_.ptx, gk->compiled_.entry));
+    const auto t2 = clock::now();
     gk->compiled_here_ = true;
     ++g_compiles;
     dump_stages(gk->compiled_, hex, *gk->module_);
@@ -163,6 +175,15 @@ std::shared_ptr<GpuKernel> GpuKernel::get(const ir::Kernel& k) {
     e.files["meta.json"] = meta_json(gk->compiled_);
     e.files["launch.meta"] = launch_meta(gk->compiled_);
     cache.put(hex, e);
+    if (const char* p = std::getenv("LINAC_PRINT_COMPILE_TIMES"); p && *p && std::string(p) != "0") {
+      auto ms = [](clock::time_point a, clock::time_point b) {
+        return std::chrono::duration<double, std::milli>(b - a).count();
+      };
+      fmt::print(stderr,
+                 "linac compile: {} [{:.0f}..{:.0f} ms after load] tile IR to PTX {:.0f} ms, driver JIT {:.0f} ms, "
+                 "cache {:.0f} ms\n",
+                 k.name, ms(g_loaded, t0), ms(g_loaded, clock::now()), ms(t0, t1), ms(t1, t2), ms(t2, clock::now()));
+    }
   }
   check_shared_memory(k, gk->compiled_, dev);
   if (gk->compiled_.smem_bytes > 48 * 1024)

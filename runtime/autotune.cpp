@@ -103,15 +103,39 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
   // The correctness input: small, but several chunks long and with ragged edges.
   ProblemShape small{1, std::min<int64_t>(shape.T, 300), std::min<int64_t>(shape.H, 2), shape.K, shape.V, shape.gated};
   TensorMap small_in = op.random_inputs(small, 11);
+
+  // Compile every kernel of every candidate in parallel (the driver and LLVM are thread-safe), while
+  // this thread makes the reference and the timing inputs. Kernels depend on the configuration, dtype
+  // and head dims, not on B, T, H: the small input compiles what the real size runs. (On an H200 a
+  // cold delta_rule tuning compiled for 2.3 s after 1 s of inputs, its slowest candidate's two kernels
+  // one after the other: LINAC_PRINT_COMPILE_TIMES=1 shows the intervals.)
+  std::vector<std::future<std::string>> compiles;
+  for (auto& cand : result.candidates) {
+    compiles.push_back(std::async(std::launch::async, [&, cfg = cand.config]() -> std::string {
+      try {
+        OpOptions o = base;
+        o.config = cfg;
+        OpPlan p = op.prepare(small_in, o, {"o"});
+        std::vector<std::future<std::shared_ptr<GpuKernel>>> kernels;
+        for (const auto& l : p.launches)
+          kernels.push_back(std::async(std::launch::async, [k = l.kernel] { return GpuKernel::get(*k); }));
+        int64_t spills = 0;
+        for (auto& k : kernels) spills += k.get()->spill_bytes();
+        // Shared memory that does not fit throws (skipped below). Spills are reported but timed: on an
+        // H200 the fastest linear_attn config at D=128 spills 260 bytes (0.300 ms vs 0.319 ms without).
+        return spills ? fmt::format("spills {} B", spills) : "";
+      } catch (const UserError& e) {
+        return fmt::format("skipped: {}", e.what());
+      }
+    }));
+  }
+
   OpOptions ref_opts = base;
   ref_opts.device = Device::cpu;
   ref_opts.config.clear();
   OpPlan ref_plan = op.prepare(small_in, ref_opts, {"o"});
   TensorMap reference = execute(ref_plan, Device::cpu);
   const double tol = base.dtype == DType::f32 ? 1e-4 : 2e-2;
-
-  // Compile every candidate in parallel (the driver and LLVM are thread-safe). Kernels depend on the
-  // configuration, dtype and head dims, not on B, T, H: the small input compiles what the real size runs.
   // Candidates are timed at the real B, H and head dims (the number of programs, which decides how
   // the GPU fills) but at most kTimedTokens tokens: every op's kernels walk the sequence chunk by
   // chunk at a cost per chunk, so the ranking holds while the host's work per candidate (making the
@@ -121,23 +145,7 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
   result.timed = timed;
   TensorMap big_in = op.random_inputs(timed, 5);
   cast_qkv(big_in, base.dtype);
-  std::vector<std::future<std::string>> compiles;
-  for (auto& cand : result.candidates) {
-    compiles.push_back(std::async(std::launch::async, [&, cfg = cand.config]() -> std::string {
-      try {
-        OpOptions o = base;
-        o.config = cfg;
-        OpPlan p = op.prepare(small_in, o, {"o"});
-        int64_t spills = 0;
-        for (const auto& l : p.launches) spills += GpuKernel::get(*l.kernel)->spill_bytes();
-        // Shared memory that does not fit throws (skipped below). Spills are reported but timed: on an
-        // H200 the fastest linear_attn config at D=128 spills 260 bytes (0.300 ms vs 0.319 ms without).
-        return spills ? fmt::format("spills {} B", spills) : "";
-      } catch (const UserError& e) {
-        return fmt::format("skipped: {}", e.what());
-      }
-    }));
-  }
+
   std::vector<std::string> notes(result.candidates.size());
   for (size_t i = 0; i < compiles.size(); ++i) {
     std::string s = compiles[i].get();

@@ -91,6 +91,8 @@ std::optional<Config> lookup_tuned(const std::string& key) {
 
 /// The longest sequence a candidate is timed on (see tune).
 constexpr int64_t kTimedTokens = 1024;
+/// Timed runs per candidate: up to 10, as many as fit in this time (at least 3).
+constexpr double kTimingBudgetMs = 100;
 
 TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& base, bool progress) {
   if (!op.tuning_space || !op.random_inputs) throw UserError(fmt::format("{} has no tuning space", op.name));
@@ -175,7 +177,7 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
       cand.status = fmt::format("rejected: rel err {:.2e} vs the interpreter", err);
     } else {
       OpPlan big = op.prepare(big_in, o, {"o"});
-      cand.median_ms = bench_on_gpu(big, 10).median_ms;
+      cand.median_ms = bench_on_gpu(big, 10, false, kTimingBudgetMs).median_ms;
       cand.status = notes[i].empty() ? "ok" : "ok, " + notes[i];
     }
     if (progress)

@@ -94,7 +94,7 @@ TensorMap execute(OpPlan& plan, Device device) {
 
 void prepare_kernels_on_gpu(const OpPlan& plan) { get_kernels(plan); }
 
-BenchResult bench_on_gpu(OpPlan& plan, int iters, bool per_launch) {
+BenchResult bench_on_gpu(OpPlan& plan, int iters, bool per_launch, double budget_ms) {
   auto kernels = get_kernels(plan);
   BenchResult r;
   for (const auto& [name, t] : plan.tensors) r.bytes += static_cast<int64_t>(t.data.size());
@@ -102,10 +102,18 @@ BenchResult bench_on_gpu(OpPlan& plan, int iters, bool per_launch) {
   r.rotations = static_cast<int>(std::clamp<int64_t>((2 * l2 + r.bytes - 1) / std::max<int64_t>(r.bytes, 1), 1, 8));
   std::vector<DeviceTensors> sets;
   for (int i = 0; i < r.rotations; ++i) sets.push_back(upload(plan));
-  for (int i = 0; i < 3; ++i) launch_all(plan, kernels, sets[i % sets.size()]);
+  cuda::EventTimer timer;
+  if (budget_ms > 0) {
+    timer.start();
+    launch_all(plan, kernels, sets[0]);
+    timer.stop();
+    const double first_ms = std::max<double>(timer.elapsed_ms(), 1e-3);
+    iters = std::clamp(static_cast<int>(budget_ms / first_ms), std::min(iters, 3), iters);
+  } else {
+    for (int i = 0; i < 3; ++i) launch_all(plan, kernels, sets[i % sets.size()]);
+  }
   cuda::synchronize();
   std::vector<double> times;
-  cuda::EventTimer timer;
   for (int i = 0; i < iters; ++i) {
     timer.start();
     launch_all(plan, kernels, sets[i % sets.size()]);

@@ -28,7 +28,9 @@ struct BenchResult {
 /// Times `plan` on the GPU with CUDA events: warm-up, then `iters` runs (each run = all launches),
 /// cycling through enough copies of the tensors to exceed twice the L2 cache; median and minimum.
 /// With `per_launch`, a second pass times each launch alone (BenchResult::launch_ms): for `linac bench`,
-/// not for the tuner, which needs only the total.
-BenchResult bench_on_gpu(OpPlan& plan, int iters, bool per_launch = false);
+/// not for the tuner, which needs only the total. With `budget_ms` > 0 (the tuner), one warm-up run
+/// instead of three, and at most as many runs (at least 3) as fit in budget_ms at the warm-up's time:
+/// a candidate of poly at 50 ms per run then costs 5 runs instead of 13.
+BenchResult bench_on_gpu(OpPlan& plan, int iters, bool per_launch = false, double budget_ms = 0);
 
 }  // namespace linac

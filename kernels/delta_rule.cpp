@@ -25,6 +25,8 @@ Tile inverse_row_norms(const Tile& x) {
   return rsqrt(sum(xf * xf, 1) + kDeltaL2NormEps);
 }
 
+}  // namespace
+
 /// T = (I + A)^-1 for a strictly lower triangular f32 [BT, BT] tile A (BT a multiple of 16), in fp32.
 ///
 /// The 16 x 16 diagonal blocks D_p of I + A are inverted together by forward substitution, their
@@ -62,8 +64,6 @@ Tile unit_lower_inverse(const Tile& A, int64_t BT) {
   }
   return dot(P, D_inv);
 }
-
-}  // namespace
 
 // One program per chunk. With b the chunk-local cumulative log-decay (zero without a gate) and
 // r = 1/||k|| with --l2norm-qk (else 1):
@@ -409,7 +409,8 @@ OpDef delta_rule_op_def(bool gated) {
   op.outputs = {
       {"o", true, "[B,T,H,V]", "outputs"},
       {"final_state", false, "[N,H,K,V]", "state after the last token of each sequence (fp32)"},
-      {"dq", false, "[B,T,H,K]", "--backward (token by token: slow): gradient w.r.t. q"},
+      {"dq", false, "[B,T,H,K]", gated ? "--backward (token by token: slow): gradient w.r.t. q"
+                                        : "--backward (chunked): gradient w.r.t. q"},
       {"dk", false, "[B,T,H,K]", "--backward: gradient w.r.t. k"},
       {"dv", false, "[B,T,H,V]", "--backward: gradient w.r.t. v"},
       {"dbeta", false, "[B,T,H]", "--backward: gradient w.r.t. beta (fp32)"},

@@ -16,6 +16,7 @@
 #include <memory>
 
 #include "kernels/op.h"
+#include "linac/dsl.h"
 
 namespace linac {
 
@@ -36,6 +37,10 @@ struct DeltaRuleConfig {
   int num_warps = 4;
   int num_stages = 2;        // chunk loads of delta_rule_fwd pipelined one iteration ahead
 };
+
+/// T = (I + A)^-1 for a strictly lower triangular f32 [BT, BT] tile A (BT a multiple of 16), in fp32
+/// (the UT transform; shared by the forward and the chunked backward). Inside a KernelBuilder.
+dsl::Tile unit_lower_inverse(const dsl::Tile& A, int64_t BT);
 
 /// Records the UT/WY kernel. Parameters: k v beta [g] [cu_seqlens chunk_indices] w u.
 /// Grid: (chunks, N*H), or (total chunks over all sequences, H) with varlen; chunk_indices [chunks, 2]

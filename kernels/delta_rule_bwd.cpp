@@ -1,4 +1,5 @@
 #include "kernels/delta_rule_bwd.h"
+#include "kernels/delta_rule_chunked_bwd.h"
 
 #include <algorithm>
 #include <cmath>
@@ -178,7 +179,7 @@ OpPlan plan_delta_rule_bwd(bool gated, const TensorMap& inputs, const OpOptions&
   const char* name = gated ? "gated_delta_rule" : "delta_rule";
   if (opts.recurrent) throw UserError(fmt::format("{}: --backward is not implemented with --recurrent", name));
   if (opts.l2norm_qk) throw UserError(fmt::format("{}: --backward is not implemented with --l2norm-qk", name));
-  if (opts.chunk_size || !opts.config.empty())
+  if (gated && (opts.chunk_size || !opts.config.empty()))
     throw UserError(fmt::format("{} --backward runs token by token: --chunk-size and --config do not apply", name));
   SequenceLayout seq = check_qkv_inputs(name, inputs);
   if (!inputs.count("beta")) throw UserError(fmt::format("{}: missing input 'beta'", name));
@@ -197,6 +198,8 @@ OpPlan plan_delta_rule_bwd(bool gated, const TensorMap& inputs, const OpOptions&
     if (w != "dq" && w != "dk" && w != "dv" && w != "dbeta" && !(gated && w == "dg") && w != "dinitial_state")
       throw UserError(fmt::format("{} --backward produces dq, dk, dv, dbeta{} and dinitial_state, not '{}'", name,
                                   gated ? ", dg" : "", w));
+  // DeltaNet without a gate: in chunks (delta_rule_chunked_bwd.h). The gated form: token by token.
+  if (!gated) return plan_delta_rule_chunked_bwd(inputs, opts, wanted);
 
   DeltaBwdConfig cfg;
   cfg.dtype = opts.dtype;
@@ -247,6 +250,7 @@ OpPlan plan_delta_rule_bwd(bool gated, const TensorMap& inputs, const OpOptions&
 }
 
 std::vector<std::shared_ptr<ir::Kernel>> delta_rule_bwd_kernels(bool gated, const OpOptions& opts) {
+  if (!gated) return delta_chunked_bwd_kernels(opts);
   DeltaBwdConfig cfg;
   cfg.dtype = opts.dtype;
   cfg.gated = gated;

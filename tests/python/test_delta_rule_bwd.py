@@ -1,5 +1,5 @@
-"""`linac run delta_rule|gated_delta_rule ... do=.. [dfinal_state=..] --backward` (token by token with
-checkpoints) against the float64 forward reference (reference_delta.delta_rule): every gradient by
+"""`linac run delta_rule|gated_delta_rule ... do=.. [dfinal_state=..] --backward` (delta_rule in chunks,
+gated_delta_rule token by token with checkpoints) against the float64 forward reference (reference_delta.delta_rule): every gradient by
 directional central differences (gradcheck.py) of L = sum(o do) + sum(S_T dfinal)."""
 import numpy as np
 import pytest
@@ -35,10 +35,10 @@ def loss(x):
     return total
 
 
-def check(linac, op, x):
+def check(linac, op, x, options=()):
     grads = {"q": "dq", "k": "dk", "v": "dv", "beta": "dbeta", "g": "dg", "initial_state": "dinitial_state"}
     grads = {n: d for n, d in grads.items() if n in x}
-    got = linac.run_op(op, x, outputs=list(grads.values()), options=["--backward"])
+    got = linac.run_op(op, x, outputs=list(grads.values()), options=["--backward", *options])
     gradcheck.check_directional({n: got[d] for n, d in grads.items()}, x, loss)
 
 
@@ -58,6 +58,27 @@ def test_varlen(linac, op):
     x = make_inputs(50 + OPS.index(op), op, B=1, T=45, H=1, K=8, V=8, init=True, dfinal=True, N=3)
     x["cu_seqlens"] = np.array([0, 1, 20, 45], dtype=np.int32)
     check(linac, op, x)
+
+
+@pytest.mark.parametrize("config", ["chunk=16", "chunk=16,bv=16", "chunk=64,warps=8", "chunk=32,bv=32,warps=2"])
+def test_chunked_configs(linac, config):
+    # DeltaNet's chunked backward over many chunks (T=100 at chunk 16: seven, the last partial), with
+    # value blocks (V=40 pads to 64: bv=16 gives four walks per head, the last partly masked), K != V,
+    # both states.
+    check(linac, "delta_rule", make_inputs(80, "delta_rule", B=2, T=100, H=2, K=24, V=40, init=True, dfinal=True),
+          options=["--config", config])
+
+
+def test_chunked_varlen_many_chunks(linac):
+    # Sequences that start and end inside chunks: the per-chunk state tables are indexed by global chunk.
+    x = make_inputs(81, "delta_rule", B=1, T=120, H=2, K=16, V=16, init=True, dfinal=True, N=4)
+    x["cu_seqlens"] = np.array([0, 7, 40, 41, 120], dtype=np.int32)
+    check(linac, "delta_rule", x, options=["--config", "chunk=16"])
+
+
+def test_chunked_head_dim_128(linac):
+    # DeltaNet's usual head size, two V blocks of 64 in the walks.
+    check(linac, "delta_rule", make_inputs(82, "delta_rule", B=1, T=40, H=1, K=128, V=128, init=True, dfinal=True))
 
 
 @pytest.mark.parametrize("op", OPS)

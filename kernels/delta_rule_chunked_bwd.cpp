@@ -1,0 +1,351 @@
+#include "kernels/delta_rule_chunked_bwd.h"
+
+#include <cmath>
+#include <fmt/format.h>
+
+#include "compiler/ir/ir.h"
+#include "kernels/delta_rule.h"
+#include "kernels/op_support.h"
+#include "kernels/sequence_bounds.h"
+#include "linac/dsl.h"
+#include "linac/error.h"
+
+namespace linac {
+
+using namespace dsl;
+
+// DeltaNet backward in chunks (ungated, keys as given). Per chunk, with S the state before it, S' after
+// it, M the causal mask (r >= c), strict the mask r > c, and from the forward (KERNELS.md 3):
+//   A = strict(diag(beta) K K^T),  T = (I + A)^-1,  W = T diag(beta) K,  U = T diag(beta) V
+//   Vn = U - W S,   O = scale (Q S + ((Q K^T) .* M) Vn),   S' = S + K^T Vn
+// the reverse mode, with dS' = dL/dS' (dfinal_state after the last chunk):
+//   dVn = scale ((Q K^T) .* M)^T dO + K dS'            dS = dS' + scale Q^T dO - W^T dVn
+//   dQ  = scale (dO S^T + ((dO Vn^T) .* M) K)
+//   dK  = scale ((dO Vn^T) .* M)^T Q + Vn dS'^T        (+ the UT terms below)
+//   dW  = -dVn S^T,  dU = dVn
+//   dKb = T^T dW,  dVb = T^T dU,  dT = dW (beta K)^T + dU (beta V)^T,  dA = -strict(T^T dT T^T)
+//   dV  = beta dVb,   dbeta = rowsum(dVb V) + rowsum(dKb K) + rowsum(dA .* K K^T)
+//   dK += beta dKb + (beta dA) K + (beta dA)^T K
+// Three kernels after delta_rule_wy recomputes W and U: a forward walk stores S per chunk and Vn; a
+// reverse walk stores dS' per chunk and dVn (and dinitial_state); then every chunk is independent.
+// The per-chunk states are [chunks, H, K, V] in the input dtype: T*K*V/chunk elements each, linear in T.
+
+std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb("delta_rule_bwd_states");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_min_ctas_per_sm(1);
+  Tensor q = kb.tensor("q", dt, 4);  // for the sequence bounds (B, T, H)
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor w = kb.tensor("w", dt, 4);
+  Tensor u = kb.tensor("u", dt, 5);
+  Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_offsets = kb.tensor("chunk_offsets", DType::i32, 1);
+  Tensor h = kb.tensor("h", dt, 4);      // [chunks, H, K, V]: S before each chunk
+  Tensor vn = kb.tensor("v_new", dt, 4);  // [B, T, H, V]
+
+  Tile i_v = program_id(0), i_nh = program_id(1);
+  Tile H = q.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
+  Tile first_chunk = load(chunk_offsets, {i_n}, {kIndex});
+  Tile v0 = i_v * BV;
+  AccessOptions in_seq{.limits = {{1, seq.eos}}};
+
+  Tile S = zeros({BK, BV}, f32);
+  if (cfg.initial_state) S = load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
+  for_range(0, num_chunks, [&](Tile i) {
+    Tile t0 = seq.bos + i * BT;
+    Tile K = load(k, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile W = load(w, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile U = load(u, {seq.b, t0, i_h, i_v, 0}, {kIndex, BT, kIndex, kIndex, BV}, in_seq);
+    Tile S_dt = S.to(dt);
+    store(h, {first_chunk + i, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S_dt);
+    Tile Vn = (U.to(f32) - dot(W, S_dt)).to(dt);
+    store(vn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, Vn, in_seq);
+    S = S + dot(K.T(), Vn);
+  }, S);
+  return kb.finish();
+}
+
+std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb("delta_rule_bwd_dstates");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_min_ctas_per_sm(1);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor w = kb.tensor("w", dt, 4);
+  Tensor dout = kb.tensor("do", dt, 4);
+  Tensor dht = cfg.final_state_grad ? kb.tensor("dfinal_state", f32, 4) : Tensor();
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_offsets = kb.tensor("chunk_offsets", DType::i32, 1);
+  Tensor dh = kb.tensor("dh", dt, 4);        // [chunks, H, K, V]: dL/dS' after each chunk
+  Tensor dvn = kb.tensor("dv_new", dt, 4);   // [B, T, H, V]
+  Tensor dh0 = cfg.initial_state_grad ? kb.tensor("dinitial_state", f32, 4) : Tensor();
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile i_v = program_id(0), i_nh = program_id(1);
+  Tile H = q.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
+  Tile first_chunk = load(chunk_offsets, {i_n}, {kIndex});
+  Tile v0 = i_v * BV;
+  AccessOptions in_seq{.limits = {{1, seq.eos}}};
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+
+  Tile dS = zeros({BK, BV}, f32);
+  if (cfg.final_state_grad) dS = load(dht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
+  for_range(0, num_chunks, [&](Tile j) {
+    Tile i = num_chunks - 1 - j;
+    Tile t0 = seq.bos + i * BT;
+    Tile Q = load(q, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile K = load(k, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile W = load(w, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile dO = load(dout, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
+    Tile dS_dt = dS.to(dt);
+    store(dh, {first_chunk + i, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, dS_dt);
+    // (Q K^T .* M)^T as K Q^T masked to r <= c: the transpose is taken before the mask.
+    Tile Pt = where(row <= col, dot(K, Q.T()) * scale, 0.0f);
+    Tile dVn = (dot(Pt.to(dt), dO) + dot(K, dS_dt)).to(dt);
+    store(dvn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, dVn, in_seq);
+    dS = dS + dot(Q.T(), dO) * scale - dot(W.T(), dVn);
+  }, dS);
+  if (cfg.initial_state_grad) store(dh0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, dS);
+  return kb.finish();
+}
+
+std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.full_v;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb("delta_rule_bwd_chunk");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_min_ctas_per_sm(1);
+  kb.set_num_stages(1);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor v = kb.tensor("v", dt, 4);
+  Tensor beta = kb.tensor("beta", f32, 3);
+  Tensor dout = kb.tensor("do", dt, 4);
+  Tensor vn = kb.tensor("v_new", dt, 4);
+  Tensor dvn = kb.tensor("dv_new", dt, 4);
+  Tensor h = kb.tensor("h", dt, 4);
+  Tensor dh = kb.tensor("dh", dt, 4);
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  Tensor dq = kb.tensor("dq", dt, 4);
+  Tensor dk = kb.tensor("dk", dt, 4);
+  Tensor dv = kb.tensor("dv", dt, 4);
+  Tensor dbeta = kb.tensor("dbeta", f32, 3);
+  Tile scale = kb.scalar("scale", f32);
+
+  // Which chunk: (sequence, chunk of it) from chunk_indices with varlen, else (batch row, program).
+  Tile i_c = program_id(0), i_x = program_id(1);
+  Tile b, i_h, bos, eos, chunk, global_chunk;
+  if (cfg.varlen) {
+    Tile i_n = load(chunk_indices, {i_c, 0}, {kIndex, kIndex});
+    chunk = load(chunk_indices, {i_c, 1}, {kIndex, kIndex});
+    b = constant(0, DType::i32);
+    i_h = i_x;
+    bos = load(cu, {i_n}, {kIndex});
+    eos = load(cu, {i_n + 1}, {kIndex});
+    global_chunk = i_c;
+  } else {
+    Tile H = q.dim(2);
+    b = i_x / H;
+    i_h = i_x % H;
+    chunk = i_c;
+    bos = constant(0, DType::i32);
+    eos = q.dim(1);
+    global_chunk = b * ((eos + (BT - 1)) / BT) + i_c;
+  }
+  AccessOptions in_seq{.limits = {{1, eos}}};
+  Tile t0 = bos + chunk * BT;
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+  Tile causal = row >= col, strict = row > col;
+
+  Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile V = load(v, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
+  Tile dO = load(dout, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
+  Tile Vn = load(vn, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
+  Tile dVn = load(dvn, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
+  Tile S = load(h, {global_chunk, i_h, 0, 0}, {kIndex, kIndex, BK, BV});
+  Tile dS1 = load(dh, {global_chunk, i_h, 0, 0}, {kIndex, kIndex, BK, BV});
+  Tile beta_c = load(beta, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+  Tile beta_r = expand_dims(beta_c, 1);
+
+  // The output's terms.
+  Tile dP = where(causal, dot(dO, Vn.T()) * scale, 0.0f);
+  Tile dQ = dot(dO, S.T()) * scale + dot(dP.to(dt), K);
+  Tile dK = dot(dP.T().to(dt), Q) + dot(Vn, dS1.T());
+  Tile dW = dot(dVn, S.T()) * -1.0f;
+
+  // Through the UT transform: T again from K and beta (as delta_rule_wy made it), then its adjoint.
+  Tile G = dot(K, K.T());
+  Tile T = unit_lower_inverse(where(strict, G * beta_r, 0.0f), BT);
+  Tile Tt = T.T().to(dt);
+  Tile dKb = dot(Tt, dW.to(dt));
+  Tile dVb = dot(Tt, dVn);
+  Tile Kb = (K.to(f32) * beta_r).to(dt), Vb = (V.to(f32) * beta_r).to(dt);
+  Tile dT = dot(dW.to(dt), Kb.T()) + dot(dVn, Vb.T());
+  Tile dA = where(strict, dot(dot(Tt, dT.to(dt)).to(dt), Tt) * -1.0f, 0.0f);
+  Tile dG = (dA * beta_r).to(dt);
+  dK = dK + dKb * beta_r + dot(dG, K) + dot(dG.T(), K);
+  Tile dBeta = sum(dVb * V.to(f32), 1) + sum(dKb * K.to(f32), 1) + sum(dA * G, 1);
+
+  store(dq, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dQ.to(dt), in_seq);
+  store(dk, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dK.to(dt), in_seq);
+  store(dv, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, (dVb * beta_r).to(dt), in_seq);
+  store(dbeta, {b, t0, i_h}, {kIndex, BT, kIndex}, dBeta, in_seq);
+  return kb.finish();
+}
+
+namespace {
+
+std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, int which) {
+  static KernelMemo memo;
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}{}/{}", which, dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
+                                cfg.block_v, cfg.full_v, cfg.initial_state, cfg.final_state_grad,
+                                cfg.initial_state_grad, cfg.varlen, cfg.num_warps);
+  return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
+    switch (which) {
+      case 0: {
+        DeltaRuleConfig wy;
+        wy.dtype = cfg.dtype;
+        wy.chunk = cfg.chunk;
+        wy.block_k = static_cast<int>(cfg.block_k);
+        wy.block_v = static_cast<int>(cfg.block_v);
+        wy.varlen = cfg.varlen;
+        wy.num_warps = cfg.num_warps;
+        return build_delta_rule_wy(wy);
+      }
+      case 1: return build_delta_bwd_states(cfg);
+      case 2: return build_delta_bwd_dstates(cfg);
+      default: return build_delta_bwd_chunk(cfg);
+    }
+  });
+}
+
+/// Chunk offsets per sequence ([N+1]: the first global chunk of each) and, with varlen, (sequence,
+/// chunk of it) per global chunk ([chunks, 2]), both int32; returns the number of chunks.
+int64_t chunk_tables(const SequenceLayout& seq, int64_t BT, HostTensor* offsets, HostTensor* indices) {
+  *offsets = HostTensor::zeros(DType::i32, {seq.N + 1});
+  std::vector<int32_t> pairs;
+  int64_t total = 0;
+  for (int64_t n = 0; n < seq.N; ++n) {
+    offsets->set(n, static_cast<double>(total));
+    const int64_t len = seq.varlen ? static_cast<int64_t>(seq.cu_seqlens.get(n + 1) - seq.cu_seqlens.get(n)) : seq.T;
+    const int64_t chunks = (len + BT - 1) / BT;
+    for (int64_t c = 0; c < chunks; ++c) pairs.push_back(static_cast<int32_t>(n)), pairs.push_back(static_cast<int32_t>(c));
+    total += chunks;
+  }
+  offsets->set(seq.N, static_cast<double>(total));
+  *indices = HostTensor::zeros(DType::i32, {total, 2});
+  for (size_t i = 0; i < pairs.size(); ++i) indices->set(static_cast<int64_t>(i), pairs[i]);
+  return total;
+}
+
+}  // namespace
+
+const std::vector<std::pair<std::string, std::string>>& delta_chunked_bwd_config_keys() {
+  static const std::vector<std::pair<std::string, std::string>> keys = {
+      {"chunk", "--backward: rows per chunk (16, 32, 64)"},
+      {"bv", "--backward: value columns per program of the state walks (16..128)"},
+      {"warps", "warps per program (2, 4, 8)"},
+  };
+  return keys;
+}
+
+OpPlan plan_delta_rule_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+  SequenceLayout seq = check_qkv_inputs("delta_rule", inputs);
+  check_shape("beta", inputs.at("beta"), {seq.B, seq.T, seq.H});
+  check_shape("do", inputs.at("do"), {seq.B, seq.T, seq.H, seq.V});
+  const bool has_h0 = inputs.count("initial_state") > 0;
+  if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
+  const bool has_dht = inputs.count("dfinal_state") > 0;
+  if (has_dht) check_shape("dfinal_state", inputs.at("dfinal_state"), {seq.N, seq.H, seq.K, seq.V});
+  check_config_keys("delta_rule --backward", opts, delta_chunked_bwd_config_keys());
+
+  DeltaChunkedBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = padded_head_dim(seq.K);
+  cfg.full_v = padded_head_dim(seq.V);
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, 32), {16, 32, 64}));
+  cfg.block_v = std::min<int64_t>(config_value(opts, "bv", 64, {16, 32, 64, 128}), cfg.full_v);
+  // 8 warps: at 4 the per-chunk kernel (K = V = 128, chunk 32) spills 1004 bytes, at 8 it spills 8
+  // (ptxas, sm_90a). Chunk 64 spills 1-5 KB there. Not yet timed on a GPU.
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
+  cfg.initial_state = has_h0;
+  cfg.final_state_grad = has_dht;
+  cfg.initial_state_grad = wants(wanted, "dinitial_state");
+  cfg.varlen = seq.varlen;
+  const int64_t BT = cfg.chunk;
+  const int64_t v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
+
+  OpPlan plan;
+  for (const char* t : {"q", "k", "v", "do"}) plan.tensors[t] = inputs.at(t).cast(cfg.dtype);
+  plan.tensors["beta"] = inputs.at("beta").cast(DType::f32);
+  if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
+  if (has_dht) plan.tensors["dfinal_state"] = inputs.at("dfinal_state").cast(DType::f32);
+  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+  HostTensor offsets, indices;
+  const int64_t chunks = chunk_tables(seq, BT, &offsets, &indices);
+  plan.tensors["chunk_offsets"] = offsets;
+  if (seq.varlen) plan.tensors["chunk_indices"] = indices;
+  // Scratch: W and U (as delta_rule_wy writes them), the states before and the state gradients after
+  // each chunk ([chunks, H, K, V]), Vn and dVn.
+  plan.tensors["w"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["u"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, v_blocks, cfg.block_v});
+  plan.tensors["h"] = HostTensor::zeros(cfg.dtype, {std::max<int64_t>(chunks, 1), seq.H, seq.K, seq.V});
+  plan.tensors["dh"] = HostTensor::zeros(cfg.dtype, {std::max<int64_t>(chunks, 1), seq.H, seq.K, seq.V});
+  plan.tensors["v_new"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  plan.tensors["dv_new"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  plan.tensors["dq"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dk"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dv"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  plan.tensors["dbeta"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
+  if (cfg.initial_state_grad) plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
+
+  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  auto launch = [&](int which, std::array<int64_t, 3> grid) {
+    KernelLaunch l;
+    l.kernel = cached(cfg, which);
+    l.grid = grid;
+    for (const auto& p : l.kernel->params)
+      if (plan.tensors.count(p.name)) l.tensors[p.name] = p.name;
+    if (which >= 2) l.scalars["scale"] = scale;
+    plan.launches.push_back(std::move(l));
+  };
+  const std::array<int64_t, 3> per_chunk =
+      seq.varlen ? std::array<int64_t, 3>{chunks, seq.H, 1} : std::array<int64_t, 3>{(seq.T + BT - 1) / BT, seq.B * seq.H, 1};
+  if (chunks > 0) launch(0, per_chunk);
+  launch(1, {v_blocks, seq.N * seq.H, 1});
+  launch(2, {v_blocks, seq.N * seq.H, 1});
+  if (chunks > 0) launch(3, per_chunk);
+  for (const char* n : {"dq", "dk", "dv", "dbeta", "dinitial_state"})
+    if (wants(wanted, n) && plan.tensors.count(n)) plan.outputs[n] = n;
+  return plan;
+}
+
+std::vector<std::shared_ptr<ir::Kernel>> delta_chunked_bwd_kernels(const OpOptions& opts) {
+  DeltaChunkedBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = cfg.full_v = 64;
+  cfg.block_v = 64;
+  cfg.chunk = 32;
+  cfg.num_warps = 8;
+  DeltaChunkedBwdConfig full = cfg;
+  full.initial_state = full.final_state_grad = full.initial_state_grad = full.varlen = true;
+  std::vector<std::shared_ptr<ir::Kernel>> out;
+  for (const auto* c : {&cfg, &full})
+    for (int which : {1, 2, 3}) out.push_back(cached(*c, which));
+  return out;
+}
+
+}  // namespace linac

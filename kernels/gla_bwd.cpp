@@ -1,4 +1,5 @@
 #include "kernels/gla_bwd.h"
+#include "kernels/gla_chunked_bwd.h"
 
 #include <cmath>
 #include <fmt/format.h>
@@ -25,7 +26,7 @@ struct GlaBwdConfig {
 std::shared_ptr<ir::Kernel> build_gla_bwd_dq(const GlaBwdConfig& cfg) {
   const int64_t BK = cfg.block_k, BV = cfg.block_v;
   const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("gla_bwd_dq");
+  KernelBuilder kb("gla_bwd_tokenwise_dq");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(1);
   Tensor q = kb.tensor("q", dt, 4);
@@ -66,7 +67,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_dq(const GlaBwdConfig& cfg) {
 std::shared_ptr<ir::Kernel> build_gla_bwd_dkv(const GlaBwdConfig& cfg) {
   const int64_t BK = cfg.block_k, BV = cfg.block_v;
   const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("gla_bwd_dkv");
+  KernelBuilder kb("gla_bwd_tokenwise_dkv");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(1);
   Tensor q = kb.tensor("q", dt, 4);
@@ -144,14 +145,20 @@ OpPlan plan_gla_bwd(const TensorMap& inputs, const OpOptions& opts, const std::v
   for (const auto& w : wanted)
     if (w != "dq" && w != "dk" && w != "dv" && w != "dg" && w != "dinitial_state")
       throw UserError(fmt::format("gla --backward produces dq, dk, dv, dg and dinitial_state, not '{}'", w));
-  check_config_keys("gla", opts, gla_bwd_config_keys());
-  if (opts.chunk_size) throw UserError("gla --backward runs token by token: --chunk-size does not apply");
+  check_config_keys("gla --backward", opts, gla_chunked_bwd_config_keys());
+  if (opts.chunk_size) throw UserError("gla --backward runs chunks of 16 rows: --chunk-size does not apply");
+  // In chunks unless --config tokenwise=1 asks for the token-by-token reference form.
+  const int64_t tokenwise = config_value(opts, "tokenwise", 0, {0, 1});
+  if (!tokenwise) return plan_gla_chunked_bwd(inputs, opts, wanted);
+  OpOptions tw = opts;
+  tw.config.erase("tokenwise");
+  check_config_keys("gla --backward --config tokenwise=1", tw, gla_bwd_config_keys());
 
   GlaBwdConfig cfg;
   cfg.dtype = opts.dtype;
   cfg.block_k = padded_head_dim(seq.K);
   cfg.block_v = padded_head_dim(seq.V);
-  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
+  cfg.num_warps = static_cast<int>(config_value(tw, "warps", 8, {2, 4, 8}));
   cfg.initial_state = has_h0;
   cfg.final_state_grad = has_dht;
   cfg.initial_state_grad = wants(wanted, "dinitial_state");
@@ -187,10 +194,14 @@ OpPlan plan_gla_bwd(const TensorMap& inputs, const OpOptions& opts, const std::v
 }
 
 std::vector<std::shared_ptr<ir::Kernel>> gla_bwd_kernels(const OpOptions& opts) {
+  // The chunked form (the default), then the token-by-token one (--config tokenwise=1).
+  std::vector<std::shared_ptr<ir::Kernel>> out = gla_chunked_bwd_kernels(opts);
   GlaBwdConfig cfg;
   cfg.dtype = opts.dtype;
   cfg.initial_state = cfg.final_state_grad = cfg.initial_state_grad = true;
-  return {cached_gla_bwd(cfg, true), cached_gla_bwd(cfg, false)};
+  out.push_back(cached_gla_bwd(cfg, true));
+  out.push_back(cached_gla_bwd(cfg, false));
+  return out;
 }
 
 }  // namespace linac

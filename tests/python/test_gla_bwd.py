@@ -63,6 +63,24 @@ def test_non_power_of_two_head_dims(linac):
     check(linac, make_inputs(50, B=1, T=30, H=1, K=20, V=12, init=True, dfinal=True))
 
 
+@pytest.mark.parametrize("config", ["bk=16,bv=16", "bk=32,bv=16,warps=2", "warps=8", "tokenwise=1"])
+def test_configs(linac, config):
+    # The chunked form over many 16-row chunks (T=100: seven, the last partial) with key and value
+    # column blocks (K=24 pads to 32, V=40 to 64: the last blocks partly masked), both states; and the
+    # token-by-token reference form (tokenwise=1).
+    check(linac, make_inputs(80, B=2, T=100, H=2, K=24, V=40, init=True, dfinal=True), options=("--config", config))
+
+
+def test_varlen_across_chunks(linac):
+    x = make_inputs(81, B=1, T=120, H=2, K=16, V=16, init=True, dfinal=True, N=4)
+    x["cu_seqlens"] = np.array([0, 7, 40, 41, 120], dtype=np.int32)
+    check(linac, x, options=("--config", "bk=16"))
+
+
+def test_head_dim_128(linac):
+    check(linac, make_inputs(82, B=1, T=40, H=1, K=128, V=128, init=True, dfinal=True))
+
+
 def test_very_negative_gates_stay_finite(linac):
     x = make_inputs(60, B=1, T=40, H=1, K=8, V=8, init=True, dfinal=True)
     x["g"][:, 10:20] = -1e4

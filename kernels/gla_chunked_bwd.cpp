@@ -1,0 +1,337 @@
+#include "kernels/gla_chunked_bwd.h"
+
+#include <cmath>
+#include <fmt/format.h>
+
+#include "compiler/ir/ir.h"
+#include "kernels/op_support.h"
+#include "kernels/sequence_bounds.h"
+#include "linac/dsl.h"
+#include "linac/error.h"
+
+namespace linac {
+
+using namespace dsl;
+
+// GLA backward in chunks of 16 rows (one of the forward's sub-chunks), with per-channel log-gates g.
+// Per chunk: L = cumsum(g) from its first row (inclusive), tot = L's last row, R_r = g_{r+1} + ... +
+// g_15 (the decay from row r to the chunk's end, summed directly, not as tot - L: see build_gla_fwd),
+// A[r, c] = scale sum_d q_rd k_cd exp(L_rd - L_cd) (r >= c), S the state before the chunk, S' after:
+//   O = scale (Q .* exp(L)) S + A V,    S' = diag(exp(tot)) S + (K .* exp(R))^T V
+// Reverse mode, with dS' = dL/dS' (dfinal_state after the last chunk) and dA = scale (dO V^T) .* M:
+//   dQ = scale (dO S^T) .* exp(L) + dQi,   dQi[r, d] = sum_{c <= r} dA[r, c] k_cd exp(L_rd - L_cd)
+//   dK = (V dS'^T) .* exp(R) + dKi,        dKi[c, d] = sum_{r >= c} dA[r, c] q_rd exp(L_rd - L_cd)
+//   dV = (K .* exp(R)) dS' + A^T dO
+//   dS = diag(exp(tot)) dS' + scale (Q .* exp(L))^T dO
+//   dg_t = sum_{s >= t} (q_s .* dq_s - k_s .* dk_s) + rowsum(dfinal_state .* S_T)   (per channel)
+// Kernels: gla_bwd_intra (every chunk in parallel: dQi, dKi and A^T dO, elementwise in fp32 like
+// gla_intra), then three walks shaped like the forward — dq forward in time over X = S^T [V, K]
+// (key columns split in blocks), dk backward over X = dS^T [V, K], dv backward over X = dS [K, V]
+// (value columns split) — and gla_bwd_dg, a reverse walk taking the suffix sums. No state is stored:
+// memory O(T*D).
+
+namespace {
+
+constexpr int64_t kBT = 16;  // rows per chunk
+
+/// L, tot and R of the chunk at rows t0.. (f32 [16, BK], [BK], [16, BK]).
+struct ChunkGates {
+  Tile L, tot, R;
+};
+
+ChunkGates chunk_gates(const Tensor& g, const Tile& b, const Tile& t0, const Tile& i_h, const Tile& k0, int64_t BK,
+                       const Tile& eos) {
+  AccessOptions in_seq{.limits = {{1, eos}}};
+  Tile gc = load(g, {b, t0, i_h, k0}, {kIndex, kBT, kIndex, BK}, in_seq);
+  // The gates of rows r+1.., row 15's replaced by 0 (it belongs to the next chunk), summed from the end.
+  Tile next = load(g, {b, t0 + 1, i_h, k0}, {kIndex, kBT, kIndex, BK}, in_seq);
+  Tile last_row = expand_dims(iota(kBT), 1) == kBT - 1;
+  ChunkGates r;
+  r.L = cumsum(gc, 0);
+  r.tot = sum(gc, 0);
+  r.R = cumsum(where(last_row, 0.0f, next), 0, true);
+  return r;
+}
+
+}  // namespace
+
+std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) {
+  const int64_t BK = cfg.block_k, BV = cfg.block_v;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb("gla_bwd_intra");
+  kb.set_num_warps(4);
+  kb.set_num_stages(1);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor v = kb.tensor("v", dt, 4);
+  Tensor g = kb.tensor("g", f32, 4);
+  Tensor dout = kb.tensor("do", dt, 4);
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor dq_intra = kb.tensor("dq_intra", f32, 4);
+  Tensor dk_intra = kb.tensor("dk_intra", f32, 4);
+  Tensor dv_intra = kb.tensor("dv_intra", f32, 4);
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile i_s = program_id(0), i_nh = program_id(1);
+  Tile H = q.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  Tile b = seq.b;
+  Tile t0 = seq.bos + i_s * kBT;  // at or past eos for the chunks of the longest sequence only
+  AccessOptions in_seq{.limits = {{1, seq.eos}}};
+
+  Tile Qf = load(q, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, BK}, in_seq).to(f32);
+  Tile V = load(v, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, BV}, in_seq);
+  Tile dO = load(dout, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, BV}, in_seq);
+  Tile G = load(g, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, BK}, in_seq);
+  Tile rows = expand_dims(iota(kBT), 1), cols = expand_dims(iota(kBT), 0);
+  Tile dA = where(rows >= cols, dot(dO, V.T()) * scale, 0.0f);
+
+  // Column c at a time (row c of K and the c-th column of dA), as gla_intra builds A:
+  //   dQi += dA[:, c] (k_c .* exp(L - L_c)) over rows r >= c;  A[:, c] = scale rowsum(Q .* k_c .* exp(..))
+  //   dKi[c] = sum_r dA[r, c] q_r .* exp(L_r - L_c)
+  // with L_r - L_c summed directly as g_{c+1} + ... + g_r: the difference of the two cumulative sums
+  // loses the small gates after a very negative one (-1e4 gates inside the chunk: 6e-4 relative error
+  // in dq, where the token-by-token form was exact).
+  Tile dQi = zeros({kBT, BK}, f32), dKi = zeros({kBT, BK}, f32), A = zeros({kBT, kBT}, f32);
+  for_range(0, kBT, [&](Tile c) {
+    Tile kc = load(k, {b, t0 + c, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq).to(f32);
+    Tile below = rows >= c;
+    Tile e = exp(where(below, cumsum(where(rows > c, G, 0.0f), 0), 0.0f));
+    Tile dA_c = expand_dims(sum(where(cols == c, dA, 0.0f), 1), 1);  // column c of dA, [16, 1]
+    Tile wq = where(below, e * dA_c, 0.0f);                          // dA[r, c] exp(L_r - L_c), r >= c
+    dQi = dQi + wq * expand_dims(kc, 0);
+    dKi = dKi + where(rows == c, expand_dims(sum(wq * Qf, 0), 0), 0.0f);
+    A = A + where((cols == c) & below, expand_dims(sum(e * Qf * expand_dims(kc, 0), 1), 1), 0.0f);
+  }, dQi, dKi, A);
+  store(dq_intra, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, BK}, dQi, in_seq);
+  store(dk_intra, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, BK}, dKi, in_seq);
+  store(dv_intra, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, BV}, dot((A * scale).T().to(dt), dO), in_seq);
+  return kb.finish();
+}
+
+std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, GlaBwdWalk which) {
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  const bool is_dq = which == GlaBwdWalk::dq, is_dk = which == GlaBwdWalk::dk, is_dv = which == GlaBwdWalk::dv;
+  const bool reverse = !is_dq;
+  // X is [V, BC] over key columns (dq: S^T, dk: dS^T) or [K, BC] over value columns (dv: dS).
+  const int64_t W = is_dv ? cfg.block_k : cfg.block_v;
+  const int64_t BC = is_dv ? cfg.split_v : cfg.split_k;
+  KernelBuilder kb(is_dq ? "gla_bwd_dq" : is_dk ? "gla_bwd_dk" : "gla_bwd_dv");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_min_ctas_per_sm(1);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor v = kb.tensor("v", dt, 4);
+  Tensor g = kb.tensor("g", f32, 4);
+  Tensor dout = kb.tensor("do", dt, 4);
+  Tensor h0 = is_dq && cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
+  Tensor dht = cfg.final_state_grad ? kb.tensor("dfinal_state", f32, 4) : Tensor();
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor intra = kb.tensor(is_dq ? "dq_intra" : is_dk ? "dk_intra" : "dv_intra", f32, 4);
+  Tensor out = kb.tensor(is_dq ? "dq" : is_dk ? "dk" : "dv", dt, 4);
+  Tensor part = is_dv ? Tensor() : kb.tensor(is_dq ? "qdq" : "kdk", f32, 4);  // q .* dq, k .* dk in fp32
+  Tensor dg_s = is_dq && cfg.final_state_grad ? kb.tensor("dg_state", f32, 3) : Tensor();
+  Tensor dh0 = is_dv && cfg.initial_state_grad ? kb.tensor("dinitial_state", f32, 4) : Tensor();
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile i_c = program_id(0), i_nh = program_id(1);
+  Tile H = q.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  const Tile b = seq.b;
+  Tile num_chunks = (seq.eos - seq.bos + (kBT - 1)) / kBT;
+  Tile c0 = i_c * BC;
+  Tile k0 = is_dv ? constant(0, DType::i32) : c0;  // the key columns this program's gates cover
+  const int64_t GK = is_dv ? cfg.block_k : BC;
+  AccessOptions in_seq{.limits = {{1, seq.eos}}};
+  const AccessOptions transposed{.limits = {}, .transpose = true};
+
+  Tile X = zeros({W, BC}, f32);
+  if (h0.value()) X = load(h0, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, transposed);
+  if (!is_dq && dht.value())
+    X = is_dv ? load(dht, {i_n, i_h, 0, c0}, {kIndex, kIndex, W, BC})
+              : load(dht, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, transposed);
+
+  for_range(0, num_chunks, [&](Tile j) {
+    Tile i = reverse ? num_chunks - 1 - j : j;
+    Tile t0 = seq.bos + i * kBT;
+    ChunkGates gt = chunk_gates(g, b, t0, i_h, k0, GK, seq.eos);
+    Tile eL = exp(gt.L), eR = exp(gt.R), etot = exp(gt.tot);
+    if (is_dq) {
+      Tile dO = load(dout, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, W}, in_seq);
+      Tile V = load(v, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, W}, in_seq);
+      Tile Kc = load(k, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, in_seq);
+      Tile Qc = load(q, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, in_seq);
+      Tile dQ = dot(dO, X.to(dt)) * eL * scale + load(intra, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, in_seq);
+      store(out, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, dQ.to(dt), in_seq);
+      store(part, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, Qc.to(f32) * dQ, in_seq);
+      X = X * expand_dims(etot, 0) + dot(V.T(), (Kc.to(f32) * eR).to(dt));
+    } else if (is_dk) {
+      Tile V = load(v, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, W}, in_seq);
+      Tile dO = load(dout, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, W}, in_seq);
+      Tile Qc = load(q, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, in_seq);
+      Tile Kc = load(k, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, in_seq);
+      Tile dK = dot(V, X.to(dt)) * eR + load(intra, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, in_seq);
+      store(out, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, dK.to(dt), in_seq);
+      store(part, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, Kc.to(f32) * dK, in_seq);
+      X = X * expand_dims(etot, 0) + dot(dO.T(), (Qc.to(f32) * eL).to(dt)) * scale;
+    } else {
+      Tile K = load(k, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, W}, in_seq);
+      Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, W}, in_seq);
+      Tile dOc = load(dout, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, in_seq);
+      Tile dV = dot((K.to(f32) * eR).to(dt), X.to(dt)) +
+                load(intra, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, in_seq);
+      store(out, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, dV.to(dt), in_seq);
+      X = X * expand_dims(etot, 1) + dot((Q.to(f32) * eL).to(dt).T(), dOc) * scale;
+    }
+  }, X);
+
+  if (dg_s.value()) {
+    // rowsum(dfinal_state .* S_T) for this program's key columns: X is S_T^T.
+    Tile dS = load(dht, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, transposed);
+    store(dg_s, {i_n, i_h, c0}, {kIndex, kIndex, BC}, sum(dS * X, 0));
+  }
+  if (dh0.value()) store(dh0, {i_n, i_h, 0, c0}, {kIndex, kIndex, W, BC}, X);
+  return kb.finish();
+}
+
+std::shared_ptr<ir::Kernel> build_gla_bwd_dg(const GlaChunkedBwdConfig& cfg) {
+  const int64_t BK = cfg.block_k;
+  const DType f32 = DType::f32;
+  KernelBuilder kb("gla_bwd_dg");
+  kb.set_num_warps(4);
+  Tensor q = kb.tensor("q", cfg.dtype, 4);  // for the sequence bounds
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor qdq = kb.tensor("qdq", f32, 4);
+  Tensor kdk = kb.tensor("kdk", f32, 4);
+  Tensor dg_s = cfg.final_state_grad ? kb.tensor("dg_state", f32, 3) : Tensor();
+  Tensor dg = kb.tensor("dg", f32, 4);
+
+  Tile i_nh = program_id(0);
+  Tile H = q.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  const int64_t BT = 32;  // rows per step of this walk (any: it only sums; at 64 its reverse cumsum planned 169 KB)
+  Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
+  AccessOptions in_seq{.limits = {{1, seq.eos}}};
+  Tile acc = zeros({BK}, f32);
+  if (cfg.final_state_grad) acc = load(dg_s, {i_n, i_h, 0}, {kIndex, kIndex, BK});
+  for_range(0, num_chunks, [&](Tile j) {
+    Tile t0 = seq.bos + (num_chunks - 1 - j) * BT;
+    Tile x = load(qdq, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq) -
+             load(kdk, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    store(dg, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, cumsum(x, 0, true) + expand_dims(acc, 0), in_seq);
+    acc = acc + sum(x, 0);
+  }, acc);
+  return kb.finish();
+}
+
+namespace {
+
+std::shared_ptr<ir::Kernel> cached(const GlaChunkedBwdConfig& cfg, int which) {
+  static KernelMemo memo;
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}{}/{}", which, dtype_name(cfg.dtype), cfg.block_k, cfg.block_v,
+                                cfg.split_k, cfg.split_v, cfg.initial_state, cfg.final_state_grad,
+                                cfg.initial_state_grad, cfg.varlen, cfg.num_warps);
+  return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
+    switch (which) {
+      case 0: return build_gla_bwd_intra(cfg);
+      case 1: return build_gla_bwd_walk(cfg, GlaBwdWalk::dq);
+      case 2: return build_gla_bwd_walk(cfg, GlaBwdWalk::dk);
+      case 3: return build_gla_bwd_walk(cfg, GlaBwdWalk::dv);
+      default: return build_gla_bwd_dg(cfg);
+    }
+  });
+}
+
+void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts) {
+  cfg.split_k = std::min<int64_t>(config_value(opts, "bk", 64, {16, 32, 64, 128, 256}), cfg.block_k);
+  cfg.split_v = std::min<int64_t>(config_value(opts, "bv", 64, {16, 32, 64, 128, 256}), cfg.block_v);
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 4, {2, 4, 8}));
+}
+
+}  // namespace
+
+const std::vector<std::pair<std::string, std::string>>& gla_chunked_bwd_config_keys() {
+  static const std::vector<std::pair<std::string, std::string>> keys = {
+      {"bk", "--backward: key columns per program of the dq and dk walks (16..256)"},
+      {"bv", "--backward: value columns per program of the dv walk (16..256)"},
+      {"warps", "warps per program (2, 4, 8)"},
+      {"tokenwise", "--backward: 1 = the token-by-token form (the reference)"},
+  };
+  return keys;
+}
+
+OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+  SequenceLayout seq = check_qkv_inputs("gla", inputs);
+  const bool has_h0 = inputs.count("initial_state") > 0;
+  const bool has_dht = inputs.count("dfinal_state") > 0;
+  GlaChunkedBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = padded_head_dim(seq.K);
+  cfg.block_v = padded_head_dim(seq.V);
+  configure(cfg, opts);
+  cfg.initial_state = has_h0;
+  cfg.final_state_grad = has_dht;
+  cfg.initial_state_grad = wants(wanted, "dinitial_state");
+  cfg.varlen = seq.varlen;
+  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+
+  OpPlan plan;
+  for (const char* name : {"q", "k", "v", "do"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
+  plan.tensors["g"] = inputs.at("g").cast(DType::f32);
+  if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
+  if (has_dht) {
+    plan.tensors["dfinal_state"] = inputs.at("dfinal_state").cast(DType::f32);
+    plan.tensors["dg_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K});
+  }
+  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+  // O(T*D) scratch: the intra-chunk parts of the gradients and the fp32 products for dg.
+  for (const char* name : {"dq_intra", "dk_intra", "qdq", "kdk"})
+    plan.tensors[name] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dv_intra"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.V});
+  for (const char* name : {"dq", "dk"}) plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dv"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  plan.tensors["dg"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
+  if (cfg.initial_state_grad) plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
+
+  int64_t longest = seq.T;
+  if (seq.varlen) {
+    longest = 0;
+    for (int64_t n = 0; n < seq.N; ++n)
+      longest = std::max(longest, static_cast<int64_t>(seq.cu_seqlens.get(n + 1) - seq.cu_seqlens.get(n)));
+  }
+  auto launch = [&](int which, std::array<int64_t, 3> grid) {
+    KernelLaunch l;
+    l.kernel = cached(cfg, which);
+    l.grid = grid;
+    for (const auto& p : l.kernel->params)
+      if (plan.tensors.count(p.name)) l.tensors[p.name] = p.name;
+    if (which < 4) l.scalars["scale"] = scale;
+    plan.launches.push_back(std::move(l));
+  };
+  if (longest > 0) launch(0, {(longest + kBT - 1) / kBT, seq.N * seq.H, 1});
+  launch(1, {cfg.block_k / cfg.split_k, seq.N * seq.H, 1});
+  launch(2, {cfg.block_k / cfg.split_k, seq.N * seq.H, 1});
+  launch(3, {cfg.block_v / cfg.split_v, seq.N * seq.H, 1});
+  launch(4, {seq.N * seq.H, 1, 1});
+  for (const char* name : {"dq", "dk", "dv", "dg", "dinitial_state"})
+    if (wants(wanted, name)) plan.outputs[name] = name;
+  return plan;
+}
+
+std::vector<std::shared_ptr<ir::Kernel>> gla_chunked_bwd_kernels(const OpOptions& opts) {
+  GlaChunkedBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = cfg.block_v = 64;
+  configure(cfg, opts);
+  GlaChunkedBwdConfig full = cfg;
+  full.initial_state = full.final_state_grad = full.initial_state_grad = full.varlen = true;
+  std::vector<std::shared_ptr<ir::Kernel>> out;
+  for (const auto* c : {&cfg, &full})
+    for (int which = 0; which < 5; ++which) out.push_back(cached(*c, which));
+  return out;
+}
+
+}  // namespace linac

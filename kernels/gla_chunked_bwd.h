@@ -1,0 +1,42 @@
+// GLA backward in chunks of 16 rows (the equations are at the top of gla_chunked_bwd.cpp): an intra-chunk
+// kernel over every chunk in parallel, three walks shaped like the forward (dq forward in time; dk, dv
+// backward) that recompute the state rather than store it, and a dg walk. Memory O(T*D).
+#pragma once
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/op.h"
+
+namespace linac {
+
+struct GlaChunkedBwdConfig {
+  DType dtype = DType::f32;
+  int64_t block_k = 64;  // K padded
+  int64_t block_v = 64;  // V padded
+  int64_t split_k = 64;  // key columns per program of the dq and dk walks
+  int64_t split_v = 64;  // value columns per program of the dv walk
+  bool initial_state = false;
+  bool final_state_grad = false;
+  bool initial_state_grad = false;
+  bool varlen = false;
+  int num_warps = 4;
+};
+
+enum class GlaBwdWalk { dq, dk, dv };
+
+std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg);
+std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, GlaBwdWalk which);
+std::shared_ptr<ir::Kernel> build_gla_bwd_dg(const GlaChunkedBwdConfig& cfg);
+
+/// Tuning keys of gla's backward (bk, bv, warps, tokenwise).
+const std::vector<std::pair<std::string, std::string>>& gla_chunked_bwd_config_keys();
+
+/// The plan (inputs checked by plan_gla_bwd).
+OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted);
+
+/// Representative kernels (head dim 64, plain and with every option).
+std::vector<std::shared_ptr<ir::Kernel>> gla_chunked_bwd_kernels(const OpOptions& opts);
+
+}  // namespace linac

@@ -409,8 +409,7 @@ OpDef delta_rule_op_def(bool gated) {
   op.outputs = {
       {"o", true, "[B,T,H,V]", "outputs"},
       {"final_state", false, "[N,H,K,V]", "state after the last token of each sequence (fp32)"},
-      {"dq", false, "[B,T,H,K]", gated ? "--backward (token by token: slow): gradient w.r.t. q"
-                                        : "--backward (chunked): gradient w.r.t. q"},
+      {"dq", false, "[B,T,H,K]", "--backward: gradient w.r.t. q"},
       {"dk", false, "[B,T,H,K]", "--backward: gradient w.r.t. k"},
       {"dv", false, "[B,T,H,V]", "--backward: gradient w.r.t. v"},
       {"dbeta", false, "[B,T,H]", "--backward: gradient w.r.t. beta (fp32)"},
@@ -419,6 +418,7 @@ OpDef delta_rule_op_def(bool gated) {
   op.outputs.push_back({"dinitial_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. initial_state (fp32)"});
   op.flags = {"recurrent", "l2norm_qk", "backward"};
   op.config_keys = delta_rule_config_keys();
+  op.config_keys.push_back({"tokenwise", "--backward: 1 = the token-by-token reference form"});
   op.prepare = [gated](const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
     return plan_delta_rule(gated, inputs, opts, wanted);
   };

@@ -179,8 +179,11 @@ OpPlan plan_delta_rule_bwd(bool gated, const TensorMap& inputs, const OpOptions&
   const char* name = gated ? "gated_delta_rule" : "delta_rule";
   if (opts.recurrent) throw UserError(fmt::format("{}: --backward is not implemented with --recurrent", name));
   if (opts.l2norm_qk) throw UserError(fmt::format("{}: --backward is not implemented with --l2norm-qk", name));
-  if (gated && (opts.chunk_size || !opts.config.empty()))
-    throw UserError(fmt::format("{} --backward runs token by token: --chunk-size and --config do not apply", name));
+  // In chunks unless --config tokenwise=1 asks for the token-by-token reference form.
+  const bool tokenwise = opts.config.count("tokenwise") && config_value(opts, "tokenwise", 0, {0, 1});
+  if (tokenwise && (opts.chunk_size || opts.config.size() > 1))
+    throw UserError(fmt::format("{} --backward --config tokenwise=1 runs token by token: no other --config or "
+                                "--chunk-size applies", name));
   SequenceLayout seq = check_qkv_inputs(name, inputs);
   if (!inputs.count("beta")) throw UserError(fmt::format("{}: missing input 'beta'", name));
   check_shape("beta", inputs.at("beta"), {seq.B, seq.T, seq.H});
@@ -198,8 +201,11 @@ OpPlan plan_delta_rule_bwd(bool gated, const TensorMap& inputs, const OpOptions&
     if (w != "dq" && w != "dk" && w != "dv" && w != "dbeta" && !(gated && w == "dg") && w != "dinitial_state")
       throw UserError(fmt::format("{} --backward produces dq, dk, dv, dbeta{} and dinitial_state, not '{}'", name,
                                   gated ? ", dg" : "", w));
-  // DeltaNet without a gate: in chunks (delta_rule_chunked_bwd.h). The gated form: token by token.
-  if (!gated) return plan_delta_rule_chunked_bwd(inputs, opts, wanted);
+  if (!tokenwise) {
+    OpOptions o = opts;
+    o.config.erase("tokenwise");
+    return plan_delta_rule_chunked_bwd(gated, inputs, o, wanted);
+  }
 
   DeltaBwdConfig cfg;
   cfg.dtype = opts.dtype;
@@ -250,12 +256,14 @@ OpPlan plan_delta_rule_bwd(bool gated, const TensorMap& inputs, const OpOptions&
 }
 
 std::vector<std::shared_ptr<ir::Kernel>> delta_rule_bwd_kernels(bool gated, const OpOptions& opts) {
-  if (!gated) return delta_chunked_bwd_kernels(opts);
+  std::vector<std::shared_ptr<ir::Kernel>> out = delta_chunked_bwd_kernels(gated, opts);
   DeltaBwdConfig cfg;
   cfg.dtype = opts.dtype;
   cfg.gated = gated;
   cfg.initial_state = cfg.final_state_grad = cfg.initial_state_grad = true;
-  return {cached_delta_bwd(cfg, true), cached_delta_bwd(cfg, false)};
+  out.push_back(cached_delta_bwd(cfg, true));
+  out.push_back(cached_delta_bwd(cfg, false));
+  return out;
 }
 
 }  // namespace linac

@@ -14,7 +14,7 @@ namespace linac {
 
 using namespace dsl;
 
-// DeltaNet backward in chunks (ungated, keys as given). Per chunk, with S the state before it, S' after
+// DeltaNet backward in chunks (keys as given; the gate's additions below). Per chunk, with S the state before it, S' after
 // it, M the causal mask (r >= c), strict the mask r > c, and from the forward (KERNELS.md 3):
 //   A = strict(diag(beta) K K^T),  T = (I + A)^-1,  W = T diag(beta) K,  U = T diag(beta) V
 //   Vn = U - W S,   O = scale (Q S + ((Q K^T) .* M) Vn),   S' = S + K^T Vn
@@ -29,17 +29,29 @@ using namespace dsl;
 // Three kernels after delta_rule_wy recomputes W and U: a forward walk stores S per chunk and Vn; a
 // reverse walk stores dS' per chunk and dVn (and dinitial_state); then every chunk is independent.
 // The per-chunk states are [chunks, H, K, V] in the input dtype: T*K*V/chunk elements each, linear in T.
+//
+// Gated (gated_delta_rule), with b the chunk-local cumulative log-decay, b_C its last row and
+// Gam[r, c] = exp(b_r - b_c): the forward multiplies Q K^T and K K^T by Gam, W = T diag(beta exp(b)) K,
+// O's state term by exp(b), S' = exp(b_C) S + (exp(b_C - b) .* K)^T Vn. The same reverse mode with those
+// factors (dVn = P^T dO + (exp(b_C - b) .* K) dS', dS = exp(b_C) dS' + scale (exp(b) .* Q)^T dO - W^T dVn,
+// ...), and the gate's gradient per chunk from every place b enters: with P = scale (Q K^T) .* Gam .* M,
+//   db_r += sum_c Z[r, c] - sum_c Z[c, r]  for Z = dP .* P and for Z = dA .* A   (the Gam factors)
+//   db_r += rowsum(dQ_state .* Q) + beta_r exp(b_r) dKb_r . k_r - Y_r,  Y_r = exp(b_C - b_r) k_r . (Vn dS'^T)_r
+//   db_C += exp(b_C) <dS', S> + sum_r Y_r
+// then dg_t = sum_{r >= t in the chunk} db_r (b is a chunk-local cumulative sum; earlier chunks' gates
+// reach this one only through S, whose gradient the walks carry).
 
 std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
   const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("delta_rule_bwd_states");
+  KernelBuilder kb(cfg.gated ? "gated_delta_rule_bwd_states" : "delta_rule_bwd_states");
   kb.set_num_warps(cfg.num_warps);
   kb.set_min_ctas_per_sm(1);
   Tensor q = kb.tensor("q", dt, 4);  // for the sequence bounds (B, T, H)
   Tensor k = kb.tensor("k", dt, 4);
   Tensor w = kb.tensor("w", dt, 4);
   Tensor u = kb.tensor("u", dt, 5);
+  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
   Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor chunk_offsets = kb.tensor("chunk_offsets", DType::i32, 1);
@@ -64,9 +76,18 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& 
     Tile U = load(u, {seq.b, t0, i_h, i_v, 0}, {kIndex, BT, kIndex, kIndex, BV}, in_seq);
     Tile S_dt = S.to(dt);
     store(h, {first_chunk + i, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S_dt);
-    Tile Vn = (U.to(f32) - dot(W, S_dt)).to(dt);
+    Tile Vn32 = U.to(f32) - dot(W, S_dt);
+    Tile Vn = Vn32.to(dt);
     store(vn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, Vn, in_seq);
-    S = S + dot(K.T(), Vn);
+    if (cfg.gated) {
+      // As delta_rule_fwd rounds it: the decay goes on the fp32 V_new before the product.
+      Tile gc = load(g, {seq.b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+      Tile b_last = sum(gc, 0);
+      Tile decay = exp(b_last - cumsum(gc, 0));
+      S = S * exp(b_last) + dot(K.T(), (Vn32 * expand_dims(decay, 1)).to(dt));
+    } else {
+      S = S + dot(K.T(), Vn);
+    }
   }, S);
   return kb.finish();
 }
@@ -74,13 +95,14 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& 
 std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
   const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("delta_rule_bwd_dstates");
+  KernelBuilder kb(cfg.gated ? "gated_delta_rule_bwd_dstates" : "delta_rule_bwd_dstates");
   kb.set_num_warps(cfg.num_warps);
   kb.set_min_ctas_per_sm(1);
   Tensor q = kb.tensor("q", dt, 4);
   Tensor k = kb.tensor("k", dt, 4);
   Tensor w = kb.tensor("w", dt, 4);
   Tensor dout = kb.tensor("do", dt, 4);
+  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
   Tensor dht = cfg.final_state_grad ? kb.tensor("dfinal_state", f32, 4) : Tensor();
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor chunk_offsets = kb.tensor("chunk_offsets", DType::i32, 1);
@@ -112,9 +134,22 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
     store(dh, {first_chunk + i, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, dS_dt);
     // (Q K^T .* M)^T as K Q^T masked to r <= c: the transpose is taken before the mask.
     Tile Pt = where(row <= col, dot(K, Q.T()) * scale, 0.0f);
-    Tile dVn = (dot(Pt.to(dt), dO) + dot(K, dS_dt)).to(dt);
-    store(dvn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, dVn, in_seq);
-    dS = dS + dot(Q.T(), dO) * scale - dot(W.T(), dVn);
+    if (cfg.gated) {
+      Tile gc = load(g, {seq.b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+      Tile bg = cumsum(gc, 0);
+      Tile b_last = sum(gc, 0);
+      // Pt[r, c] carries Gam[c, r] = exp(b_c - b_r), c >= r.
+      Pt = Pt * exp(where(row <= col, expand_dims(bg, 0) - expand_dims(bg, 1), 0.0f));
+      Tile Kd = (K.to(f32) * expand_dims(exp(b_last - bg), 1)).to(dt);
+      Tile dVn = (dot(Pt.to(dt), dO) + dot(Kd, dS_dt)).to(dt);
+      store(dvn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, dVn, in_seq);
+      Tile Qd = (Q.to(f32) * expand_dims(exp(bg), 1)).to(dt);
+      dS = dS * exp(b_last) + dot(Qd.T(), dO) * scale - dot(W.T(), dVn);
+    } else {
+      Tile dVn = (dot(Pt.to(dt), dO) + dot(K, dS_dt)).to(dt);
+      store(dvn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, dVn, in_seq);
+      dS = dS + dot(Q.T(), dO) * scale - dot(W.T(), dVn);
+    }
   }, dS);
   if (cfg.initial_state_grad) store(dh0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, dS);
   return kb.finish();
@@ -123,7 +158,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
 std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.full_v;
   const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("delta_rule_bwd_chunk");
+  KernelBuilder kb(cfg.gated ? "gated_delta_rule_bwd_chunk" : "delta_rule_bwd_chunk");
   kb.set_num_warps(cfg.num_warps);
   kb.set_min_ctas_per_sm(1);
   kb.set_num_stages(1);
@@ -131,6 +166,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
   Tensor k = kb.tensor("k", dt, 4);
   Tensor v = kb.tensor("v", dt, 4);
   Tensor beta = kb.tensor("beta", f32, 3);
+  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
   Tensor dout = kb.tensor("do", dt, 4);
   Tensor vn = kb.tensor("v_new", dt, 4);
   Tensor dvn = kb.tensor("dv_new", dt, 4);
@@ -142,6 +178,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
   Tensor dk = kb.tensor("dk", dt, 4);
   Tensor dv = kb.tensor("dv", dt, 4);
   Tensor dbeta = kb.tensor("dbeta", f32, 3);
+  Tensor dg = cfg.gated ? kb.tensor("dg", f32, 3) : Tensor();
   Tile scale = kb.scalar("scale", f32);
 
   // Which chunk: (sequence, chunk of it) from chunk_indices with varlen, else (batch row, program).
@@ -180,24 +217,58 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
   Tile beta_c = load(beta, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
   Tile beta_r = expand_dims(beta_c, 1);
 
-  // The output's terms.
-  Tile dP = where(causal, dot(dO, Vn.T()) * scale, 0.0f);
-  Tile dQ = dot(dO, S.T()) * scale + dot(dP.to(dt), K);
-  Tile dK = dot(dP.T().to(dt), Q) + dot(Vn, dS1.T());
+  // The gate: b (chunk-local cumulative log-decay), b_C, Gam = exp(b_r - b_c) where r >= c.
+  Tile bg, b_last, Gam, e_b, to_end;
+  if (cfg.gated) {
+    Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+    bg = cumsum(gc, 0);
+    b_last = sum(gc, 0);
+    Gam = exp(where(causal, expand_dims(bg, 1) - expand_dims(bg, 0), 0.0f));
+    e_b = expand_dims(exp(bg), 1);
+    to_end = expand_dims(exp(b_last - bg), 1);
+  }
+
+  // The output's terms. dPm = dP .* Gam .* M * scale, with dP = dO Vn^T.
+  Tile dPm = dot(dO, Vn.T()) * scale;
+  if (cfg.gated) dPm = dPm * Gam;
+  dPm = where(causal, dPm, 0.0f);
+  Tile dQs = dot(dO, S.T()) * scale;  // the state term of dQ
+  if (cfg.gated) dQs = dQs * e_b;
+  Tile dQ = dQs + dot(dPm.to(dt), K);
+  Tile VdS = dot(Vn, dS1.T());  // Vn dS'^T: the state update's term of dK
+  Tile dK = dot(dPm.T().to(dt), Q) + (cfg.gated ? VdS * to_end : VdS);
   Tile dW = dot(dVn, S.T()) * -1.0f;
 
   // Through the UT transform: T again from K and beta (as delta_rule_wy made it), then its adjoint.
   Tile G = dot(K, K.T());
-  Tile T = unit_lower_inverse(where(strict, G * beta_r, 0.0f), BT);
+  Tile A = G * beta_r;
+  if (cfg.gated) A = A * Gam;
+  A = where(strict, A, 0.0f);
+  Tile T = unit_lower_inverse(A, BT);
   Tile Tt = T.T().to(dt);
+  Tile k_factor = cfg.gated ? beta_r * e_b : beta_r;  // W = T diag(beta exp(b)) K
+  Tile Kb32 = K.to(f32) * k_factor;
+  Tile Kb = Kb32.to(dt), Vb = (V.to(f32) * beta_r).to(dt);
   Tile dKb = dot(Tt, dW.to(dt));
   Tile dVb = dot(Tt, dVn);
-  Tile Kb = (K.to(f32) * beta_r).to(dt), Vb = (V.to(f32) * beta_r).to(dt);
   Tile dT = dot(dW.to(dt), Kb.T()) + dot(dVn, Vb.T());
   Tile dA = where(strict, dot(dot(Tt, dT.to(dt)).to(dt), Tt) * -1.0f, 0.0f);
-  Tile dG = (dA * beta_r).to(dt);
-  dK = dK + dKb * beta_r + dot(dG, K) + dot(dG.T(), K);
-  Tile dBeta = sum(dVb * V.to(f32), 1) + sum(dKb * K.to(f32), 1) + sum(dA * G, 1);
+  Tile dA_gam = cfg.gated ? dA * Gam : dA;  // dL/d(beta_r G_rc)
+  Tile dG = dA_gam * beta_r;
+  dK = dK + dKb * k_factor + dot(dG.to(dt), K) + dot(dG.T().to(dt), K);
+  Tile kdkb = sum(dKb * K.to(f32), 1);
+  if (cfg.gated) kdkb = kdkb * exp(bg);
+  Tile dBeta = sum(dVb * V.to(f32), 1) + kdkb + sum(dA_gam * G, 1);
+
+  if (cfg.gated) {
+    // db per row from every place b enters (see the top of this file), then dg = suffix sums + db_C.
+    Tile Z1 = dPm * dot(Q, K.T());  // dP .* P
+    Tile Z2 = dA * A;
+    Tile Y = sum(VdS * K.to(f32), 1) * exp(b_last - bg);
+    Tile db = sum(Z1, 1) - sum(Z1, 0) + sum(Z2, 1) - sum(Z2, 0) + sum(dQs * Q.to(f32), 1) + sum(dKb * Kb32, 1) - Y;
+    Tile db_C = sum(Y, 0) + exp(b_last) * sum(sum(dS1.to(f32) * S.to(f32), 1), 0);
+    store(dg, {b, t0, i_h}, {kIndex, BT, kIndex}, cumsum(db, 0, true) + db_C, in_seq);
+  }
 
   store(dq, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dQ.to(dt), in_seq);
   store(dk, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dK.to(dt), in_seq);
@@ -210,8 +281,8 @@ namespace {
 
 std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, int which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}{}/{}", which, dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
-                                cfg.block_v, cfg.full_v, cfg.initial_state, cfg.final_state_grad,
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}{}{}/{}", which, dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
+                                cfg.block_v, cfg.full_v, cfg.gated, cfg.initial_state, cfg.final_state_grad,
                                 cfg.initial_state_grad, cfg.varlen, cfg.num_warps);
   return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
@@ -222,6 +293,7 @@ std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, int which) 
         wy.block_k = static_cast<int>(cfg.block_k);
         wy.block_v = static_cast<int>(cfg.block_v);
         wy.varlen = cfg.varlen;
+        wy.gated = cfg.gated;
         wy.num_warps = cfg.num_warps;
         return build_delta_rule_wy(wy);
       }
@@ -262,15 +334,18 @@ const std::vector<std::pair<std::string, std::string>>& delta_chunked_bwd_config
   return keys;
 }
 
-OpPlan plan_delta_rule_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
-  SequenceLayout seq = check_qkv_inputs("delta_rule", inputs);
+OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const OpOptions& opts,
+                                   const std::vector<std::string>& wanted) {
+  const char* name = gated ? "gated_delta_rule" : "delta_rule";
+  SequenceLayout seq = check_qkv_inputs(name, inputs);
+  if (gated) check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H});
   check_shape("beta", inputs.at("beta"), {seq.B, seq.T, seq.H});
   check_shape("do", inputs.at("do"), {seq.B, seq.T, seq.H, seq.V});
   const bool has_h0 = inputs.count("initial_state") > 0;
   if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
   const bool has_dht = inputs.count("dfinal_state") > 0;
   if (has_dht) check_shape("dfinal_state", inputs.at("dfinal_state"), {seq.N, seq.H, seq.K, seq.V});
-  check_config_keys("delta_rule --backward", opts, delta_chunked_bwd_config_keys());
+  check_config_keys(fmt::format("{} --backward", name), opts, delta_chunked_bwd_config_keys());
 
   DeltaChunkedBwdConfig cfg;
   cfg.dtype = opts.dtype;
@@ -281,6 +356,7 @@ OpPlan plan_delta_rule_chunked_bwd(const TensorMap& inputs, const OpOptions& opt
   // 8 warps: at 4 the per-chunk kernel (K = V = 128, chunk 32) spills 1004 bytes, at 8 it spills 8
   // (ptxas, sm_90a). Chunk 64 spills 1-5 KB there. Not yet timed on a GPU.
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
+  cfg.gated = gated;
   cfg.initial_state = has_h0;
   cfg.final_state_grad = has_dht;
   cfg.initial_state_grad = wants(wanted, "dinitial_state");
@@ -291,6 +367,10 @@ OpPlan plan_delta_rule_chunked_bwd(const TensorMap& inputs, const OpOptions& opt
   OpPlan plan;
   for (const char* t : {"q", "k", "v", "do"}) plan.tensors[t] = inputs.at(t).cast(cfg.dtype);
   plan.tensors["beta"] = inputs.at("beta").cast(DType::f32);
+  if (gated) {
+    plan.tensors["g"] = inputs.at("g").cast(DType::f32);
+    plan.tensors["dg"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
+  }
   if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
   if (has_dht) plan.tensors["dfinal_state"] = inputs.at("dfinal_state").cast(DType::f32);
   if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
@@ -328,14 +408,15 @@ OpPlan plan_delta_rule_chunked_bwd(const TensorMap& inputs, const OpOptions& opt
   launch(1, {v_blocks, seq.N * seq.H, 1});
   launch(2, {v_blocks, seq.N * seq.H, 1});
   if (chunks > 0) launch(3, per_chunk);
-  for (const char* n : {"dq", "dk", "dv", "dbeta", "dinitial_state"})
+  for (const char* n : {"dq", "dk", "dv", "dbeta", "dg", "dinitial_state"})
     if (wants(wanted, n) && plan.tensors.count(n)) plan.outputs[n] = n;
   return plan;
 }
 
-std::vector<std::shared_ptr<ir::Kernel>> delta_chunked_bwd_kernels(const OpOptions& opts) {
+std::vector<std::shared_ptr<ir::Kernel>> delta_chunked_bwd_kernels(bool gated, const OpOptions& opts) {
   DeltaChunkedBwdConfig cfg;
   cfg.dtype = opts.dtype;
+  cfg.gated = gated;
   cfg.block_k = cfg.full_v = 64;
   cfg.block_v = 64;
   cfg.chunk = 32;

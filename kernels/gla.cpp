@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "kernels/gla_bwd.h"
+#include "kernels/gla_chunked_bwd.h"
 #include "kernels/op_support.h"
 #include "kernels/sequence_bounds.h"
 #include "kernels/recurrent.h"
@@ -416,6 +417,8 @@ OpDef gla_op() {
   op.flags = {"recurrent", "backward"};
   op.prepare = plan_gla;
   op.config_keys = gla_config_keys();
+  for (const auto& key : gla_chunked_bwd_config_keys())
+    if (key.first == "bk" || key.first == "tokenwise") op.config_keys.push_back(key);
   op.random_inputs = [](const ProblemShape& s, uint64_t seed) {
     TensorMap in;
     in["q"] = random_uniform({s.B, s.T, s.H, s.K}, seed);

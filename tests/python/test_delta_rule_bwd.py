@@ -60,25 +60,46 @@ def test_varlen(linac, op):
     check(linac, op, x)
 
 
-@pytest.mark.parametrize("config", ["chunk=16", "chunk=16,bv=16", "chunk=64,warps=8", "chunk=32,bv=32,warps=2"])
-def test_chunked_configs(linac, config):
-    # DeltaNet's chunked backward over many chunks (T=100 at chunk 16: seven, the last partial), with
-    # value blocks (V=40 pads to 64: bv=16 gives four walks per head, the last partly masked), K != V,
-    # both states.
-    check(linac, "delta_rule", make_inputs(80, "delta_rule", B=2, T=100, H=2, K=24, V=40, init=True, dfinal=True),
-          options=["--config", config])
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("config", ["chunk=16", "chunk=16,bv=16", "chunk=64,warps=8", "chunk=32,bv=32,warps=2",
+                                    "tokenwise=1"])
+def test_chunked_configs(linac, op, config):
+    # The chunked backward over many chunks (T=100 at chunk 16: seven, the last partial), with value
+    # blocks (V=40 pads to 64: bv=16 gives four walks per head, the last partly masked), K != V, both
+    # states; and the token-by-token reference form (tokenwise=1).
+    x = make_inputs(80 + OPS.index(op), op, B=2, T=100, H=2, K=24, V=40, init=True, dfinal=True)
+    check(linac, op, x, options=["--config", config])
 
 
-def test_chunked_varlen_many_chunks(linac):
+@pytest.mark.parametrize("op", OPS)
+def test_chunked_varlen_many_chunks(linac, op):
     # Sequences that start and end inside chunks: the per-chunk state tables are indexed by global chunk.
-    x = make_inputs(81, "delta_rule", B=1, T=120, H=2, K=16, V=16, init=True, dfinal=True, N=4)
+    x = make_inputs(82 + OPS.index(op), op, B=1, T=120, H=2, K=16, V=16, init=True, dfinal=True, N=4)
     x["cu_seqlens"] = np.array([0, 7, 40, 41, 120], dtype=np.int32)
-    check(linac, "delta_rule", x, options=["--config", "chunk=16"])
+    check(linac, op, x, options=["--config", "chunk=16"])
 
 
-def test_chunked_head_dim_128(linac):
+@pytest.mark.parametrize("op", OPS)
+def test_chunked_head_dim_128(linac, op):
     # DeltaNet's usual head size, two V blocks of 64 in the walks.
-    check(linac, "delta_rule", make_inputs(82, "delta_rule", B=1, T=40, H=1, K=128, V=128, init=True, dfinal=True))
+    check(linac, op, make_inputs(84 + OPS.index(op), op, B=1, T=40, H=1, K=128, V=128, init=True, dfinal=True))
+
+
+def test_very_negative_gates(linac):
+    # Gates of -1e4 for a stretch (the state forgets), inside and across chunks of 16. The token-by-token
+    # form is exact. The chunked one (like the forward, and fla) takes the decays between rows of a
+    # chunk as differences of the chunk's cumulative log-decays, which loses the small gates next to
+    # -1e4 ones: measured 1.7e-4 to 2.6e-4 relative difference per gradient here (dinitial_state 1e-7).
+    # Summing those decays directly (as gla's backward does) would remove it, in the forward too.
+    x = make_inputs(86, "gated_delta_rule", B=1, T=60, H=2, K=16, V=16, init=True, dfinal=True)
+    x["g"][:, 20:35] = -1e4
+    check(linac, "gated_delta_rule", x, options=["--config", "tokenwise=1"])
+    outs = ["dq", "dk", "dv", "dbeta", "dg", "dinitial_state"]
+    chunked = linac.run_op("gated_delta_rule", x, outputs=outs, options=["--backward", "--config", "chunk=16"])
+    exact = linac.run_op("gated_delta_rule", x, outputs=outs, options=["--backward", "--config", "tokenwise=1"])
+    for name in outs:
+        assert np.all(np.isfinite(chunked[name])), name
+        assert reference.rel_err(chunked[name], exact[name]) < 1e-3, name
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -7,9 +7,10 @@
 #  1. every numeric test file with LINAC_TEST_DEVICE=cuda, in parallel (LINAC_AUTOTUNE=0: the default
 #     configs; the tuner's own checks run in 3.), ~90 s
 #  2. the main job on the GPU (tools/e2e.py --device cuda, forward and backward of every op)
-#  3. each op at B8 T4096 H16 D128 bf16 with per-kernel times, linear_attn forward+backward, cold/warm
-#     start per op, the polynomial kernel against SDPA
-#  4. (unless quick) tools/bench_vs_fla.py at the bar shape and tools/bench_bwd.py
+#  3. each op at B8 T4096 H16 D128 bf16 with per-kernel times, every op's forward+backward (per-kernel
+#     times of the backward too), cold/warm start per op, the polynomial kernel against SDPA
+#  4. (unless quick) tools/bench_vs_fla.py at the bar shape and tools/bench_bwd.py (fwd+bwd of every op
+#     against fla, and the memory table)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -38,7 +39,9 @@ stamp "3. performance"
 for op in linear_attn gla delta_rule gated_delta_rule; do
   timeout 120 ./build/linac bench $op --shape B=8,T=4096,H=16,K=128 --iters 20 2>&1 | grep -v "^linac bench: setup"
 done
-timeout 120 ./build/linac bench linear_attn --shape B=8,T=4096,H=16,K=128 --backward --iters 10 2>&1 | grep -v "^linac bench: setup"
+for args in "linear_attn" "linear_attn --gated" "linear_attn --normalize" "gla" "delta_rule" "gated_delta_rule"; do
+  timeout 120 ./build/linac bench $args --shape B=8,T=4096,H=16,K=128 --backward --iters 10 2>&1 | grep -E "^backward|error"
+done
 timeout 200 python3 tools/start_times.py --json "$OUT/start_times.json" 2>&1 | tail -8
 timeout 120 python3 tools/bench_poly_vs_sdpa.py --json "$OUT/poly_vs_sdpa.json" 2>&1 | tail -6
 
@@ -47,6 +50,6 @@ if [ "${1:-}" != quick ]; then
   timeout 400 python3 tools/bench_vs_fla.py --ops linear_attn,gla,delta_rule,gated_delta_rule --shapes 8x4096x16x128 \
     --json "$OUT/bench_vs_fla.json" > "$OUT/bench_vs_fla.txt" 2> "$OUT/bench_vs_fla.err"
   tail -12 "$OUT/bench_vs_fla.txt"
-  timeout 300 python3 tools/bench_bwd.py --gates none --json "$OUT/bench_bwd.json" 2>&1 | grep -v "^    \[" | tail -12
+  timeout 400 python3 tools/bench_bwd.py --json "$OUT/bench_bwd.json" 2>"$OUT/bench_bwd.err" | tail -16
 fi
 stamp "done"

@@ -417,6 +417,14 @@ OpDef delta_rule_op_def(bool gated) {
   if (gated) op.outputs.push_back({"dg", false, "[B,T,H]", "--backward: gradient w.r.t. g (fp32)"});
   op.outputs.push_back({"dinitial_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. initial_state (fp32)"});
   op.flags = {"recurrent", "l2norm_qk", "backward"};
+  op.bwd_tuning_space = [](const ProblemShape&, DType) {
+    // The chunked backward's chunk, walk width and warps (none timed on a GPU yet).
+    return std::vector<Config>{{},
+                               {{"chunk", 16}, {"warps", 8}},
+                               {{"chunk", 64}, {"warps", 8}},
+                               {{"chunk", 32}, {"bv", 128}, {"warps", 8}},
+                               {{"chunk", 32}, {"warps", 4}}};
+  };
   op.config_keys = delta_rule_config_keys();
   op.config_keys.push_back({"tokenwise", "--backward: 1 = the token-by-token reference form"});
   op.prepare = [gated](const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {

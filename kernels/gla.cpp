@@ -416,6 +416,14 @@ OpDef gla_op() {
   };
   op.flags = {"recurrent", "backward"};
   op.prepare = plan_gla;
+  op.bwd_tuning_space = [](const ProblemShape&, DType) {
+    // The chunked backward's column blocks and warps (none timed on a GPU yet).
+    return std::vector<Config>{{},
+                               {{"bk", 128}, {"bv", 128}, {"warps", 8}},
+                               {{"bk", 64}, {"bv", 64}, {"warps", 8}},
+                               {{"bk", 32}, {"bv", 32}, {"warps", 4}},
+                               {{"bk", 64}, {"bv", 128}, {"warps", 4}}};
+  };
   op.config_keys = gla_config_keys();
   for (const auto& key : gla_chunked_bwd_config_keys())
     if (key.first == "bk" || key.first == "tokenwise") op.config_keys.push_back(key);

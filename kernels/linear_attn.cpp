@@ -1,5 +1,6 @@
 #include "kernels/linear_attn.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <fmt/format.h>
@@ -216,6 +217,27 @@ OpDef linear_attn_op() {
                                  {{"bv", 32}, {"warps", 4}}, {{"chunk", 32}, {"bv", 64}, {"warps", 4}},
                                  {{"chunk", 128}, {"bv", 64}, {"warps", 8}}};
     if (s.V <= 64) space.push_back({{"bv", 64}, {"warps", 2}});
+    return space;
+  };
+  op.bwd_tuning_space = [](const ProblemShape& s, DType dt) {
+    // The default first (from the H200 sweep in linear_attn_bwd.cpp), then that sweep's other
+    // contenders; fp32 tiles are twice as large, so only its smaller configurations fit. Column blocks
+    // are capped at the padded head dims (candidates that become equal are listed once).
+    std::vector<Config> wanted =
+        dt == DType::f32
+            ? std::vector<Config>{{{"chunk", 32}, {"bk", 64}, {"bv", 64}, {"warps", 4}},
+                                  {{"chunk", 16}, {"bk", 128}, {"bv", 128}, {"warps", 8}}}
+            : std::vector<Config>{{{"chunk", 64}, {"bk", 128}, {"bv", 128}, {"warps", 8}},
+                                  {{"chunk", 32}, {"bk", 128}, {"bv", 128}, {"warps", 8}},
+                                  {{"chunk", 32}, {"bk", 64}, {"bv", 64}, {"warps", 4}},
+                                  {{"chunk", 64}, {"bk", 64}, {"bv", 64}, {"warps", 4}},
+                                  {{"chunk", 64}, {"bk", 128}, {"bv", 64}, {"warps", 8}}};
+    std::vector<Config> space{{}};
+    for (Config c : wanted) {
+      c["bk"] = std::min<int64_t>(c["bk"], padded_head_dim(s.K));
+      c["bv"] = std::min<int64_t>(c["bv"], padded_head_dim(s.V));
+      if (std::find(space.begin(), space.end(), c) == space.end()) space.push_back(c);
+    }
     return space;
   };
   op.config_keys = linear_attn_config_keys();

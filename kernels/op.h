@@ -99,6 +99,8 @@ struct OpDef {
   std::function<ProblemShape(const TensorMap& inputs)> shape_of;
   /// Candidate configurations for the autotuner (at this size and dtype).
   std::function<std::vector<Config>(const ProblemShape& shape, DType dtype)> tuning_space;
+  /// Candidate configurations of the backward (--backward's kernels), for `linac tune --backward`.
+  std::function<std::vector<Config>(const ProblemShape& shape, DType dtype)> bwd_tuning_space;
   /// The op's kernels for opts.dtype and opts.config (defaults elsewhere), for dump/compile; a
   /// representative set when the kernels depend on inputs (e.g. with and without a gate).
   std::function<std::vector<std::shared_ptr<ir::Kernel>>(const OpOptions& opts)> kernels;

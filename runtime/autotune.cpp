@@ -74,12 +74,13 @@ double rel_err(const HostTensor& a, const HostTensor& b) {
 
 }  // namespace
 
-std::string tuning_key(const OpDef& op, const ProblemShape& s, DType dtype) {
+std::string tuning_key(const OpDef& op, const ProblemShape& s, DType dtype, bool backward) {
   const cuda::DeviceInfo& dev = cuda::device_info();
   int64_t t_bucket = 1;
   while (t_bucket < s.T) t_bucket *= 2;
-  return fmt::format("{}|{}|{}sm|sm_{}|B={},T<={},H={},K={},V={}{}|{}", op.name, dev.name, dev.sm_count, dev.sm(), s.B,
-                     t_bucket, s.H, s.K, s.V, s.gated ? ",gated" : "", dtype_name(dtype));
+  return fmt::format("{}|{}|{}sm|sm_{}|B={},T<={},H={},K={},V={}{}|{}{}", op.name, dev.name, dev.sm_count, dev.sm(),
+                     s.B, t_bucket, s.H, s.K, s.V, s.gated ? ",gated" : "", dtype_name(dtype),
+                     backward ? "|backward" : "");
 }
 
 std::optional<Config> lookup_tuned(const std::string& key) {
@@ -95,16 +96,27 @@ constexpr int64_t kTimedTokens = 1024;
 constexpr double kTimingBudgetMs = 100;
 
 TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& base, bool progress) {
-  if (!op.tuning_space || !op.random_inputs) throw UserError(fmt::format("{} has no tuning space", op.name));
+  const bool bwd = base.backward;
+  const auto& space = bwd ? op.bwd_tuning_space : op.tuning_space;
+  if (!space || !op.random_inputs)
+    throw UserError(fmt::format("{} has no {}tuning space", op.name, bwd ? "backward " : ""));
   cuda::device_info();  // no GPU: fail now, with the driver's message
   auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   TuneResult result;
-  for (const Config& c : op.tuning_space(shape, base.dtype)) result.candidates.push_back({c, "", 0});
+  for (const Config& c : space(shape, base.dtype)) result.candidates.push_back({c, "", 0});
+  // What each candidate must reproduce: the output, or the gradients every backward has.
+  const std::vector<std::string> outputs = bwd ? std::vector<std::string>{"dq", "dk", "dv"} : std::vector<std::string>{"o"};
+  // The backward's inputs add a random gradient of o.
+  auto inputs_at = [&](const ProblemShape& s, uint64_t seed) {
+    TensorMap in = op.random_inputs(s, seed);
+    if (bwd) in["do"] = random_uniform({s.B, s.T, s.H, s.V}, seed + 100);
+    return in;
+  };
 
   // The correctness input: small, but several chunks long and with ragged edges.
   ProblemShape small{1, std::min<int64_t>(shape.T, 300), std::min<int64_t>(shape.H, 2), shape.K, shape.V, shape.gated};
-  TensorMap small_in = op.random_inputs(small, 11);
+  TensorMap small_in = inputs_at(small, 11);
 
   // Compile every kernel of every candidate in parallel (the driver and LLVM are thread-safe), while
   // this thread makes the reference and the timing inputs. Kernels depend on the configuration, dtype
@@ -117,7 +129,7 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
       try {
         OpOptions o = base;
         o.config = cfg;
-        OpPlan p = op.prepare(small_in, o, {"o"});
+        OpPlan p = op.prepare(small_in, o, outputs);
         std::vector<std::future<std::shared_ptr<GpuKernel>>> kernels;
         for (const auto& l : p.launches)
           kernels.push_back(std::async(std::launch::async, [k = l.kernel] { return GpuKernel::get(*k); }));
@@ -135,7 +147,7 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
   OpOptions ref_opts = base;
   ref_opts.device = Device::cpu;
   ref_opts.config.clear();
-  OpPlan ref_plan = op.prepare(small_in, ref_opts, {"o"});
+  OpPlan ref_plan = op.prepare(small_in, ref_opts, outputs);
   TensorMap reference = execute(ref_plan, Device::cpu);
   const double tol = base.dtype == DType::f32 ? 1e-4 : 2e-2;
   // Candidates are timed at the real B, H and head dims (the number of programs, which decides how
@@ -145,7 +157,7 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
   ProblemShape timed = shape;
   timed.T = std::min<int64_t>(shape.T, kTimedTokens);
   result.timed = timed;
-  TensorMap big_in = op.random_inputs(timed, 5);
+  TensorMap big_in = inputs_at(timed, 5);
   cast_qkv(big_in, base.dtype);
 
   std::vector<std::string> notes(result.candidates.size());
@@ -168,15 +180,20 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
     }
     OpOptions o = base;
     o.config = cand.config;
-    OpPlan p1 = op.prepare(small_in, o, {"o"}), p2 = op.prepare(small_in, o, {"o"});
-    HostTensor a = execute(p1, Device::cuda).at("o"), b = execute(p2, Device::cuda).at("o");
-    double err = rel_err(a, reference.at("o"));
-    if (a.data != b.data) {
+    OpPlan p1 = op.prepare(small_in, o, outputs), p2 = op.prepare(small_in, o, outputs);
+    TensorMap a = execute(p1, Device::cuda), b = execute(p2, Device::cuda);
+    double err = 0;
+    bool same = true;
+    for (const auto& name : outputs) {
+      err = std::max(err, rel_err(a.at(name), reference.at(name)));
+      same = same && a.at(name).data == b.at(name).data;
+    }
+    if (!same) {
       cand.status = "rejected: repeat runs differ";
     } else if (!(err < tol)) {
       cand.status = fmt::format("rejected: rel err {:.2e} vs the interpreter", err);
     } else {
-      OpPlan big = op.prepare(big_in, o, {"o"});
+      OpPlan big = op.prepare(big_in, o, outputs);
       cand.median_ms = bench_on_gpu(big, 10, false, kTimingBudgetMs).median_ms;
       cand.status = notes[i].empty() ? "ok" : "ok, " + notes[i];
     }
@@ -192,13 +209,22 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
   result.best = best->config;
   result.best_ms = best->median_ms;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  append_db(tuning_key(op, shape, base.dtype), result.best, result.best_ms);
+  append_db(tuning_key(op, shape, base.dtype, bwd), result.best, result.best_ms);
   return result;
 }
 
 Config autotuned_config(const OpDef& op, const TensorMap& inputs, const OpOptions& opts) {
   if (!opts.config.empty()) return opts.config;
-  if (opts.chunk_size || opts.recurrent || opts.normalize || opts.backward) return {};
+  if (opts.chunk_size || opts.recurrent || opts.normalize) return {};
+  if (opts.backward) {
+    // Only what `linac tune OP --backward` stored: the backward is not tuned on first use.
+    if (!op.bwd_tuning_space || !op.shape_of || !env_flag("LINAC_AUTOTUNE", true)) return {};
+    const std::string key = tuning_key(op, op.shape_of(inputs), opts.dtype, true);
+    auto c = lookup_tuned(key);
+    if (c && env_flag("LINAC_PRINT_AUTOTUNING", false))
+      fmt::print(stderr, "linac autotune: {} -> {} (from {})\n", key, config_str(*c), db_path().string());
+    return c.value_or(Config{});
+  }
   if (!op.tuning_space || !op.shape_of || !env_flag("LINAC_AUTOTUNE", true)) return {};
   static std::mutex mu;  // one tuning at a time per process
   std::lock_guard lock(mu);

@@ -29,21 +29,23 @@ struct TuneResult {
   ProblemShape timed;  // the shape the candidates were timed at (T capped; see tune)
 };
 
-/// The tuning database key of (op, this GPU, shape bucket, dtype).
-std::string tuning_key(const OpDef& op, const ProblemShape& shape, DType dtype);
+/// The tuning database key of (op, this GPU, shape bucket, dtype[, the backward]).
+std::string tuning_key(const OpDef& op, const ProblemShape& shape, DType dtype, bool backward = false);
 
 /// The stored configuration for the key, if any.
 std::optional<Config> lookup_tuned(const std::string& key);
 
 /// Tunes `op` at `shape` for base.dtype on the GPU and stores the winner. `progress` prints a line
-/// per candidate on stderr. UserError if no candidate survives.
+/// per candidate on stderr. UserError if no candidate survives. With base.backward, the backward's
+/// configuration (op.bwd_tuning_space; checked on dq, dk, dv from a random do), stored under its own key.
 TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& base, bool progress);
 
 /// The configuration run_op (and bench) use on the GPU: opts.config when given, else the tuning
 /// database's entry, else a fresh tuning (stored), unless LINAC_AUTOTUNE=0 (then the op's defaults).
 /// Forms with kernels of their own that the tuning space, timed on the forward, does not describe
-/// (--chunk-size given, --recurrent, --normalize, --backward) keep their defaults: {}. Prints the
-/// choice when LINAC_PRINT_AUTOTUNING=1.
+/// (--chunk-size given, --recurrent, --normalize) keep their defaults: {}. --backward uses the
+/// database's backward entry when `linac tune OP --backward` made one, else its defaults: it never
+/// tunes on first use. Prints the choice when LINAC_PRINT_AUTOTUNING=1.
 Config autotuned_config(const OpDef& op, const TensorMap& inputs, const OpOptions& opts);
 
 }  // namespace linac

@@ -428,7 +428,7 @@ ProblemShape parse_shape(const std::string& spec) {
   return ProblemShape{shape["B"], shape["T"], shape["H"], shape["K"], shape["V"], false};
 }
 
-constexpr const char* kTuneUsage = R"(usage: linac tune OP --shape B=..,T=..,H=..,K=..[,V=..] [--dtype bf16] [--gated] [--list]
+constexpr const char* kTuneUsage = R"(usage: linac tune OP --shape B=..,T=..,H=..,K=..[,V=..] [--dtype bf16] [--gated] [--backward] [--list]
 
 Tunes OP's configuration on this GPU for the shape (progress on stderr), stores the winner in the
 tuning database (<cache dir>/tuning.db; later runs use it) and prints every candidate. Each
@@ -437,6 +437,9 @@ the shape's B, H and head dims on at most 1024 tokens (the kernels' cost grows p
 ranking holds, and tuning a long sequence costs no more than a short one).
   --list                print the candidate configurations for the shape and dtype, one per line
                         ("default" first), and exit; needs no GPU
+  --backward            tune the backward's kernels instead (candidates checked on dq, dk, dv from a
+                        random do); `run --backward` and `bench --backward` then use the winner. The
+                        backward is never tuned on first use: without this, it runs at its defaults.
 )";
 
 /// kTuneUsage and the ops it applies to, from the registry.
@@ -470,15 +473,18 @@ int cmd_tune(const std::vector<std::string>& args) {
       gated = true;
     } else if (args[i] == "--list") {
       list = true;
+    } else if (args[i] == "--backward") {
+      opts.backward = true;
     } else {
       usage_error(fmt::format("unknown option '{}' for 'tune' (see linac tune --help)", args[i]));
     }
   }
   if (!shape) usage_error("tune needs --shape B=..,T=..,H=..,K=..");
   shape->gated = gated;
+  const auto& space = opts.backward ? op.bwd_tuning_space : op.tuning_space;
+  if (!space) usage_error(fmt::format("{} has no {}tuning space", op.name, opts.backward ? "backward " : ""));
   if (list) {
-    if (!op.tuning_space) usage_error(fmt::format("{} has no tuning space", op.name));
-    for (const Config& c : op.tuning_space(*shape, opts.dtype)) fmt::print("{}\n", config_str(c));
+    for (const Config& c : space(*shape, opts.dtype)) fmt::print("{}\n", config_str(c));
     return 0;
   }
   TuneResult r = tune(op, *shape, opts, true);
@@ -740,15 +746,17 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (backward) {
     inputs["do"] = synthetic_do(ps);
     OpOptions bo = opts;
-    bo.config = bwd_config.value_or(Config{});
+    bo.config.clear();
     bo.backward = true;
+    bo.config = bwd_config ? *bwd_config : autotuned_config(op, inputs, bo);  // `linac tune --backward`'s entry
     OpPlan bplan = op.prepare(inputs, bo, synthetic_outputs(true, gated));
     rb = bench_on_gpu(bplan, iters, /*per_launch=*/true);
     std::string parts;
     for (const auto& [name, ms] : rb.launch_ms) parts += fmt::format("{}{} {:.4f} ms", parts.empty() ? "" : ", ", name, ms);
-    fmt::print("backward: median {:.4f} ms{}; forward+backward {:.4f} ms; the backward's device memory {:.1f} MB "
+    fmt::print("backward [{}]: median {:.4f} ms{}; forward+backward {:.4f} ms; the backward's device memory {:.1f} MB "
                "(every tensor of the call: inputs, do, gradients, scratch)\n",
-               rb.median_ms, parts.empty() ? "" : " (" + parts + ")", r.median_ms + rb.median_ms, rb.bytes / 1e6);
+               config_str(bo.config), rb.median_ms, parts.empty() ? "" : " (" + parts + ")", r.median_ms + rb.median_ms,
+               rb.bytes / 1e6);
   }
   if (!json.empty()) {
     auto number_or_null = [](const std::optional<double>& x) {

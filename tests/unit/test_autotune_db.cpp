@@ -44,16 +44,16 @@ TEST_CASE("tuning db: lookup reads the latest line of a key and ignores damaged 
 }
 
 TEST_CASE("autotuned_config: forms the tuning space does not describe keep their defaults, without a GPU") {
-  // The tuner times forward plans: a --backward call once reached it and asked the backward's plan for
-  // 'o' without 'do' (every backward case of tools/e2e.py failed on the GPU). These forms must return
-  // before any tuning (and so before touching the GPU, which this machine may not have).
+  // The tuner once received a --backward call with the forward's tuning space and asked the backward's
+  // plan for 'o' without 'do' (every backward case of tools/e2e.py failed on the GPU). --backward now
+  // only looks up what `linac tune --backward` stored (its key needs the GPU's name, so it is not in
+  // this GPU-free test). These forms must return before any tuning, and before touching the GPU.
   const OpDef op = linear_attn_op();
   TensorMap inputs = op.random_inputs(ProblemShape{1, 16, 1, 16, 16, false}, 1);
   OpOptions base;
   base.device = Device::cuda;
-  for (int form = 0; form < 4; ++form) {
+  for (int form = 1; form < 4; ++form) {
     OpOptions o = base;
-    if (form == 0) o.backward = true;
     if (form == 1) o.normalize = true;
     if (form == 2) o.recurrent = true;
     if (form == 3) o.chunk_size = 32;

@@ -39,6 +39,10 @@ stamp "3. performance"
 for op in linear_attn gla delta_rule gated_delta_rule; do
   timeout 120 ./build/linac bench $op --shape B=8,T=4096,H=16,K=128 --iters 20 2>&1 | grep -v "^linac bench: setup"
 done
+# The backward's configuration: tuned once per op (linac tune --backward), then benched with the winner.
+for op in linear_attn gla delta_rule gated_delta_rule; do
+  timeout 120 ./build/linac tune $op --shape B=8,T=4096,H=16,K=128 --backward 2>&1 | grep -vE "^linac tune:" | tail -8
+done
 for args in "linear_attn" "linear_attn --gated" "linear_attn --normalize" "gla" "delta_rule" "gated_delta_rule"; do
   timeout 120 ./build/linac bench $args --shape B=8,T=4096,H=16,K=128 --backward --iters 10 2>&1 | grep -E "^backward|error"
 done

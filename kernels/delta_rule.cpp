@@ -65,6 +65,12 @@ Tile unit_lower_inverse(const Tile& A, int64_t BT) {
   return dot(P, D_inv);
 }
 
+ChunkDecays chunk_decays(const Tile& gc, int64_t BT) {
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+  Tile below = where(row > col, expand_dims(gc, 1), 0.0f);  // [t, c]: g_t where t > c
+  return {cumsum(below, 0), sum(below, 0)};
+}
+
 // One program per chunk. With b the chunk-local cumulative log-decay (zero without a gate) and
 // r = 1/||k|| with --l2norm-qk (else 1):
 //   A = strictly_lower(diag(beta r) (K K^T) diag(r) .* exp(b_r - b_c))
@@ -124,9 +130,9 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
     A = A * expand_dims(beta_c, 1);
   }
   if (cfg.gated) {
-    Tile bg = cumsum(load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq), 0);
-    A = A * exp(where(strict, expand_dims(bg, 1) - expand_dims(bg, 0), 0.0f));
-    k_factor = k_factor * exp(bg);
+    Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+    A = A * exp(chunk_decays(gc, BT).D);  // exp(b_r - b_c), summed directly (1 where r <= c: masked below)
+    k_factor = k_factor * exp(cumsum(gc, 0));
   }
   // The row factors of K and V become column factors of T: the loaded blocks feed the tensor cores
   // as they are.
@@ -207,9 +213,10 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
       Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
       Tile bg = cumsum(gc, 0);
       b_last = sum(gc, 0);
-      A = A * exp(where(causal, expand_dims(bg, 1) - expand_dims(bg, 0), 0.0f));
+      const ChunkDecays dec = chunk_decays(gc, BT);
+      A = A * exp(dec.D);  // exp(b_r - b_c) for r > c, summed directly; 1 on and above the diagonal
       q_factor = q_factor.valid() ? q_factor * exp(bg) : exp(bg);
-      Tile decay = exp(b_last - bg);
+      Tile decay = exp(dec.R);  // exp(b_C - b_r)
       k_factor = k_factor.valid() ? k_factor * decay : decay;
     }
     A = where(causal, A, 0.0f);

@@ -83,7 +83,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& 
       // As delta_rule_fwd rounds it: the decay goes on the fp32 V_new before the product.
       Tile gc = load(g, {seq.b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
       Tile b_last = sum(gc, 0);
-      Tile decay = exp(b_last - cumsum(gc, 0));
+      Tile decay = exp(chunk_decays(gc, BT).R);
       S = S * exp(b_last) + dot(K.T(), (Vn32 * expand_dims(decay, 1)).to(dt));
     } else {
       S = S + dot(K.T(), Vn);
@@ -138,9 +138,10 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
       Tile gc = load(g, {seq.b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
       Tile bg = cumsum(gc, 0);
       Tile b_last = sum(gc, 0);
-      // Pt[r, c] carries Gam[c, r] = exp(b_c - b_r), c >= r.
-      Pt = Pt * exp(where(row <= col, expand_dims(bg, 0) - expand_dims(bg, 1), 0.0f));
-      Tile Kd = (K.to(f32) * expand_dims(exp(b_last - bg), 1)).to(dt);
+      // Pt[r, c] carries Gam[c, r] = exp(b_c - b_r), c >= r (D^T: 0 below the diagonal).
+      const ChunkDecays dec = chunk_decays(gc, BT);
+      Pt = Pt * exp(dec.D.T());
+      Tile Kd = (K.to(f32) * expand_dims(exp(dec.R), 1)).to(dt);
       Tile dVn = (dot(Pt.to(dt), dO) + dot(Kd, dS_dt)).to(dt);
       store(dvn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, dVn, in_seq);
       Tile Qd = (Q.to(f32) * expand_dims(exp(bg), 1)).to(dt);
@@ -218,14 +219,16 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
   Tile beta_r = expand_dims(beta_c, 1);
 
   // The gate: b (chunk-local cumulative log-decay), b_C, Gam = exp(b_r - b_c) where r >= c.
-  Tile bg, b_last, Gam, e_b, to_end;
+  Tile bg, b_last, Gam, e_b, to_end, dec_R;
   if (cfg.gated) {
     Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
     bg = cumsum(gc, 0);
     b_last = sum(gc, 0);
-    Gam = exp(where(causal, expand_dims(bg, 1) - expand_dims(bg, 0), 0.0f));
+    const ChunkDecays dec = chunk_decays(gc, BT);
+    Gam = exp(dec.D);  // exp(b_r - b_c) for r > c; 1 elsewhere (every use is masked)
     e_b = expand_dims(exp(bg), 1);
-    to_end = expand_dims(exp(b_last - bg), 1);
+    to_end = expand_dims(exp(dec.R), 1);
+    dec_R = dec.R;
   }
 
   // The output's terms. dPm = dP .* Gam .* M * scale, with dP = dO Vn^T.
@@ -264,7 +267,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
     // db per row from every place b enters (see the top of this file), then dg = suffix sums + db_C.
     Tile Z1 = dPm * dot(Q, K.T());  // dP .* P
     Tile Z2 = dA * A;
-    Tile Y = sum(VdS * K.to(f32), 1) * exp(b_last - bg);
+    Tile Y = sum(VdS * K.to(f32), 1) * exp(dec_R);
     Tile db = sum(Z1, 1) - sum(Z1, 0) + sum(Z2, 1) - sum(Z2, 0) + sum(dQs * Q.to(f32), 1) + sum(dKb * Kb32, 1) - Y;
     Tile db_C = sum(Y, 0) + exp(b_last) * sum(sum(dS1.to(f32) * S.to(f32), 1), 0);
     store(dg, {b, t0, i_h}, {kIndex, BT, kIndex}, cumsum(db, 0, true) + db_C, in_seq);

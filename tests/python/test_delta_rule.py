@@ -151,6 +151,15 @@ def test_gate_strength(linac, gate_bias):
     run_and_check(linac, "gated_delta_rule", inputs)
 
 
+@pytest.mark.parametrize("chunk", [16, 64])
+def test_very_negative_gates_inside_a_chunk(linac, chunk):
+    # A stretch of -1e4 gates that starts and ends inside chunks: the decays between rows are summed
+    # directly (chunk_decays), so the small gates next to the -1e4 ones keep full precision.
+    inputs = make_inputs(710 + chunk, "gated_delta_rule", B=1, T=100, H=2, K=32, V=32, init=True)
+    inputs["g"][:, 21:37] = -1e4
+    run_and_check(linac, "gated_delta_rule", inputs, options=["--chunk-size", str(chunk)])
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_chunk_sizes(linac, op):
     # 1, 2, 4 and 8 diagonal blocks of 16 rows per chunk: the forward substitution alone, then one to

@@ -29,6 +29,33 @@ def test_linear_attn_memory_is_linear_in_t(linac, options):
     assert sizes[4096] == 4 * sizes[1024] and sizes[16384] == 4 * sizes[4096], sizes
 
 
+@pytest.mark.parametrize("op, options, per_chunk_states", [
+    ("linear_attn", ["--normalize"], False),
+    ("gla", [], False),
+    ("delta_rule", [], True),
+    ("gated_delta_rule", [], True),
+])
+def test_backward_memory_is_linear_in_t(linac, op, options, per_chunk_states):
+    # Every chunked backward: device memory exactly 4x per 4x T. gla and normalized linear attention
+    # recompute their states (nothing above T*D per tensor); the delta rules store the state before
+    # and its gradient after each chunk (T*K*V/chunk elements each, chunk 32 by default), never per token.
+    B, H, K, V = 1, 2, 64, 64
+    sizes = {}
+    for T in (1024, 4096, 16384):
+        p = plan(linac, op, f"B={B},T={T},H={H},K={K},V={V}", "--backward", *options)
+        sizes[T] = p["device_bytes"]
+        for name, t in p["tensors"].items():
+            numel = 1
+            for d in t["shape"]:
+                numel *= d
+            bound = B * T * H * K * V // 32 if per_chunk_states else B * T * H * max(K, V)
+            assert numel <= bound, f"{op} T={T}: tensor {name} {t['shape']} exceeds {bound} elements"
+    # a*T + c: the increments are exactly linear; c (per-sequence tables such as chunk_offsets) is tiny.
+    assert sizes[16384] - sizes[4096] == 4 * (sizes[4096] - sizes[1024]), sizes
+    slope = (sizes[4096] - sizes[1024]) / 3072
+    assert abs(sizes[1024] - slope * 1024) <= 1024, sizes
+
+
 def test_plan_lists_launches_and_tensors(linac):
     p = plan(linac, "linear_attn", "B=2,T=100,H=3,K=32,V=16", "--backward", "--gated")
     assert [l["kernel"] for l in p["launches"]] == ["linear_attn_bwd_dq", "linear_attn_bwd_dk",

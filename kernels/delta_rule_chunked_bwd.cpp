@@ -14,8 +14,9 @@ namespace linac {
 
 using namespace dsl;
 
-// DeltaNet backward in chunks (keys as given; the gate's additions below). Per chunk, with S the state before it, S' after
-// it, M the causal mask (r >= c), strict the mask r > c, and from the forward (KERNELS.md 3):
+// DeltaNet backward in chunks (keys as given; the gate's additions below). Per chunk, with S the state
+// before it, S' after it, M the causal mask (r >= c), strict the mask r > c, and from the forward
+// (KERNELS.md 3):
 //   A = strict(diag(beta) K K^T),  T = (I + A)^-1,  W = T diag(beta) K,  U = T diag(beta) V
 //   Vn = U - W S,   O = scale (Q S + ((Q K^T) .* M) Vn),   S' = S + K^T Vn
 // the reverse mode, with dS' = dL/dS' (dfinal_state after the last chunk):
@@ -38,8 +39,9 @@ using namespace dsl;
 //   db_r += sum_c Z[r, c] - sum_c Z[c, r]  for Z = dP .* P and for Z = dA .* A   (the Gam factors)
 //   db_r += rowsum(dQ_state .* Q) + beta_r exp(b_r) dKb_r . k_r - Y_r,  Y_r = exp(b_C - b_r) k_r . (Vn dS'^T)_r
 //   db_C += exp(b_C) <dS', S> + sum_r Y_r
-// then dg_t = sum_{r >= t in the chunk} db_r (b is a chunk-local cumulative sum; earlier chunks' gates
-// reach this one only through S, whose gradient the walks carry).
+// then dg_t = sum_{r >= t in the chunk} db_r + db_C (b is a chunk-local cumulative sum and b_C the sum of
+// all the chunk's gates; earlier chunks' gates reach this one only through S, whose gradient the walks
+// carry). The exponents b_r - b_c and b_C - b_r are summed over the rows they span (chunk_decays).
 
 std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;

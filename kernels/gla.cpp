@@ -417,12 +417,13 @@ OpDef gla_op() {
   op.flags = {"recurrent", "backward"};
   op.prepare = plan_gla;
   op.bwd_tuning_space = [](const ProblemShape&, DType) {
-    // The chunked backward's column blocks and warps (none timed on a GPU yet).
+    // The chunked backward's chunk, column blocks and warps (none timed on a GPU yet; at head dim 128
+    // each plans at most 223 KB of shared memory).
     return std::vector<Config>{{},
-                               {{"bk", 128}, {"bv", 128}, {"warps", 8}},
-                               {{"bk", 64}, {"bv", 64}, {"warps", 8}},
-                               {{"bk", 32}, {"bv", 32}, {"warps", 4}},
-                               {{"bk", 64}, {"bv", 128}, {"warps", 4}}};
+                               {{"chunk", 32}, {"bk", 128}, {"bv", 128}, {"warps", 8}},
+                               {{"chunk", 32}, {"bk", 64}, {"bv", 64}, {"warps", 8}},
+                               {{"chunk", 16}, {"bk", 128}, {"bv", 128}, {"warps", 8}},
+                               {{"chunk", 32}, {"bk", 32}, {"bv", 32}, {"warps", 4}}};
   };
   op.config_keys = gla_config_keys();
   for (const auto& key : gla_chunked_bwd_config_keys())

@@ -146,13 +146,13 @@ OpPlan plan_gla_bwd(const TensorMap& inputs, const OpOptions& opts, const std::v
     if (w != "dq" && w != "dk" && w != "dv" && w != "dg" && w != "dinitial_state")
       throw UserError(fmt::format("gla --backward produces dq, dk, dv, dg and dinitial_state, not '{}'", w));
   check_config_keys("gla --backward", opts, gla_chunked_bwd_config_keys());
-  if (opts.chunk_size) throw UserError("gla --backward runs chunks of 16 rows: --chunk-size does not apply");
   // In chunks unless --config tokenwise=1 asks for the token-by-token reference form.
   const int64_t tokenwise = config_value(opts, "tokenwise", 0, {0, 1});
   if (!tokenwise) return plan_gla_chunked_bwd(inputs, opts, wanted);
   OpOptions tw = opts;
   tw.config.erase("tokenwise");
   check_config_keys("gla --backward --config tokenwise=1", tw, gla_bwd_config_keys());
+  if (opts.chunk_size) throw UserError("gla --backward --config tokenwise=1 runs token by token: --chunk-size does not apply");
 
   GlaBwdConfig cfg;
   cfg.dtype = opts.dtype;

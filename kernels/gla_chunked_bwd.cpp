@@ -32,20 +32,21 @@ using namespace dsl;
 
 namespace {
 
-constexpr int64_t kBT = 16;  // rows per chunk
+constexpr int64_t kSub = 16;  // rows of the diagonal blocks computed elementwise
 
-/// L, tot and R of the chunk at rows t0.. (f32 [16, BK], [BK], [16, BK]).
+/// L, tot and R of the chunk of BT rows at t0.. (f32 [BT, BK], [BK], [BT, BK]), each a sum of gates
+/// over the rows it spans (no differences of cumulative sums).
 struct ChunkGates {
   Tile L, tot, R;
 };
 
-ChunkGates chunk_gates(const Tensor& g, const Tile& b, const Tile& t0, const Tile& i_h, const Tile& k0, int64_t BK,
-                       const Tile& eos) {
+ChunkGates chunk_gates(const Tensor& g, const Tile& b, const Tile& t0, const Tile& i_h, const Tile& k0, int64_t BT,
+                       int64_t BK, const Tile& eos) {
   AccessOptions in_seq{.limits = {{1, eos}}};
-  Tile gc = load(g, {b, t0, i_h, k0}, {kIndex, kBT, kIndex, BK}, in_seq);
-  // The gates of rows r+1.., row 15's replaced by 0 (it belongs to the next chunk), summed from the end.
-  Tile next = load(g, {b, t0 + 1, i_h, k0}, {kIndex, kBT, kIndex, BK}, in_seq);
-  Tile last_row = expand_dims(iota(kBT), 1) == kBT - 1;
+  Tile gc = load(g, {b, t0, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq);
+  // The gates of rows r+1.., the last row's replaced by 0 (it belongs to the next chunk), summed from the end.
+  Tile next = load(g, {b, t0 + 1, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile last_row = expand_dims(iota(BT), 1) == BT - 1;
   ChunkGates r;
   r.L = cumsum(gc, 0);
   r.tot = sum(gc, 0);
@@ -56,10 +57,14 @@ ChunkGates chunk_gates(const Tensor& g, const Tile& b, const Tile& t0, const Til
 }  // namespace
 
 std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) {
-  const int64_t BK = cfg.block_k, BV = cfg.block_v;
+  const int64_t BK = cfg.block_k, BV = cfg.block_v, BT = cfg.chunk;
+  const int NC = static_cast<int>(BT / kSub);
   const DType dt = cfg.dtype, f32 = DType::f32;
   KernelBuilder kb("gla_bwd_intra");
   kb.set_num_warps(4);
+  // All registers: ptxas, keeping room for more blocks per SM, capped it at 128 and it spilled (fp32 at
+  // head dim 64: 4 bytes; at 8 warps 140 bytes in bf16 at 128).
+  kb.set_min_ctas_per_sm(1);
   kb.set_num_stages(1);
   Tensor q = kb.tensor("q", dt, 4);
   Tensor k = kb.tensor("k", dt, 4);
@@ -77,41 +82,80 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
   Tile i_n = i_nh / H, i_h = i_nh % H;
   const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
   Tile b = seq.b;
-  Tile t0 = seq.bos + i_s * kBT;  // at or past eos for the chunks of the longest sequence only
+  Tile t0 = seq.bos + i_s * BT;  // at or past eos for the chunks of the longest sequence only
   AccessOptions in_seq{.limits = {{1, seq.eos}}};
+  Tile rows = expand_dims(iota(kSub), 1), cols = expand_dims(iota(kSub), 0);
 
-  Tile Qf = load(q, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, BK}, in_seq).to(f32);
-  Tile V = load(v, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, BV}, in_seq);
-  Tile dO = load(dout, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, BV}, in_seq);
-  Tile G = load(g, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, BK}, in_seq);
-  Tile rows = expand_dims(iota(kBT), 1), cols = expand_dims(iota(kBT), 0);
-  Tile dA = where(rows >= cols, dot(dO, V.T()) * scale, 0.0f);
+  // Per 16-row sub-chunk i: its rows, its gates and (for the blocks below the diagonal) Qd_i = Q_i .*
+  // exp(g_{first+1} + ... + g_r) and Rs_i = g_{c+1} + ... + g_{last} (to its end), tot_i, g0_i (first row).
+  std::vector<Tile> Qf(NC), Kf(NC), V(NC), dO(NC), G(NC), Qexp(NC), Qd(NC), Rs(NC), tot(NC), g0(NC);
+  std::vector<Tile> dQi(NC), dKi(NC), dVi(NC);
+  for (int i = 0; i < NC; ++i) {
+    Tile ti = t0 + i * kSub;
+    Qf[i] = load(q, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq).to(f32);
+    Kf[i] = load(k, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq).to(f32);
+    V[i] = load(v, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BV}, in_seq);
+    dO[i] = load(dout, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BV}, in_seq);
+    G[i] = load(g, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq);
+    tot[i] = sum(G[i], 0);
+    g0[i] = load(g, {b, ti, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
+    Qexp[i] = exp(cumsum(where(rows > 0, G[i], 0.0f), 0));  // exp(g_{first+1} + ... + g_r)
+    Qd[i] = Qf[i] * Qexp[i];
+    Tile next = load(g, {b, ti + 1, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq);
+    Rs[i] = cumsum(where(rows == kSub - 1, 0.0f, next), 0, true);  // g_{c+1} + ... + g_{last}
 
-  // Column c at a time (row c of K and the c-th column of dA), as gla_intra builds A:
-  //   dQi += dA[:, c] (k_c .* exp(L - L_c)) over rows r >= c;  A[:, c] = scale rowsum(Q .* k_c .* exp(..))
-  //   dKi[c] = sum_r dA[r, c] q_r .* exp(L_r - L_c)
-  // with L_r - L_c summed directly as g_{c+1} + ... + g_r: the difference of the two cumulative sums
-  // loses the small gates after a very negative one (-1e4 gates inside the chunk: 6e-4 relative error
-  // in dq, where the token-by-token form was exact).
-  Tile dQi = zeros({kBT, BK}, f32), dKi = zeros({kBT, BK}, f32), A = zeros({kBT, kBT}, f32);
-  for_range(0, kBT, [&](Tile c) {
-    Tile kc = load(k, {b, t0 + c, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq).to(f32);
-    Tile below = rows >= c;
-    Tile e = exp(where(below, cumsum(where(rows > c, G, 0.0f), 0), 0.0f));
-    Tile dA_c = expand_dims(sum(where(cols == c, dA, 0.0f), 1), 1);  // column c of dA, [16, 1]
-    Tile wq = where(below, e * dA_c, 0.0f);                          // dA[r, c] exp(L_r - L_c), r >= c
-    dQi = dQi + wq * expand_dims(kc, 0);
-    dKi = dKi + where(rows == c, expand_dims(sum(wq * Qf, 0), 0), 0.0f);
-    A = A + where((cols == c) & below, expand_dims(sum(e * Qf * expand_dims(kc, 0), 1), 1), 0.0f);
-  }, dQi, dKi, A);
-  store(dq_intra, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, BK}, dQi, in_seq);
-  store(dk_intra, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, BK}, dKi, in_seq);
-  store(dv_intra, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, BV}, dot((A * scale).T().to(dt), dO), in_seq);
+    // The diagonal block, column c at a time (row c of K and the c-th column of dA), as gla_intra
+    // builds A:  dQi += dA[:, c] (k_c .* exp(L - L_c)) over rows r >= c;  A[:, c] = rowsum(Q .* k_c .* exp(..));
+    //   dKi[c] = sum_r dA[r, c] q_r .* exp(L_r - L_c)
+    // with L_r - L_c summed directly as g_{c+1} + ... + g_r: the difference of the two cumulative sums
+    // loses the small gates after a very negative one (-1e4 gates inside the chunk: 6e-4 relative error
+    // in dq, where the token-by-token form was exact).
+    Tile dA = where(rows >= cols, dot(dO[i], V[i].T()) * scale, 0.0f);
+    Tile dQ = zeros({kSub, BK}, f32), dK = zeros({kSub, BK}, f32), A = zeros({kSub, kSub}, f32);
+    const Tile& Gi = G[i];
+    const Tile& Qi = Qf[i];
+    for_range(0, kSub, [&](Tile c) {
+      Tile kc = load(k, {b, ti + c, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq).to(f32);
+      Tile below = rows >= c;
+      Tile e = exp(where(below, cumsum(where(rows > c, Gi, 0.0f), 0), 0.0f));
+      Tile dA_c = expand_dims(sum(where(cols == c, dA, 0.0f), 1), 1);  // column c of dA, [16, 1]
+      Tile wq = where(below, e * dA_c, 0.0f);                          // dA[r, c] exp(L_r - L_c), r >= c
+      dQ = dQ + wq * expand_dims(kc, 0);
+      dK = dK + where(rows == c, expand_dims(sum(wq * Qi, 0), 0), 0.0f);
+      A = A + where((cols == c) & below, expand_dims(sum(e * Qi * expand_dims(kc, 0), 1), 1), 0.0f);
+    }, dQ, dK, A);
+    dQi[i] = dQ;
+    dKi[i] = dK;
+    dVi[i] = dot((A * scale).T().to(dt), dO[i]);
+  }
+
+  // Blocks below the diagonal (sub-chunk i after j): exp(L_r - L_c) = exp(Qd exponent of r in i) *
+  // exp(decay of c from its row to the first row of i), the latter Rs_j + tot_{j+1} + ... + tot_{i-1}
+  // + g0_i: every exponent a sum of gates (<= 0), none a difference.
+  for (int i = 1; i < NC; ++i) {
+    Tile decay = g0[i];  // from the end of sub-chunk j to the first row of sub-chunk i
+    for (int j = i - 1; j >= 0; --j) {
+      Tile Kn = Kf[j] * exp(Rs[j] + expand_dims(decay, 0));  // k_c .* exp(decay from c to i's first row)
+      Tile dA = dot(dO[i], V[j].T()) * scale;                 // every r in i is after every c in j
+      dQi[i] = dQi[i] + dot(dA.to(dt), Kn.to(dt)) * Qexp[i];
+      dKi[j] = dKi[j] + dot(dA.T().to(dt), Qd[i].to(dt)) * exp(Rs[j] + expand_dims(decay, 0));
+      Tile Aij = dot(Qd[i].to(dt), Kn.to(dt).T()) * scale;
+      dVi[j] = dVi[j] + dot(Aij.T().to(dt), dO[i]);
+      if (j > 0) decay = decay + tot[j];
+    }
+  }
+  for (int i = 0; i < NC; ++i) {
+    Tile ti = t0 + i * kSub;
+    store(dq_intra, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, dQi[i], in_seq);
+    store(dk_intra, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, dKi[i], in_seq);
+    store(dv_intra, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BV}, dVi[i], in_seq);
+  }
   return kb.finish();
 }
 
 std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, GlaBwdWalk which) {
   const DType dt = cfg.dtype, f32 = DType::f32;
+  const int64_t BT = cfg.chunk;
   const bool is_dq = which == GlaBwdWalk::dq, is_dk = which == GlaBwdWalk::dk, is_dv = which == GlaBwdWalk::dv;
   const bool reverse = !is_dq;
   // X is [V, BC] over key columns (dq: S^T, dk: dS^T) or [K, BC] over value columns (dv: dS).
@@ -140,7 +184,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, G
   Tile i_n = i_nh / H, i_h = i_nh % H;
   const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
   const Tile b = seq.b;
-  Tile num_chunks = (seq.eos - seq.bos + (kBT - 1)) / kBT;
+  Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
   Tile c0 = i_c * BC;
   Tile k0 = is_dv ? constant(0, DType::i32) : c0;  // the key columns this program's gates cover
   const int64_t GK = is_dv ? cfg.block_k : BC;
@@ -155,34 +199,34 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, G
 
   for_range(0, num_chunks, [&](Tile j) {
     Tile i = reverse ? num_chunks - 1 - j : j;
-    Tile t0 = seq.bos + i * kBT;
-    ChunkGates gt = chunk_gates(g, b, t0, i_h, k0, GK, seq.eos);
+    Tile t0 = seq.bos + i * BT;
+    ChunkGates gt = chunk_gates(g, b, t0, i_h, k0, BT, GK, seq.eos);
     Tile eL = exp(gt.L), eR = exp(gt.R), etot = exp(gt.tot);
     if (is_dq) {
-      Tile dO = load(dout, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, W}, in_seq);
-      Tile V = load(v, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, W}, in_seq);
-      Tile Kc = load(k, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, in_seq);
-      Tile Qc = load(q, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, in_seq);
-      Tile dQ = dot(dO, X.to(dt)) * eL * scale + load(intra, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, in_seq);
-      store(out, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, dQ.to(dt), in_seq);
-      store(part, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, Qc.to(f32) * dQ, in_seq);
+      Tile dO = load(dout, {b, t0, i_h, 0}, {kIndex, BT, kIndex, W}, in_seq);
+      Tile V = load(v, {b, t0, i_h, 0}, {kIndex, BT, kIndex, W}, in_seq);
+      Tile Kc = load(k, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
+      Tile Qc = load(q, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
+      Tile dQ = dot(dO, X.to(dt)) * eL * scale + load(intra, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
+      store(out, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, dQ.to(dt), in_seq);
+      store(part, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, Qc.to(f32) * dQ, in_seq);
       X = X * expand_dims(etot, 0) + dot(V.T(), (Kc.to(f32) * eR).to(dt));
     } else if (is_dk) {
-      Tile V = load(v, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, W}, in_seq);
-      Tile dO = load(dout, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, W}, in_seq);
-      Tile Qc = load(q, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, in_seq);
-      Tile Kc = load(k, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, in_seq);
-      Tile dK = dot(V, X.to(dt)) * eR + load(intra, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, in_seq);
-      store(out, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, dK.to(dt), in_seq);
-      store(part, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, Kc.to(f32) * dK, in_seq);
+      Tile V = load(v, {b, t0, i_h, 0}, {kIndex, BT, kIndex, W}, in_seq);
+      Tile dO = load(dout, {b, t0, i_h, 0}, {kIndex, BT, kIndex, W}, in_seq);
+      Tile Qc = load(q, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
+      Tile Kc = load(k, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
+      Tile dK = dot(V, X.to(dt)) * eR + load(intra, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
+      store(out, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, dK.to(dt), in_seq);
+      store(part, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, Kc.to(f32) * dK, in_seq);
       X = X * expand_dims(etot, 0) + dot(dO.T(), (Qc.to(f32) * eL).to(dt)) * scale;
     } else {
-      Tile K = load(k, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, W}, in_seq);
-      Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, kBT, kIndex, W}, in_seq);
-      Tile dOc = load(dout, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, in_seq);
+      Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, W}, in_seq);
+      Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, W}, in_seq);
+      Tile dOc = load(dout, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
       Tile dV = dot((K.to(f32) * eR).to(dt), X.to(dt)) +
-                load(intra, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, in_seq);
-      store(out, {b, t0, i_h, c0}, {kIndex, kBT, kIndex, BC}, dV.to(dt), in_seq);
+                load(intra, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
+      store(out, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, dV.to(dt), in_seq);
       X = X * expand_dims(etot, 1) + dot((Q.to(f32) * eL).to(dt).T(), dOc) * scale;
     }
   }, X);
@@ -231,8 +275,8 @@ namespace {
 
 std::shared_ptr<ir::Kernel> cached(const GlaChunkedBwdConfig& cfg, int which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}{}/{}", which, dtype_name(cfg.dtype), cfg.block_k, cfg.block_v,
-                                cfg.split_k, cfg.split_v, cfg.initial_state, cfg.final_state_grad,
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}{}{}{}/{}", which, dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
+                                cfg.block_v, cfg.split_k, cfg.split_v, cfg.initial_state, cfg.final_state_grad,
                                 cfg.initial_state_grad, cfg.varlen, cfg.num_warps);
   return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
@@ -246,6 +290,11 @@ std::shared_ptr<ir::Kernel> cached(const GlaChunkedBwdConfig& cfg, int which) {
 }
 
 void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts) {
+  // Chunk 32 by default: at 64 (head dim 128) the walks plan 247-294 KB of shared memory, more than an
+  // H100/H200 block has, and gla_bwd_intra spills 1.2 KB; at 32 the walks plan 133-157 KB, intra 51 KB.
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, 32), {16, 32, 64}));
+  if (cfg.chunk > 64)
+    throw UserError(fmt::format("--chunk-size {}: gla --backward takes chunks of 16, 32 or 64 rows", cfg.chunk));
   cfg.split_k = std::min<int64_t>(config_value(opts, "bk", 64, {16, 32, 64, 128, 256}), cfg.block_k);
   cfg.split_v = std::min<int64_t>(config_value(opts, "bv", 64, {16, 32, 64, 128, 256}), cfg.block_v);
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", 4, {2, 4, 8}));
@@ -255,6 +304,7 @@ void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts) {
 
 const std::vector<std::pair<std::string, std::string>>& gla_chunked_bwd_config_keys() {
   static const std::vector<std::pair<std::string, std::string>> keys = {
+      {"chunk", "--backward: rows per chunk of the walks (16, 32, 64; 16-row diagonal blocks)"},
       {"bk", "--backward: key columns per program of the dq and dk walks (16..256)"},
       {"bv", "--backward: value columns per program of the dv walk (16..256)"},
       {"warps", "warps per program (2, 4, 8)"},
@@ -311,7 +361,7 @@ OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, cons
     if (which < 4) l.scalars["scale"] = scale;
     plan.launches.push_back(std::move(l));
   };
-  if (longest > 0) launch(0, {(longest + kBT - 1) / kBT, seq.N * seq.H, 1});
+  if (longest > 0) launch(0, {(longest + cfg.chunk - 1) / cfg.chunk, seq.N * seq.H, 1});
   launch(1, {cfg.block_k / cfg.split_k, seq.N * seq.H, 1});
   launch(2, {cfg.block_k / cfg.split_k, seq.N * seq.H, 1});
   launch(3, {cfg.block_v / cfg.split_v, seq.N * seq.H, 1});

@@ -1,4 +1,4 @@
-// GLA backward in chunks of 16 rows (the equations are at the top of gla_chunked_bwd.cpp): an intra-chunk
+// GLA backward in chunks (the equations are at the top of gla_chunked_bwd.cpp): an intra-chunk
 // kernel over every chunk in parallel, three walks shaped like the forward (dq forward in time; dk, dv
 // backward) that recompute the state rather than store it, and a dg walk. Memory O(T*D).
 #pragma once
@@ -13,6 +13,7 @@ namespace linac {
 
 struct GlaChunkedBwdConfig {
   DType dtype = DType::f32;
+  int chunk = 32;        // rows per step of the walks and per program of gla_bwd_intra (16, 32, 64)
   int64_t block_k = 64;  // K padded
   int64_t block_v = 64;  // V padded
   int64_t split_k = 64;  // key columns per program of the dq and dk walks

@@ -13,9 +13,9 @@ namespace linac {
 
 using namespace dsl;
 
-// GLA backward in chunks of 16 rows (one of the forward's sub-chunks), with per-channel log-gates g.
-// Per chunk: L = cumsum(g) from its first row (inclusive), tot = L's last row, R_r = g_{r+1} + ... +
-// g_15 (the decay from row r to the chunk's end, summed directly, not as tot - L: see build_gla_fwd),
+// GLA backward in chunks of BT rows (16, 32 or 64), with per-channel log-gates g. Per chunk:
+// L = cumsum(g) from its first row (inclusive), tot = L's last row, R_r = g_{r+1} + ... + g_{BT-1} (the
+// decay from row r to the chunk's end, summed directly, not as tot - L: see build_gla_fwd),
 // A[r, c] = scale sum_d q_rd k_cd exp(L_rd - L_cd) (r >= c), S the state before the chunk, S' after:
 //   O = scale (Q .* exp(L)) S + A V,    S' = diag(exp(tot)) S + (K .* exp(R))^T V
 // Reverse mode, with dS' = dL/dS' (dfinal_state after the last chunk) and dA = scale (dO V^T) .* M:
@@ -24,11 +24,12 @@ using namespace dsl;
 //   dV = (K .* exp(R)) dS' + A^T dO
 //   dS = diag(exp(tot)) dS' + scale (Q .* exp(L))^T dO
 //   dg_t = sum_{s >= t} (q_s .* dq_s - k_s .* dk_s) + rowsum(dfinal_state .* S_T)   (per channel)
-// Kernels: gla_bwd_intra (every chunk in parallel: dQi, dKi and A^T dO, elementwise in fp32 like
-// gla_intra), then three walks shaped like the forward — dq forward in time over X = S^T [V, K]
-// (key columns split in blocks), dk backward over X = dS^T [V, K], dv backward over X = dS [K, V]
-// (value columns split) — and gla_bwd_dg, a reverse walk taking the suffix sums. No state is stored:
-// memory O(T*D).
+// Kernels: gla_bwd_intra (every chunk in parallel: dQi, dKi and A^T dO; its 16x16 diagonal blocks
+// elementwise in fp32 like gla_intra, the blocks below them as products of decayed 16-row tiles, every
+// exp(L_r - L_c) split at a 16-row boundary into two sums of gates), then three walks shaped like the
+// forward — dq forward in time over X = S^T [V, K] (key columns split in blocks), dk backward over
+// X = dS^T [V, K], dv backward over X = dS [K, V] (value columns split) — and gla_bwd_dg, a reverse walk
+// taking the suffix sums. No state is stored: memory O(T*D).
 
 namespace {
 

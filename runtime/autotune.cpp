@@ -149,7 +149,8 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
   ref_opts.config.clear();
   OpPlan ref_plan = op.prepare(small_in, ref_opts, outputs);
   TensorMap reference = execute(ref_plan, Device::cpu);
-  const double tol = base.dtype == DType::f32 ? 1e-4 : 2e-2;
+  // The issues' bounds against the reference: outputs 2e-2 in 16-bit, gradients 3e-2 (fp32: 1e-4 on a GPU).
+  const double tol = base.dtype == DType::f32 ? 1e-4 : bwd ? 3e-2 : 2e-2;
   // Candidates are timed at the real B, H and head dims (the number of programs, which decides how
   // the GPU fills) but at most kTimedTokens tokens: every op's kernels walk the sequence chunk by
   // chunk at a cost per chunk, so the ranking holds while the host's work per candidate (making the

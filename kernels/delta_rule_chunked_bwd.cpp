@@ -3,7 +3,6 @@
 #include <cmath>
 #include <fmt/format.h>
 
-#include "compiler/ir/ir.h"
 #include "kernels/delta_rule.h"
 #include "kernels/op_support.h"
 #include "kernels/sequence_bounds.h"
@@ -284,14 +283,16 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
 
 namespace {
 
-std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, int which) {
+enum class DeltaBwdKernel { wy, states, dstates, chunk };
+
+std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, DeltaBwdKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}{}{}/{}", which, dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
                                 cfg.block_v, cfg.full_v, cfg.gated, cfg.initial_state, cfg.final_state_grad,
                                 cfg.initial_state_grad, cfg.varlen, cfg.num_warps);
   return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
-      case 0: {
+      case DeltaBwdKernel::wy: {
         DeltaRuleConfig wy;
         wy.dtype = cfg.dtype;
         wy.chunk = cfg.chunk;
@@ -302,10 +303,11 @@ std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, int which) 
         wy.num_warps = cfg.num_warps;
         return build_delta_rule_wy(wy);
       }
-      case 1: return build_delta_bwd_states(cfg);
-      case 2: return build_delta_bwd_dstates(cfg);
-      default: return build_delta_bwd_chunk(cfg);
+      case DeltaBwdKernel::states: return build_delta_bwd_states(cfg);
+      case DeltaBwdKernel::dstates: return build_delta_bwd_dstates(cfg);
+      case DeltaBwdKernel::chunk: return build_delta_bwd_chunk(cfg);
     }
+    throw InternalError("bad delta-rule backward kernel");
   });
 }
 
@@ -398,21 +400,15 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   if (cfg.initial_state_grad) plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
 
   const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
-  auto launch = [&](int which, std::array<int64_t, 3> grid) {
-    KernelLaunch l;
-    l.kernel = cached(cfg, which);
-    l.grid = grid;
-    for (const auto& p : l.kernel->params)
-      if (plan.tensors.count(p.name)) l.tensors[p.name] = p.name;
-    if (which >= 2) l.scalars["scale"] = scale;
-    plan.launches.push_back(std::move(l));
+  auto launch = [&](DeltaBwdKernel which, std::array<int64_t, 3> grid) {
+    plan.launches.push_back(plan_launch(plan, cached(cfg, which), grid, {{"scale", scale}}));
   };
   const std::array<int64_t, 3> per_chunk =
       seq.varlen ? std::array<int64_t, 3>{chunks, seq.H, 1} : std::array<int64_t, 3>{(seq.T + BT - 1) / BT, seq.B * seq.H, 1};
-  if (chunks > 0) launch(0, per_chunk);
-  launch(1, {v_blocks, seq.N * seq.H, 1});
-  launch(2, {v_blocks, seq.N * seq.H, 1});
-  if (chunks > 0) launch(3, per_chunk);
+  if (chunks > 0) launch(DeltaBwdKernel::wy, per_chunk);
+  launch(DeltaBwdKernel::states, {v_blocks, seq.N * seq.H, 1});
+  launch(DeltaBwdKernel::dstates, {v_blocks, seq.N * seq.H, 1});
+  if (chunks > 0) launch(DeltaBwdKernel::chunk, per_chunk);
   for (const char* n : {"dq", "dk", "dv", "dbeta", "dg", "dinitial_state"})
     if (wants(wanted, n) && plan.tensors.count(n)) plan.outputs[n] = n;
   return plan;
@@ -430,7 +426,8 @@ std::vector<std::shared_ptr<ir::Kernel>> delta_chunked_bwd_kernels(bool gated, c
   full.initial_state = full.final_state_grad = full.initial_state_grad = full.varlen = true;
   std::vector<std::shared_ptr<ir::Kernel>> out;
   for (const auto* c : {&cfg, &full})
-    for (int which : {1, 2, 3}) out.push_back(cached(*c, which));
+    for (auto which : {DeltaBwdKernel::states, DeltaBwdKernel::dstates, DeltaBwdKernel::chunk})
+      out.push_back(cached(*c, which));
   return out;
 }
 

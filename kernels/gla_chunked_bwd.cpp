@@ -3,7 +3,6 @@
 #include <cmath>
 #include <fmt/format.h>
 
-#include "compiler/ir/ir.h"
 #include "kernels/op_support.h"
 #include "kernels/sequence_bounds.h"
 #include "linac/dsl.h"
@@ -274,19 +273,22 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_dg(const GlaChunkedBwdConfig& cfg) {
 
 namespace {
 
-std::shared_ptr<ir::Kernel> cached(const GlaChunkedBwdConfig& cfg, int which) {
+enum class GlaBwdKernel { intra, dq, dk, dv, dg };
+
+std::shared_ptr<ir::Kernel> cached(const GlaChunkedBwdConfig& cfg, GlaBwdKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}{}{}{}/{}", which, dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
                                 cfg.block_v, cfg.split_k, cfg.split_v, cfg.initial_state, cfg.final_state_grad,
                                 cfg.initial_state_grad, cfg.varlen, cfg.num_warps);
   return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
-      case 0: return build_gla_bwd_intra(cfg);
-      case 1: return build_gla_bwd_walk(cfg, GlaBwdWalk::dq);
-      case 2: return build_gla_bwd_walk(cfg, GlaBwdWalk::dk);
-      case 3: return build_gla_bwd_walk(cfg, GlaBwdWalk::dv);
-      default: return build_gla_bwd_dg(cfg);
+      case GlaBwdKernel::intra: return build_gla_bwd_intra(cfg);
+      case GlaBwdKernel::dq: return build_gla_bwd_walk(cfg, GlaBwdWalk::dq);
+      case GlaBwdKernel::dk: return build_gla_bwd_walk(cfg, GlaBwdWalk::dk);
+      case GlaBwdKernel::dv: return build_gla_bwd_walk(cfg, GlaBwdWalk::dv);
+      case GlaBwdKernel::dg: return build_gla_bwd_dg(cfg);
     }
+    throw InternalError("bad gla backward kernel");
   });
 }
 
@@ -353,20 +355,14 @@ OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, cons
     for (int64_t n = 0; n < seq.N; ++n)
       longest = std::max(longest, static_cast<int64_t>(seq.cu_seqlens.get(n + 1) - seq.cu_seqlens.get(n)));
   }
-  auto launch = [&](int which, std::array<int64_t, 3> grid) {
-    KernelLaunch l;
-    l.kernel = cached(cfg, which);
-    l.grid = grid;
-    for (const auto& p : l.kernel->params)
-      if (plan.tensors.count(p.name)) l.tensors[p.name] = p.name;
-    if (which < 4) l.scalars["scale"] = scale;
-    plan.launches.push_back(std::move(l));
+  auto launch = [&](GlaBwdKernel which, std::array<int64_t, 3> grid) {
+    plan.launches.push_back(plan_launch(plan, cached(cfg, which), grid, {{"scale", scale}}));
   };
-  if (longest > 0) launch(0, {(longest + cfg.chunk - 1) / cfg.chunk, seq.N * seq.H, 1});
-  launch(1, {cfg.block_k / cfg.split_k, seq.N * seq.H, 1});
-  launch(2, {cfg.block_k / cfg.split_k, seq.N * seq.H, 1});
-  launch(3, {cfg.block_v / cfg.split_v, seq.N * seq.H, 1});
-  launch(4, {seq.N * seq.H, 1, 1});
+  if (longest > 0) launch(GlaBwdKernel::intra, {(longest + cfg.chunk - 1) / cfg.chunk, seq.N * seq.H, 1});
+  launch(GlaBwdKernel::dq, {cfg.block_k / cfg.split_k, seq.N * seq.H, 1});
+  launch(GlaBwdKernel::dk, {cfg.block_k / cfg.split_k, seq.N * seq.H, 1});
+  launch(GlaBwdKernel::dv, {cfg.block_v / cfg.split_v, seq.N * seq.H, 1});
+  launch(GlaBwdKernel::dg, {seq.N * seq.H, 1, 1});
   for (const char* name : {"dq", "dk", "dv", "dg", "dinitial_state"})
     if (wants(wanted, name)) plan.outputs[name] = name;
   return plan;
@@ -381,7 +377,8 @@ std::vector<std::shared_ptr<ir::Kernel>> gla_chunked_bwd_kernels(const OpOptions
   full.initial_state = full.final_state_grad = full.initial_state_grad = full.varlen = true;
   std::vector<std::shared_ptr<ir::Kernel>> out;
   for (const auto* c : {&cfg, &full})
-    for (int which = 0; which < 5; ++which) out.push_back(cached(*c, which));
+    for (auto which : {GlaBwdKernel::intra, GlaBwdKernel::dq, GlaBwdKernel::dk, GlaBwdKernel::dv, GlaBwdKernel::dg})
+      out.push_back(cached(*c, which));
   return out;
 }
 

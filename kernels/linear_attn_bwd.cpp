@@ -3,9 +3,7 @@
 #include <cmath>
 #include <fmt/format.h>
 #include <map>
-#include <mutex>
 
-#include "compiler/ir/ir.h"
 #include "kernels/op_support.h"
 #include "kernels/sequence_bounds.h"
 #include "linac/dsl.h"
@@ -343,15 +341,10 @@ OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vecto
     }
 
   auto launch = [&](LinearAttnBwdKernel which, int64_t blocks) {
-    KernelLaunch l;
-    l.kernel = cached_bwd(cfg, which);
-    l.grid = {blocks, seq.N * seq.H, 1};
-    if (which == LinearAttnBwdKernel::dg) l.grid = {seq.N * seq.H, 1, 1};
-    // Bind every plan tensor the kernel declares (kernels declare exactly what they use).
-    for (const auto& p : l.kernel->params)
-      if (plan.tensors.count(p.name)) l.tensors[p.name] = p.name;
-    if (which != LinearAttnBwdKernel::dg) l.scalars["scale"] = scale;
-    plan.launches.push_back(std::move(l));
+    const std::array<int64_t, 3> grid =
+        which == LinearAttnBwdKernel::dg ? std::array<int64_t, 3>{seq.N * seq.H, 1, 1}
+                                         : std::array<int64_t, 3>{blocks, seq.N * seq.H, 1};
+    plan.launches.push_back(plan_launch(plan, cached_bwd(cfg, which), grid, {{"scale", scale}}));
   };
   launch(LinearAttnBwdKernel::dq, k_blocks);
   launch(LinearAttnBwdKernel::dk, k_blocks);

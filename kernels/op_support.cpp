@@ -1,5 +1,7 @@
 #include "kernels/op_support.h"
 
+#include "compiler/ir/ir.h"
+
 #include <cmath>
 #include <fmt/format.h>
 
@@ -133,6 +135,18 @@ KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel,
   for (const char* name : names)
     if (plan.tensors.count(name)) l.tensors[name] = name;
   l.scalars = std::move(scalars);
+  return l;
+}
+
+KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel, std::array<int64_t, 3> grid,
+                         const std::map<std::string, double>& scalars) {
+  KernelLaunch l;
+  l.kernel = std::move(kernel);
+  l.grid = grid;
+  for (const auto& p : l.kernel->params) {
+    if (plan.tensors.count(p.name)) l.tensors[p.name] = p.name;
+    if (auto it = scalars.find(p.name); it != scalars.end()) l.scalars[p.name] = it->second;
+  }
   return l;
 }
 

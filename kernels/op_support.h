@@ -61,6 +61,10 @@ void cast_qkv(TensorMap& inputs, DType dtype);
 /// the same name (names the plan lacks, e.g. optional states, are skipped), with `scalars`.
 KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel, std::array<int64_t, 3> grid,
                          std::initializer_list<const char*> names, std::map<std::string, double> scalars);
+/// The same for kernels that declare exactly the parameters they use: every declared parameter that
+/// names a plan tensor is bound to it, and every one named in `scalars` to that value.
+KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel, std::array<int64_t, 3> grid,
+                         const std::map<std::string, double>& scalars);
 
 /// The tile size that covers a head dim: the next power of two, at least 16.
 int padded_head_dim(int64_t d);

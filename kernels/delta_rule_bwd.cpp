@@ -180,8 +180,9 @@ OpPlan plan_delta_rule_bwd(bool gated, const TensorMap& inputs, const OpOptions&
   if (opts.recurrent) throw UserError(fmt::format("{}: --backward is not implemented with --recurrent", name));
   if (opts.l2norm_qk) throw UserError(fmt::format("{}: --backward is not implemented with --l2norm-qk", name));
   // In chunks unless --config tokenwise=1 asks for the token-by-token reference form.
-  const bool tokenwise = opts.config.count("tokenwise") && config_value(opts, "tokenwise", 0, {0, 1});
-  if (tokenwise && (opts.chunk_size || opts.config.size() > 1))
+  OpOptions rest = opts;
+  const bool tokenwise = take_tokenwise(rest);
+  if (tokenwise && (opts.chunk_size || !rest.config.empty()))
     throw UserError(fmt::format("{} --backward --config tokenwise=1 runs token by token: no other --config or "
                                 "--chunk-size applies", name));
   SequenceLayout seq = check_qkv_inputs(name, inputs);
@@ -201,11 +202,7 @@ OpPlan plan_delta_rule_bwd(bool gated, const TensorMap& inputs, const OpOptions&
     if (w != "dq" && w != "dk" && w != "dv" && w != "dbeta" && !(gated && w == "dg") && w != "dinitial_state")
       throw UserError(fmt::format("{} --backward produces dq, dk, dv, dbeta{} and dinitial_state, not '{}'", name,
                                   gated ? ", dg" : "", w));
-  if (!tokenwise) {
-    OpOptions o = opts;
-    o.config.erase("tokenwise");
-    return plan_delta_rule_chunked_bwd(gated, inputs, o, wanted);
-  }
+  if (!tokenwise) return plan_delta_rule_chunked_bwd(gated, inputs, rest, wanted);
 
   DeltaBwdConfig cfg;
   cfg.dtype = opts.dtype;

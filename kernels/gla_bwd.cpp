@@ -147,10 +147,8 @@ OpPlan plan_gla_bwd(const TensorMap& inputs, const OpOptions& opts, const std::v
       throw UserError(fmt::format("gla --backward produces dq, dk, dv, dg and dinitial_state, not '{}'", w));
   check_config_keys("gla --backward", opts, gla_chunked_bwd_config_keys());
   // In chunks unless --config tokenwise=1 asks for the token-by-token reference form.
-  const int64_t tokenwise = config_value(opts, "tokenwise", 0, {0, 1});
-  if (!tokenwise) return plan_gla_chunked_bwd(inputs, opts, wanted);
   OpOptions tw = opts;
-  tw.config.erase("tokenwise");
+  if (!take_tokenwise(tw)) return plan_gla_chunked_bwd(inputs, tw, wanted);
   check_config_keys("gla --backward --config tokenwise=1", tw, gla_bwd_config_keys());
   if (opts.chunk_size) throw UserError("gla --backward --config tokenwise=1 runs token by token: --chunk-size does not apply");
 

@@ -150,6 +150,12 @@ KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel,
   return l;
 }
 
+bool take_tokenwise(OpOptions& opts) {
+  const bool tokenwise = config_value(opts, "tokenwise", 0, {0, 1}) == 1;
+  opts.config.erase("tokenwise");
+  return tokenwise;
+}
+
 int padded_head_dim(int64_t d) {
   int p = 16;
   while (p < d) p *= 2;

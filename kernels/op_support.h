@@ -66,6 +66,10 @@ KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel,
 KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel, std::array<int64_t, 3> grid,
                          const std::map<std::string, double>& scalars);
 
+/// Whether `--config tokenwise=1` asks for a backward's token-by-token reference form; the key is taken
+/// out of `opts` either way, leaving the rest for the form that runs (0 or absent: the chunked one).
+bool take_tokenwise(OpOptions& opts);
+
 /// The tile size that covers a head dim: the next power of two, at least 16.
 int padded_head_dim(int64_t d);
 inline bool wants(const std::vector<std::string>& wanted, const std::string& name) {

@@ -358,10 +358,16 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   cfg.dtype = opts.dtype;
   cfg.block_k = padded_head_dim(seq.K);
   cfg.full_v = padded_head_dim(seq.V);
-  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, 32), {16, 32, 64}));
-  cfg.block_v = std::min<int64_t>(config_value(opts, "bv", 64, {16, 32, 64, 128}), cfg.full_v);
+  // Chunk 16 for fp32 above head dim 64: at chunk 32 (K = V = 128) the per-chunk kernel plans 241 KB of
+  // shared memory (gated 289 KB), more than an H100/H200 block has; at 16, 187 KB (gated 208 KB).
+  const bool wide_fp32 = cfg.dtype == DType::f32 && std::max(cfg.block_k, cfg.full_v) > 64;
+  cfg.chunk = static_cast<int>(
+      config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, wide_fp32 ? 16 : 32), {16, 32, 64}));
+  // V blocks of 128 in the walks: the fastest of `linac tune --backward` on an H200 at B8 H16 D128 bf16
+  // (delta_rule 1.45 ms vs 1.51 at 64, gated 2.69 vs 2.92, T = 1024).
+  cfg.block_v = std::min<int64_t>(config_value(opts, "bv", 128, {16, 32, 64, 128}), cfg.full_v);
   // 8 warps: at 4 the per-chunk kernel (K = V = 128, chunk 32) spills 1004 bytes, at 8 it spills 8
-  // (ptxas, sm_90a). Chunk 64 spills 1-5 KB there. Not yet timed on a GPU.
+  // (ptxas, sm_90a); 4 warps were also 1.7x slower on the H200.
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
   cfg.gated = gated;
   cfg.initial_state = has_h0;

@@ -194,6 +194,9 @@ std::shared_ptr<ir::Kernel> build_gla_state(const GlaConfig& cfg) {
   const DType dt = cfg.dtype, f32 = DType::f32;
   KernelBuilder kb("gla_state");
   kb.set_num_warps(cfg.num_warps);
+  // One block per SM is all the split schedule asks (it runs when B*H is small): without it ptxas kept
+  // registers for more and spilled 64 bytes on sm_80 once the gates' scan went line by line.
+  kb.set_min_ctas_per_sm(1);
   kb.set_num_stages(cfg.num_stages);
   Tensor k = kb.tensor("k", dt, 4);
   Tensor v = kb.tensor("v", dt, 4);

@@ -111,19 +111,26 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
     // loses the small gates after a very negative one (-1e4 gates inside the chunk: 6e-4 relative error
     // in dq, where the token-by-token form was exact).
     Tile dA = where(rows >= cols, dot(dO[i], V[i].T()) * scale, 0.0f);
+    // The columns go from last to first so that E[r] = g_{c+1} + ... + g_r (r > c) is carried: each
+    // step adds g_{c+1} to the previous column's sums, a sum of gates in a fixed order (no scan, no
+    // difference).
     Tile dQ = zeros({kSub, BK}, f32), dK = zeros({kSub, BK}, f32), A = zeros({kSub, kSub}, f32);
-    const Tile& Gi = G[i];
+    Tile E = zeros({kSub, BK}, f32);
     const Tile& Qi = Qf[i];
-    for_range(0, kSub, [&](Tile c) {
+    for_range(0, kSub, [&](Tile step) {
+      Tile c = kSub - 1 - step;
       Tile kc = load(k, {b, ti + c, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq).to(f32);
+      // Row c+1 of the gates; at c = 15 it lies past the block, and every row it reaches is masked.
+      Tile g_next = load(g, {b, ti + c + 1, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
+      E = where(rows > c, E + expand_dims(g_next, 0), 0.0f);
       Tile below = rows >= c;
-      Tile e = exp(where(below, cumsum(where(rows > c, Gi, 0.0f), 0), 0.0f));
+      Tile e = exp(E);  // exp(L_r - L_c) for r >= c (1 at r = c); rows above c are masked below
       Tile dA_c = expand_dims(sum(where(cols == c, dA, 0.0f), 1), 1);  // column c of dA, [16, 1]
       Tile wq = where(below, e * dA_c, 0.0f);                          // dA[r, c] exp(L_r - L_c), r >= c
       dQ = dQ + wq * expand_dims(kc, 0);
       dK = dK + where(rows == c, expand_dims(sum(wq * Qi, 0), 0), 0.0f);
       A = A + where((cols == c) & below, expand_dims(sum(e * Qi * expand_dims(kc, 0), 1), 1), 0.0f);
-    }, dQ, dK, A);
+    }, dQ, dK, A, E);
     dQi[i] = dQ;
     dKi[i] = dK;
     dVi[i] = dot((A * scale).T().to(dt), dO[i]);

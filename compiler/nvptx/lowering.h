@@ -102,6 +102,7 @@ class KernelLowering {
   /// Warp-shuffle forms for 1-D tiles no longer than the program (thread t owns element t).
   bool lower_reduce_1d(const ir::Op& op);
   bool lower_scan_1d(const ir::Op& op);
+  bool lower_scan_2d(const ir::Op& op);
   /// Rows of a 2-D blocked tile, each within one warp, from registers (passes::reduce_rows_in_registers).
   bool lower_reduce_rows(const ir::Op& op);
   /// Address `byte_offset` bytes into the plan's scratch area.

@@ -10,6 +10,15 @@ namespace linac::passes {
 
 using ir::OpCode;
 
+int64_t scan_2d_scratch_bytes(const ir::Op& op) {
+  if (op.code != OpCode::Scan) return 0;
+  const auto& x = op.operands[0]->type;
+  const DType t = x.dtype;
+  const bool acc_32 = t == DType::f32 || t == DType::bf16 || t == DType::f16 || t == DType::i32;
+  if (x.rank() != 2 || !acc_32 || x.shape[op.attrs.axis] > 128) return 0;
+  return x.shape[0] * x.shape[1] * 4;
+}
+
 namespace {
 
 bool is_view(OpCode c) {
@@ -248,8 +257,10 @@ class Planner {
         max_1d = std::max(max_1d, op.operands[0]->type.shape[0]);
       if (op.code == OpCode::Reduce && reduce_rows_in_registers(op, layout(op.operands[0]))) max_1d = std::max(max_1d, op.operands[0]->type.shape[0]);
     });
+    int64_t scan_2d = 0;
+    ir::walk(const_cast<ir::Block&>(k_.body), [&](ir::Op& op) { scan_2d = std::max(scan_2d, scan_2d_scratch_bytes(op)); });
     plan_.scratch_offset = (total + 15) / 16 * 16;
-    plan_.scratch_bytes = max_1d ? 32 * 8 + max_1d * 8 : 0;
+    plan_.scratch_bytes = std::max(max_1d ? 32 * 8 + max_1d * 8 : 0, scan_2d);
     plan_.total_bytes = plan_.scratch_offset + plan_.scratch_bytes;
   }
 

@@ -45,12 +45,17 @@ struct SmemPlan {
   PipelinePlan pipeline;
   std::map<const ir::Value*, ValueClass> classes;
   std::map<const ir::Value*, SmemBuffer> buffers;  // values written to shared memory after definition
-  // Scratch for warp-shuffle reductions and scans of 1-D tiles: 32 per-warp partials (8 bytes each)
-  // followed by the scan's result (up to 8 bytes per element).
+  // Scratch for warp-shuffle reductions and scans of 1-D tiles (32 per-warp partials, 8 bytes each,
+  // followed by the scan's result, up to 8 bytes per element) and for the results of 2-D scans
+  // (scan_2d_scratch_bytes).
   int64_t scratch_offset = 0;
   int64_t scratch_bytes = 0;
   int64_t total_bytes = 0;
 };
+
+/// The scratch bytes of a scan of a 2-D f32/i32 tile along an axis of at most 128 elements, which the
+/// backend lowers one line per thread through scratch; 0 for every other op (lowered without it).
+int64_t scan_2d_scratch_bytes(const ir::Op& op);
 
 /// Plans shared memory for `k` with the given layouts.
 SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline);

@@ -61,7 +61,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
   const int NC = static_cast<int>(BT / kSub);
   const DType dt = cfg.dtype, f32 = DType::f32;
   KernelBuilder kb("gla_bwd_intra");
-  kb.set_num_warps(4);
+  kb.set_num_warps(cfg.intra_warps);
   // All registers: ptxas, keeping room for more blocks per SM, capped it at 128 and it spilled (fp32 at
   // head dim 64: 4 bytes; at 8 warps 140 bytes in bf16 at 128).
   kb.set_min_ctas_per_sm(1);
@@ -104,33 +104,52 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
     Tile next = load(g, {b, ti + 1, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq);
     Rs[i] = cumsum(where(rows == kSub - 1, 0.0f, next), 0, true);  // g_{c+1} + ... + g_{last}
 
-    // The diagonal block, column c at a time (row c of K and the c-th column of dA), as gla_intra
-    // builds A:  dQi += dA[:, c] (k_c .* exp(L - L_c)) over rows r >= c;  A[:, c] = rowsum(Q .* k_c .* exp(..));
-    //   dKi[c] = sum_r dA[r, c] q_r .* exp(L_r - L_c)
-    // with L_r - L_c summed directly as g_{c+1} + ... + g_r: the difference of the two cumulative sums
-    // loses the small gates after a very negative one (-1e4 gates inside the chunk: 6e-4 relative error
-    // in dq, where the token-by-token form was exact).
+    // The diagonal block elementwise in fp32, in two passes over its 16 rows so that every sum is a
+    // row sum (warp shuffles) and none runs down a column (a shared-memory walk per step):
+    //  - column c at a time (row c of K, column c of dA), as gla_intra builds A:
+    //      dQi[r] += dA[r, c] k_c .* exp(L_r - L_c) (r >= c),  A[r, c] = rowsum(q_r .* k_c .* exp(..))
+    //  - row r at a time (row r of Q, column r of dA^T):
+    //      dKi[c] += dA[r, c] q_r .* exp(L_r - L_c) (c <= r)
+    // L_r - L_c is summed directly as g_{c+1} + ... + g_r, carried from step to step (each adds one
+    // row of gates, in a fixed order): the difference of two cumulative sums loses the small gates
+    // after a very negative one (-1e4 gates inside the chunk: 6e-4 relative error in dq).
     Tile dA = where(rows >= cols, dot(dO[i], V[i].T()) * scale, 0.0f);
-    // The columns go from last to first so that E[r] = g_{c+1} + ... + g_r (r > c) is carried: each
-    // step adds g_{c+1} to the previous column's sums, a sum of gates in a fixed order (no scan, no
-    // difference).
+    Tile dAt = where(rows <= cols, dot(V[i], dO[i].T()) * scale, 0.0f);  // dA^T
     Tile dQ = zeros({kSub, BK}, f32), dK = zeros({kSub, BK}, f32), A = zeros({kSub, kSub}, f32);
-    Tile E = zeros({kSub, BK}, f32);
     const Tile& Qi = Qf[i];
+    // Columns from last to first, carrying E[r] = g_{c+1} + ... + g_r (r > c). The rows each step
+    // needs from memory are loaded one step ahead (carried), so that their latency overlaps a step.
+    auto row_of = [&](const Tensor& t, const Operand& r) {
+      return load(t, {b, ti + r, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
+    };
+    Tile E = zeros({kSub, BK}, f32);
+    // Row c+1 of the gates; at c = 15 it lies past the block, and every row it reaches is masked.
+    Tile kc = row_of(k, kSub - 1), g_next = row_of(g, kSub);
     for_range(0, kSub, [&](Tile step) {
       Tile c = kSub - 1 - step;
-      Tile kc = load(k, {b, ti + c, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq).to(f32);
-      // Row c+1 of the gates; at c = 15 it lies past the block, and every row it reaches is masked.
-      Tile g_next = load(g, {b, ti + c + 1, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
+      Tile c_ahead = where(c > 0, c - 1, 0);  // the next step's column (a harmless reload at the end)
+      Tile kc_ahead = row_of(k, c_ahead), g_ahead = row_of(g, c);
       E = where(rows > c, E + expand_dims(g_next, 0), 0.0f);
       Tile below = rows >= c;
       Tile e = exp(E);  // exp(L_r - L_c) for r >= c (1 at r = c); rows above c are masked below
       Tile dA_c = expand_dims(sum(where(cols == c, dA, 0.0f), 1), 1);  // column c of dA, [16, 1]
-      Tile wq = where(below, e * dA_c, 0.0f);                          // dA[r, c] exp(L_r - L_c), r >= c
-      dQ = dQ + wq * expand_dims(kc, 0);
-      dK = dK + where(rows == c, expand_dims(sum(wq * Qi, 0), 0), 0.0f);
-      A = A + where((cols == c) & below, expand_dims(sum(e * Qi * expand_dims(kc, 0), 1), 1), 0.0f);
-    }, dQ, dK, A, E);
+      Tile kc32 = kc.to(f32);
+      dQ = dQ + where(below, e * dA_c, 0.0f) * expand_dims(kc32, 0);
+      A = A + where((cols == c) & below, expand_dims(sum(e * Qi * expand_dims(kc32, 0), 1), 1), 0.0f);
+      kc = kc_ahead;
+      g_next = g_ahead;
+    }, dQ, A, E, kc, g_next);
+    // Rows from first to last, carrying F[c] = g_{c+1} + ... + g_r (c < r).
+    Tile F = zeros({kSub, BK}, f32);
+    Tile qr = row_of(q, 0), g_r = row_of(g, 0);
+    for_range(0, kSub, [&](Tile r) {
+      Tile qr_ahead = row_of(q, r + 1), g_ahead = row_of(g, r + 1);  // row 16 past the end: unused
+      F = where(rows < r, F + expand_dims(g_r, 0), 0.0f);
+      Tile dA_r = expand_dims(sum(where(cols == r, dAt, 0.0f), 1), 1);  // row r of dA, as a column [16, 1]
+      dK = dK + where(rows <= r, exp(F) * dA_r, 0.0f) * expand_dims(qr.to(f32), 0);
+      qr = qr_ahead;
+      g_r = g_ahead;
+    }, dK, F, qr, g_r);
     dQi[i] = dQ;
     dKi[i] = dK;
     dVi[i] = dot((A * scale).T().to(dt), dO[i]);
@@ -284,8 +303,8 @@ enum class GlaBwdKernel { intra, dq, dk, dv, dg };
 
 std::shared_ptr<ir::Kernel> cached(const GlaChunkedBwdConfig& cfg, GlaBwdKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
-                                cfg.block_v, cfg.split_k, cfg.split_v, cfg.initial_state, cfg.final_state_grad,
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
+                                cfg.block_v, cfg.split_k, cfg.split_v, cfg.intra_warps, cfg.initial_state, cfg.final_state_grad,
                                 cfg.initial_state_grad, cfg.varlen, cfg.num_warps);
   return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
@@ -300,14 +319,19 @@ std::shared_ptr<ir::Kernel> cached(const GlaChunkedBwdConfig& cfg, GlaBwdKernel 
 }
 
 void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts) {
-  // Chunk 32 by default: at 64 (head dim 128) the walks plan 247-294 KB of shared memory, more than an
-  // H100/H200 block has, and gla_bwd_intra spills 1.2 KB; at 32 the walks plan 133-157 KB, intra 51 KB.
-  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, 32), {16, 32, 64}));
+  // Defaults from the H200 at B8 T4096 H16 D128 bf16 (backward ms): chunk 16 with whole 128-column
+  // blocks and 8 warps 5.09 (intra 2.46, walks 0.84/0.86/0.71); chunk 32 with 64-column blocks 6.68
+  // (intra 3.47, walks ~1.0 each); chunk 32 with 128-column key blocks does not fit (239 KB of shared
+  // memory); chunk 64 plans 247-294 KB. fp32 keeps 64-column blocks (128 would plan 203 KB, more than
+  // an sm_80 block has).
+  const bool wide = cfg.dtype != DType::f32;
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, 16), {16, 32, 64}));
   if (cfg.chunk > 64)
     throw UserError(fmt::format("--chunk-size {}: gla --backward takes chunks of 16, 32 or 64 rows", cfg.chunk));
-  cfg.split_k = std::min<int64_t>(config_value(opts, "bk", 64, {16, 32, 64, 128, 256}), cfg.block_k);
-  cfg.split_v = std::min<int64_t>(config_value(opts, "bv", 64, {16, 32, 64, 128, 256}), cfg.block_v);
-  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 4, {2, 4, 8}));
+  cfg.split_k = std::min<int64_t>(config_value(opts, "bk", wide ? 128 : 64, {16, 32, 64, 128, 256}), cfg.block_k);
+  cfg.split_v = std::min<int64_t>(config_value(opts, "bv", wide ? 128 : 64, {16, 32, 64, 128, 256}), cfg.block_v);
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", wide ? 8 : 4, {2, 4, 8}));
+  cfg.intra_warps = static_cast<int>(config_value(opts, "iwarps", 4, {2, 4, 8}));
 }
 
 }  // namespace
@@ -317,7 +341,8 @@ const std::vector<std::pair<std::string, std::string>>& gla_chunked_bwd_config_k
       {"chunk", "--backward: rows per chunk of the walks (16, 32, 64; 16-row diagonal blocks)"},
       {"bk", "--backward: key columns per program of the dq and dk walks (16..256)"},
       {"bv", "--backward: value columns per program of the dv walk (16..256)"},
-      {"warps", "warps per program (2, 4, 8)"},
+      {"warps", "warps per program of the walks (2, 4, 8)"},
+      {"iwarps", "--backward: warps per program of gla_bwd_intra (2, 4, 8)"},
       {"tokenwise", "--backward: 1 = the token-by-token form (the reference)"},
   };
   return keys;

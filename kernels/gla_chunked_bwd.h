@@ -22,7 +22,8 @@ struct GlaChunkedBwdConfig {
   bool final_state_grad = false;
   bool initial_state_grad = false;
   bool varlen = false;
-  int num_warps = 4;
+  int num_warps = 4;     // of the walks
+  int intra_warps = 4;   // of gla_bwd_intra
 };
 
 enum class GlaBwdWalk { dq, dk, dv };

@@ -92,7 +92,7 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
   out.num_threads = k.num_warps * 32;
   passes::LayoutMap layouts = passes::assign_layouts(k);
   out.tir_layouts = passes::print_with_layouts(k, layouts);
-  passes::SmemPlan plan = passes::plan_shared_memory(k, layouts, passes::plan_pipelining(k));
+  passes::SmemPlan plan = passes::plan_shared_memory(k, layouts, passes::plan_pipelining(k), target.max_smem_bytes());
   out.smem_plan = passes::print_smem_plan(k, plan);
   out.smem_bytes = plan.total_bytes;
 

@@ -14,6 +14,8 @@ namespace linac::nvptx {
 struct GpuTarget {
   int sm = 90;
   std::string name() const;  // "sm_80", "sm_90a"
+  /// The most dynamic shared memory one block may have there (227 KB on sm_90, 163 KB on sm_80).
+  int64_t max_smem_bytes() const { return sm >= 90 ? 232448 : sm == 80 ? 166912 : 101376; }
 };
 
 /// How one IR parameter appears in the kernel's ABI: a tensor is its pointer followed by rank i32

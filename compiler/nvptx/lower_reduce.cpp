@@ -222,7 +222,7 @@ void KernelLowering::lower_reduce(const ir::Op& op) {
 bool KernelLowering::lower_scan_2d(const ir::Op& op) {
   const ir::Value* x = op.operands[0];
   const DType t = x->type.dtype, at = acc_dtype(t);
-  if (passes::scan_2d_scratch_bytes(op) == 0) return false;
+  if (!smem_.line_scans || passes::scan_2d_scratch_bytes(op) == 0) return false;
   const int axis = static_cast<int>(op.attrs.axis);
   const int64_t n = x->type.shape[axis], m = x->type.shape[1 - axis];
   const int threads = k_.num_warps * 32;

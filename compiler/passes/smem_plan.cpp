@@ -27,8 +27,8 @@ bool is_view(OpCode c) {
 
 class Planner {
  public:
-  Planner(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline)
-      : k_(k), layouts_(layouts) {
+  Planner(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline, int64_t max_smem_bytes)
+      : k_(k), layouts_(layouts), max_smem_bytes_(max_smem_bytes) {
     plan_.pipeline = pipeline;
   }
 
@@ -260,12 +260,15 @@ class Planner {
     int64_t scan_2d = 0;
     ir::walk(const_cast<ir::Block&>(k_.body), [&](ir::Op& op) { scan_2d = std::max(scan_2d, scan_2d_scratch_bytes(op)); });
     plan_.scratch_offset = (total + 15) / 16 * 16;
-    plan_.scratch_bytes = std::max(max_1d ? 32 * 8 + max_1d * 8 : 0, scan_2d);
+    const int64_t scratch_1d = max_1d ? 32 * 8 + max_1d * 8 : 0;
+    plan_.line_scans = scan_2d > 0 && plan_.scratch_offset + std::max(scratch_1d, scan_2d) <= max_smem_bytes_;
+    plan_.scratch_bytes = plan_.line_scans ? std::max(scratch_1d, scan_2d) : scratch_1d;
     plan_.total_bytes = plan_.scratch_offset + plan_.scratch_bytes;
   }
 
   const ir::Kernel& k_;
   const LayoutMap& layouts_;
+  const int64_t max_smem_bytes_;
   SmemPlan plan_;
   std::set<const ir::Value*> spilled_;
   std::map<const ir::Value*, std::vector<const ir::Op*>> uses_;
@@ -276,8 +279,9 @@ class Planner {
 
 }  // namespace
 
-SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline) {
-  return Planner(k, layouts, pipeline).run();
+SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline,
+                            int64_t max_smem_bytes) {
+  return Planner(k, layouts, pipeline, max_smem_bytes).run();
 }
 
 std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
@@ -291,7 +295,8 @@ std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
   std::string out;
   for (auto& [off, line] : lines) out += line + "\n";
   if (plan.scratch_bytes)
-    out += fmt::format("smem {:>6} +{:<6} scratch (1-D reductions and scans)\n", plan.scratch_offset, plan.scratch_bytes);
+    out += fmt::format("smem {:>6} +{:<6} scratch (reductions and scans{})\n", plan.scratch_offset, plan.scratch_bytes,
+                       plan.line_scans ? ", 2-D scans line by line" : "");
   out += fmt::format("smem total {} bytes\n", plan.total_bytes);
   return out;
 }

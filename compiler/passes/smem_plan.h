@@ -50,6 +50,9 @@ struct SmemPlan {
   // (scan_2d_scratch_bytes).
   int64_t scratch_offset = 0;
   int64_t scratch_bytes = 0;
+  // Whether 2-D scans go line by line through scratch: only when their scratch still fits the
+  // device's shared memory (else the slower per-element form, which needs none).
+  bool line_scans = false;
   int64_t total_bytes = 0;
 };
 
@@ -58,7 +61,8 @@ struct SmemPlan {
 int64_t scan_2d_scratch_bytes(const ir::Op& op);
 
 /// Plans shared memory for `k` with the given layouts.
-SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline);
+SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline,
+                            int64_t max_smem_bytes);
 
 /// The buffers of the plan, one line per value (the pass's dump).
 std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan);

@@ -93,6 +93,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
   Tensor w = kb.tensor("w", dt, 4);
   Tensor u = kb.tensor("u", dt, 5);
+  Tensor t_mat = cfg.store_t ? kb.tensor("t_mat", dt, 4) : Tensor();
 
   Tile i_c = program_id(0), i_nh = program_id(1);
   Tile b, i_h, bos, eos, chunk;
@@ -137,6 +138,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   // The row factors of K and V become column factors of T: the loaded blocks feed the tensor cores
   // as they are.
   Tile T = unit_lower_inverse(where(strict, A, 0.0f), BT);
+  if (cfg.store_t) store(t_mat, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BT}, T.to(dt), in_seq);
   Tile T_beta = (T * expand_dims(beta_c, 0)).to(dt);
   // U in blocks of BV value columns.
   Tile num_v_blocks = (v.dim(3) + (BV - 1)) / BV;
@@ -244,9 +246,9 @@ enum class DeltaKernel { wy, fwd, recurrent };
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_delta_kernel(DeltaKernel which, const DeltaRuleConfig& cfg) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}{}{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
                                 cfg.chunk, cfg.block_k, cfg.block_v, cfg.gated, cfg.l2norm_qk, cfg.initial_state,
-                                cfg.final_state, cfg.varlen, cfg.num_warps, cfg.num_stages);
+                                cfg.final_state, cfg.varlen, cfg.store_t, cfg.num_warps, cfg.num_stages);
   return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
       case DeltaKernel::wy: return build_delta_rule_wy(cfg);

@@ -36,6 +36,7 @@ struct DeltaRuleConfig {
   bool varlen = false;       // cu_seqlens [N+1] present, B == 1
   int num_warps = 4;
   int num_stages = 2;        // chunk loads of delta_rule_fwd pipelined one iteration ahead
+  bool store_t = false;      // delta_rule_wy also stores T (t_mat [B,T,H,BT], rows, input dtype) for the backward
 };
 
 /// T = (I + A)^-1 for a strictly lower triangular f32 [BT, BT] tile A (BT a multiple of 16), in fp32

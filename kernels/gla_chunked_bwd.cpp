@@ -86,9 +86,11 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
   AccessOptions in_seq{.limits = {{1, seq.eos}}};
   Tile rows = expand_dims(iota(kSub), 1), cols = expand_dims(iota(kSub), 0);
 
-  // Per 16-row sub-chunk i: its rows, its gates and (for the blocks below the diagonal) Qd_i = Q_i .*
-  // exp(g_{first+1} + ... + g_r) and Rs_i = g_{c+1} + ... + g_{last} (to its end), tot_i, g0_i (first row).
-  std::vector<Tile> Qf(NC), Kf(NC), V(NC), dO(NC), G(NC), Qexp(NC), Qd(NC), Rs(NC), tot(NC), g0(NC);
+  // Per 16-row sub-chunk i: its rows and, only where a block below the diagonal uses them (the IR
+  // keeps what is recorded, used or not: at chunk 16 none is), Qd_i = Q_i .* exp(g_{first+1} + ... +
+  // g_r) and g0_i (first row) for i > 0, Rs_i = g_{c+1} + ... + g_{last} (to its end) for i < NC - 1,
+  // tot_i for the sub-chunks in between.
+  std::vector<Tile> Qf(NC), Kf(NC), V(NC), dO(NC), Qexp(NC), Qd(NC), Rs(NC), tot(NC), g0(NC);
   std::vector<Tile> dQi(NC), dKi(NC), dVi(NC);
   for (int i = 0; i < NC; ++i) {
     Tile ti = t0 + i * kSub;
@@ -96,13 +98,17 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
     Kf[i] = load(k, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq).to(f32);
     V[i] = load(v, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BV}, in_seq);
     dO[i] = load(dout, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BV}, in_seq);
-    G[i] = load(g, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq);
-    tot[i] = sum(G[i], 0);
-    g0[i] = load(g, {b, ti, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
-    Qexp[i] = exp(cumsum(where(rows > 0, G[i], 0.0f), 0));  // exp(g_{first+1} + ... + g_r)
-    Qd[i] = Qf[i] * Qexp[i];
-    Tile next = load(g, {b, ti + 1, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq);
-    Rs[i] = cumsum(where(rows == kSub - 1, 0.0f, next), 0, true);  // g_{c+1} + ... + g_{last}
+    if (i > 0) {
+      Tile G = load(g, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq);
+      if (i < NC - 1) tot[i] = sum(G, 0);
+      g0[i] = load(g, {b, ti, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
+      Qexp[i] = exp(cumsum(where(rows > 0, G, 0.0f), 0));  // exp(g_{first+1} + ... + g_r)
+      Qd[i] = Qf[i] * Qexp[i];
+    }
+    if (i < NC - 1) {
+      Tile next = load(g, {b, ti + 1, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq);
+      Rs[i] = cumsum(where(rows == kSub - 1, 0.0f, next), 0, true);  // g_{c+1} + ... + g_{last}
+    }
 
     // The diagonal block elementwise in fp32, in two passes over its 16 rows so that every sum is a
     // row sum (warp shuffles) and none runs down a column (a shared-memory walk per step):

@@ -116,7 +116,11 @@ def test_every_tuning_candidate_matches_reference(linac, K, V, T):
     inputs = make_inputs(420 + K, B=1, T=T, H=2, K=K, V=V)
     ref = ref_of(inputs)
     configs = tuning_space(linac, K, V, T)
-    assert len(configs) > 3, configs
+    assert len(configs) >= 2, configs
+    # Configurations the wide half no longer times (measured slower on an H200) stay valid for --config:
+    # they are checked too.
+    if K > 64:
+        configs += [c for c in ("chunk=16", "stages=1", "warps=8") if c not in configs]
     failures = []
     for config in configs:
         options = [] if config == "default" else ["--config", config]

@@ -118,11 +118,15 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
   check_config_keys("linear_attn", opts, linear_attn_config_keys());
   LinearAttnConfig cfg;
   cfg.dtype = opts.dtype;
-  cfg.chunk = checked_chunk_size(opts.chunk_size, 64);
-  cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
   cfg.block_k = padded_head_dim(seq.K);
-  // Until the autotuner exists (issue 6), the defaults come from measurements on an H200 (see the
-  // issue notes): one program per head and 128 value columns when that fills the GPU, else 64
+  // Chunk 32 for fp32 above head dim 64: at 64 the gated kernel plans 257 KB (64 value columns) to
+  // 323 KB (128) of shared memory, more than an sm_90 block has (test_default_plans_fit.py); at 32,
+  // 142-191 KB.
+  const int default_chunk = cfg.dtype == DType::f32 && cfg.block_k > 64 ? 32 : 64;
+  cfg.chunk = checked_chunk_size(opts.chunk_size, default_chunk);
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
+  // The defaults the tuner starts from (and what runs without it), from measurements on an H200 (see
+  // the issue notes): one program per head and 128 value columns when that fills the GPU, else 64
   // columns (more programs), 8 warps for wide heads.
   int64_t bv = 64, warps = 8;
   if (seq.V <= 64) {

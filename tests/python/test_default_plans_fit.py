@@ -1,0 +1,41 @@
+"""Every kernel a call launches at its default configuration fits the shared memory of an sm_90 block
+(232448 bytes on an H100/H200), for every op, form and dtype at head dims 64 and 128.
+
+`linac compile OP --shape S [--backward] --emit smem` plans exactly the kernels of that call, with no
+GPU. The GPU reports an overflow only when the call runs ("kernel X needs N bytes of shared memory"),
+as it did for the delta rules' fp32 backward at head dim 128 (241-289 KB at chunk 32) and for
+gated_delta_rule_wy at chunk 128 once 2-D scans took scratch: both found on the H200 first."""
+import re
+import subprocess
+
+import pytest
+
+MAX_SMEM = 232448  # sm_90: 227 KB of dynamic shared memory per block
+
+FORMS = [
+    ("linear_attn", []), ("linear_attn", ["--gated"]), ("linear_attn", ["--normalize"]),
+    ("gla", []), ("delta_rule", []), ("gated_delta_rule", []), ("poly", []),
+]
+
+
+def smem_totals(linac_bin, op, flags, dtype, d, backward, bh):
+    args = [str(linac_bin), "compile", op, "--shape", f"{bh},T=256,K={d}", "--dtype", dtype, "--emit", "smem",
+            *flags, *(["--backward"] if backward else [])]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"`{' '.join(args[1:])}` failed:\n{r.stderr}"
+    totals = [int(m.group(1)) for m in re.finditer(r"smem total (\d+) bytes", r.stdout)]
+    assert totals, f"`{' '.join(args[1:])}` printed no plan:\n{r.stdout}"
+    return totals
+
+
+# Few and many sequences x heads: some defaults depend on whether one program per head fills the GPU.
+@pytest.mark.parametrize("bh", ["B=1,H=2", "B=8,H=16"])
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("op,flags", FORMS, ids=[" ".join([op, *f]) for op, f in FORMS])
+def test_default_plans_fit_an_sm90_block(linac_bin, op, flags, dtype, d, backward, bh):
+    totals = smem_totals(linac_bin, op, flags, dtype, d, backward, bh)
+    too_big = [t for t in totals if t > MAX_SMEM]
+    assert not too_big, f"{op} {' '.join(flags)} {dtype} D={d} {bh} {'backward' if backward else 'forward'}: " \
+                        f"kernels plan {too_big} bytes of shared memory (an sm_90 block has {MAX_SMEM}); all: {totals}"

@@ -26,8 +26,10 @@ using namespace dsl;
 //   dKb = T^T dW,  dVb = T^T dU,  dT = dW (beta K)^T + dU (beta V)^T,  dA = -strict(T^T dT T^T)
 //   dV  = beta dVb,   dbeta = rowsum(dVb V) + rowsum(dKb K) + rowsum(dA .* K K^T)
 //   dK += beta dKb + (beta dA) K + (beta dA)^T K
-// Three kernels after delta_rule_wy recomputes W and U: a forward walk stores S per chunk and Vn; a
-// reverse walk stores dS' per chunk and dVn (and dinitial_state); then every chunk is independent.
+// Three kernels after delta_rule_wy recomputes W and U (and stores T, so that the per-chunk kernel does
+// not invert again: 3.70 -> 2.65 ms on an H200 at B8 T4096 H16 D128): a forward walk stores S per chunk
+// and Vn; a reverse walk stores dS' per chunk and dVn (and dinitial_state); then every chunk is
+// independent.
 // The per-chunk states are [chunks, H, K, V] in the input dtype: T*K*V/chunk elements each, linear in T.
 //
 // Gated (gated_delta_rule), with b the chunk-local cumulative log-decay, b_C its last row and

@@ -330,13 +330,13 @@ void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts) {
   // (intra 3.47, walks ~1.0 each); chunk 32 with 128-column key blocks does not fit (239 KB of shared
   // memory); chunk 64 plans 247-294 KB. fp32 keeps 64-column blocks (128 would plan 203 KB, more than
   // an sm_80 block has).
-  const bool wide = cfg.dtype != DType::f32;
+  const bool half_width = cfg.dtype != DType::f32;  // bf16 or fp16 tiles
   cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, 16), {16, 32, 64}));
   if (cfg.chunk > 64)
     throw UserError(fmt::format("--chunk-size {}: gla --backward takes chunks of 16, 32 or 64 rows", cfg.chunk));
-  cfg.split_k = std::min<int64_t>(config_value(opts, "bk", wide ? 128 : 64, {16, 32, 64, 128, 256}), cfg.block_k);
-  cfg.split_v = std::min<int64_t>(config_value(opts, "bv", wide ? 128 : 64, {16, 32, 64, 128, 256}), cfg.block_v);
-  cfg.num_warps = static_cast<int>(config_value(opts, "warps", wide ? 8 : 4, {2, 4, 8}));
+  cfg.split_k = std::min<int64_t>(config_value(opts, "bk", half_width ? 128 : 64, {16, 32, 64, 128, 256}), cfg.block_k);
+  cfg.split_v = std::min<int64_t>(config_value(opts, "bv", half_width ? 128 : 64, {16, 32, 64, 128, 256}), cfg.block_v);
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", half_width ? 8 : 4, {2, 4, 8}));
   cfg.intra_warps = static_cast<int>(config_value(opts, "iwarps", 4, {2, 4, 8}));
 }
 

@@ -13,7 +13,7 @@ namespace linac {
 
 struct GlaChunkedBwdConfig {
   DType dtype = DType::f32;
-  int chunk = 32;        // rows per step of the walks and per program of gla_bwd_intra (16, 32, 64)
+  int chunk = 16;        // rows per step of the walks and per program of gla_bwd_intra (16, 32, 64)
   int64_t block_k = 64;  // K padded
   int64_t block_v = 64;  // V padded
   int64_t split_k = 64;  // key columns per program of the dq and dk walks

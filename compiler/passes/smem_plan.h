@@ -56,8 +56,9 @@ struct SmemPlan {
   int64_t total_bytes = 0;
 };
 
-/// The scratch bytes of a scan of a 2-D f32/i32 tile along an axis of at most 128 elements, which the
-/// backend lowers one line per thread through scratch; 0 for every other op (lowered without it).
+/// The scratch bytes of a scan of a 2-D tile (f16, bf16, f32 or i32: 32-bit sums) along an axis of at
+/// most 128 elements, which the backend lowers one line per thread through scratch when the plan allows
+/// (SmemPlan::line_scans); 0 for every other op (lowered without it).
 int64_t scan_2d_scratch_bytes(const ir::Op& op);
 
 /// Plans shared memory for `k` with the given layouts.

@@ -221,12 +221,7 @@ OpPlan plan_delta_rule_bwd(bool gated, const TensorMap& inputs, const OpOptions&
   }
 
   OpPlan plan;
-  for (const char* t : {"q", "k", "v", "do"}) plan.tensors[t] = inputs.at(t).cast(cfg.dtype);
-  plan.tensors["beta"] = inputs.at("beta").cast(DType::f32);
-  if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32);
-  if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
-  if (has_dht) plan.tensors["dfinal_state"] = inputs.at("dfinal_state").cast(DType::f32);
-  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+  add_backward_inputs(plan, inputs, seq, cfg.dtype, {"beta", "g", "initial_state", "dfinal_state"});
   plan.tensors["checkpoints"] =
       HostTensor::zeros(DType::f32, {seq.N, seq.H, std::max<int64_t>(1, (longest + kBlock - 1) / kBlock), seq.K, seq.V});
   plan.tensors["scratch"] = HostTensor::zeros(DType::f32, {seq.N * seq.H, kBlock, seq.K, seq.V});

@@ -383,15 +383,8 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   const int64_t v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
 
   OpPlan plan;
-  for (const char* t : {"q", "k", "v", "do"}) plan.tensors[t] = inputs.at(t).cast(cfg.dtype);
-  plan.tensors["beta"] = inputs.at("beta").cast(DType::f32);
-  if (gated) {
-    plan.tensors["g"] = inputs.at("g").cast(DType::f32);
-    plan.tensors["dg"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
-  }
-  if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
-  if (has_dht) plan.tensors["dfinal_state"] = inputs.at("dfinal_state").cast(DType::f32);
-  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+  add_backward_inputs(plan, inputs, seq, cfg.dtype, {"beta", "g", "initial_state", "dfinal_state"});
+  if (gated) plan.tensors["dg"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
   HostTensor offsets, indices;
   const int64_t chunks = chunk_tables(seq, BT, &offsets, &indices);
   plan.tensors["chunk_offsets"] = offsets;

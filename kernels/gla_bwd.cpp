@@ -164,18 +164,12 @@ OpPlan plan_gla_bwd(const TensorMap& inputs, const OpOptions& opts, const std::v
   const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
 
   OpPlan plan;
-  for (const char* name : {"q", "k", "v", "do"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
-  plan.tensors["g"] = inputs.at("g").cast(DType::f32);
+  add_backward_inputs(plan, inputs, seq, cfg.dtype, {"g", "initial_state", "dfinal_state"});
   for (const char* name : {"dq", "dk"}) plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
   plan.tensors["dv"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
   plan.tensors["dg"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
-  if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
-  if (has_dht) {
-    plan.tensors["dfinal_state"] = inputs.at("dfinal_state").cast(DType::f32);
-    plan.tensors["dg_final"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K});
-  }
+  if (has_dht) plan.tensors["dg_final"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K});
   if (cfg.initial_state_grad) plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
-  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
 
   const std::array<int64_t, 3> grid = {seq.N * seq.H, 1, 1};
   plan.launches.push_back(plan_launch(plan, cached_gla_bwd(cfg, true), grid,

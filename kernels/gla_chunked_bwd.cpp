@@ -370,14 +370,8 @@ OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
 
   OpPlan plan;
-  for (const char* name : {"q", "k", "v", "do"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
-  plan.tensors["g"] = inputs.at("g").cast(DType::f32);
-  if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
-  if (has_dht) {
-    plan.tensors["dfinal_state"] = inputs.at("dfinal_state").cast(DType::f32);
-    plan.tensors["dg_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K});
-  }
-  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+  add_backward_inputs(plan, inputs, seq, cfg.dtype, {"g", "initial_state", "dfinal_state"});
+  if (has_dht) plan.tensors["dg_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K});
   // O(T*D) scratch: the intra-chunk parts of the gradients and the fp32 products for dg.
   for (const char* name : {"dq_intra", "dk_intra", "qdq", "kdk"})
     plan.tensors[name] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});

@@ -127,6 +127,14 @@ void cast_qkv(TensorMap& inputs, DType dtype) {
     if (auto it = inputs.find(name); it != inputs.end()) it->second = it->second.cast(dtype);
 }
 
+void add_backward_inputs(OpPlan& plan, const TensorMap& inputs, const SequenceLayout& seq, DType dtype,
+                         std::initializer_list<const char*> fp32) {
+  for (const char* name : {"q", "k", "v", "do"}) plan.tensors[name] = inputs.at(name).cast(dtype);
+  for (const char* name : fp32)
+    if (auto it = inputs.find(name); it != inputs.end()) plan.tensors[name] = it->second.cast(DType::f32);
+  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+}
+
 KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel, std::array<int64_t, 3> grid,
                          std::initializer_list<const char*> names, std::map<std::string, double> scalars) {
   KernelLaunch l;

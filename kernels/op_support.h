@@ -57,6 +57,12 @@ HostTensor random_log_decay(std::vector<int64_t> shape, uint64_t seed);
 /// which matters where full-size inputs are prepared many times (the tuner: once per candidate).
 void cast_qkv(TensorMap& inputs, DType dtype);
 
+/// The inputs every backward plan starts from: q, k, v and do in the kernels' dtype, each of the fp32
+/// inputs named in `fp32` that was given (gates, betas, initial_state, dfinal_state), and cu_seqlens
+/// for varlen.
+void add_backward_inputs(OpPlan& plan, const TensorMap& inputs, const SequenceLayout& seq, DType dtype,
+                         std::initializer_list<const char*> fp32);
+
 /// A launch of `kernel` on `grid` that binds each of `names` the plan holds to the kernel parameter of
 /// the same name (names the plan lacks, e.g. optional states, are skipped), with `scalars`.
 KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel, std::array<int64_t, 3> grid,

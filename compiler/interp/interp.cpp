@@ -95,6 +95,7 @@ class ProgramRunner {
       case OpCode::ExpandDims:
       case OpCode::Reshape:
       case OpCode::Transpose:
+      case OpCode::Take:
         return eval_shape(op, f_);
       case OpCode::Reduce:
       case OpCode::Scan:

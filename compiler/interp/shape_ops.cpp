@@ -1,8 +1,10 @@
 // Shape ops: they move elements and never change them, so no rounding is needed. Values are
 // row-major, so expand_dims and reshape are copies; broadcast and transpose are strided gathers.
 #include <algorithm>
+#include <fmt/format.h>
 
 #include "compiler/interp/frame.h"
+#include "linac/error.h"
 
 namespace linac::interp {
 namespace {
@@ -73,9 +75,30 @@ void transpose(const ir::Op& op, const Buffer& in, Buffer& out) {
   strided_gather(in.data(), strides, to, out.data());
 }
 
+/// The slice of `in` at `index` along op.attrs.axis: [outer, n, inner] -> [outer, inner].
+void take(const ir::Op& op, const Buffer& in, int64_t index, Buffer& out) {
+  const std::vector<int64_t>& shape = op.operands[0]->type.shape;
+  const int64_t axis = op.attrs.axis;
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= shape[d];
+  for (size_t d = axis + 1; d < shape.size(); ++d) inner *= shape[d];
+  const int64_t n = shape[axis];
+  for (int64_t o = 0; o < outer; ++o)
+    std::copy_n(in.begin() + (o * n + index) * inner, inner, out.begin() + o * inner);
+}
+
 }  // namespace
 
 void eval_shape(const ir::Op& op, Frame& f) {
+  if (op.code == ir::OpCode::Take) {
+    if (op.operands.size() != 2) malformed(op, "expected a tile and an index");
+    const double index = f.operand(op, 1)[0];
+    const int64_t n = op.operands[0]->type.shape.at(op.attrs.axis);
+    if (!(index >= 0 && index < static_cast<double>(n)))
+      throw UserError(op.loc, fmt::format("take: index {} is outside axis {} of size {} ({})", index, op.attrs.axis, n,
+                                          program_context(f)));
+    return take(op, f.operand(op, 0), static_cast<int64_t>(index), f.result(op));
+  }
   if (op.operands.size() != 1) malformed(op, "expected one operand");
   Buffer& out = f.result(op);
   const Buffer& in = f.operand(op, 0);

@@ -66,7 +66,7 @@ Op* append_op(Kernel& k, Block& block, OpCode code, std::vector<Value*> operands
 }
 
 namespace {
-constexpr std::array<std::pair<OpCode, std::string_view>, 40> kOpNames = {{
+constexpr std::array<std::pair<OpCode, std::string_view>, 41> kOpNames = {{
     {OpCode::Constant, "constant"},   {OpCode::ProgramId, "program_id"},
     {OpCode::NumPrograms, "num_programs"}, {OpCode::Dim, "dim"},
     {OpCode::Iota, "iota"},           {OpCode::Add, "add"},
@@ -84,7 +84,8 @@ constexpr std::array<std::pair<OpCode, std::string_view>, 40> kOpNames = {{
     {OpCode::Splat, "splat"},         {OpCode::Broadcast, "broadcast"},
     {OpCode::ExpandDims, "expand_dims"}, {OpCode::Reshape, "reshape"},
     {OpCode::Transpose, "transpose"}, {OpCode::Reduce, "reduce"},
-    {OpCode::Scan, "scan"},           {OpCode::Dot, "dot"},
+    {OpCode::Scan, "scan"},           {OpCode::Take, "take"},
+    {OpCode::Dot, "dot"},
     {OpCode::Load, "load"},           {OpCode::Store, "store"},
     {OpCode::For, "for"},             {OpCode::If, "if"},
 }};

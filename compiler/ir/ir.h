@@ -66,6 +66,8 @@ enum class OpCode : uint8_t {
   // Reductions and scans along attrs.axis.
   Reduce,  // attrs.reduce; drops the axis (a rank-1 tile reduces to a scalar)
   Scan,    // attrs.reduce (sum only for now), attrs.reverse; inclusive
+  Take,    // (tile, index: i32 scalar) the slice at `index` along attrs.axis, which it drops (a rank-1
+           // tile gives a scalar); an index outside the axis is an error (interpreter) / undefined (GPU)
   // Tensor cores.
   Dot,     // (a [M,K], b [K,N]) -> f32 [M,N]; a, b of one float dtype, accumulated in f32
   // Memory.

@@ -254,6 +254,7 @@ std::vector<std::string_view> attr_keys(OpCode c) {
     case OpCode::NumPrograms:
     case OpCode::Dim:
     case OpCode::ExpandDims:
+    case OpCode::Take:
       return {"axis"};
     case OpCode::Cmp:
       return {"pred"};

@@ -45,6 +45,7 @@ std::string attr_dict(const Op& op) {
     case OpCode::NumPrograms:
     case OpCode::Dim:
     case OpCode::ExpandDims:
+    case OpCode::Take:
       return fmt::format(" {{axis = {}}}", a.axis);
     case OpCode::Cmp:
       return fmt::format(" {{pred = {}}}", cmp_pred_name(a.pred));

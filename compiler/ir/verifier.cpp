@@ -128,6 +128,8 @@ class OpChecker {
         return check_reduce();
       case OpCode::Scan:
         return check_scan();
+      case OpCode::Take:
+        return check_take();
       case OpCode::Dot:
         return check_dot();
       case OpCode::Load:
@@ -399,6 +401,18 @@ class OpChecker {
     if (op_.attrs.reduce != ReduceKind::sum)
       fail("only kind = sum is supported, got {}", reduce_kind_name(op_.attrs.reduce));
     expect_result(a);
+  }
+
+  void check_take() {
+    expect_counts(2, 1);
+    const Type& a = value_operand(0, "x");
+    if (!a.is_tile()) fail("x must be a tile, got {}", a.str());
+    if (op_.attrs.axis < 0 || op_.attrs.axis >= a.rank()) fail("axis {} is out of range for {}", op_.attrs.axis, a.str());
+    const Type& i = value_operand(1, "index");
+    if (!i.is_scalar() || i.dtype != DType::i32) fail("index must be an i32 scalar, got {}", i.str());
+    std::vector<int64_t> shape = a.shape;
+    shape.erase(shape.begin() + op_.attrs.axis);
+    expect_result(Type::value(a.dtype, std::move(shape)));
   }
 
   void check_dot() {

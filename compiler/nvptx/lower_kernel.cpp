@@ -206,6 +206,10 @@ void KernelLowering::lower_op(const ir::Op& op) {
   }
   if (scalar_result) {
     // Uniform scalar math: every thread computes it.
+    if (op.code == OpCode::Take) {  // of a rank-1 tile: one element of its shared-memory copy
+      regs_[op.result()] = {eval_at(op.operands[0], {scalar(op.operands[1])})};
+      return;
+    }
     if (op.code == OpCode::Constant) {
       regs_[op.result()] = {eval_at(op.result(), {})};
       return;
@@ -333,6 +337,11 @@ llvm::Value* KernelLowering::eval_at(const ir::Value* v, const Coords& c) {
     case OpCode::Transpose: {
       Coords src(c.size());
       for (size_t i = 0; i < c.size(); ++i) src[op.attrs.perm[i]] = c[i];
+      return eval_at(op.operands[0], src);
+    }
+    case OpCode::Take: {  // the source at c with the index put back on the taken axis
+      Coords src = c;
+      src.insert(src.begin() + op.attrs.axis, scalar(op.operands[1]));
       return eval_at(op.operands[0], src);
     }
     case OpCode::Reshape: {

@@ -155,7 +155,7 @@ class LayoutAssigner {
     bool d = true;
     switch (v->def->code) {
       case OpCode::Constant: case OpCode::Iota: case OpCode::Splat: case OpCode::ExpandDims:
-      case OpCode::Broadcast: case OpCode::Reshape: case OpCode::Transpose:
+      case OpCode::Broadcast: case OpCode::Reshape: case OpCode::Transpose: case OpCode::Take:
         d = false;
         break;
       default:

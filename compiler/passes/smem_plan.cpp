@@ -22,7 +22,8 @@ int64_t scan_2d_scratch_bytes(const ir::Op& op) {
 namespace {
 
 bool is_view(OpCode c) {
-  return c == OpCode::ExpandDims || c == OpCode::Broadcast || c == OpCode::Reshape || c == OpCode::Transpose;
+  return c == OpCode::ExpandDims || c == OpCode::Broadcast || c == OpCode::Reshape || c == OpCode::Transpose ||
+         c == OpCode::Take;
 }
 
 class Planner {
@@ -127,7 +128,7 @@ class Planner {
   }
 
   void mark_op(const ir::Op& op) {
-    // A view (expand_dims, broadcast, reshape, transpose) reads its source wherever the view is used,
+    // A view (expand_dims, broadcast, reshape, transpose, take) reads its source wherever it is used,
     // so a use of the view is a use of every value down its chain: the source's buffer must stay live
     // (regression: tests/python/test_smem_plan.py, a view made early and used late).
     auto note_use = [&](const ir::Value* v) {
@@ -154,6 +155,9 @@ class Planner {
         if (!reduce_rows_in_registers(op, layout(op.operands[0]))) need_smem(op.operands[0]);
         return;
       case OpCode::Scan: need_smem(op.operands[0]); return;
+      case OpCode::Take:  // a tile's take is a view (read where it is used); a scalar one reads now
+        if (op.result()->type.is_scalar()) need_eval(op.operands[0]);
+        return;
       case OpCode::Store: need_in_layout(op.operands.back(), layout_for_store(op.operands.back())); return;
       case OpCode::For: {
         const ir::Block& body = *op.regions[0];

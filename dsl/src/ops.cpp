@@ -284,6 +284,20 @@ Tile cumsum(const Tile& x, int axis, bool reverse, Loc loc) {
   return Tile(emit1(OpCode::Scan, {x.value()}, ty, a, loc));
 }
 
+Tile take(const Tile& x, const Operand& index, int axis, Loc loc) {
+  const Type& ty = type_of(x, loc);
+  if (ty.is_scalar()) throw UserError(sl(loc), "take: the operand is a scalar, not a tile");
+  Tile i = materialize(index, DType::i32);
+  const Type& ti = type_of(i, loc);
+  if (!ti.is_scalar() || ti.dtype != DType::i32)
+    throw UserError(sl(loc), fmt::format("take: the index must be an i32 scalar, got {}", ti.str()));
+  ir::Attrs a;
+  a.axis = normalize_axis(axis, ty.rank(), loc, "take");
+  std::vector<int64_t> shape = ty.shape;
+  shape.erase(shape.begin() + a.axis);
+  return Tile(emit1(OpCode::Take, {x.value(), i.value()}, Type::value(ty.dtype, shape), a, loc));
+}
+
 // ---- tensor cores --------------------------------------------------------------------------------
 
 Tile dot(const Tile& a, const Tile& b, Loc loc) {

@@ -126,3 +126,13 @@ TEST_CASE("dsl: reductions drop the axis and a rank-1 reduction is a scalar") {
   CHECK(sum(sum(a, 1), 0).is_scalar());
   CHECK(cumsum(a, 1, true).shape() == a.shape());
 }
+
+TEST_CASE("dsl: take drops the axis at a runtime index; the index must be an i32 scalar") {
+  KernelBuilder kb("k");
+  Tile a = zeros({4, 8}, DType::f32);
+  CHECK(take(a, 1, 0).shape() == std::vector<int64_t>{8});
+  CHECK(take(a, program_id(0), -1).shape() == std::vector<int64_t>{4});
+  CHECK(take(take(a, 2, 0), 3, 0).is_scalar());
+  CHECK_THROWS_AS(take(a, zeros({2}, DType::i32), 0), UserError);
+  CHECK_THROWS_AS(take(a, 0, 2), UserError);
+}

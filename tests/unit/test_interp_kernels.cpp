@@ -82,6 +82,29 @@ TEST_SUITE("interp") {
     CHECK(load_block(t, {0, -1, 0}, {2, 3, 4}, {0, 2}, {2, 4}) == std::vector<float>(8, 0));
   }
 
+  TEST_CASE("take: the row or column at a runtime index; an index outside the axis is an error") {
+    std::vector<float> x = grid57();
+    auto run_take = [&](int64_t axis, int64_t index) {
+      Builder b;
+      Value* in = b.k.add_param("in", Type::tensor(DType::f32, 2));
+      Value* o = b.k.add_param("out", Type::tensor(DType::f32, 1));
+      Value* t = b.load(in, b.i32s({0, 0}), b.i32s({5, 7}), {0, 1}, {4, 8});  // [4, 8], zero past col 6
+      Attrs a;
+      a.axis = axis;
+      const int64_t n = axis == 0 ? 8 : 4;
+      Value* slice = b.op(OpCode::Take, {t, b.i32(index)}, Type::tile(DType::f32, {n}), a);
+      b.store(o, b.i32s({0}), b.i32s({n}), {0}, slice);
+      std::vector<float> out(static_cast<size_t>(n), -1.0f);
+      std::vector<Arg> args{view(x.data(), DType::f32, {5, 7}), view(out.data(), DType::f32, {n})};
+      interp::run(b.k, Grid{}, args);
+      return out;
+    };
+    CHECK(run_take(0, 2) == std::vector<float>{120, 121, 122, 123, 124, 125, 126, 0});
+    CHECK(run_take(1, 6) == std::vector<float>{106, 116, 126, 136});
+    CHECK_THROWS_WITH_AS(run_take(0, 4), doctest::Contains("take: index 4 is outside axis 0 of size 4"), UserError);
+    CHECK_THROWS_AS(run_take(1, -1), UserError);
+  }
+
   TEST_CASE("scalar load and store (no tile dims)") {
     std::vector<float> x = grid57(), out{-1, -1};
     Builder b;

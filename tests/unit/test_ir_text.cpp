@@ -215,6 +215,8 @@ std::shared_ptr<Kernel> every_opcode() {
   Value* red = b.op(OpCode::Reduce, {tr}, tile(kF32, {32}), A().axis(1).reduce(ReduceKind::max));
   Value* scan = b.op(OpCode::Scan, {red}, tile(kF32, {32}), A().axis(0).reduce(ReduceKind::sum).reverse(true));
   Value* total = b.op(OpCode::Reduce, {scan}, scalar(kF32), A().axis(0).reduce(ReduceKind::sum));
+  Value* picked = b.op(OpCode::Take, {tr, c0}, tile(kF32, {64}), A().axis(0));
+  (void)picked;
   Value* a = b.op(OpCode::Load, {y, pid, c0, c0, n, c32, c32}, tile(kBF16, {32, 16}), A().shape({32, 16}).dims({1, 2}));
   Value* bt =
       b.op(OpCode::Load, {y, pid, c0, c0, n, c32, c32}, tile(kBF16, {16, 32}), A().shape({16, 32}).dims({2, 1}));

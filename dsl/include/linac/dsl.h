@@ -176,6 +176,11 @@ Tile max(const Tile& x, int axis, Loc loc = Loc::current());
 Tile min(const Tile& x, int axis, Loc loc = Loc::current());
 /// Inclusive prefix sum along axis; reverse=true sums from the end (suffix sums).
 Tile cumsum(const Tile& x, int axis, bool reverse = false, Loc loc = Loc::current());
+/// The slice of x at `index` (an i32 scalar, e.g. a loop variable) along `axis`, which it drops: row i
+/// of a [M, N] tile is take(x, i, 0) [N], column j is take(x, j, 1) [M]. On the GPU each element is one
+/// read of x's shared-memory copy, with no reduction: cheaper than sum(where(cols == j, x, 0), 1) inside
+/// a loop. An index outside the axis is an error on the interpreter (undefined on the GPU).
+Tile take(const Tile& x, const Operand& index, int axis, Loc loc = Loc::current());
 
 // ---- tensor cores --------------------------------------------------------------------------------
 

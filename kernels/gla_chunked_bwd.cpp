@@ -111,16 +111,18 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
     }
 
     // The diagonal block elementwise in fp32, in two passes over its 16 rows so that every sum is a
-    // row sum (warp shuffles) and none runs down a column (a shared-memory walk per step):
+    // row sum (warp shuffles) and none runs down a column (a shared-memory walk per step). The entries
+    // of dA each step needs are picked by a masked row sum, or with --config take=1 read from dA's
+    // shared-memory copy (take: no reduction; not yet timed or validated on a GPU, so not the default):
     //  - column c at a time (row c of K, column c of dA), as gla_intra builds A:
     //      dQi[r] += dA[r, c] k_c .* exp(L_r - L_c) (r >= c),  A[r, c] = rowsum(q_r .* k_c .* exp(..))
-    //  - row r at a time (row r of Q, column r of dA^T):
+    //  - row r at a time (row r of Q, row r of dA):
     //      dKi[c] += dA[r, c] q_r .* exp(L_r - L_c) (c <= r)
     // L_r - L_c is summed directly as g_{c+1} + ... + g_r, carried from step to step (each adds one
     // row of gates, in a fixed order): the difference of two cumulative sums loses the small gates
     // after a very negative one (-1e4 gates inside the chunk: 6e-4 relative error in dq).
     Tile dA = where(rows >= cols, dot(dO[i], V[i].T()) * scale, 0.0f);
-    Tile dAt = where(rows <= cols, dot(V[i], dO[i].T()) * scale, 0.0f);  // dA^T
+    Tile dAt = cfg.take ? Tile() : where(rows <= cols, dot(V[i], dO[i].T()) * scale, 0.0f);  // dA^T
     Tile dQ = zeros({kSub, BK}, f32), dK = zeros({kSub, BK}, f32), A = zeros({kSub, kSub}, f32);
     const Tile& Qi = Qf[i];
     // Columns from last to first, carrying E[r] = g_{c+1} + ... + g_r (r > c). The rows each step
@@ -138,7 +140,8 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
       E = where(rows > c, E + expand_dims(g_next, 0), 0.0f);
       Tile below = rows >= c;
       Tile e = exp(E);  // exp(L_r - L_c) for r >= c (1 at r = c); rows above c are masked below
-      Tile dA_c = expand_dims(sum(where(cols == c, dA, 0.0f), 1), 1);  // column c of dA, [16, 1]
+      // Column c of dA, [16, 1].
+      Tile dA_c = expand_dims(cfg.take ? take(dA, c, 1) : sum(where(cols == c, dA, 0.0f), 1), 1);
       Tile kc32 = kc.to(f32);
       dQ = dQ + where(below, e * dA_c, 0.0f) * expand_dims(kc32, 0);
       A = A + where((cols == c) & below, expand_dims(sum(e * Qi * expand_dims(kc32, 0), 1), 1), 0.0f);
@@ -151,7 +154,8 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
     for_range(0, kSub, [&](Tile r) {
       Tile qr_ahead = row_of(q, r + 1), g_ahead = row_of(g, r + 1);  // row 16 past the end: unused
       F = where(rows < r, F + expand_dims(g_r, 0), 0.0f);
-      Tile dA_r = expand_dims(sum(where(cols == r, dAt, 0.0f), 1), 1);  // row r of dA, as a column [16, 1]
+      // Row r of dA (over c), as a column [16, 1].
+      Tile dA_r = expand_dims(cfg.take ? take(dA, r, 0) : sum(where(cols == r, dAt, 0.0f), 1), 1);
       dK = dK + where(rows <= r, exp(F) * dA_r, 0.0f) * expand_dims(qr.to(f32), 0);
       qr = qr_ahead;
       g_r = g_ahead;
@@ -309,8 +313,8 @@ enum class GlaBwdKernel { intra, dq, dk, dv, dg };
 
 std::shared_ptr<ir::Kernel> cached(const GlaChunkedBwdConfig& cfg, GlaBwdKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
-                                cfg.block_v, cfg.split_k, cfg.split_v, cfg.intra_warps, cfg.initial_state, cfg.final_state_grad,
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
+                                cfg.block_v, cfg.split_k, cfg.split_v, cfg.intra_warps, cfg.take, cfg.initial_state, cfg.final_state_grad,
                                 cfg.initial_state_grad, cfg.varlen, cfg.num_warps);
   return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
@@ -338,6 +342,7 @@ void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts) {
   cfg.split_v = std::min<int64_t>(config_value(opts, "bv", half_width ? 128 : 64, {16, 32, 64, 128, 256}), cfg.block_v);
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", half_width ? 8 : 4, {2, 4, 8}));
   cfg.intra_warps = static_cast<int>(config_value(opts, "iwarps", 4, {2, 4, 8}));
+  cfg.take = config_value(opts, "take", 0, {0, 1}) == 1;
 }
 
 }  // namespace
@@ -349,6 +354,7 @@ const std::vector<std::pair<std::string, std::string>>& gla_chunked_bwd_config_k
       {"bv", "--backward: value columns per program of the dv walk (16..256)"},
       {"warps", "warps per program of the walks (2, 4, 8)"},
       {"iwarps", "--backward: warps per program of gla_bwd_intra (2, 4, 8)"},
+      {"take", "--backward: 1 = gla_bwd_intra reads dA's entries with take instead of masked row sums"},
       {"tokenwise", "--backward: 1 = the token-by-token form (the reference)"},
   };
   return keys;

@@ -24,6 +24,7 @@ struct GlaChunkedBwdConfig {
   bool varlen = false;
   int num_warps = 4;     // of the walks
   int intra_warps = 4;   // of gla_bwd_intra
+  bool take = false;     // gla_bwd_intra picks dA's entries with take (not yet GPU-validated)
 };
 
 enum class GlaBwdWalk { dq, dk, dv };

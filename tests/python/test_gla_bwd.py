@@ -64,7 +64,7 @@ def test_non_power_of_two_head_dims(linac):
 
 
 @pytest.mark.parametrize("config", ["bk=16,bv=16", "bk=32,bv=16,warps=2", "warps=8", "chunk=16", "chunk=32,bk=16",
-                                    "tokenwise=1"])
+                                    "take=1", "chunk=32,take=1", "tokenwise=1"])
 def test_configs(linac, config):
     # The chunked form over many 16-row chunks (T=100: seven, the last partial) with key and value
     # column blocks (K=24 pads to 32, V=40 to 64: the last blocks partly masked), both states; and the
@@ -82,14 +82,14 @@ def test_head_dim_128(linac):
     check(linac, make_inputs(82, B=1, T=40, H=1, K=128, V=128, init=True, dfinal=True))
 
 
-@pytest.mark.parametrize("chunk", [16, 32, 64])
-def test_very_negative_gates_stay_finite(linac, chunk):
+@pytest.mark.parametrize("chunk,config", [(16, "take=0"), (32, "take=0"), (64, "take=0"), (16, "take=1")])
+def test_very_negative_gates_stay_finite(linac, chunk, config):
     # -1e4 gates that start and end inside 16-row blocks and chunks: every decay is a sum of gates over
     # the rows it spans (diagonal blocks, blocks below them, the walks), so precision is kept.
     x = make_inputs(60, B=1, T=100, H=1, K=8, V=8, init=True, dfinal=True)
     x["g"][:, 10:20] = -1e4
     x["g"][:, 37:70] = -1e4
-    check(linac, x, options=("--chunk-size", str(chunk)))
+    check(linac, x, options=("--chunk-size", str(chunk), "--config", config))
 
 
 def test_bf16(linac):

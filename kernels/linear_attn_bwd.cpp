@@ -317,23 +317,19 @@ OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vecto
   const int64_t k_blocks = cfg.block_k / cfg.split_k, v_blocks = cfg.block_v / cfg.split_v;
 
   OpPlan plan;
-  for (const char* name : {"q", "k", "v", "do"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
+  add_backward_inputs(plan, inputs, seq, cfg.dtype, {"g", "initial_state", "dfinal_state"});
   plan.tensors["dq"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
   plan.tensors["dk"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
   plan.tensors["dv"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
   if (gated) {
-    plan.tensors["g"] = inputs.at("g").cast(DType::f32);
     plan.tensors["dg"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
     // Per key block, the partial row sums q.dq and k.dk (O(T) scratch).
     plan.tensors["dg_q"] = HostTensor::zeros(DType::f32, {k_blocks, seq.B, seq.T, seq.H});
     plan.tensors["dg_k"] = HostTensor::zeros(DType::f32, {k_blocks, seq.B, seq.T, seq.H});
     if (has_dht) plan.tensors["dg_s"] = HostTensor::zeros(DType::f32, {k_blocks, seq.N, seq.H});
   }
-  if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
-  if (has_dht) plan.tensors["dfinal_state"] = inputs.at("dfinal_state").cast(DType::f32);
   if (cfg.initial_state_grad)
     plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
-  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
   if (denominator)
     for (const char* name : {"den_do", "ones"}) {
       check_shape(name, inputs.at(name), {seq.B, seq.T, seq.H, 1});

@@ -112,10 +112,8 @@ OpPlan plan_linear_attn_normalized_bwd(const TensorMap& inputs, const OpOptions&
   const OpDef la = linear_attn_op();
 
   OpPlan plan;
-  for (const char* name : {"q", "k", "v", "do"}) plan.tensors[name] = inputs.at(name).cast(dt);
+  add_backward_inputs(plan, inputs, seq, dt, {"g"});
   plan.tensors["ones"] = ones.cast(dt);
-  if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32);
-  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
   const std::map<std::string, std::string> common = {{"q", "q"}, {"k", "k"}, {"g", "g"}, {"cu_seqlens", "cu_seqlens"}};
   auto with = [&](std::map<std::string, std::string> m) {
     m.insert(common.begin(), common.end());

@@ -158,8 +158,7 @@ OpPlan plan_poly_bwd(const TensorMap& inputs, const OpOptions& opts, const std::
   cfg.varlen = seq.varlen;
 
   OpPlan plan;
-  for (const char* t : {"q", "k", "v", "do"}) plan.tensors[t] = inputs.at(t).cast(cfg.dtype);
-  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+  add_backward_inputs(plan, inputs, seq, cfg.dtype, {});
   plan.tensors["dn"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.V});
   plan.tensors["dd"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
   plan.tensors["dq"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});

@@ -213,12 +213,7 @@ OpPlan plan_delta_rule_bwd(bool gated, const TensorMap& inputs, const OpOptions&
   cfg.final_state_grad = has_dht;
   cfg.initial_state_grad = wants(wanted, "dinitial_state");
   cfg.varlen = seq.varlen;
-  int64_t longest = seq.T;
-  if (seq.varlen) {
-    longest = 0;
-    for (int64_t n = 0; n < seq.N; ++n)
-      longest = std::max(longest, static_cast<int64_t>(seq.cu_seqlens.get(n + 1) - seq.cu_seqlens.get(n)));
-  }
+  const int64_t longest = seq.longest_sequence();
 
   OpPlan plan;
   add_backward_inputs(plan, inputs, seq, cfg.dtype, {"beta", "g", "initial_state", "dfinal_state"});

@@ -352,12 +352,7 @@ OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vecto
   if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
 
   // The diagonal blocks: one program per sub-chunk of the longest sequence (shorter ones mask).
-  int64_t longest = seq.T;
-  if (seq.varlen) {
-    longest = 0;
-    for (int64_t n = 0; n < seq.N; ++n)
-      longest = std::max(longest, static_cast<int64_t>(seq.cu_seqlens.get(n + 1) - seq.cu_seqlens.get(n)));
-  }
+  const int64_t longest = seq.longest_sequence();
   KernelLaunch intra;
   intra.kernel = cached_gla_kernel(cfg, GlaKernel::intra);
   intra.grid = {std::max<int64_t>(1, (longest + kGlaSubChunk - 1) / kGlaSubChunk), seq.N * seq.H, 1};

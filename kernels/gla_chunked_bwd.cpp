@@ -387,12 +387,7 @@ OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   plan.tensors["dg"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
   if (cfg.initial_state_grad) plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
 
-  int64_t longest = seq.T;
-  if (seq.varlen) {
-    longest = 0;
-    for (int64_t n = 0; n < seq.N; ++n)
-      longest = std::max(longest, static_cast<int64_t>(seq.cu_seqlens.get(n + 1) - seq.cu_seqlens.get(n)));
-  }
+  const int64_t longest = seq.longest_sequence();
   auto launch = [&](GlaBwdKernel which, std::array<int64_t, 3> grid) {
     plan.launches.push_back(plan_launch(plan, cached(cfg, which), grid, {{"scale", scale}}));
   };

@@ -127,6 +127,13 @@ void cast_qkv(TensorMap& inputs, DType dtype) {
     if (auto it = inputs.find(name); it != inputs.end()) it->second = it->second.cast(dtype);
 }
 
+int64_t SequenceLayout::longest_sequence() const {
+  if (!varlen) return T;
+  int64_t longest = 0;
+  for (int64_t n = 0; n < N; ++n) longest = std::max<int64_t>(longest, cu_seqlens.get(n + 1) - cu_seqlens.get(n));
+  return longest;
+}
+
 void add_backward_inputs(OpPlan& plan, const TensorMap& inputs, const SequenceLayout& seq, DType dtype,
                          std::initializer_list<const char*> fp32) {
   for (const char* name : {"q", "k", "v", "do"}) plan.tensors[name] = inputs.at(name).cast(dtype);

@@ -18,6 +18,9 @@ struct SequenceLayout {
   int64_t N = 0;          // number of sequences: B, or len(cu_seqlens) - 1 when varlen
   bool varlen = false;
   HostTensor cu_seqlens;  // int32 copy when varlen
+
+  /// Tokens in the longest sequence (T without varlen): the grid of kernels with a program per chunk.
+  int64_t longest_sequence() const;
 };
 
 /// Checks q [B,T,H,K], k [B,T,H,K], v [B,T,H,V] and cu_seqlens (B == 1, starts at 0, non-decreasing,

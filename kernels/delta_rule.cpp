@@ -96,24 +96,10 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   Tensor t_mat = cfg.store_t ? kb.tensor("t_mat", dt, 4) : Tensor();
 
   Tile i_c = program_id(0), i_nh = program_id(1);
-  Tile b, i_h, bos, eos, chunk;
-  if (cfg.varlen) {
-    Tile i_n = load(chunk_indices, {i_c, 0}, {kIndex, kIndex});
-    chunk = load(chunk_indices, {i_c, 1}, {kIndex, kIndex});
-    b = constant(0, DType::i32);
-    i_h = i_nh;
-    bos = load(cu, {i_n}, {kIndex});
-    eos = load(cu, {i_n + 1}, {kIndex});
-  } else {
-    Tile H = k.dim(2);
-    b = i_nh / H;
-    i_h = i_nh % H;
-    chunk = i_c;
-    bos = constant(0, DType::i32);
-    eos = k.dim(1);
-  }
-  AccessOptions in_seq{.limits = {{1, eos}}};
-  Tile t0 = bos + chunk * BT;
+  const ChunkBounds cb = chunk_bounds(k, cu, chunk_indices, cfg.varlen, i_c, i_nh, BT);
+  const Tile b = cb.b, i_h = cb.i_h;
+  AccessOptions in_seq{.limits = {{1, cb.eos}}};
+  Tile t0 = cb.bos + cb.chunk * BT;
 
   // Rows past the sequence end load zeros (k, beta, g): their rows of A vanish and b stops growing.
   Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);

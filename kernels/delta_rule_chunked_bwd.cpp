@@ -188,26 +188,10 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
 
   // Which chunk: (sequence, chunk of it) from chunk_indices with varlen, else (batch row, program).
   Tile i_c = program_id(0), i_x = program_id(1);
-  Tile b, i_h, bos, eos, chunk, global_chunk;
-  if (cfg.varlen) {
-    Tile i_n = load(chunk_indices, {i_c, 0}, {kIndex, kIndex});
-    chunk = load(chunk_indices, {i_c, 1}, {kIndex, kIndex});
-    b = constant(0, DType::i32);
-    i_h = i_x;
-    bos = load(cu, {i_n}, {kIndex});
-    eos = load(cu, {i_n + 1}, {kIndex});
-    global_chunk = i_c;
-  } else {
-    Tile H = q.dim(2);
-    b = i_x / H;
-    i_h = i_x % H;
-    chunk = i_c;
-    bos = constant(0, DType::i32);
-    eos = q.dim(1);
-    global_chunk = b * ((eos + (BT - 1)) / BT) + i_c;
-  }
-  AccessOptions in_seq{.limits = {{1, eos}}};
-  Tile t0 = bos + chunk * BT;
+  const ChunkBounds cb = chunk_bounds(q, cu, chunk_indices, cfg.varlen, i_c, i_x, BT);
+  const Tile b = cb.b, i_h = cb.i_h, global_chunk = cb.global_chunk;
+  AccessOptions in_seq{.limits = {{1, cb.eos}}};
+  Tile t0 = cb.bos + cb.chunk * BT;
   Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
   Tile causal = row >= col, strict = row > col;
 

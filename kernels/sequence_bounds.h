@@ -14,4 +14,14 @@ struct SequenceBounds {
 /// rows 0 .. T of batch row i_n, T = q.dim(1).
 SequenceBounds sequence_bounds(const dsl::Tensor& q, const dsl::Tensor& cu_seqlens, bool varlen, const dsl::Tile& i_n);
 
+/// Where a program of a kernel with one program per chunk works, for grid (i_c, i_x): with varlen,
+/// chunk_indices[i_c] = (sequence, chunk of it) and i_x is the head; otherwise i_x = batch row x heads
+/// and i_c the chunk. `global_chunk` numbers the chunk among all chunks of all sequences (the row of
+/// per-chunk tables), for chunks of `chunk_rows` rows.
+struct ChunkBounds {
+  dsl::Tile b, i_h, bos, eos, chunk, global_chunk;
+};
+ChunkBounds chunk_bounds(const dsl::Tensor& q, const dsl::Tensor& cu_seqlens, const dsl::Tensor& chunk_indices,
+                         bool varlen, const dsl::Tile& i_c, const dsl::Tile& i_x, int64_t chunk_rows);
+
 }  // namespace linac

@@ -138,7 +138,18 @@ bool overlaps(const std::vector<std::pair<int64_t, int64_t>>& ranges, std::pair<
 }
 }  // namespace
 
+void KernelLowering::wait_prefetched_loads() {
+  b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(0)});
+  prefetch_in_flight_.clear();
+  barrier();
+}
+
 void KernelLowering::before_smem_access(const std::vector<ByteRange>& reads, const std::vector<ByteRange>& writes) {
+  // A prefetched load's copies land asynchronously: an access to its bytes waits for them first.
+  bool in_flight = false;
+  for (const ByteRange& r : reads) in_flight = in_flight || overlaps(prefetch_in_flight_, r);
+  for (const ByteRange& w : writes) in_flight = in_flight || overlaps(prefetch_in_flight_, w);
+  if (in_flight) wait_prefetched_loads();
   bool wait = smem_unknown_;
   for (const ByteRange& r : reads) wait = wait || overlaps(smem_written_, r);
   for (const ByteRange& w : writes) wait = wait || overlaps(smem_read_, w) || overlaps(smem_written_, w);
@@ -164,6 +175,9 @@ void KernelLowering::before_smem_read(const ir::Value* v) { before_smem_read(sme
 void KernelLowering::lower_block(const ir::Block& blk) {
   for (const auto& op : blk.ops) {
     if (op->code == OpCode::Yield) continue;  // handled by the enclosing for/if
+    // Prefetched loads are waited for where their buffer is first accessed; a loop or branch may not
+    // run that access on every path, so they are waited for before it.
+    if (!op->regions.empty() && !prefetch_in_flight_.empty()) wait_prefetched_loads();
     set_location(op->loc);
     lower_op(*op);
     for (const ir::Value* v : op->results)
@@ -514,9 +528,14 @@ void KernelLowering::lower_for(const ir::Op& op) {
   // Pipelined loads: the copies for the first iteration go out before the loop.
   std::vector<const ir::Op*> async_loads;
   for (const auto& inner : body.ops)
-    if (inner->code == OpCode::Load && pipelined(inner->result())) async_loads.push_back(inner.get());
+    if (inner->code == OpCode::Load && smem_.pipeline.loads.count(inner.get())) async_loads.push_back(inner.get());
+  // The copies of `load` for the iteration with induction variable `at` into stage `stage` (i32).
+  auto issue = [&](const ir::Op& load, llvm::Value* at, llvm::Value* stage) {
+    llvm::Value* stage_off = b_.CreateMul(stage, i32(smem_.buffers.at(load.result()).stage_bytes));
+    issue_async_copy(load, [&](const ir::Value* v) { return scalar_at_iteration(v, body, at); }, stage_off);
+  };
   if (!async_loads.empty()) {
-    for (const ir::Op* load : async_loads) issue_async_copy(*load, body, lo, i32(0));
+    for (const ir::Op* load : async_loads) issue(*load, lo, i32(0));
     b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, {});
   }
 
@@ -559,7 +578,7 @@ void KernelLowering::lower_for(const ir::Op& op) {
     llvm::Value* cur = b_.CreateAnd(iter, i32(1));
     llvm::Value* next = b_.CreateXor(cur, i32(1));
     barrier();
-    for (const ir::Op* load : async_loads) issue_async_copy(*load, body, b_.CreateAdd(iv, step), next);
+    for (const ir::Op* load : async_loads) issue(*load, b_.CreateAdd(iv, step), next);
     b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, {});
     b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(1)});
     barrier();

@@ -76,6 +76,14 @@ ElementAddr element_addr(llvm::IRBuilder<>& b, const BlockAccess& a, const Coord
 }  // namespace
 
 void KernelLowering::lower_load(const ir::Op& op) {
+  if (smem_.pipeline.is_prefetched(op.result())) {
+    // Other threads may still read bytes of this buffer (a value whose live range just ended).
+    before_smem_write(op.result());
+    issue_async_copy(op, [&](const ir::Value* v) { return scalar(v); }, i32(0));
+    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, {});
+    prefetch_in_flight_.push_back(smem_range(op.result()));
+    return;
+  }
   if (pipelined(op.result())) return;  // copied into shared memory by the loop (issue_async_copy)
   const TensorView& tv = tensors_.at(op.operands[0]);
   BlockAccess acc = make_access(this, b_, tv, op, [&](const ir::Value* v) { return scalar(v); });
@@ -231,15 +239,14 @@ llvm::Value* KernelLowering::scalar_at_iteration(const ir::Value* v, const ir::B
   }
 }
 
-void KernelLowering::issue_async_copy(const ir::Op& op, const ir::Block& body, llvm::Value* iv, llvm::Value* stage) {
+void KernelLowering::issue_async_copy(const ir::Op& op, const std::function<llvm::Value*(const ir::Value*)>& scalar_of,
+                                      llvm::Value* stage_off) {
   const TensorView& tv = tensors_.at(op.operands[0]);
-  BlockAccess acc = make_access(this, b_, tv, op, [&](const ir::Value* v) { return scalar_at_iteration(v, body, iv); });
+  BlockAccess acc = make_access(this, b_, tv, op, scalar_of);
   const ir::Value* res = op.result();
-  const passes::SmemBuffer& buf = smem_.buffers.at(res);
   const int elem = dtype_bytes(tv.dtype);
   Layout l = Layout::blocked(res->type.shape, k_.num_warps * 32, elem);
-  LINAC_INTERNAL_CHECK(l.vec * elem == 16, "pipelined load without 16-byte vectors");
-  llvm::Value* stage_off = b_.CreateMul(stage, i32(buf.stage_bytes));
+  LINAC_INTERNAL_CHECK(l.vec * elem == 16, "asynchronous load without 16-byte vectors");
   llvm::Type* ety = llvm_type(tv.dtype);
   const int64_t inner_dim = acc.dims.back();
   llvm::Value* contiguous = b_.CreateICmpEQ(tv.strides[inner_dim], b_.getInt64(1));

@@ -86,10 +86,14 @@ class KernelLowering {
   llvm::Value* smem_read(const ir::Value* v, const Coords& c);
   /// Address of element `c` of v's shared-memory buffer (the current stage for a pipelined load).
   llvm::Value* smem_addr(const ir::Value* v, const Coords& c);
+  /// Whether v lives in shared memory only, copied there by cp.async (a pipelined or prefetched load).
   bool pipelined(const ir::Value* v) const { return smem_.pipeline.contains(v); }
-  /// Issues the cp.async copies of pipelined load `op` for the iteration whose induction variable
-  /// is `iv`, into stage `stage` (an i32) of its buffer.
-  void issue_async_copy(const ir::Op& op, const ir::Block& body, llvm::Value* iv, llvm::Value* stage);
+  /// Issues the cp.async copies of load `op` into its buffer, `stage_offset` bytes (an i32) in, with
+  /// its scalar operands evaluated by `scalar_of`.
+  void issue_async_copy(const ir::Op& op, const std::function<llvm::Value*(const ir::Value*)>& scalar_of,
+                        llvm::Value* stage_offset);
+  /// Waits for the prefetched loads in flight and makes their copies visible to every thread.
+  void wait_prefetched_loads();
   /// Re-evaluates a predictable scalar of `body` (see pipeline.h) with the induction variable = iv.
   llvm::Value* scalar_at_iteration(const ir::Value* v, const ir::Block& body, llvm::Value* iv);
 
@@ -124,7 +128,8 @@ class KernelLowering {
   std::set<const ir::Value*> read_write_tensors_;  // tensors the kernel both loads and stores
   std::vector<ByteRange> smem_written_;  // shared-memory bytes written since the last barrier
   std::vector<ByteRange> smem_read_;     // and read
-  bool smem_unknown_ = false;            // after a join: anything may be pending  // byte offset of the current stage (pipelined loads)
+  bool smem_unknown_ = false;            // after a join: anything may be pending
+  std::vector<ByteRange> prefetch_in_flight_;  // buffers of prefetched loads not yet waited for
   // Debug info: DSL lines become PTX .loc directives.
   std::unique_ptr<llvm::DIBuilder> di_;
   llvm::DISubprogram* di_sub_ = nullptr;

@@ -25,12 +25,7 @@ void collect(const ir::Kernel& k, const ir::Block& b, const std::set<const ir::V
       // A tensor the kernel also writes may be written by this very loop: reading it an iteration
       // early would read stale data (e.g. a state kept in global memory and updated in place).
       if (stored.count(inner->operands[0])) continue;
-      const ir::Type& t = inner->result()->type;
-      int elem = dtype_bytes(t.dtype);
-      if (elem != 2 && elem != 4) continue;
-      // cp.async moves 16 bytes: the tile must split into 16-byte runs over all the threads.
-      Layout l = Layout::blocked(t.shape, k.num_warps * 32, elem);
-      if (l.vec * elem != 16) continue;
+      if (!splits_into_16_byte_copies(inner->result()->type, k.num_warps * 32)) continue;
       bool predictable = true;
       for (size_t i = 1; i < inner->operands.size(); ++i) predictable &= is_predictable_scalar(inner->operands[i], body);
       if (predictable) plan.loads.insert(inner.get());
@@ -39,6 +34,15 @@ void collect(const ir::Kernel& k, const ir::Block& b, const std::set<const ir::V
 }
 
 }  // namespace
+
+bool splits_into_16_byte_copies(const ir::Type& t, int num_threads) {
+  if (t.is_scalar()) return false;
+  int elem = dtype_bytes(t.dtype);
+  if (elem != 2 && elem != 4) return false;
+  // cp.async moves 16 bytes: the tile must split into 16-byte runs over all the threads.
+  Layout l = Layout::blocked(t.shape, num_threads, elem);
+  return l.vec * elem == 16;
+}
 
 bool is_predictable_scalar(const ir::Value* v, const ir::Block& body) {
   if (!v->type.is_scalar()) return false;

@@ -40,6 +40,7 @@ class Planner {
     number_block(k_.body);
     mark_block(k_.body);
     for (const ir::Op* load : plan_.pipeline.loads) spilled_.insert(load->result());
+    choose_prefetched_loads();
     allocate();
     return std::move(plan_);
   }
@@ -183,6 +184,22 @@ class Planner {
     return store_layout(v, layout(v), cls(v) == ValueClass::Data, k_.num_warps);
   }
 
+  // ---- prefetched loads (pipeline.h) ----
+  /// Top-level loads whose tile goes to shared memory anyway: their copies can be asynchronous at no
+  /// cost in shared memory (the buffer and its live range are the same) and with fewer registers.
+  void choose_prefetched_loads() {
+    std::set<const ir::Value*> stored;
+    ir::walk(const_cast<ir::Block&>(k_.body), [&](ir::Op& op) {
+      if (op.code == OpCode::Store) stored.insert(op.operands[0]);
+    });
+    for (const auto& op : k_.body.ops) {
+      if (op->code != OpCode::Load || !spilled_.count(op->result())) continue;
+      if (stored.count(op->operands[0])) continue;  // may be written by this program before the read
+      if (!splits_into_16_byte_copies(op->result()->type, k_.num_warps * 32)) continue;
+      plan_.pipeline.prefetched.insert(op.get());
+    }
+  }
+
   // ---- allocation by liveness ----
   int64_t last_use(const ir::Value* v) const {
     int64_t last = def_index_.at(v);
@@ -220,7 +237,7 @@ class Planner {
       buf.bytes = (buf.bytes + 15) / 16 * 16;
       buf.stage_bytes = buf.bytes;
       int64_t begin = def_index_.at(v), end = last_use(v);
-      if (plan_.pipeline.contains(v)) {
+      if (plan_.pipeline.loads.count(v->def)) {
         // Copies for the next iteration are in flight during the whole loop (and one is issued
         // before it): the buffer is live from the loop's start to its end, with one stage each.
         buf.stages = plan_.pipeline.stages;
@@ -294,7 +311,9 @@ std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
   for (const auto& [v, buf] : plan.buffers)
     lines.push_back({buf.offset, fmt::format("smem {:>6} +{:<6} {} {}{}{}", buf.offset, buf.bytes, names.at(v),
                                              v->type.str(), buf.row_stride ? fmt::format(" row_stride={}", buf.row_stride) : "",
-                                             buf.stages > 1 ? fmt::format(" pipelined stages={}", buf.stages) : "")});
+                                             buf.stages > 1                      ? fmt::format(" pipelined stages={}", buf.stages)
+                                             : plan.pipeline.is_prefetched(v) ? std::string(" prefetched")
+                                                                               : std::string())});
   std::sort(lines.begin(), lines.end());
   std::string out;
   for (auto& [off, line] : lines) out += line + "\n";

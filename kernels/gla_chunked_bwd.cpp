@@ -25,10 +25,11 @@ using namespace dsl;
 //   dg_t = sum_{s >= t} (q_s .* dq_s - k_s .* dk_s) + rowsum(dfinal_state .* S_T)   (per channel)
 // Kernels: gla_bwd_intra (every chunk in parallel: dQi, dKi and A^T dO; its 16x16 diagonal blocks
 // elementwise in fp32 like gla_intra, the blocks below them as products of decayed 16-row tiles, every
-// exp(L_r - L_c) split at a 16-row boundary into two sums of gates), then three walks shaped like the
+// exp(L_r - L_c) split at a 16-row boundary into two sums of gates), then walks shaped like the
 // forward — dq forward in time over X = S^T [V, K] (key columns split in blocks), dk backward over
-// X = dS^T [V, K], dv backward over X = dS [K, V] (value columns split) — and gla_bwd_dg, a reverse walk
-// taking the suffix sums. No state is stored: memory O(T*D).
+// X = dS^T [V, K], dv backward over X = dS [K, V] (value columns split), or where one program holds
+// the whole state, dk and dv in one backward walk over X = dS (gla_bwd_dkdv: dS is built once) — and
+// gla_bwd_dg, a reverse walk taking the suffix sums. No state is stored: memory O(T*D).
 
 namespace {
 
@@ -112,8 +113,8 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
 
     // The diagonal block elementwise in fp32, in two passes over its 16 rows so that every sum is a
     // row sum (warp shuffles) and none runs down a column (a shared-memory walk per step). The entries
-    // of dA each step needs are picked by a masked row sum, or with --config take=1 read from dA's
-    // shared-memory copy (take: no reduction; not yet timed or validated on a GPU, so not the default):
+    // of dA each step needs are read from dA's shared-memory copy with take (no reduction; --config
+    // take=0 picks them by masked row sums instead, 0.34 ms slower on the H200):
     //  - column c at a time (row c of K, column c of dA), as gla_intra builds A:
     //      dQi[r] += dA[r, c] k_c .* exp(L_r - L_c) (r >= c),  A[r, c] = rowsum(q_r .* k_c .* exp(..))
     //  - row r at a time (row r of Q, row r of dA):
@@ -193,11 +194,16 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, G
   const DType dt = cfg.dtype, f32 = DType::f32;
   const int64_t BT = cfg.chunk;
   const bool is_dq = which == GlaBwdWalk::dq, is_dk = which == GlaBwdWalk::dk, is_dv = which == GlaBwdWalk::dv;
+  const bool is_dkdv = which == GlaBwdWalk::dkdv;
+  if (is_dkdv && (cfg.split_k != cfg.block_k || cfg.split_v != cfg.block_v))
+    throw InternalError("gla_bwd_dkdv walks the whole state: it needs whole key and value blocks");
   const bool reverse = !is_dq;
-  // X is [V, BC] over key columns (dq: S^T, dk: dS^T) or [K, BC] over value columns (dv: dS).
-  const int64_t W = is_dv ? cfg.block_k : cfg.block_v;
-  const int64_t BC = is_dv ? cfg.split_v : cfg.split_k;
-  KernelBuilder kb(is_dq ? "gla_bwd_dq" : is_dk ? "gla_bwd_dk" : "gla_bwd_dv");
+  const bool writes_dk = is_dk || is_dkdv, writes_dv = is_dv || is_dkdv;
+  // X is [V, BC] over key columns (dq: S^T, dk: dS^T) or [K, BC] over value columns (dv and dkdv: dS).
+  const bool value_columns = is_dv || is_dkdv;
+  const int64_t W = value_columns ? cfg.block_k : cfg.block_v;
+  const int64_t BC = value_columns ? cfg.split_v : cfg.split_k;
+  KernelBuilder kb(is_dq ? "gla_bwd_dq" : is_dk ? "gla_bwd_dk" : is_dv ? "gla_bwd_dv" : "gla_bwd_dkdv");
   kb.set_num_warps(cfg.num_warps);
   kb.set_min_ctas_per_sm(1);
   Tensor q = kb.tensor("q", dt, 4);
@@ -208,11 +214,15 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, G
   Tensor h0 = is_dq && cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
   Tensor dht = cfg.final_state_grad ? kb.tensor("dfinal_state", f32, 4) : Tensor();
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor intra = kb.tensor(is_dq ? "dq_intra" : is_dk ? "dk_intra" : "dv_intra", f32, 4);
-  Tensor out = kb.tensor(is_dq ? "dq" : is_dk ? "dk" : "dv", dt, 4);
+  Tensor dq_in = is_dq ? kb.tensor("dq_intra", f32, 4) : Tensor();
+  Tensor dk_in = writes_dk ? kb.tensor("dk_intra", f32, 4) : Tensor();
+  Tensor dv_in = writes_dv ? kb.tensor("dv_intra", f32, 4) : Tensor();
+  Tensor dq_out = is_dq ? kb.tensor("dq", dt, 4) : Tensor();
+  Tensor dk_out = writes_dk ? kb.tensor("dk", dt, 4) : Tensor();
+  Tensor dv_out = writes_dv ? kb.tensor("dv", dt, 4) : Tensor();
   Tensor part = is_dv ? Tensor() : kb.tensor(is_dq ? "qdq" : "kdk", f32, 4);  // q .* dq, k .* dk in fp32
   Tensor dg_s = is_dq && cfg.final_state_grad ? kb.tensor("dg_state", f32, 3) : Tensor();
-  Tensor dh0 = is_dv && cfg.initial_state_grad ? kb.tensor("dinitial_state", f32, 4) : Tensor();
+  Tensor dh0 = value_columns && cfg.initial_state_grad ? kb.tensor("dinitial_state", f32, 4) : Tensor();
   Tile scale = kb.scalar("scale", f32);
 
   Tile i_c = program_id(0), i_nh = program_id(1);
@@ -222,47 +232,54 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, G
   const Tile b = seq.b;
   Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
   Tile c0 = i_c * BC;
-  Tile k0 = is_dv ? constant(0, DType::i32) : c0;  // the key columns this program's gates cover
-  const int64_t GK = is_dv ? cfg.block_k : BC;
+  Tile k0 = value_columns ? constant(0, DType::i32) : c0;  // the key columns this program's gates cover
+  const int64_t GK = value_columns ? cfg.block_k : BC;
   AccessOptions in_seq{.limits = {{1, seq.eos}}};
   const AccessOptions transposed{.limits = {}, .transpose = true};
 
   Tile X = zeros({W, BC}, f32);
   if (h0.value()) X = load(h0, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, transposed);
   if (!is_dq && dht.value())
-    X = is_dv ? load(dht, {i_n, i_h, 0, c0}, {kIndex, kIndex, W, BC})
-              : load(dht, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, transposed);
+    X = value_columns ? load(dht, {i_n, i_h, 0, c0}, {kIndex, kIndex, W, BC})
+                      : load(dht, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, transposed);
 
+  auto rows_of = [&](const Tensor& t, const Tile& t0, const Operand& col0, int64_t width) {
+    return load(t, {b, t0, i_h, col0}, {kIndex, BT, kIndex, width}, in_seq);
+  };
+  auto store_rows = [&](const Tensor& t, const Tile& t0, const Operand& col0, int64_t width, const Tile& x) {
+    store(t, {b, t0, i_h, col0}, {kIndex, BT, kIndex, width}, x, in_seq);
+  };
   for_range(0, num_chunks, [&](Tile j) {
     Tile i = reverse ? num_chunks - 1 - j : j;
     Tile t0 = seq.bos + i * BT;
     ChunkGates gt = chunk_gates(g, b, t0, i_h, k0, BT, GK, seq.eos);
     Tile eL = exp(gt.L), eR = exp(gt.R), etot = exp(gt.tot);
     if (is_dq) {
-      Tile dO = load(dout, {b, t0, i_h, 0}, {kIndex, BT, kIndex, W}, in_seq);
-      Tile V = load(v, {b, t0, i_h, 0}, {kIndex, BT, kIndex, W}, in_seq);
-      Tile Kc = load(k, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
-      Tile Qc = load(q, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
-      Tile dQ = dot(dO, X.to(dt)) * eL * scale + load(intra, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
-      store(out, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, dQ.to(dt), in_seq);
-      store(part, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, Qc.to(f32) * dQ, in_seq);
+      Tile dO = rows_of(dout, t0, 0, W), V = rows_of(v, t0, 0, W);
+      Tile Kc = rows_of(k, t0, c0, BC), Qc = rows_of(q, t0, c0, BC);
+      Tile dQ = dot(dO, X.to(dt)) * eL * scale + rows_of(dq_in, t0, c0, BC);
+      store_rows(dq_out, t0, c0, BC, dQ.to(dt));
+      store_rows(part, t0, c0, BC, Qc.to(f32) * dQ);
       X = X * expand_dims(etot, 0) + dot(V.T(), (Kc.to(f32) * eR).to(dt));
     } else if (is_dk) {
-      Tile V = load(v, {b, t0, i_h, 0}, {kIndex, BT, kIndex, W}, in_seq);
-      Tile dO = load(dout, {b, t0, i_h, 0}, {kIndex, BT, kIndex, W}, in_seq);
-      Tile Qc = load(q, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
-      Tile Kc = load(k, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
-      Tile dK = dot(V, X.to(dt)) * eR + load(intra, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
-      store(out, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, dK.to(dt), in_seq);
-      store(part, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, Kc.to(f32) * dK, in_seq);
+      Tile V = rows_of(v, t0, 0, W), dO = rows_of(dout, t0, 0, W);
+      Tile Qc = rows_of(q, t0, c0, BC), Kc = rows_of(k, t0, c0, BC);
+      Tile dK = dot(V, X.to(dt)) * eR + rows_of(dk_in, t0, c0, BC);
+      store_rows(dk_out, t0, c0, BC, dK.to(dt));
+      store_rows(part, t0, c0, BC, Kc.to(f32) * dK);
       X = X * expand_dims(etot, 0) + dot(dO.T(), (Qc.to(f32) * eL).to(dt)) * scale;
     } else {
-      Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, W}, in_seq);
-      Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, W}, in_seq);
-      Tile dOc = load(dout, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
-      Tile dV = dot((K.to(f32) * eR).to(dt), X.to(dt)) +
-                load(intra, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
-      store(out, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, dV.to(dt), in_seq);
+      // dv, or dkdv: X = dS [K, V] whole, and dK = (V dS'^T) .* exp(R) comes from the same X.
+      Tile K = rows_of(k, t0, 0, W), Q = rows_of(q, t0, 0, W), dOc = rows_of(dout, t0, c0, BC);
+      Tile Xd = X.to(dt);
+      Tile dV = dot((K.to(f32) * eR).to(dt), Xd) + rows_of(dv_in, t0, c0, BC);
+      store_rows(dv_out, t0, c0, BC, dV.to(dt));
+      if (is_dkdv) {
+        Tile V = rows_of(v, t0, 0, BC);
+        Tile dK = dot(V, Xd.T()) * eR + rows_of(dk_in, t0, 0, W);
+        store_rows(dk_out, t0, 0, W, dK.to(dt));
+        store_rows(part, t0, 0, W, K.to(f32) * dK);
+      }
       X = X * expand_dims(etot, 1) + dot((Q.to(f32) * eL).to(dt).T(), dOc) * scale;
     }
   }, X);
@@ -309,12 +326,13 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_dg(const GlaChunkedBwdConfig& cfg) {
 
 namespace {
 
-enum class GlaBwdKernel { intra, dq, dk, dv, dg };
+enum class GlaBwdKernel { intra, dq, dk, dv, dkdv, dg };
 
 std::shared_ptr<ir::Kernel> cached(const GlaChunkedBwdConfig& cfg, GlaBwdKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
-                                cfg.block_v, cfg.split_k, cfg.split_v, cfg.intra_warps, cfg.take, cfg.initial_state, cfg.final_state_grad,
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype), cfg.chunk,
+                                cfg.block_k, cfg.block_v, cfg.split_k, cfg.split_v, cfg.intra_warps, cfg.take, cfg.fuse_dkdv,
+                                cfg.initial_state, cfg.final_state_grad,
                                 cfg.initial_state_grad, cfg.varlen, cfg.num_warps);
   return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
@@ -322,6 +340,7 @@ std::shared_ptr<ir::Kernel> cached(const GlaChunkedBwdConfig& cfg, GlaBwdKernel 
       case GlaBwdKernel::dq: return build_gla_bwd_walk(cfg, GlaBwdWalk::dq);
       case GlaBwdKernel::dk: return build_gla_bwd_walk(cfg, GlaBwdWalk::dk);
       case GlaBwdKernel::dv: return build_gla_bwd_walk(cfg, GlaBwdWalk::dv);
+      case GlaBwdKernel::dkdv: return build_gla_bwd_walk(cfg, GlaBwdWalk::dkdv);
       case GlaBwdKernel::dg: return build_gla_bwd_dg(cfg);
     }
     throw InternalError("bad gla backward kernel");
@@ -342,7 +361,14 @@ void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts) {
   cfg.split_v = std::min<int64_t>(config_value(opts, "bv", half_width ? 128 : 64, {16, 32, 64, 128, 256}), cfg.block_v);
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", half_width ? 8 : 4, {2, 4, 8}));
   cfg.intra_warps = static_cast<int>(config_value(opts, "iwarps", 4, {2, 4, 8}));
-  cfg.take = config_value(opts, "take", 0, {0, 1}) == 1;
+  // take=1: H200 backward 4.70 ms (intra 2.04) vs 5.03 (intra 2.38) with masked row sums.
+  cfg.take = config_value(opts, "take", 1, {0, 1}) == 1;
+  cfg.fuse_dkdv = config_value(opts, "fuse", 1, {0, 1}) == 1;
+}
+
+/// Whether dk and dv are one walk: asked for, and both column blocks whole (one program holds dS).
+bool fused_dkdv(const GlaChunkedBwdConfig& cfg) {
+  return cfg.fuse_dkdv && cfg.split_k == cfg.block_k && cfg.split_v == cfg.block_v;
 }
 
 }  // namespace
@@ -354,7 +380,8 @@ const std::vector<std::pair<std::string, std::string>>& gla_chunked_bwd_config_k
       {"bv", "--backward: value columns per program of the dv walk (16..256)"},
       {"warps", "warps per program of the walks (2, 4, 8)"},
       {"iwarps", "--backward: warps per program of gla_bwd_intra (2, 4, 8)"},
-      {"take", "--backward: 1 = gla_bwd_intra reads dA's entries with take instead of masked row sums"},
+      {"take", "--backward: 1 (default) = gla_bwd_intra reads dA's entries with take, 0 = masked row sums"},
+      {"fuse", "--backward: 1 (default) = dk and dv in one walk where bk and bv cover the head dims, 0 = two walks"},
       {"tokenwise", "--backward: 1 = the token-by-token form (the reference)"},
   };
   return keys;
@@ -393,8 +420,12 @@ OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   };
   if (longest > 0) launch(GlaBwdKernel::intra, {(longest + cfg.chunk - 1) / cfg.chunk, seq.N * seq.H, 1});
   launch(GlaBwdKernel::dq, {cfg.block_k / cfg.split_k, seq.N * seq.H, 1});
-  launch(GlaBwdKernel::dk, {cfg.block_k / cfg.split_k, seq.N * seq.H, 1});
-  launch(GlaBwdKernel::dv, {cfg.block_v / cfg.split_v, seq.N * seq.H, 1});
+  if (fused_dkdv(cfg)) {
+    launch(GlaBwdKernel::dkdv, {1, seq.N * seq.H, 1});
+  } else {
+    launch(GlaBwdKernel::dk, {cfg.block_k / cfg.split_k, seq.N * seq.H, 1});
+    launch(GlaBwdKernel::dv, {cfg.block_v / cfg.split_v, seq.N * seq.H, 1});
+  }
   launch(GlaBwdKernel::dg, {seq.N * seq.H, 1, 1});
   for (const char* name : {"dq", "dk", "dv", "dg", "dinitial_state"})
     if (wants(wanted, name)) plan.outputs[name] = name;
@@ -412,6 +443,10 @@ std::vector<std::shared_ptr<ir::Kernel>> gla_chunked_bwd_kernels(const OpOptions
   for (const auto* c : {&cfg, &full})
     for (auto which : {GlaBwdKernel::intra, GlaBwdKernel::dq, GlaBwdKernel::dk, GlaBwdKernel::dv, GlaBwdKernel::dg})
       out.push_back(cached(*c, which));
+  GlaChunkedBwdConfig whole = cfg;
+  whole.split_k = whole.block_k;
+  whole.split_v = whole.block_v;
+  out.push_back(cached(whole, GlaBwdKernel::dkdv));
   return out;
 }
 

@@ -1,6 +1,6 @@
 // GLA backward in chunks (the equations are at the top of gla_chunked_bwd.cpp): an intra-chunk
-// kernel over every chunk in parallel, three walks shaped like the forward (dq forward in time; dk, dv
-// backward) that recompute the state rather than store it, and a dg walk. Memory O(T*D).
+// kernel over every chunk in parallel, walks shaped like the forward (dq forward in time; dk and dv
+// backward, in one walk where the state is whole) that recompute the state rather than store it, and a dg walk. Memory O(T*D).
 #pragma once
 #include <memory>
 #include <string>
@@ -24,16 +24,19 @@ struct GlaChunkedBwdConfig {
   bool varlen = false;
   int num_warps = 4;     // of the walks
   int intra_warps = 4;   // of gla_bwd_intra
-  bool take = false;     // gla_bwd_intra picks dA's entries with take (not yet GPU-validated)
+  bool take = true;      // gla_bwd_intra picks dA's entries with take (false: masked row sums)
+  bool fuse_dkdv = true; // one walk for dk and dv where both blocks are whole (false: two walks)
 };
 
-enum class GlaBwdWalk { dq, dk, dv };
+/// The walks: dq forward in time; dk and dv backward, separately or (dkdv) in one walk over the whole
+/// state.
+enum class GlaBwdWalk { dq, dk, dv, dkdv };
 
 std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg);
 std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, GlaBwdWalk which);
 std::shared_ptr<ir::Kernel> build_gla_bwd_dg(const GlaChunkedBwdConfig& cfg);
 
-/// Tuning keys of gla's backward (bk, bv, warps, tokenwise).
+/// Tuning keys of gla's backward (chunk, bk, bv, warps, iwarps, take, fuse, tokenwise).
 const std::vector<std::pair<std::string, std::string>>& gla_chunked_bwd_config_keys();
 
 /// The plan (inputs checked by plan_gla_bwd).

@@ -64,7 +64,8 @@ def test_non_power_of_two_head_dims(linac):
 
 
 @pytest.mark.parametrize("config", ["bk=16,bv=16", "bk=32,bv=16,warps=2", "warps=8", "chunk=16", "chunk=32,bk=16",
-                                    "take=1", "chunk=32,take=1", "tokenwise=1"])
+                                    "take=0", "chunk=32,take=0", "fuse=0", "bk=32,bv=64,fuse=1",
+                                    "tokenwise=1"])
 def test_configs(linac, config):
     # The chunked form over many 16-row chunks (T=100: seven, the last partial) with key and value
     # column blocks (K=24 pads to 32, V=40 to 64: the last blocks partly masked), both states; and the

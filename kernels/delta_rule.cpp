@@ -16,9 +16,6 @@ using namespace dsl;
 
 namespace {
 
-/// Rows of the diagonal blocks of the triangular inverse.
-constexpr int64_t kSub = 16;
-
 /// 1 / sqrt(sum x^2 + eps) of each row of a [rows, BK] tile, f32 [rows].
 Tile inverse_row_norms(const Tile& x) {
   Tile xf = x.to(DType::f32);
@@ -27,42 +24,24 @@ Tile inverse_row_norms(const Tile& x) {
 
 }  // namespace
 
-/// T = (I + A)^-1 for a strictly lower triangular f32 [BT, BT] tile A (BT a multiple of 16), in fp32.
-///
-/// The 16 x 16 diagonal blocks D_p of I + A are inverted together by forward substitution, their
-/// inverses stacked in X [BT, 16] (rows 16p..16p+15 hold D_p^-1), X starting as stacked identities.
-/// Step r sets row r of every block to e_r - a_r X_p (a_r: row r of A's diagonal block, non-zero left
-/// of r only, where X_p is already final). The tile language has no element access, so a step takes
-/// the whole product Ad X (Ad: the block-diagonal part of A, whose rows in block p meet only X_p) and
-/// keeps its rows r. Multiplying the whole of X, rather than X masked to rows r, keeps every step's
-/// values needed by the next one, so the compiler cannot defer the products and pile up registers.
-///
-/// Then, with D^-1 the block-diagonal inverse and N = D^-1 Ao (Ao the strictly block-lower part of
-/// A, so N^NS = 0), T = (I + N)^-1 D^-1 = (I - N)(I + N^2)(I + N^4)... D^-1: the block substitution
-/// T_ij = -T_ii sum_m A_im T_mj summed over the levels, each level one product of full tiles.
+/// T = (I + A)^-1 for a strictly lower triangular f32 [BT, BT] tile A (BT a power of two >= 2), in fp32,
+/// by doubling the inverted diagonal blocks: T starts as the inverses of the 2x2 diagonal blocks of
+/// I + A ([[1, 0], [a, 1]]^-1 = [[1, 0], [-a, 1]]); with T holding the inverses D1^-1, D2^-1 of the two
+/// s x s halves of every 2s x 2s diagonal block [[D1, 0], [C, D2]], that block's inverse is
+///   [[D1^-1, 0], [-D2^-1 C D1^-1, D2^-1]] = T - T C T    (C: the blocks' lower-left quadrants of A),
+/// exactly: T C T has its entries where T has none. log2(BT) - 1 levels of two products each (BT = 32:
+/// 8 fp32 products), the block substitution of the triangular inverse (no power series).
 Tile unit_lower_inverse(const Tile& A, int64_t BT) {
+  if (BT < 2 || (BT & (BT - 1)) != 0) throw InternalError(fmt::format("unit_lower_inverse: {} is not a power of two", BT));
   const DType f32 = DType::f32;
   Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
-  Tile same_block = row / kSub == col / kSub;
-  Tile Ad = where(same_block, A, 0.0f);
-  Tile sub_col = expand_dims(iota(kSub), 0);
-  Tile row_in_block = row % kSub;
-  Tile eye_stacked = where(row_in_block == sub_col, full({BT, kSub}, 1.0, f32), 0.0f);
-  Tile X = eye_stacked;
-  for (int r = 1; r < kSub; ++r) X = where(row_in_block == r, eye_stacked - dot(Ad, X), X);
-  if (BT == kSub) return X;
-
-  // D^-1 [BT, BT] from its stacked blocks: column c of block p is column c % 16 of X, masked to p.
-  Tile spread = where(expand_dims(iota(kSub), 1) == col % kSub, full({kSub, BT}, 1.0, f32), 0.0f);
-  Tile D_inv = where(same_block, dot(X, spread), 0.0f);
-  Tile N = dot(D_inv, where(same_block, 0.0f, A));
   Tile eye = where(row == col, full({BT, BT}, 1.0, f32), 0.0f);
-  Tile P = eye - N;
-  for (int64_t level = 2; level < BT / kSub; level *= 2) {
-    N = dot(N, N);
-    P = P + dot(P, N);
+  Tile T = eye - where(row / 2 == col / 2, A, 0.0f);
+  for (int64_t s = 2; s < BT; s *= 2) {
+    Tile C = where((row / (2 * s) == col / (2 * s)) & (row / s != col / s), A, 0.0f);
+    T = T - dot(T, dot(C, T));
   }
-  return dot(P, D_inv);
+  return T;
 }
 
 ChunkDecays chunk_decays(const Tile& gc, int64_t BT) {
@@ -81,7 +60,6 @@ ChunkDecays chunk_decays(const Tile& gc, int64_t BT) {
 std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
   const DType dt = cfg.dtype, f32 = DType::f32;
-  if (BT % kSub != 0) throw InternalError(fmt::format("delta rule chunk {} is not a multiple of {}", BT, kSub));
   KernelBuilder kb(cfg.gated ? "gated_delta_rule_wy" : "delta_rule_wy");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(1);

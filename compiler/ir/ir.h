@@ -146,6 +146,10 @@ struct Kernel {
   /// Thread blocks per SM the register allocation must allow (0: ptxas chooses; it aims at two when
   /// shared memory allows, capping 256-thread kernels at 128 registers, and spills rather than drop to one).
   int min_ctas_per_sm = 0;
+  /// Dots of f32 tiles on the tensor cores, as three tf32 products each (fp32-level accuracy: see
+  /// compiler/nvptx/lower_dot.cpp), rather than FMA loops. Off by default: the split fragments cost
+  /// registers that kernels with large fp32 products do not have.
+  bool tensor_core_f32 = false;
 
   Kernel() = default;
   Kernel(const Kernel&) = delete;

@@ -744,11 +744,18 @@ class Parser {
     if (is_word("attributes")) {
       take();
       for (const RawAttr& a : parse_attr_dict()) {
-        if (a.key.text != "num_warps" && a.key.text != "num_stages" && a.key.text != "min_ctas_per_sm")
-          fail(a.key, fmt::format("unknown kernel attribute '{}' (expected num_warps, num_stages or min_ctas_per_sm)",
+        if (a.key.text != "num_warps" && a.key.text != "num_stages" && a.key.text != "min_ctas_per_sm" &&
+            a.key.text != "tensor_core_f32")
+          fail(a.key, fmt::format("unknown kernel attribute '{}' (expected num_warps, num_stages, min_ctas_per_sm or "
+                                  "tensor_core_f32)",
                                   a.key.text));
         if (a.kind != RawAttr::Kind::Int || a.i < INT_MIN || a.i > INT_MAX)
           fail(a.key, fmt::format("kernel attribute '{}' must be an integer", a.key.text));
+        if (a.key.text == "tensor_core_f32") {
+          if (a.i != 0 && a.i != 1) fail(a.key, "kernel attribute 'tensor_core_f32' must be 0 or 1");
+          k_->tensor_core_f32 = a.i == 1;
+          continue;
+        }
         (a.key.text == "num_warps"    ? k_->num_warps
          : a.key.text == "num_stages" ? k_->num_stages
                                       : k_->min_ctas_per_sm) = static_cast<int>(a.i);

@@ -1,9 +1,21 @@
 // dot on tensor cores: operands in shared memory (row-major, padded rows), fragments loaded with
 // ldmatrix (.trans where the stored orientation is the other one), mma.sync m16n8k16 with f32
-// accumulators in the mma layout. f32 operands take a documented slower path: FMAs over the shared
-// copies (tf32 would not meet fp32 accuracy).
+// accumulators in the mma layout.
+//
+// f32 operands: in kernels marked tensor_core_f32, on the tensor cores as three tf32 products
+// (mma.sync m16n8k8): with x = x_big + x_small, both rounded to tf32 (11 significant bits each),
+// a b ~ a_small b_big + a_big b_small + a_big b_big leaves out only a_small b_small (about 2^-22 of
+// a b): fp32-level accuracy, where one tf32 product (2^-11) would not be. Their fragments are read
+// element by element from the shared copies, in a loop over the 8-wide steps (unrolled, the reads of
+// all steps were scheduled first and fp32 walks spilled up to 900 bytes). Elsewhere (and where the
+// result is not in the mma layout) the slower path: FMA loops over the shared copies. Opt-in, because
+// in kernels full of fp32 state products the split fragments still cost spills (4-byte spills in
+// three kernels under ptxas even with the loop).
 #include <fmt/format.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
+
+#include <array>
+#include <utility>
 
 #include "compiler/nvptx/lowering.h"
 
@@ -43,7 +55,8 @@ void KernelLowering::lower_dot(const ir::Op& op) {
   };
 
   const bool tensor_cores = (in == DType::bf16 || in == DType::f16) && l.kind == Layout::Kind::Mma && K % 16 == 0;
-  if (!tensor_cores) {
+  const bool tf32x3 = k_.tensor_core_f32 && in == DType::f32 && l.kind == Layout::Kind::Mma && K % 8 == 0;
+  if (!tensor_cores && !tf32x3) {
     // The slower path: each thread computes its accumulator elements with an FMA loop over K.
     Layout out_l = l;
     int n = out_l.regs_per_thread();
@@ -71,6 +84,51 @@ void KernelLowering::lower_dot(const ir::Op& op) {
   llvm::Value* warp_m = b_.CreateURem(b_.CreateUDiv(warp, i32(l.wn)), i32(l.wm));
   llvm::Value* m_base = b_.CreateMul(warp_m, i32(M / l.wm));
   llvm::Value* n_base = b_.CreateMul(warp_n, i32(N / l.wn));
+  if (tf32x3) {
+    // m16n8k8 fragments (g = lane / 4, t = lane % 4): a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4)
+    // of the 16x8 A tile; b0 (t, g), b1 (t+4, g) of the 8x8 B tile; the accumulators as in m16n8k16.
+    llvm::Value* g = b_.CreateUDiv(lane, i32(4));
+    llvm::Value* t = b_.CreateURem(lane, i32(4));
+    auto split = [&](llvm::Value* x) -> std::pair<llvm::Value*, llvm::Value*> {
+      llvm::Value* big = b_.CreateIntrinsic(llvm::Intrinsic::nvvm_f2tf32_rna, {}, {x});
+      llvm::Value* rest = b_.CreateFSub(x, b_.CreateBitCast(big, f32));
+      return {big, b_.CreateIntrinsic(llvm::Intrinsic::nvvm_f2tf32_rna, {}, {rest})};
+    };
+    std::vector<llvm::Value*> init(mt * nt * 4, llvm::ConstantFP::get(f32, 0.0));
+    auto step = [&](llvm::Value* ks, const std::vector<llvm::Value*>& cur) {
+      std::vector<llvm::Value*> acc = cur;
+      llvm::Value* k_lo = b_.CreateAdd(b_.CreateMul(ks, i32(8)), t);
+      llvm::Value* k_hi = b_.CreateAdd(k_lo, i32(4));
+      std::vector<std::array<std::pair<llvm::Value*, llvm::Value*>, 4>> af(mt);
+      for (int64_t tm = 0; tm < mt; ++tm) {
+        llvm::Value* r0 = b_.CreateAdd(m_base, b_.CreateAdd(i32(tm * 16), g));
+        llvm::Value* r1 = b_.CreateAdd(r0, i32(8));
+        af[tm] = {split(read(a, r0, k_lo)), split(read(a, r1, k_lo)), split(read(a, r0, k_hi)), split(read(a, r1, k_hi))};
+      }
+      std::vector<std::array<std::pair<llvm::Value*, llvm::Value*>, 2>> bf(nt);
+      for (int64_t tn = 0; tn < nt; ++tn) {
+        llvm::Value* n = b_.CreateAdd(n_base, b_.CreateAdd(i32(tn * 8), g));
+        bf[tn] = {split(read(b, k_lo, n)), split(read(b, k_hi, n))};
+      }
+      for (int64_t tm = 0; tm < mt; ++tm)
+        for (int64_t tn = 0; tn < nt; ++tn) {
+          int64_t base = (tm * nt + tn) * 4;
+          // The small terms first, so that they are not lost against the large one.
+          for (int term = 0; term < 3; ++term) {
+            auto pick_a = [&](int q) { return term == 0 ? af[tm][q].second : af[tm][q].first; };
+            auto pick_b = [&](int q) { return term == 1 ? bf[tn][q].second : bf[tn][q].first; };
+            std::vector<llvm::Value*> args = {pick_a(0), pick_a(1), pick_a(2), pick_a(3), pick_b(0), pick_b(1),
+                                              acc[base], acc[base + 1], acc[base + 2], acc[base + 3]};
+            llvm::Value* d = b_.CreateIntrinsic(llvm::Intrinsic::nvvm_mma_m16n8k8_row_col_tf32, {}, args);
+            for (int q = 0; q < 4; ++q) acc[base + q] = b_.CreateExtractValue(d, q);
+          }
+        }
+      return acc;
+    };
+    std::vector<llvm::Value*> acc = emit_counted_loop(i32(0), i32(K / 8), init, step);
+    regs_[op.result()] = acc;
+    return;
+  }
   llvm::Value* l8 = b_.CreateURem(lane, i32(8));
   llvm::Value* j = b_.CreateUDiv(lane, i32(8));  // which 8x8 matrix this lane addresses
   llvm::Value* j_lo = b_.CreateURem(j, i32(2));

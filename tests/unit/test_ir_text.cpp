@@ -462,6 +462,9 @@ TEST_CASE("ir text: parse errors point at the offending token") {
   check_parse_error(in_kernel("  %0 = add %s, %n : f32\n"), 2, 8, "add: operands have different types: f32 and i32");
   check_parse_error(in_kernel("  yield %s\n"), 2, 3, "yield: only allowed as the last op of a for or if body");
   check_parse_error("kernel @k() attributes {num_warps = 3} {\n}\n", 1, 8, "num_warps must be a power of two");
+  check_parse_error("kernel @k() attributes {tensor_core_f32 = 2} {\n}\n", 1, 25,
+                    "kernel attribute 'tensor_core_f32' must be 0 or 1");
+  check_parse_error("kernel @k() attributes {fast = 1} {\n}\n", 1, 25, "unknown kernel attribute 'fast'");
 }
 
 TEST_CASE("ir text: deep nesting is an error, not a stack overflow") {

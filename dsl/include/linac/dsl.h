@@ -105,6 +105,9 @@ class KernelBuilder {
   /// Blocks per SM that register allocation must allow; 1 gives a kernel all 255 registers per thread
   /// where ptxas would otherwise cap it to fit two blocks (and spill). 0 (default): ptxas chooses.
   void set_min_ctas_per_sm(int n);
+  /// Dots of f32 tiles on the tensor cores as three tf32 products each (about fp32 accuracy; much
+  /// faster than the default FMA loops, but with more registers per dot).
+  void set_tensor_core_f32(bool on);
   /// Ends recording, verifies the kernel and returns it. Throws UserError on a malformed program.
   std::shared_ptr<ir::Kernel> finish();
 

@@ -61,7 +61,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
   const DType dt = cfg.dtype, f32 = DType::f32;
   KernelBuilder kb(cfg.gated ? "gated_delta_rule_wy" : "delta_rule_wy");
-  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_warps(cfg.wy_warps);
   kb.set_num_stages(1);
   // The inverse's fp32 products on the tensor cores (3xTF32): H200 wy 0.595 -> 0.408 ms at B8 T4096
   // H16 D128 bf16. Left to itself ptxas capped the 256-thread form at 48 registers and spilled.
@@ -214,9 +214,9 @@ enum class DeltaKernel { wy, fwd, recurrent };
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_delta_kernel(DeltaKernel which, const DeltaRuleConfig& cfg) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
                                 cfg.chunk, cfg.block_k, cfg.block_v, cfg.gated, cfg.l2norm_qk, cfg.initial_state,
-                                cfg.final_state, cfg.varlen, cfg.store_t, cfg.num_warps, cfg.num_stages);
+                                cfg.final_state, cfg.varlen, cfg.store_t, cfg.num_warps, cfg.num_stages, cfg.wy_warps);
   return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
       case DeltaKernel::wy: return build_delta_rule_wy(cfg);

@@ -440,7 +440,7 @@ OpDef gla_op() {
   op.outputs = {
       {"o", true, "[B,T,H,V]", "outputs"},
       {"final_state", false, "[N,H,K,V]", "state after the last token of each sequence (fp32)"},
-      {"dq", false, "[B,T,H,K]", "--backward: gradient w.r.t. q (token by token: slow)"},
+      {"dq", false, "[B,T,H,K]", "--backward: gradient w.r.t. q"},
       {"dk", false, "[B,T,H,K]", "--backward: gradient w.r.t. k"},
       {"dv", false, "[B,T,H,V]", "--backward: gradient w.r.t. v"},
       {"dg", false, "[B,T,H,K]", "--backward: gradient w.r.t. g (fp32)"},

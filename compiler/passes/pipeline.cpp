@@ -35,6 +35,14 @@ void collect(const ir::Kernel& k, const ir::Block& b, const std::set<const ir::V
 
 }  // namespace
 
+std::set<const ir::Value*> stored_tensors(const ir::Kernel& k) {
+  std::set<const ir::Value*> stored;
+  ir::walk(const_cast<ir::Block&>(k.body), [&](ir::Op& op) {
+    if (op.code == OpCode::Store) stored.insert(op.operands[0]);
+  });
+  return stored;
+}
+
 bool splits_into_16_byte_copies(const ir::Type& t, int num_threads) {
   if (t.is_scalar()) return false;
   int elem = dtype_bytes(t.dtype);
@@ -64,11 +72,7 @@ PipelinePlan plan_pipelining(const ir::Kernel& k) {
   PipelinePlan plan;
   plan.stages = k.num_stages >= 2 ? 2 : 1;
   if (plan.stages < 2) return plan;
-  std::set<const ir::Value*> stored;
-  ir::walk(const_cast<ir::Block&>(k.body), [&](ir::Op& op) {
-    if (op.code == OpCode::Store) stored.insert(op.operands[0]);
-  });
-  collect(k, k.body, stored, plan);
+  collect(k, k.body, stored_tensors(k), plan);
   return plan;
 }
 

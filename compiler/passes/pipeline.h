@@ -29,6 +29,10 @@ struct PipelinePlan {
   bool is_prefetched(const ir::Value* v) const { return v->def && prefetched.count(v->def); }
 };
 
+/// The tensors `k` stores to anywhere: loading one of them early (a pipelined iteration ahead, or
+/// asynchronously ahead of a store of this program) could read stale data.
+std::set<const ir::Value*> stored_tensors(const ir::Kernel& k);
+
 /// Whether a load of tile type `t` in a kernel of `num_threads` threads splits into 16-byte vectors
 /// over the threads (cp.async's unit).
 bool splits_into_16_byte_copies(const ir::Type& t, int num_threads);

@@ -188,10 +188,7 @@ class Planner {
   /// Top-level loads whose tile goes to shared memory anyway: their copies can be asynchronous at no
   /// cost in shared memory (the buffer and its live range are the same) and with fewer registers.
   void choose_prefetched_loads() {
-    std::set<const ir::Value*> stored;
-    ir::walk(const_cast<ir::Block&>(k_.body), [&](ir::Op& op) {
-      if (op.code == OpCode::Store) stored.insert(op.operands[0]);
-    });
+    const std::set<const ir::Value*> stored = stored_tensors(k_);
     for (const auto& op : k_.body.ops) {
       if (op->code != OpCode::Load || !spilled_.count(op->result())) continue;
       if (stored.count(op->operands[0])) continue;  // may be written by this program before the read

@@ -139,14 +139,9 @@ bool KernelLowering::lower_scan_1d(const ir::Op& op) {
   b_.CreateBr(cont);
   b_.SetInsertPoint(cont);
   before_smem_read(out_range);
-  const Layout& l = layout(op.result());
-  Regs out(l.regs_per_thread());
-  for (int r = 0; r < l.regs_per_thread(); ++r) {
-    Coords c = coords_of(l, r);
-    llvm::Value* e = b_.CreateLoad(aty, scratch_addr(b_.CreateAdd(i32(32 * 8), b_.CreateMul(c[0], i32(4)))));
-    out[r] = convert(e, at, t);
-  }
-  regs_[op.result()] = out;
+  regs_[op.result()] = read_scratch_in_layout(op.result(), at, [&](const Coords& c) {
+    return b_.CreateAdd(i32(32 * 8), b_.CreateMul(c[0], i32(4)));
+  });
   return true;
 }
 
@@ -219,6 +214,17 @@ void KernelLowering::lower_reduce(const ir::Op& op) {
   regs_[op.result()] = out;
 }
 
+Regs KernelLowering::read_scratch_in_layout(const ir::Value* result, DType at,
+                                            const std::function<llvm::Value*(const Coords&)>& byte_offset) {
+  const Layout& l = layout(result);
+  Regs out(l.regs_per_thread());
+  for (int r = 0; r < l.regs_per_thread(); ++r) {
+    llvm::Value* e = b_.CreateLoad(llvm_type(at), scratch_addr(byte_offset(coords_of(l, r))));
+    out[r] = convert(e, at, result->type.dtype);
+  }
+  return out;
+}
+
 bool KernelLowering::lower_scan_2d(const ir::Op& op) {
   const ir::Value* x = op.operands[0];
   const DType t = x->type.dtype, at = acc_dtype(t);
@@ -226,7 +232,6 @@ bool KernelLowering::lower_scan_2d(const ir::Op& op) {
   const int axis = static_cast<int>(op.attrs.axis);
   const int64_t n = x->type.shape[axis], m = x->type.shape[1 - axis];
   const int threads = k_.num_warps * 32;
-  llvm::Type* aty = llvm_type(at);
   // Each of the first m threads scans one line (column for axis 0) from end to end, in order, and
   // writes every prefix to scratch; then each thread reads its elements in the result's layout. The
   // line's loads do not depend on each other, so they issue back to back; only the adds chain. (The
@@ -268,14 +273,9 @@ bool KernelLowering::lower_scan_2d(const ir::Op& op) {
     b_.SetInsertPoint(cont);
   }
   before_smem_read(range);
-  const Layout& l = layout(op.result());
-  Regs out(l.regs_per_thread());
-  for (int r = 0; r < l.regs_per_thread(); ++r) {
-    Coords c = coords_of(l, r);
-    llvm::Value* j = c[axis], *line = c[1 - axis];
-    out[r] = convert(b_.CreateLoad(aty, scratch_addr(b_.CreateMul(b_.CreateAdd(b_.CreateMul(j, i32(m)), line), i32(4)))), at, t);
-  }
-  regs_[op.result()] = out;
+  regs_[op.result()] = read_scratch_in_layout(op.result(), at, [&](const Coords& c) {
+    return b_.CreateMul(b_.CreateAdd(b_.CreateMul(c[axis], i32(m)), c[1 - axis]), i32(4));
+  });
   return true;
 }
 

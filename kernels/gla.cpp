@@ -81,12 +81,17 @@ struct GlaChunk {
   AccessOptions in_seq;
 };
 
-/// The diagonal blocks A_ii of the chunk at rows t0.. (from gla_intra), one [16, 16] tile per sub-chunk.
+/// The diagonal block A_ii (from gla_intra) of sub-chunk i of the chunk at rows t0.., [16, 16].
+Tile load_diagonal_block(const Tensor& a_diag, const Tile& b, const Tile& i_h, const Tile& t0, int64_t i,
+                         const AccessOptions& in_seq) {
+  return load(a_diag, {b, t0 + i * kGlaSubChunk, i_h, 0}, {kIndex, kGlaSubChunk, kIndex, kGlaSubChunk}, in_seq);
+}
+
+/// All the chunk's diagonal blocks, one per sub-chunk.
 std::vector<Tile> load_diagonal_blocks(const GlaConfig& cfg, const Tensor& a_diag, const Tile& b, const Tile& i_h,
                                        const Tile& t0, const AccessOptions& in_seq) {
   std::vector<Tile> A;
-  for (int64_t i = 0; i < cfg.chunk / kGlaSubChunk; ++i)
-    A.push_back(load(a_diag, {b, t0 + i * kGlaSubChunk, i_h, 0}, {kIndex, kGlaSubChunk, kIndex, kGlaSubChunk}, in_seq));
+  for (int64_t i = 0; i < cfg.chunk / kGlaSubChunk; ++i) A.push_back(load_diagonal_block(a_diag, b, i_h, t0, i, in_seq));
   return A;
 }
 
@@ -284,9 +289,7 @@ std::shared_ptr<ir::Kernel> build_gla_out(const GlaConfig& cfg) {
   Tile Sd = load(h, {b, ic, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
   GlaChunk c{b, i_h, ic * BT, v0, AccessOptions{.limits = {{1, T}}}};
   // Each A_ii loaded where it is used (loaded together up front, gla_out spilled 4 bytes in fp16).
-  auto diagonal_block = [&](int i) {
-    return load(a_diag, {c.b, c.t0 + i * BC, c.i_h, 0}, {kIndex, BC, kIndex, BC}, c.in_seq);
-  };
+  auto diagonal_block = [&](int i) { return load_diagonal_block(a_diag, c.b, c.i_h, c.t0, i, c.in_seq); };
   gla_chunk_outputs(cfg, c, Sd, q, k, v, g, diagonal_block, o, scale);
   return kb.finish();
 }

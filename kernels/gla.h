@@ -15,6 +15,9 @@ namespace linac {
 
 /// Rows per sub-chunk: the diagonal blocks of the intra-chunk attention are this size.
 inline constexpr int kGlaSubChunk = 16;
+/// The largest spread of a sub-chunk's cumulative gates (per channel, over its 16 rows) for which
+/// gla_intra computes the diagonal block as a product of factors within exp(+-30) (see build_gla_intra).
+inline constexpr double kGlaFactorSpread = 60.0;
 
 /// Compile-time configuration of the chunked forward kernels. Every field specializes the kernel.
 /// (The op's defaults depend on the head dims: see gla_config in gla.cpp.)

@@ -127,6 +127,18 @@ def test_gates_clamped_at_minus_5(linac, chunk):
     run_and_check(linac, inputs, options=["--chunk-size", str(chunk)])
 
 
+@pytest.mark.parametrize("gate", [-4.0, -4.01], ids=["factored_at_limit", "elementwise_past_limit"])
+def test_gate_spread_at_the_factored_limit(linac, gate):
+    # gla_intra factors a sub-chunk's diagonal block into exp(L - m) and exp(m - L) when the gates'
+    # spread over its 16 rows is at most 60: a gate of -4 on every token spreads exactly 60 (15 steps),
+    # the largest factors the factored form takes (exp(+-30)); -4.01 goes elementwise. Half the
+    # channels decay slowly, so that rows far apart still matter to the output.
+    inputs = make_inputs(650, B=1, T=100, H=2, K=32, V=16, init=True)
+    inputs["g"][..., 0::2] = gate
+    inputs["g"][..., 1::2] *= 0.05
+    run_and_check(linac, inputs, options=["--chunk-size", "64"])
+
+
 @pytest.mark.parametrize("chunk", [16, 64])
 @pytest.mark.parametrize("rows", [(64, 128), (80, 96)], ids=["chunk", "sub_chunk"])
 def test_very_negative_gates(linac, rows, chunk):

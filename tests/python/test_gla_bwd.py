@@ -93,6 +93,17 @@ def test_very_negative_gates_stay_finite(linac, chunk, config):
     check(linac, x, options=("--chunk-size", str(chunk), "--config", config))
 
 
+@pytest.mark.parametrize("gate", [-4.0, -4.01], ids=["factored_at_limit", "elementwise_past_limit"])
+def test_gate_spread_at_the_factored_limit(linac, gate):
+    # As test_gla's: a gate of -4 per token spreads exactly kGlaFactorSpread = 60 over a 16-row block
+    # (the factored diagonal block at its largest factors), -4.01 just past it (elementwise). Half the
+    # channels decay slowly.
+    x = make_inputs(65, B=1, T=50, H=1, K=16, V=8, init=True, dfinal=True)
+    x["g"][..., 0::2] = gate
+    x["g"][..., 1::2] *= 0.05
+    check(linac, x, options=("--chunk-size", "32"))
+
+
 def test_bf16(linac):
     x = make_inputs(70, B=1, T=40, H=2, K=16, V=16, init=True, dfinal=True)
     got = linac.run_op("gla", x, outputs=("dq", "dk", "dv", "dg"), options=["--backward", "--dtype", "bf16"])

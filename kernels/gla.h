@@ -32,6 +32,7 @@ struct GlaConfig {
   int num_warps = 8;
   int num_stages = 1;
   bool split = false;  // the split schedule (gla_state + gla_out; dense inputs only)
+  int state_block_k = 0;  // the split schedule's state pass: key columns per program (0: block_k)
 };
 
 /// Records the kernel of the diagonal 16x16 blocks of the intra-chunk attention (elementwise in fp32,
@@ -42,7 +43,8 @@ std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg);
 std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg);
 
 /// The split schedule: the state pass storing the state before every chunk into h [B, NT, H, K, V]
-/// (dtype; dense inputs). Parameters: k v g [initial_state] [final_state] h.
+/// (dtype; dense inputs), one program per (V block, batch x head, K block of state_block_k columns).
+/// Parameters: k v g [initial_state] [final_state] h.
 std::shared_ptr<ir::Kernel> build_gla_state(const GlaConfig& cfg);
 /// The split schedule's outputs, one program per (chunk, sequence x head, V block) from h.
 /// Parameters: q k v g a_diag h o scale.

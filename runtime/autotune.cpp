@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <fstream>
 #include <future>
+#include <map>
 #include <mutex>
 #include <sstream>
 
@@ -123,23 +124,32 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
   // and head dims, not on B, T, H: the small input compiles what the real size runs. (On an H200 a
   // cold delta_rule tuning compiled for 2.3 s after 1 s of inputs, its slowest candidate's two kernels
   // one after the other: LINAC_PRINT_COMPILE_TIMES=1 shows the intervals.)
-  std::vector<std::future<std::string>> compiles;
+  // Each candidate's status note and its launch signature (kernels and grids: kernels are memoized,
+  // so equal configurations share them), so that one which resolves to another's launches is not
+  // timed twice (a space lists the defaults as {} and may also spell them out).
+  struct Compiled {
+    std::string note, launches;
+  };
+  std::vector<std::future<Compiled>> compiles;
   for (auto& cand : result.candidates) {
-    compiles.push_back(std::async(std::launch::async, [&, cfg = cand.config]() -> std::string {
+    compiles.push_back(std::async(std::launch::async, [&, cfg = cand.config]() -> Compiled {
       try {
         OpOptions o = base;
         o.config = cfg;
         OpPlan p = op.prepare(small_in, o, outputs);
         std::vector<std::future<std::shared_ptr<GpuKernel>>> kernels;
-        for (const auto& l : p.launches)
+        std::string launches;
+        for (const auto& l : p.launches) {
           kernels.push_back(std::async(std::launch::async, [k = l.kernel] { return GpuKernel::get(*k); }));
+          launches += fmt::format("{}@{},{},{};", static_cast<const void*>(l.kernel.get()), l.grid[0], l.grid[1], l.grid[2]);
+        }
         int64_t spills = 0;
         for (auto& k : kernels) spills += k.get()->spill_bytes();
         // Shared memory that does not fit throws (skipped below). Spills are reported but timed: on an
         // H200 the fastest linear_attn config at D=128 spills 260 bytes (0.300 ms vs 0.319 ms without).
-        return spills ? fmt::format("spills {} B", spills) : "";
+        return {spills ? fmt::format("spills {} B", spills) : "", launches};
       } catch (const UserError& e) {
-        return fmt::format("skipped: {}", e.what());
+        return {fmt::format("skipped: {}", e.what()), ""};
       }
     }));
   }
@@ -162,12 +172,18 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
   cast_qkv(big_in, base.dtype);
 
   std::vector<std::string> notes(result.candidates.size());
+  std::map<std::string, size_t> first_with_launches;
   for (size_t i = 0; i < compiles.size(); ++i) {
-    std::string s = compiles[i].get();
-    if (s.starts_with("skipped"))
-      result.candidates[i].status = s;
-    else
-      notes[i] = s;
+    Compiled c = compiles[i].get();
+    if (c.note.starts_with("skipped")) {
+      result.candidates[i].status = c.note;
+      continue;
+    }
+    notes[i] = c.note;
+    auto [it, fresh] = first_with_launches.emplace(c.launches, i);
+    if (!fresh)
+      result.candidates[i].status =
+          fmt::format("skipped: the launches of {}", config_str(result.candidates[it->second].config));
   }
   if (progress)
     fmt::print(stderr, "linac tune: [{:5.1f} s] reference and inputs ready, {} candidates compiled\n", elapsed(),

@@ -171,7 +171,8 @@ def test_config_keys(linac):
     run_and_check(linac, inputs, options=["--config", "chunk=32,bv=16,warps=8,stages=1"])
 
 
-SPLIT_CONFIGS = ["split=1,chunk=64,bv=64,warps=4", "split=1,chunk=32,bv=16,warps=2", "split=1,chunk=64,bv=64,stages=2"]
+SPLIT_CONFIGS = ["split=1,chunk=64,bv=64,warps=4", "split=1,chunk=32,bv=16,warps=2", "split=1,chunk=64,bv=64,stages=2",
+                 "split=1,chunk=32,bv=16,sbk=16", "split=1,chunk=64,bv=32,sbk=32,stages=2"]
 
 
 @pytest.mark.parametrize("config", SPLIT_CONFIGS)

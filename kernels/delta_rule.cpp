@@ -53,12 +53,23 @@ ChunkDecays chunk_decays(const Tile& gc, int64_t BT) {
 // One program per chunk. With b the chunk-local cumulative log-decay (zero without a gate) and
 // r = 1/||k|| with --l2norm-qk (else 1):
 //   A = strictly_lower(diag(beta r) (K K^T) diag(r) .* exp(b_r - b_c))
-//   T = (I + A)^-1                                  (see unit_lower_inverse: fp32 throughout)
+//   T = (I + A)^-1                                  (fp32 throughout)
 //   W = T diag(beta exp(b) r) K,   U = T diag(beta) V
-// exp is taken of b_r - b_c only where r > c (masked before exponentiating), and of b <= 0. W and U
-// are products on the tensor cores in the input dtype (T rounded to it, as the state products are).
+// by blocks of 16 rows (NS = BT / 16 of them; chunk 16: one): T's diagonal blocks T_ii are inverted
+// alone (unit_lower_inverse), those below by block substitution,
+//   T_ij = -T_ii (A_ij T_jj + A_i,j+1 T_j+1,j + ... + A_i,i-1 T_i-1,j)      (i > j)
+// and W_i = sum_{j <= i} T_ij diag(..)_j K_j (likewise U). Inverting the whole [BT, BT] matrix by
+// doubling spent dense [BT, BT] products on blocks known to be zero: at chunk 32, 8 fp32 products of
+// 32x32x32 against 8 of 16x16x16 here.
+// The decays of A's blocks are sums of gates over the rows in between, never differences of cumulative
+// sums: in the diagonal blocks chunk_decays' D, below them exp(L_i) exp(mid) exp(R_j) with L_i the
+// cumulative gates of block i from its first row, R_j those after row c to the end of block j and mid
+// the totals of the blocks in between (every factor <= 1). W and U are products on the tensor cores in
+// the input dtype (each T_ij rounded to it once, as the state products use it).
 std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
+  const int64_t BS = std::min<int64_t>(BT, 16);
+  const int NS = static_cast<int>(BT / BS);
   const DType dt = cfg.dtype, f32 = DType::f32;
   KernelBuilder kb(cfg.gated ? "gated_delta_rule_wy" : "delta_rule_wy");
   kb.set_num_warps(cfg.wy_warps);
@@ -82,40 +93,92 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   const Tile b = cb.b, i_h = cb.i_h;
   AccessOptions in_seq{.limits = {{1, cb.eos}}};
   Tile t0 = cb.bos + cb.chunk * BT;
+  Tile row = expand_dims(iota(BS), 1), col = expand_dims(iota(BS), 0);
 
-  // Rows past the sequence end load zeros (k, beta, g): their rows of A vanish and b stops growing.
-  Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-  Tile beta_c = load(beta, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
-  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
-  Tile strict = row > col;
-  Tile A = dot(K, K.T());
-  Tile k_factor = beta_c;  // diag(beta exp(b) r) of W
-  Tile r_k;
-  if (cfg.l2norm_qk) {
-    r_k = inverse_row_norms(K);
-    A = A * expand_dims(beta_c * r_k, 1) * expand_dims(r_k, 0);
-    k_factor = k_factor * r_k;
-  } else {
-    A = A * expand_dims(beta_c, 1);
+  // Per block of rows: K, beta, the row factor of A (beta r), the column factors of A (r) and of W
+  // (beta exp(b) r), and the gates' L (exp), R (exp), tot. Rows past the sequence end load zeros (k,
+  // beta, g): their rows of A vanish and b stops growing.
+  std::vector<Tile> K(NS), beta_s(NS), a_row(NS), a_col(NS), w_col(NS), eL(NS), eR(NS), tot(NS), D(NS);
+  Tile before;  // the gates of the blocks before this one, summed
+  for (int s = 0; s < NS; ++s) {
+    Tile ts = t0 + s * BS;
+    K[s] = load(k, {b, ts, i_h, 0}, {kIndex, BS, kIndex, BK}, in_seq);
+    beta_s[s] = load(beta, {b, ts, i_h}, {kIndex, BS, kIndex}, in_seq);
+    a_row[s] = beta_s[s];
+    w_col[s] = beta_s[s];
+    if (cfg.l2norm_qk) {
+      a_col[s] = inverse_row_norms(K[s]);
+      a_row[s] = a_row[s] * a_col[s];
+      w_col[s] = w_col[s] * a_col[s];
+    }
+    if (cfg.gated) {
+      Tile gc = load(g, {b, ts, i_h}, {kIndex, BS, kIndex}, in_seq);
+      const ChunkDecays dec = chunk_decays(gc, BS);
+      Tile L = cumsum(gc, 0);
+      D[s] = dec.D;
+      eL[s] = exp(L);
+      eR[s] = exp(dec.R);
+      tot[s] = sum(gc, 0);
+      w_col[s] = w_col[s] * exp(s == 0 ? L : L + before);
+      before = s == 0 ? tot[0] : before + tot[s];
+    }
   }
-  if (cfg.gated) {
-    Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
-    A = A * exp(chunk_decays(gc, BT).D);  // exp(b_r - b_c), summed directly (1 where r <= c: masked below)
-    k_factor = k_factor * exp(cumsum(gc, 0));
+  // A's block (i, j), i >= j, masked to r > c on the diagonal.
+  auto a_block = [&](int i, int j) {
+    Tile A = dot(K[i], K[j].T()) * expand_dims(a_row[i], 1);
+    if (cfg.l2norm_qk) A = A * expand_dims(a_col[j], 0);
+    if (cfg.gated) {
+      if (i == j) {
+        A = A * exp(D[i]);  // exp(b_r - b_c), summed directly (1 where r <= c: masked below)
+      } else {
+        Tile mid;  // tot_{j+1} + ... + tot_{i-1}
+        for (int m = j + 1; m < i; ++m) mid = m == j + 1 ? tot[m] : mid + tot[m];
+        Tile row_f = mid.valid() ? eL[i] * exp(mid) : eL[i];
+        A = A * expand_dims(row_f, 1) * expand_dims(eR[j], 0);
+      }
+    }
+    return i == j ? where(row > col, A, 0.0f) : A;
+  };
+  std::vector<std::vector<Tile>> A(NS, std::vector<Tile>(NS)), T(NS, std::vector<Tile>(NS));
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j <= i; ++j) A[i][j] = a_block(i, j);
+  for (int i = 0; i < NS; ++i) T[i][i] = unit_lower_inverse(A[i][i], BS);
+  for (int d = 1; d < NS; ++d)
+    for (int j = 0; j + d < NS; ++j) {
+      const int i = j + d;
+      Tile X = dot(A[i][j], T[j][j]);
+      for (int m = j + 1; m < i; ++m) X = X + dot(A[i][m], T[m][j]);
+      T[i][j] = dot(T[i][i], X) * -1.0f;
+    }
+  if (cfg.store_t)
+    for (int i = 0; i < NS; ++i)
+      for (int j = 0; j < NS; ++j)
+        store(t_mat, {b, t0 + i * BS, i_h, j * BS}, {kIndex, BS, kIndex, BS},
+              j <= i ? T[i][j].to(dt) : zeros({BS, BS}, dt), in_seq);
+  // The column factors go on T's blocks, so that the loaded K and V feed the tensor cores as they are.
+  for (int i = 0; i < NS; ++i) {
+    Tile W;
+    for (int j = 0; j <= i; ++j) {
+      Tile term = dot((T[i][j] * expand_dims(w_col[j], 0)).to(dt), K[j]);
+      W = j == 0 ? term : W + term;
+    }
+    store(w, {b, t0 + i * BS, i_h, 0}, {kIndex, BS, kIndex, BK}, W.to(dt), in_seq);
   }
-  // The row factors of K and V become column factors of T: the loaded blocks feed the tensor cores
-  // as they are.
-  Tile T = unit_lower_inverse(where(strict, A, 0.0f), BT);
-  if (cfg.store_t) store(t_mat, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BT}, T.to(dt), in_seq);
-  Tile T_beta = (T * expand_dims(beta_c, 0)).to(dt);
+  std::vector<std::vector<Tile>> T_beta(NS, std::vector<Tile>(NS));
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j <= i; ++j) T_beta[i][j] = (T[i][j] * expand_dims(beta_s[j], 0)).to(dt);
   // U in blocks of BV value columns.
   Tile num_v_blocks = (v.dim(3) + (BV - 1)) / BV;
   for_range(0, num_v_blocks, [&](Tile iv) {
     Tile v0 = iv * BV;
-    Tile V = load(v, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
-    store(u, {b, t0, i_h, iv, 0}, {kIndex, BT, kIndex, kIndex, BV}, dot(T_beta, V).to(dt), in_seq);
+    std::vector<Tile> V(NS);
+    for (int j = 0; j < NS; ++j) V[j] = load(v, {b, t0 + j * BS, i_h, v0}, {kIndex, BS, kIndex, BV}, in_seq);
+    for (int i = 0; i < NS; ++i) {
+      Tile U;
+      for (int j = 0; j <= i; ++j) U = j == 0 ? dot(T_beta[i][j], V[j]) : U + dot(T_beta[i][j], V[j]);
+      store(u, {b, t0 + i * BS, i_h, iv, 0}, {kIndex, BS, kIndex, kIndex, BV}, U.to(dt), in_seq);
+    }
   });
-  store(w, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dot((T * expand_dims(k_factor, 0)).to(dt), K).to(dt), in_seq);
   return kb.finish();
 }
 
@@ -249,7 +312,11 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   const bool small = K <= 64 && V <= 64, fp32 = dtype_bytes(cfg.dtype) == 4;
   cfg.chunk = checked_chunk_size(opts.chunk_size, small ? 64 : 32);
   cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
-  const int64_t bv = std::min<int64_t>(padded_head_dim(V), opts.recurrent || (fp32 && !small) ? 32 : 64);
+  //  - value blocks of 128 for the ungated 16-bit walk above head dim 64 (one program holds the whole
+  //    state; no program redoes another's W S): H200 B8 T4096 H16 D128 bf16 walk 0.56 -> 0.42 ms. The
+  //    gated walk is faster at 64 (0.68 vs 0.75 ms).
+  const int64_t wide_v = !gated && !small && !fp32 ? 128 : 64;
+  const int64_t bv = std::min<int64_t>(padded_head_dim(V), opts.recurrent || (fp32 && !small) ? 32 : wide_v);
   cfg.block_v = static_cast<int>(config_value(opts, "bv", bv, {16, 32, 64, 128, 256}));
   const int64_t warps = small || (fp32 && !opts.recurrent) ? 4 : 8;
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", warps, {2, 4, 8}));
@@ -439,6 +506,7 @@ OpDef delta_rule_op_def(bool gated) {
     // guards against the chunk-64/8-warp GPU results seen during development (see the issue notes).
     std::vector<Config> space{{},
                               {{"chunk", 32}, {"warps", 8}, {"bv", 64}},
+                              {{"chunk", 32}, {"warps", 8}, {"bv", 128}},
                               {{"chunk", 16}, {"warps", 8}, {"bv", 64}},
                               {{"chunk", 32}, {"warps", 4}, {"bv", 32}}};
     // Chunks of 64 only for head dims up to 64: at 128 on an H200 they were the slowest candidate

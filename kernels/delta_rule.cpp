@@ -167,9 +167,10 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   std::vector<std::vector<Tile>> T_beta(NS, std::vector<Tile>(NS));
   for (int i = 0; i < NS; ++i)
     for (int j = 0; j <= i; ++j) T_beta[i][j] = (T[i][j] * expand_dims(beta_s[j], 0)).to(dt);
-  // U in blocks of BV value columns.
-  Tile num_v_blocks = (v.dim(3) + (BV - 1)) / BV;
-  for_range(0, num_v_blocks, [&](Tile iv) {
+  // U in blocks of BV value columns: unrolled when the plan knows how many (V's loads then stand at the
+  // top level and are prefetched while T is computed: waiting on them in the loop was the gated wy's
+  // hottest stall in ncu), else a loop.
+  auto u_block = [&](const Tile& iv) {
     Tile v0 = iv * BV;
     std::vector<Tile> V(NS);
     for (int j = 0; j < NS; ++j) V[j] = load(v, {b, t0 + j * BS, i_h, v0}, {kIndex, BS, kIndex, BV}, in_seq);
@@ -178,7 +179,12 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
       for (int j = 0; j <= i; ++j) U = j == 0 ? dot(T_beta[i][j], V[j]) : U + dot(T_beta[i][j], V[j]);
       store(u, {b, t0 + i * BS, i_h, iv, 0}, {kIndex, BS, kIndex, kIndex, BV}, U.to(dt), in_seq);
     }
-  });
+  };
+  if (cfg.v_blocks > 0) {
+    for (int iv = 0; iv < cfg.v_blocks; ++iv) u_block(constant(iv, DType::i32));
+  } else {
+    for_range(0, (v.dim(3) + (BV - 1)) / BV, u_block);
+  }
   return kb.finish();
 }
 
@@ -197,8 +203,9 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
   kb.set_num_stages(cfg.num_stages);
   // The gated walk at two blocks per SM (ptxas: 128 registers, 8 bytes spilled at K = V = 128, chunk 32,
   // 8 warps) rather than one (156 registers): H200 B8 T4096 H16 D128 bf16 walk 0.99 -> 0.69 ms. The
-  // ungated walk gets there by itself (127 registers).
-  if (cfg.gated) kb.set_min_ctas_per_sm(2);
+  // ungated walk gets there by itself (127 registers). Not for value blocks of 128 (one program per
+  // head holds the whole state: 171 registers ungated).
+  if (cfg.gated && BV <= 64) kb.set_min_ctas_per_sm(2);
   Tensor q = kb.tensor("q", dt, 4);
   Tensor k = kb.tensor("k", dt, 4);
   Tensor w = kb.tensor("w", dt, 4);
@@ -283,7 +290,8 @@ std::shared_ptr<ir::Kernel> cached_delta_kernel(DeltaKernel which, const DeltaRu
   static KernelMemo memo;
   std::string key = fmt::format("{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
                                 cfg.chunk, cfg.block_k, cfg.block_v, cfg.gated, cfg.l2norm_qk, cfg.initial_state,
-                                cfg.final_state, cfg.varlen, cfg.store_t, cfg.num_warps, cfg.num_stages, cfg.wy_warps);
+                                cfg.final_state, cfg.varlen, cfg.store_t, cfg.num_warps, cfg.num_stages, cfg.wy_warps) +
+                    fmt::format("/{}", cfg.v_blocks);
   return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
       case DeltaKernel::wy: return build_delta_rule_wy(cfg);
@@ -312,12 +320,13 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   const bool small = K <= 64 && V <= 64, fp32 = dtype_bytes(cfg.dtype) == 4;
   cfg.chunk = checked_chunk_size(opts.chunk_size, small ? 64 : 32);
   cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
-  //  - value blocks of 128 for the ungated 16-bit walk above head dim 64 (one program holds the whole
-  //    state; no program redoes another's W S): H200 B8 T4096 H16 D128 bf16 walk 0.56 -> 0.42 ms. The
-  //    gated walk is faster at 64 (0.68 vs 0.75 ms).
-  const int64_t wide_v = !gated && !small && !fp32 ? 128 : 64;
+  //  - value blocks of 128 for the 16-bit walk above head dim 64 (one program holds the whole state; no
+  //    program redoes another's W S): H200 B8 T4096 H16 D128 bf16 walk 0.56 -> 0.42 ms, gated 0.68 ->
+  //    0.63 ms.
+  const int64_t wide_v = !small && !fp32 ? 128 : 64;
   const int64_t bv = std::min<int64_t>(padded_head_dim(V), opts.recurrent || (fp32 && !small) ? 32 : wide_v);
   cfg.block_v = static_cast<int>(config_value(opts, "bv", bv, {16, 32, 64, 128, 256}));
+  cfg.v_blocks = static_cast<int>((padded_head_dim(V) + cfg.block_v - 1) / cfg.block_v);
   const int64_t warps = small || (fp32 && !opts.recurrent) ? 4 : 8;
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", warps, {2, 4, 8}));
   cfg.num_stages = static_cast<int>(config_value(opts, "stages", fp32 || cfg.block_k > 128 ? 1 : 2, {1, 2}));

@@ -38,6 +38,7 @@ struct DeltaRuleConfig {
   int wy_warps = 4;          // of delta_rule_wy: 0.41 ms at 4 vs 0.51 at 8 (H200, B8 T4096 H16 D128 bf16)
   int num_stages = 2;        // chunk loads of delta_rule_fwd pipelined one iteration ahead
   bool store_t = false;      // delta_rule_wy also stores T (t_mat [B,T,H,BT], rows, input dtype) for the backward
+  int v_blocks = 0;          // delta_rule_wy: U's value blocks of block_v, unrolled (0: a loop up to v's dim)
 };
 
 /// T = (I + A)^-1 for a strictly lower triangular f32 [BT, BT] tile A (BT a multiple of 16), in fp32

@@ -289,6 +289,7 @@ std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, DeltaBwdKer
         wy.varlen = cfg.varlen;
         wy.gated = cfg.gated;
         wy.store_t = true;  // build_delta_bwd_chunk loads T instead of inverting again
+        wy.v_blocks = static_cast<int>((cfg.full_v + cfg.block_v - 1) / cfg.block_v);
         return build_delta_rule_wy(wy);
       }
       case DeltaBwdKernel::states: return build_delta_bwd_states(cfg);

@@ -96,6 +96,13 @@ constexpr int64_t kTimedTokens = 1024;
 /// Timed runs per candidate: up to 10, as many as fit in this time (at least 3).
 constexpr double kTimingBudgetMs = 100;
 
+std::string launch_signature(const OpPlan& plan) {
+  std::string sig;
+  for (const auto& l : plan.launches)
+    sig += fmt::format("{}@{},{},{};", static_cast<const void*>(l.kernel.get()), l.grid[0], l.grid[1], l.grid[2]);
+  return sig;
+}
+
 TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& base, bool progress) {
   const bool bwd = base.backward;
   const auto& space = bwd ? op.bwd_tuning_space : op.tuning_space;
@@ -124,9 +131,8 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
   // and head dims, not on B, T, H: the small input compiles what the real size runs. (On an H200 a
   // cold delta_rule tuning compiled for 2.3 s after 1 s of inputs, its slowest candidate's two kernels
   // one after the other: LINAC_PRINT_COMPILE_TIMES=1 shows the intervals.)
-  // Each candidate's status note and its launch signature (kernels and grids: kernels are memoized,
-  // so equal configurations share them), so that one which resolves to another's launches is not
-  // timed twice (a space lists the defaults as {} and may also spell them out).
+  // Each candidate's status note and its launch signature, so that one which resolves to another's
+  // launches is not timed twice (a space lists the defaults as {} and may also spell them out).
   struct Compiled {
     std::string note, launches;
   };
@@ -138,16 +144,13 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
         o.config = cfg;
         OpPlan p = op.prepare(small_in, o, outputs);
         std::vector<std::future<std::shared_ptr<GpuKernel>>> kernels;
-        std::string launches;
-        for (const auto& l : p.launches) {
+        for (const auto& l : p.launches)
           kernels.push_back(std::async(std::launch::async, [k = l.kernel] { return GpuKernel::get(*k); }));
-          launches += fmt::format("{}@{},{},{};", static_cast<const void*>(l.kernel.get()), l.grid[0], l.grid[1], l.grid[2]);
-        }
         int64_t spills = 0;
         for (auto& k : kernels) spills += k.get()->spill_bytes();
         // Shared memory that does not fit throws (skipped below). Spills are reported but timed: on an
         // H200 the fastest linear_attn config at D=128 spills 260 bytes (0.300 ms vs 0.319 ms without).
-        return {spills ? fmt::format("spills {} B", spills) : "", launches};
+        return {spills ? fmt::format("spills {} B", spills) : "", launch_signature(p)};
       } catch (const UserError& e) {
         return {fmt::format("skipped: {}", e.what()), ""};
       }

@@ -35,6 +35,10 @@ std::string tuning_key(const OpDef& op, const ProblemShape& shape, DType dtype, 
 /// The stored configuration for the key, if any.
 std::optional<Config> lookup_tuned(const std::string& key);
 
+/// What a plan launches: each kernel (kernels are memoized per configuration, so equal configurations
+/// share them) and its grid, in order. tune() times one candidate per signature.
+std::string launch_signature(const OpPlan& plan);
+
 /// Tunes `op` at `shape` for base.dtype on the GPU and stores the winner. `progress` prints a line
 /// per candidate on stderr. UserError if no candidate survives. With base.backward, the backward's
 /// configuration (op.bwd_tuning_space; checked on dq, dk, dv from a random do), stored under its own key.

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "kernels/linear_attn.h"
+#include "kernels/op.h"
 #include "runtime/autotune.h"
 
 using namespace linac;
@@ -63,4 +64,23 @@ TEST_CASE("autotuned_config: forms the tuning space does not describe keep their
   OpOptions given = base;
   given.config = {{"bv", 32}};
   CHECK(config_str(autotuned_config(op, inputs, given)) == "bv=32");
+}
+
+TEST_CASE("tuning: a configuration that spells out the defaults has the defaults' launch signature") {
+  // tune() times one candidate per signature: gla's space lists {} and, for 16-bit head dim 128,
+  // the same configuration spelled out.
+  const OpDef& op = find_op("gla");
+  ProblemShape shape{1, 40, 2, 128, 128, false};
+  TensorMap in = op.random_inputs(shape, 3);
+  auto signature = [&](Config c) {
+    OpOptions o;
+    o.dtype = DType::bf16;
+    o.config = std::move(c);
+    return launch_signature(op.prepare(in, o, {"o"}));
+  };
+  const std::string dflt = signature({});
+  CHECK(!dflt.empty());
+  CHECK(signature({{"chunk", 16}, {"bv", 128}, {"warps", 8}, {"stages", 2}}) == dflt);
+  CHECK(signature({{"chunk", 16}, {"bv", 64}, {"warps", 8}, {"stages", 2}}) != dflt);
+  CHECK(signature({{"chunk", 32}, {"bv", 128}, {"warps", 8}, {"stages", 2}}) != dflt);
 }

@@ -60,7 +60,7 @@ ChunkDecays chunk_decays(const Tile& gc, int64_t BT) {
 //   T_ij = -T_ii (A_ij T_jj + A_i,j+1 T_j+1,j + ... + A_i,i-1 T_i-1,j)      (i > j)
 // and W_i = sum_{j <= i} T_ij diag(..)_j K_j (likewise U). Inverting the whole [BT, BT] matrix by
 // doubling spent dense [BT, BT] products on blocks known to be zero: at chunk 32, 8 fp32 products of
-// 32x32x32 against 8 of 16x16x16 here.
+// 32x32x32 against 14 of 16x16x16 here (H200 B8 T4096 H16 D128 bf16: wy 0.445 -> 0.349 ms).
 // The decays of A's blocks are sums of gates over the rows in between, never differences of cumulative
 // sums: in the diagonal blocks chunk_decays' D, below them exp(L_i) exp(mid) exp(R_j) with L_i the
 // cumulative gates of block i from its first row, R_j those after row c to the end of block j and mid

@@ -35,8 +35,9 @@ struct GlaConfig {
   int state_block_k = 0;  // the split schedule's state pass: key columns per program (0: block_k)
 };
 
-/// Records the kernel of the diagonal 16x16 blocks of the intra-chunk attention (elementwise in fp32,
-/// one program per sub-chunk; uses dtype, block_k and varlen). Parameters: q k g [cu_seqlens] a_diag scale.
+/// Records the kernel of the diagonal 16x16 blocks of the intra-chunk attention (in fp32: a product of
+/// bounded factors where the gates allow, else elementwise; one program per sub-chunk; uses dtype,
+/// block_k and varlen). Parameters: q k g [cu_seqlens] a_diag scale.
 std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg);
 /// Records the chunk loop that consumes a_diag [B,T,H,16]. Parameters: q k v g a_diag [initial_state]
 /// [final_state] [cu_seqlens] o scale.

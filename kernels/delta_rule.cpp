@@ -482,6 +482,7 @@ OpDef delta_rule_op_def(bool gated) {
   };
   op.config_keys = delta_rule_config_keys();
   op.config_keys.push_back({"tokenwise", "--backward: 1 = the token-by-token reference form"});
+  if (!gated) op.config_keys.push_back({"split", "--backward: 1 = the per-chunk kernel as two (output terms, UT adjoint)"});
   op.prepare = [gated](const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
     return plan_delta_rule(gated, inputs, opts, wanted);
   };

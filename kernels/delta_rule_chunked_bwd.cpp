@@ -269,9 +269,108 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
   return kb.finish();
 }
 
+// The ungated per-chunk kernel in two, each with fewer live tiles than the whole (which holds 255
+// registers and one block per SM at K = V = 128): the output's terms, then the UT adjoint. dW goes
+// through memory in the input dtype (the fused kernel rounds it there before every product that uses
+// it) and dK's output terms in fp32, so the gradients are those of build_delta_bwd_chunk.
+std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_out(const DeltaChunkedBwdConfig& cfg) {
+  if (cfg.gated) throw InternalError("delta_rule_bwd_chunk_out: the gated form is not split");
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.full_v;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb("delta_rule_bwd_chunk_out");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(1);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor dout = kb.tensor("do", dt, 4);
+  Tensor vn = kb.tensor("v_new", dt, 4);
+  Tensor dvn = kb.tensor("dv_new", dt, 4);
+  Tensor h = kb.tensor("h", dt, 4);
+  Tensor dh = kb.tensor("dh", dt, 4);
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  Tensor dq = kb.tensor("dq", dt, 4);
+  Tensor dk_part = kb.tensor("dk_part", f32, 4);
+  Tensor dw = kb.tensor("dw", dt, 4);
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile i_c = program_id(0), i_x = program_id(1);
+  const ChunkBounds cb = chunk_bounds(q, cu, chunk_indices, cfg.varlen, i_c, i_x, BT);
+  const Tile b = cb.b, i_h = cb.i_h;
+  AccessOptions in_seq{.limits = {{1, cb.eos}}};
+  Tile t0 = cb.bos + cb.chunk * BT;
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+
+  Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile dO = load(dout, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
+  Tile Vn = load(vn, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
+  Tile dVn = load(dvn, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
+  Tile S = load(h, {cb.global_chunk, i_h, 0, 0}, {kIndex, kIndex, BK, BV});
+  Tile dS1 = load(dh, {cb.global_chunk, i_h, 0, 0}, {kIndex, kIndex, BK, BV});
+
+  Tile dPm = where(row >= col, dot(dO, Vn.T()) * scale, 0.0f);
+  Tile dQ = dot(dO, S.T()) * scale + dot(dPm.to(dt), K);
+  Tile dK = dot(dPm.T().to(dt), Q) + dot(Vn, dS1.T());
+  store(dq, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dQ.to(dt), in_seq);
+  store(dk_part, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dK, in_seq);
+  store(dw, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, (dot(dVn, S.T()) * -1.0f).to(dt), in_seq);
+  return kb.finish();
+}
+
+std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_ut(const DeltaChunkedBwdConfig& cfg) {
+  if (cfg.gated) throw InternalError("delta_rule_bwd_chunk_ut: the gated form is not split");
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.full_v;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb("delta_rule_bwd_chunk_ut");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(1);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor v = kb.tensor("v", dt, 4);
+  Tensor beta = kb.tensor("beta", f32, 3);
+  Tensor dvn = kb.tensor("dv_new", dt, 4);
+  Tensor t_mat = kb.tensor("t_mat", dt, 4);
+  Tensor dw = kb.tensor("dw", dt, 4);
+  Tensor dk_part = kb.tensor("dk_part", f32, 4);
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  Tensor dk = kb.tensor("dk", dt, 4);
+  Tensor dv = kb.tensor("dv", dt, 4);
+  Tensor dbeta = kb.tensor("dbeta", f32, 3);
+
+  Tile i_c = program_id(0), i_x = program_id(1);
+  const ChunkBounds cb = chunk_bounds(k, cu, chunk_indices, cfg.varlen, i_c, i_x, BT);
+  const Tile b = cb.b, i_h = cb.i_h;
+  AccessOptions in_seq{.limits = {{1, cb.eos}}};
+  Tile t0 = cb.bos + cb.chunk * BT;
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+
+  Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile V = load(v, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
+  Tile dVn = load(dvn, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
+  Tile dW = load(dw, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile beta_r = expand_dims(load(beta, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq), 1);
+  Tile Tt = load(t_mat, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BT}, in_seq).T();
+
+  Tile G = dot(K, K.T());
+  Tile Kb = (K.to(f32) * beta_r).to(dt), Vb = (V.to(f32) * beta_r).to(dt);
+  Tile dKb = dot(Tt, dW);
+  Tile dVb = dot(Tt, dVn);
+  Tile dT = dot(dW, Kb.T()) + dot(dVn, Vb.T());
+  Tile dA = where(row > col, dot(dot(Tt, dT.to(dt)).to(dt), Tt) * -1.0f, 0.0f);
+  Tile dG = dA * beta_r;
+  Tile dK = load(dk_part, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq) + dKb * beta_r + dot(dG.to(dt), K) +
+            dot(dG.T().to(dt), K);
+  Tile dBeta = sum(dVb * V.to(f32), 1) + sum(dKb * K.to(f32), 1) + sum(dA * G, 1);
+  store(dk, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dK.to(dt), in_seq);
+  store(dv, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, (dVb * beta_r).to(dt), in_seq);
+  store(dbeta, {b, t0, i_h}, {kIndex, BT, kIndex}, dBeta, in_seq);
+  return kb.finish();
+}
+
 namespace {
 
-enum class DeltaBwdKernel { wy, states, dstates, chunk };
+enum class DeltaBwdKernel { wy, states, dstates, chunk, chunk_out, chunk_ut };
 
 std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, DeltaBwdKernel which) {
   static KernelMemo memo;
@@ -295,6 +394,8 @@ std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, DeltaBwdKer
       case DeltaBwdKernel::states: return build_delta_bwd_states(cfg);
       case DeltaBwdKernel::dstates: return build_delta_bwd_dstates(cfg);
       case DeltaBwdKernel::chunk: return build_delta_bwd_chunk(cfg);
+      case DeltaBwdKernel::chunk_out: return build_delta_bwd_chunk_out(cfg);
+      case DeltaBwdKernel::chunk_ut: return build_delta_bwd_chunk_ut(cfg);
     }
     throw InternalError("bad delta-rule backward kernel");
   });
@@ -326,6 +427,7 @@ const std::vector<std::pair<std::string, std::string>>& delta_chunked_bwd_config
       {"chunk", "--backward: rows per chunk (16, 32, 64)"},
       {"bv", "--backward: value columns per program of the state walks (16..128)"},
       {"warps", "warps per program (2, 4, 8)"},
+      {"split", "--backward (delta_rule): 1 = the per-chunk kernel as two, output terms then the UT adjoint"},
   };
   return keys;
 }
@@ -358,6 +460,8 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   // 8 warps: at 4 the per-chunk kernel (K = V = 128, chunk 32) spills 1004 bytes, at 8 it spills 8
   // (ptxas, sm_90a); 4 warps were also 1.7x slower on the H200.
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
+  cfg.split_chunk = config_value(opts, "split", 0, {0, 1}) == 1;
+  if (cfg.split_chunk && gated) throw UserError("gated_delta_rule --backward: --config split=1 is for delta_rule only");
   cfg.gated = gated;
   cfg.initial_state = has_h0;
   cfg.final_state_grad = has_dht;
@@ -397,7 +501,14 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   if (chunks > 0) launch(DeltaBwdKernel::wy, per_chunk);
   launch(DeltaBwdKernel::states, {v_blocks, seq.N * seq.H, 1});
   launch(DeltaBwdKernel::dstates, {v_blocks, seq.N * seq.H, 1});
-  if (chunks > 0) launch(DeltaBwdKernel::chunk, per_chunk);
+  if (chunks > 0 && cfg.split_chunk) {
+    plan.tensors["dk_part"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
+    plan.tensors["dw"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+    launch(DeltaBwdKernel::chunk_out, per_chunk);
+    launch(DeltaBwdKernel::chunk_ut, per_chunk);
+  } else if (chunks > 0) {
+    launch(DeltaBwdKernel::chunk, per_chunk);
+  }
   for (const char* n : {"dq", "dk", "dv", "dbeta", "dg", "dinitial_state"})
     if (wants(wanted, n) && plan.tensors.count(n)) plan.outputs[n] = n;
   return plan;
@@ -417,6 +528,9 @@ std::vector<std::shared_ptr<ir::Kernel>> delta_chunked_bwd_kernels(bool gated, c
   for (const auto* c : {&cfg, &full})
     for (auto which : {DeltaBwdKernel::states, DeltaBwdKernel::dstates, DeltaBwdKernel::chunk})
       out.push_back(cached(*c, which));
+  if (!gated)  // the per-chunk kernel split in two (--config split=1)
+    for (const auto* c : {&cfg, &full})
+      for (auto which : {DeltaBwdKernel::chunk_out, DeltaBwdKernel::chunk_ut}) out.push_back(cached(*c, which));
   return out;
 }
 

@@ -24,11 +24,16 @@ struct DeltaChunkedBwdConfig {
   bool initial_state_grad = false;
   bool varlen = false;
   int num_warps = 4;
+  bool split_chunk = false;  // ungated: the per-chunk kernel as two (chunk_out, then chunk_ut)
 };
 
 std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& cfg);
 std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig& cfg);
 std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& cfg);
+/// The ungated per-chunk kernel in two (split_chunk): the output's terms (dq; dk's output terms into
+/// dk_part, f32; dW into dw, the input dtype), then the UT adjoint (dk, dv, dbeta).
+std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_out(const DeltaChunkedBwdConfig& cfg);
+std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_ut(const DeltaChunkedBwdConfig& cfg);
 
 /// Tuning keys of the chunked backward (chunk, bv, warps).
 const std::vector<std::pair<std::string, std::string>>& delta_chunked_bwd_config_keys();

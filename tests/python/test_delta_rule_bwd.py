@@ -71,6 +71,23 @@ def test_chunked_configs(linac, op, config):
     check(linac, op, x, options=["--config", config])
 
 
+@pytest.mark.parametrize("config", ["split=1", "split=1,chunk=16", "split=1,chunk=64,warps=4"])
+def test_split_per_chunk_kernel(linac, config):
+    # delta_rule's per-chunk kernel as two (output terms, then the UT adjoint): the same gradients,
+    # over many chunks, K != V, both states, and varlen sequences that start and end inside chunks.
+    x = make_inputs(85, "delta_rule", B=2, T=100, H=2, K=24, V=40, init=True, dfinal=True)
+    check(linac, "delta_rule", x, options=["--config", config])
+    x = make_inputs(86, "delta_rule", B=1, T=120, H=2, K=16, V=16, init=True, dfinal=True, N=4)
+    x["cu_seqlens"] = np.array([0, 7, 40, 41, 120], dtype=np.int32)
+    check(linac, "delta_rule", x, options=["--config", config])
+
+
+def test_split_refuses_the_gated_form(linac):
+    x = make_inputs(87, "gated_delta_rule", B=1, T=20, H=1, K=8, V=8)
+    with pytest.raises(Exception, match="split=1 is for delta_rule only"):
+        check(linac, "gated_delta_rule", x, options=["--config", "split=1"])
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_chunked_varlen_many_chunks(linac, op):
     # Sequences that start and end inside chunks: the per-chunk state tables are indexed by global chunk.

@@ -39,6 +39,9 @@ KNOWN_SPILLS = {
     # sm_80 with both states; at bv 64 it is held to 128 registers so that two blocks share an SM
     # (min_ctas_per_sm 2: walk 0.99 -> 0.69 ms on an H200 at B8 T4096 H16 D128 bf16) and spills 8 bytes.
     "gated_delta_rule_fwd": {"bf16": 16, "fp16": 16},
+    # delta_rule's per-chunk backward split in two (opt-in, --config split=1): the UT adjoint's half
+    # spills 16 bytes in fp32 on sm_80 at head dim 64 (255 registers); none in bf16/fp16 or on sm_90a.
+    "delta_rule_bwd_chunk_ut": {"fp32": 32},
 }
 
 

@@ -90,9 +90,8 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
 
   Tile i_c = program_id(0), i_nh = program_id(1);
   const ChunkBounds cb = chunk_bounds(k, cu, chunk_indices, cfg.varlen, i_c, i_nh, BT);
-  const Tile b = cb.b, i_h = cb.i_h;
-  AccessOptions in_seq{.limits = {{1, cb.eos}}};
-  Tile t0 = cb.bos + cb.chunk * BT;
+  const Tile b = cb.b, i_h = cb.i_h, t0 = cb.t0;
+  const AccessOptions& in_seq = cb.in_seq;
   Tile row = expand_dims(iota(BS), 1), col = expand_dims(iota(BS), 0);
 
   // Per block of rows: K, beta, the row factor of A (beta r), the column factors of A (r) and of W

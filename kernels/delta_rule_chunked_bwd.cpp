@@ -159,6 +159,41 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
   return kb.finish();
 }
 
+namespace {
+
+/// Through the UT transform of one chunk of BT rows, the adjoint (see the top of this file), shared by
+/// the per-chunk kernel and the UT half of its split form. Tt = T^T as delta_rule_wy stored it (rounded
+/// to the input dtype, as the products use it; rows past the sequence end load 0 and meet only zero rows
+/// of dT and dW); dW in the input dtype; G = K K^T; k_factor the row factor of K in W (beta, gated
+/// beta exp(b)); Gam and b the gate's (invalid: ungated); strict the mask r > c. dK = dK_in + dK's UT
+// terms.
+struct UtAdjoint {
+  Tile dKb, dVb, Kb32, dA, dK, dBeta;
+};
+
+UtAdjoint ut_adjoint(const Tile& Tt, const Tile& dW, const Tile& dVn, const Tile& K, const Tile& V, const Tile& G,
+                     const Tile& beta_r, const Tile& k_factor, const Tile& Gam, const Tile& bg, const Tile& dK_in,
+                     const Tile& strict, DType dt) {
+  const DType f32 = DType::f32;
+  UtAdjoint r;
+  r.Kb32 = K.to(f32) * k_factor;
+  Tile Kb = r.Kb32.to(dt), Vb = (V.to(f32) * beta_r).to(dt);
+  r.dKb = dot(Tt, dW);
+  Tile dVb = dot(Tt, dVn);
+  Tile dT = dot(dW, Kb.T()) + dot(dVn, Vb.T());
+  r.dA = where(strict, dot(dot(Tt, dT.to(dt)).to(dt), Tt) * -1.0f, 0.0f);
+  Tile dA_gam = Gam.valid() ? r.dA * Gam : r.dA;  // dL/d(beta_r G_rc)
+  Tile dG = dA_gam * beta_r;
+  r.dK = dK_in + r.dKb * k_factor + dot(dG.to(dt), K) + dot(dG.T().to(dt), K);
+  Tile kdkb = sum(r.dKb * K.to(f32), 1);
+  if (bg.valid()) kdkb = kdkb * exp(bg);
+  r.dBeta = sum(dVb * V.to(f32), 1) + kdkb + sum(dA_gam * G, 1);
+  r.dVb = dVb;
+  return r;
+}
+
+}  // namespace
+
 std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.full_v;
   const DType dt = cfg.dtype, f32 = DType::f32;
@@ -189,9 +224,8 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
   // Which chunk: (sequence, chunk of it) from chunk_indices with varlen, else (batch row, program).
   Tile i_c = program_id(0), i_x = program_id(1);
   const ChunkBounds cb = chunk_bounds(q, cu, chunk_indices, cfg.varlen, i_c, i_x, BT);
-  const Tile b = cb.b, i_h = cb.i_h, global_chunk = cb.global_chunk;
-  AccessOptions in_seq{.limits = {{1, cb.eos}}};
-  Tile t0 = cb.bos + cb.chunk * BT;
+  const Tile b = cb.b, i_h = cb.i_h, global_chunk = cb.global_chunk, t0 = cb.t0;
+  const AccessOptions& in_seq = cb.in_seq;
   Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
   Tile causal = row >= col, strict = row > col;
 
@@ -230,42 +264,29 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
   Tile dK = dot(dPm.T().to(dt), Q) + (cfg.gated ? VdS * to_end : VdS);
   Tile dW = dot(dVn, S.T()) * -1.0f;
 
-  // Through the UT transform: T as delta_rule_wy made it (rounded to the input dtype, as the products
-  // use it; rows past the sequence end load 0, and they meet only zero rows of dT and dW), then its
-  // adjoint. A is only needed for the gate's terms; G for dbeta.
+  // Through the UT transform (ut_adjoint). A is only needed for the gate's terms; G for dbeta.
   Tile G = dot(K, K.T());
-  Tile A = G * beta_r;
-  if (cfg.gated) A = A * Gam;
-  A = where(strict, A, 0.0f);
+  Tile A;
+  if (cfg.gated) A = where(strict, G * beta_r * Gam, 0.0f);
   Tile Tt = load(t_mat, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BT}, in_seq).T();
   Tile k_factor = cfg.gated ? beta_r * e_b : beta_r;  // W = T diag(beta exp(b)) K
-  Tile Kb32 = K.to(f32) * k_factor;
-  Tile Kb = Kb32.to(dt), Vb = (V.to(f32) * beta_r).to(dt);
-  Tile dKb = dot(Tt, dW.to(dt));
-  Tile dVb = dot(Tt, dVn);
-  Tile dT = dot(dW.to(dt), Kb.T()) + dot(dVn, Vb.T());
-  Tile dA = where(strict, dot(dot(Tt, dT.to(dt)).to(dt), Tt) * -1.0f, 0.0f);
-  Tile dA_gam = cfg.gated ? dA * Gam : dA;  // dL/d(beta_r G_rc)
-  Tile dG = dA_gam * beta_r;
-  dK = dK + dKb * k_factor + dot(dG.to(dt), K) + dot(dG.T().to(dt), K);
-  Tile kdkb = sum(dKb * K.to(f32), 1);
-  if (cfg.gated) kdkb = kdkb * exp(bg);
-  Tile dBeta = sum(dVb * V.to(f32), 1) + kdkb + sum(dA_gam * G, 1);
+  const UtAdjoint ut = ut_adjoint(Tt, dW.to(dt), dVn, K, V, G, beta_r, k_factor, Gam, bg, dK, strict, dt);
+  dK = ut.dK;
 
   if (cfg.gated) {
     // db per row from every place b enters (see the top of this file), then dg = suffix sums + db_C.
     Tile Z1 = dPm * dot(Q, K.T());  // dP .* P
-    Tile Z2 = dA * A;
+    Tile Z2 = ut.dA * A;
     Tile Y = sum(VdS * K.to(f32), 1) * exp(dec_R);
-    Tile db = sum(Z1, 1) - sum(Z1, 0) + sum(Z2, 1) - sum(Z2, 0) + sum(dQs * Q.to(f32), 1) + sum(dKb * Kb32, 1) - Y;
+    Tile db = sum(Z1, 1) - sum(Z1, 0) + sum(Z2, 1) - sum(Z2, 0) + sum(dQs * Q.to(f32), 1) + sum(ut.dKb * ut.Kb32, 1) - Y;
     Tile db_C = sum(Y, 0) + exp(b_last) * sum(sum(dS1.to(f32) * S.to(f32), 1), 0);
     store(dg, {b, t0, i_h}, {kIndex, BT, kIndex}, cumsum(db, 0, true) + db_C, in_seq);
   }
 
   store(dq, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dQ.to(dt), in_seq);
   store(dk, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dK.to(dt), in_seq);
-  store(dv, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, (dVb * beta_r).to(dt), in_seq);
-  store(dbeta, {b, t0, i_h}, {kIndex, BT, kIndex}, dBeta, in_seq);
+  store(dv, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, (ut.dVb * beta_r).to(dt), in_seq);
+  store(dbeta, {b, t0, i_h}, {kIndex, BT, kIndex}, ut.dBeta, in_seq);
   return kb.finish();
 }
 
@@ -296,9 +317,8 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_out(const DeltaChunkedBwdConfi
 
   Tile i_c = program_id(0), i_x = program_id(1);
   const ChunkBounds cb = chunk_bounds(q, cu, chunk_indices, cfg.varlen, i_c, i_x, BT);
-  const Tile b = cb.b, i_h = cb.i_h;
-  AccessOptions in_seq{.limits = {{1, cb.eos}}};
-  Tile t0 = cb.bos + cb.chunk * BT;
+  const Tile b = cb.b, i_h = cb.i_h, t0 = cb.t0;
+  const AccessOptions& in_seq = cb.in_seq;
   Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
 
   Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
@@ -340,10 +360,8 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_ut(const DeltaChunkedBwdConfig
 
   Tile i_c = program_id(0), i_x = program_id(1);
   const ChunkBounds cb = chunk_bounds(k, cu, chunk_indices, cfg.varlen, i_c, i_x, BT);
-  const Tile b = cb.b, i_h = cb.i_h;
-  AccessOptions in_seq{.limits = {{1, cb.eos}}};
-  Tile t0 = cb.bos + cb.chunk * BT;
-  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+  const Tile b = cb.b, i_h = cb.i_h, t0 = cb.t0;
+  const AccessOptions& in_seq = cb.in_seq;
 
   Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
   Tile V = load(v, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
@@ -352,19 +370,12 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_ut(const DeltaChunkedBwdConfig
   Tile beta_r = expand_dims(load(beta, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq), 1);
   Tile Tt = load(t_mat, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BT}, in_seq).T();
 
-  Tile G = dot(K, K.T());
-  Tile Kb = (K.to(f32) * beta_r).to(dt), Vb = (V.to(f32) * beta_r).to(dt);
-  Tile dKb = dot(Tt, dW);
-  Tile dVb = dot(Tt, dVn);
-  Tile dT = dot(dW, Kb.T()) + dot(dVn, Vb.T());
-  Tile dA = where(row > col, dot(dot(Tt, dT.to(dt)).to(dt), Tt) * -1.0f, 0.0f);
-  Tile dG = dA * beta_r;
-  Tile dK = load(dk_part, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq) + dKb * beta_r + dot(dG.to(dt), K) +
-            dot(dG.T().to(dt), K);
-  Tile dBeta = sum(dVb * V.to(f32), 1) + sum(dKb * K.to(f32), 1) + sum(dA * G, 1);
-  store(dk, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dK.to(dt), in_seq);
-  store(dv, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, (dVb * beta_r).to(dt), in_seq);
-  store(dbeta, {b, t0, i_h}, {kIndex, BT, kIndex}, dBeta, in_seq);
+  Tile dK_part = load(dk_part, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile strict = expand_dims(iota(BT), 1) > expand_dims(iota(BT), 0);
+  const UtAdjoint ut = ut_adjoint(Tt, dW, dVn, K, V, dot(K, K.T()), beta_r, beta_r, Tile(), Tile(), dK_part, strict, dt);
+  store(dk, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, ut.dK.to(dt), in_seq);
+  store(dv, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, (ut.dVb * beta_r).to(dt), in_seq);
+  store(dbeta, {b, t0, i_h}, {kIndex, BT, kIndex}, ut.dBeta, in_seq);
   return kb.finish();
 }
 

@@ -30,6 +30,8 @@ ChunkBounds chunk_bounds(const Tensor& q, const Tensor& cu_seqlens, const Tensor
     c.eos = q.dim(1);
     c.global_chunk = c.b * ((c.eos + (chunk_rows - 1)) / chunk_rows) + i_c;
   }
+  c.in_seq = AccessOptions{.limits = {{1, c.eos}}};
+  c.t0 = c.bos + c.chunk * chunk_rows;
   return c;
 }
 

@@ -192,6 +192,29 @@ UtAdjoint ut_adjoint(const Tile& Tt, const Tile& dW, const Tile& dVn, const Tile
   return r;
 }
 
+/// The output's terms of one chunk, shared like ut_adjoint: dPm = dP .* Gam .* M * scale with dP = dO Vn^T,
+/// dQ's state term dQs (gated: times exp(b)), dQ, Vn dS'^T (VdS), dK's output terms and dW = -dVn S^T.
+/// Gam, e_b = exp(b) and to_end = exp(b_C - b) are the gate's (invalid: ungated).
+struct OutputTerms {
+  Tile dPm, dQs, dQ, VdS, dK, dW;
+};
+
+OutputTerms output_terms(const Tile& Q, const Tile& K, const Tile& dO, const Tile& Vn, const Tile& dVn, const Tile& S,
+                         const Tile& dS1, const Tile& scale, const Tile& causal, const Tile& Gam, const Tile& e_b,
+                         const Tile& to_end, DType dt) {
+  OutputTerms r;
+  r.dPm = dot(dO, Vn.T()) * scale;
+  if (Gam.valid()) r.dPm = r.dPm * Gam;
+  r.dPm = where(causal, r.dPm, 0.0f);
+  r.dQs = dot(dO, S.T()) * scale;
+  if (e_b.valid()) r.dQs = r.dQs * e_b;
+  r.dQ = r.dQs + dot(r.dPm.to(dt), K);
+  r.VdS = dot(Vn, dS1.T());
+  r.dK = dot(r.dPm.T().to(dt), Q) + (to_end.valid() ? r.VdS * to_end : r.VdS);
+  r.dW = dot(dVn, S.T()) * -1.0f;
+  return r;
+}
+
 }  // namespace
 
 std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& cfg) {
@@ -253,16 +276,9 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
     dec_R = dec.R;
   }
 
-  // The output's terms. dPm = dP .* Gam .* M * scale, with dP = dO Vn^T.
-  Tile dPm = dot(dO, Vn.T()) * scale;
-  if (cfg.gated) dPm = dPm * Gam;
-  dPm = where(causal, dPm, 0.0f);
-  Tile dQs = dot(dO, S.T()) * scale;  // the state term of dQ
-  if (cfg.gated) dQs = dQs * e_b;
-  Tile dQ = dQs + dot(dPm.to(dt), K);
-  Tile VdS = dot(Vn, dS1.T());  // Vn dS'^T: the state update's term of dK
-  Tile dK = dot(dPm.T().to(dt), Q) + (cfg.gated ? VdS * to_end : VdS);
-  Tile dW = dot(dVn, S.T()) * -1.0f;
+  const OutputTerms out = output_terms(Q, K, dO, Vn, dVn, S, dS1, scale, causal, Gam, e_b, to_end, dt);
+  const Tile &dPm = out.dPm, &dQs = out.dQs, &dQ = out.dQ, &VdS = out.VdS, &dW = out.dW;
+  Tile dK = out.dK;
 
   // Through the UT transform (ut_adjoint). A is only needed for the gate's terms; G for dbeta.
   Tile G = dot(K, K.T());
@@ -329,12 +345,10 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_out(const DeltaChunkedBwdConfi
   Tile S = load(h, {cb.global_chunk, i_h, 0, 0}, {kIndex, kIndex, BK, BV});
   Tile dS1 = load(dh, {cb.global_chunk, i_h, 0, 0}, {kIndex, kIndex, BK, BV});
 
-  Tile dPm = where(row >= col, dot(dO, Vn.T()) * scale, 0.0f);
-  Tile dQ = dot(dO, S.T()) * scale + dot(dPm.to(dt), K);
-  Tile dK = dot(dPm.T().to(dt), Q) + dot(Vn, dS1.T());
-  store(dq, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dQ.to(dt), in_seq);
-  store(dk_part, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dK, in_seq);
-  store(dw, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, (dot(dVn, S.T()) * -1.0f).to(dt), in_seq);
+  const OutputTerms out = output_terms(Q, K, dO, Vn, dVn, S, dS1, scale, row >= col, Tile(), Tile(), Tile(), dt);
+  store(dq, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, out.dQ.to(dt), in_seq);
+  store(dk_part, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, out.dK, in_seq);
+  store(dw, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, out.dW.to(dt), in_seq);
   return kb.finish();
 }
 

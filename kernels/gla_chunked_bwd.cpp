@@ -100,8 +100,8 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
     Kf[i] = load(k, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq).to(f32);
     V[i] = load(v, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BV}, in_seq);
     dO[i] = load(dout, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BV}, in_seq);
+    Tile G = load(g, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq);  // the sub-chunk's gates
     if (i > 0) {
-      Tile G = load(g, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq);
       if (i < NC - 1) tot[i] = sum(G, 0);
       g0[i] = load(g, {b, ti, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
       Qexp[i] = exp(cumsum(where(rows > 0, G, 0.0f), 0));  // exp(g_{first+1} + ... + g_r)
@@ -130,7 +130,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
     Tile dA = where(rows >= cols, dot(dO[i], V[i].T()) * scale, 0.0f);
     Tile dAt = cfg.take ? Tile() : where(rows <= cols, dot(V[i], dO[i].T()) * scale, 0.0f);  // dA^T
     Tile dQ = zeros({kSub, BK}, f32), dK = zeros({kSub, BK}, f32), A = zeros({kSub, kSub}, f32);
-    Tile L = cumsum(load(g, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq), 0);
+    Tile L = cumsum(G, 0);
     Tile L_hi = max(L, 0), L_lo = min(L, 0);
     if_then_else(max(L_hi - L_lo, 0) <= kGlaFactorSpread, [&] {
       Tile m = expand_dims((L_hi + L_lo) * 0.5f, 0);

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "kernels/delta_rule_bwd.h"
+#include "kernels/delta_rule_chunked_bwd.h"
 #include "kernels/op_support.h"
 #include "kernels/sequence_bounds.h"
 #include "linac/dsl.h"
@@ -213,6 +214,9 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
   Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
   Tensor ht = cfg.final_state ? kb.tensor("final_state", f32, 4) : Tensor();
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_offsets = cfg.save_states ? kb.tensor("chunk_offsets", DType::i32, 1) : Tensor();
+  Tensor h = cfg.save_states ? kb.tensor("h", dt, 4) : Tensor();
+  Tensor vn = cfg.save_states ? kb.tensor("v_new", dt, 4) : Tensor();
   Tensor o = kb.tensor("o", dt, 4);
   Tile scale = kb.scalar("scale", f32);
 
@@ -227,6 +231,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
 
   Tile S = zeros({BK, BV}, f32);
   if (cfg.initial_state) S = load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
+  Tile first_chunk = cfg.save_states ? load(chunk_offsets, {i_n}, {kIndex}) : Tile();
 
   Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
   Tile causal = row >= col;
@@ -238,38 +243,43 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
     Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
     Tile W = load(w, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
     Tile U = load(u, {b, t0, i_h, i_v, 0}, {kIndex, BT, kIndex, kIndex, BV}, in_seq);
-    Tile S_dt = S.to(dt);
-    Tile V_new32 = U.to(f32) - dot(W, S_dt);
-    Tile V_new = V_new32.to(dt);
-
     // Per-row factors of Q S and of K in the state update; invalid tiles stand for all ones.
-    Tile q_factor, k_factor;
-    Tile A = dot(Q, K.T()) * scale;
+    Tile q_norm, k_norm, q_factor, k_factor, b_last, D;
     if (cfg.l2norm_qk) {
-      q_factor = inverse_row_norms(Q);
-      k_factor = inverse_row_norms(K);
-      A = A * expand_dims(q_factor, 1) * expand_dims(k_factor, 0);
+      q_factor = q_norm = inverse_row_norms(Q);
+      k_factor = k_norm = inverse_row_norms(K);
     }
-    Tile b_last;
     if (cfg.gated) {
       // Rows past the sequence end load g = 0, so b stops growing there and b_C = b at the last row.
       Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
-      Tile bg = cumsum(gc, 0);
       b_last = sum(gc, 0);
       const ChunkDecays dec = chunk_decays(gc, BT);
-      A = A * exp(dec.D);  // exp(b_r - b_c) for r > c, summed directly; 1 on and above the diagonal
-      q_factor = q_factor.valid() ? q_factor * exp(bg) : exp(bg);
+      D = dec.D;
+      q_factor = q_factor.valid() ? q_factor * exp(cumsum(gc, 0)) : exp(cumsum(gc, 0));
       Tile decay = exp(dec.R);  // exp(b_C - b_r)
       k_factor = k_factor.valid() ? k_factor * decay : decay;
     }
+    Tile S_dt = S.to(dt);
+    Tile V_new32 = U.to(f32) - dot(W, S_dt);
+    Tile V_new = V_new32.to(dt);
+    if (cfg.save_states) {
+      store(h, {first_chunk + i, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S_dt);
+      store(vn, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, V_new, in_seq);
+    }
+    // (diag(f) K)^T V_new = K^T (diag(f) V_new): the factor goes on the smaller fp32 tile. Formed here,
+    // right after V_new, so that the fp32 V_new is dead before O's products (gated bv-128 walk: ptxas
+    // 255 -> 212 registers).
+    Tile V_state = k_factor.valid() ? (V_new32 * expand_dims(k_factor, 1)).to(dt) : V_new;
+
+    Tile A = dot(Q, K.T()) * scale;
+    if (cfg.l2norm_qk) A = A * expand_dims(q_norm, 1) * expand_dims(k_norm, 0);
+    if (cfg.gated) A = A * exp(D);  // exp(b_r - b_c) for r > c, summed directly; 1 on and above the diagonal
     A = where(causal, A, 0.0f);
     Tile O = dot(Q, S_dt);
     O = q_factor.valid() ? O * expand_dims(q_factor * scale, 1) : O * scale;
     O = O + dot(A.to(dt), V_new);
     store(o, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), in_seq);
 
-    // (diag(f) K)^T V_new = K^T (diag(f) V_new): the factor goes on the smaller fp32 tile.
-    Tile V_state = k_factor.valid() ? (V_new32 * expand_dims(k_factor, 1)).to(dt) : V_new;
     if (cfg.gated) S = S * exp(b_last);
     S = S + dot(K.T(), V_state);
   }, S);
@@ -290,7 +300,7 @@ std::shared_ptr<ir::Kernel> cached_delta_kernel(DeltaKernel which, const DeltaRu
   std::string key = fmt::format("{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
                                 cfg.chunk, cfg.block_k, cfg.block_v, cfg.gated, cfg.l2norm_qk, cfg.initial_state,
                                 cfg.final_state, cfg.varlen, cfg.store_t, cfg.num_warps, cfg.num_stages, cfg.wy_warps) +
-                    fmt::format("/{}", cfg.v_blocks);
+                    fmt::format("/{}/{}", cfg.v_blocks, cfg.save_states);
   return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
       case DeltaKernel::wy: return build_delta_rule_wy(cfg);
@@ -359,7 +369,21 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
   const bool has_h0 = inputs.count("initial_state") > 0;
   if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
 
-  DeltaRuleConfig cfg = delta_rule_config(name, gated, seq.K, seq.V, opts);
+  // Saving for the backward (any saved_* output wanted): delta_rule_wy also stores T and the walk the
+  // state before each chunk and V_new; with W these are what the backward would recompute
+  // (delta_rule_chunked_bwd.h). At the backward's chunk unless one is asked for.
+  bool save = false;
+  for (const auto& n : delta_saved_tensor_names()) save = save || wants(wanted, n);
+  if (save && opts.recurrent) throw UserError(fmt::format("{}: saved_* outputs come from the chunked form, not --recurrent", name));
+  if (save && opts.l2norm_qk)
+    throw UserError(fmt::format("{}: saved_* outputs are for --backward, which does not take --l2norm-qk", name));
+  OpOptions fwd_opts = opts;
+  const bool chunk_asked = opts.chunk_size || opts.config.count("chunk");
+  if (save && !chunk_asked) fwd_opts.chunk_size = delta_bwd_default_chunk(opts.dtype, seq.K, seq.V);
+  DeltaRuleConfig cfg = delta_rule_config(name, gated, seq.K, seq.V, fwd_opts);
+  if (save && cfg.chunk > 64)
+    throw UserError(fmt::format("{}: saved_* outputs need chunks of 16, 32 or 64 (the backward's), not {}", name, cfg.chunk));
+  cfg.store_t = cfg.save_states = save;
   cfg.initial_state = has_h0;
   cfg.final_state = wants(wanted, "final_state");
   cfg.varlen = seq.varlen;
@@ -408,6 +432,19 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
     } else {
       chunks = (seq.T + cfg.chunk - 1) / cfg.chunk;
       wy.grid = {chunks, seq.B * seq.H, 1};
+    }
+    if (save) {
+      plan.tensors["t_mat"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, cfg.chunk});
+      wy.tensors["t_mat"] = "t_mat";
+      HostTensor offsets, indices;
+      const int64_t total = delta_chunk_tables(seq, cfg.chunk, &offsets, &indices);
+      plan.tensors["chunk_offsets"] = offsets;
+      plan.tensors["h"] = HostTensor::zeros(cfg.dtype, {std::max<int64_t>(total, 1), seq.H, seq.K, seq.V});
+      plan.tensors["v_new"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+      for (const char* t : {"chunk_offsets", "h", "v_new"}) walk.tensors[t] = t;
+      const std::vector<std::string> names = delta_saved_tensor_names();
+      const char* tensors[] = {"w", "t_mat", "h", "v_new"};
+      for (size_t n = 0; n < names.size(); ++n) plan.outputs[names[n]] = tensors[n];
     }
     if (chunks > 0) plan.launches.push_back(std::move(wy));
     walk.kernel = cached_delta_kernel(DeltaKernel::fwd, cfg);
@@ -462,6 +499,9 @@ OpDef delta_rule_op_def(bool gated) {
   op.inputs.push_back({"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"});
   op.inputs.push_back({"do", false, "[B,T,H,V]", "--backward: gradient of the loss w.r.t. o"});
   op.inputs.push_back({"dfinal_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. final_state (fp32)"});
+  for (const auto& [n, shape] : std::vector<std::pair<const char*, const char*>>{
+           {"saved_w", "[B,T,H,K]"}, {"saved_t", "[B,T,H,chunk]"}, {"saved_h", "[chunks,H,K,V]"}, {"saved_v_new", "[B,T,H,V]"}})
+    op.inputs.push_back({n, false, shape, "--backward: the forward's output of that name (all four or none)"});
   op.outputs = {
       {"o", true, "[B,T,H,V]", "outputs"},
       {"final_state", false, "[N,H,K,V]", "state after the last token of each sequence (fp32)"},
@@ -472,6 +512,11 @@ OpDef delta_rule_op_def(bool gated) {
   };
   if (gated) op.outputs.push_back({"dg", false, "[B,T,H]", "--backward: gradient w.r.t. g (fp32)"});
   op.outputs.push_back({"dinitial_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. initial_state (fp32)"});
+  // The forward's intermediates for a later --backward (the training pair: see docs/ops/delta_rule.md).
+  op.outputs.push_back({"saved_w", false, "[B,T,H,K]", "W of the UT transform, for --backward (inputs saved_*)"});
+  op.outputs.push_back({"saved_t", false, "[B,T,H,chunk]", "T = (I + A)^-1 by rows, for --backward"});
+  op.outputs.push_back({"saved_h", false, "[chunks,H,K,V]", "the state before each chunk, for --backward"});
+  op.outputs.push_back({"saved_v_new", false, "[B,T,H,V]", "V_new = U - W S, for --backward"});
   op.flags = {"recurrent", "l2norm_qk", "backward"};
   op.bwd_tuning_space = [](const ProblemShape&, DType) {
     // The chunked backward's chunk and walk width. On an H200 (B8 H16 D128 bf16, timed at T = 1024) the
@@ -481,7 +526,6 @@ OpDef delta_rule_op_def(bool gated) {
   };
   op.config_keys = delta_rule_config_keys();
   op.config_keys.push_back({"tokenwise", "--backward: 1 = the token-by-token reference form"});
-  if (!gated) op.config_keys.push_back({"split", "--backward: 1 = the per-chunk kernel as two (output terms, UT adjoint)"});
   op.prepare = [gated](const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
     return plan_delta_rule(gated, inputs, opts, wanted);
   };

@@ -38,6 +38,7 @@ struct DeltaRuleConfig {
   int wy_warps = 4;          // of delta_rule_wy: 0.41 ms at 4 vs 0.51 at 8 (H200, B8 T4096 H16 D128 bf16)
   int num_stages = 2;        // chunk loads of delta_rule_fwd pipelined one iteration ahead
   bool store_t = false;      // delta_rule_wy also stores T (t_mat [B,T,H,BT], rows, input dtype) for the backward
+  bool save_states = false;  // delta_rule_fwd also stores S before each chunk (h) and V_new (v_new) for the backward
   int v_blocks = 0;          // delta_rule_wy: U's value blocks of block_v, unrolled (0: a loop up to v's dim)
 };
 
@@ -60,7 +61,9 @@ ChunkDecays chunk_decays(const dsl::Tile& gc, int64_t BT);
 /// holds (sequence, chunk of the sequence) per program then.
 std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg);
 /// Records the chunk-walking kernel. Parameters: q k w u [g] [initial_state] [final_state]
-/// [cu_seqlens] o scale. Grid: (V blocks, N*H).
+/// [cu_seqlens] [chunk_offsets h v_new] o scale. Grid: (V blocks, N*H). With save_states it also stores,
+/// as the backward's state walk would recompute them, the state before each chunk in the input dtype
+/// (h [chunks, H, K, V], chunk_offsets [N+1] the first chunk of each sequence) and V_new (v_new [B,T,H,V]).
 std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg);
 /// Records the token-by-token kernel. Parameters: q k v beta [g] [initial_state] [final_state]
 /// [cu_seqlens] o scale. Grid: (V blocks, N*H); cfg.chunk and num_stages are unused.

@@ -161,12 +161,11 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
 
 namespace {
 
-/// Through the UT transform of one chunk of BT rows, the adjoint (see the top of this file), shared by
-/// the per-chunk kernel and the UT half of its split form. Tt = T^T as delta_rule_wy stored it (rounded
-/// to the input dtype, as the products use it; rows past the sequence end load 0 and meet only zero rows
-/// of dT and dW); dW in the input dtype; G = K K^T; k_factor the row factor of K in W (beta, gated
-/// beta exp(b)); Gam and b the gate's (invalid: ungated); strict the mask r > c. dK = dK_in + dK's UT
-// terms.
+/// Through the UT transform of one chunk of BT rows, the adjoint (see the top of this file). Tt = T^T as
+/// delta_rule_wy stored it (rounded to the input dtype, as the products use it; rows past the sequence
+/// end load 0 and meet only zero rows of dT and dW); dW in the input dtype; G = K K^T; k_factor the row
+/// factor of K in W (beta, gated beta exp(b)); Gam and b the gate's (invalid: ungated); strict the mask
+/// r > c. dK = dK_in + dK's UT terms.
 struct UtAdjoint {
   Tile dKb, dVb, Kb32, dA, dK, dBeta;
 };
@@ -192,7 +191,7 @@ UtAdjoint ut_adjoint(const Tile& Tt, const Tile& dW, const Tile& dVn, const Tile
   return r;
 }
 
-/// The output's terms of one chunk, shared like ut_adjoint: dPm = dP .* Gam .* M * scale with dP = dO Vn^T,
+/// The output's terms of one chunk: dPm = dP .* Gam .* M * scale with dP = dO Vn^T,
 /// dQ's state term dQs (gated: times exp(b)), dQ, Vn dS'^T (VdS), dK's output terms and dW = -dVn S^T.
 /// Gam, e_b = exp(b) and to_end = exp(b_C - b) are the gate's (invalid: ungated).
 struct OutputTerms {
@@ -306,96 +305,9 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
   return kb.finish();
 }
 
-// The ungated per-chunk kernel in two, each with fewer live tiles than the whole (which holds 255
-// registers and one block per SM at K = V = 128): the output's terms, then the UT adjoint. dW goes
-// through memory in the input dtype (the fused kernel rounds it there before every product that uses
-// it) and dK's output terms in fp32, so the gradients are those of build_delta_bwd_chunk.
-std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_out(const DeltaChunkedBwdConfig& cfg) {
-  if (cfg.gated) throw InternalError("delta_rule_bwd_chunk_out: the gated form is not split");
-  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.full_v;
-  const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("delta_rule_bwd_chunk_out");
-  kb.set_num_warps(cfg.num_warps);
-  kb.set_num_stages(1);
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor dout = kb.tensor("do", dt, 4);
-  Tensor vn = kb.tensor("v_new", dt, 4);
-  Tensor dvn = kb.tensor("dv_new", dt, 4);
-  Tensor h = kb.tensor("h", dt, 4);
-  Tensor dh = kb.tensor("dh", dt, 4);
-  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
-  Tensor dq = kb.tensor("dq", dt, 4);
-  Tensor dk_part = kb.tensor("dk_part", f32, 4);
-  Tensor dw = kb.tensor("dw", dt, 4);
-  Tile scale = kb.scalar("scale", f32);
-
-  Tile i_c = program_id(0), i_x = program_id(1);
-  const ChunkBounds cb = chunk_bounds(q, cu, chunk_indices, cfg.varlen, i_c, i_x, BT);
-  const Tile b = cb.b, i_h = cb.i_h, t0 = cb.t0;
-  const AccessOptions& in_seq = cb.in_seq;
-  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
-
-  Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-  Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-  Tile dO = load(dout, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
-  Tile Vn = load(vn, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
-  Tile dVn = load(dvn, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
-  Tile S = load(h, {cb.global_chunk, i_h, 0, 0}, {kIndex, kIndex, BK, BV});
-  Tile dS1 = load(dh, {cb.global_chunk, i_h, 0, 0}, {kIndex, kIndex, BK, BV});
-
-  const OutputTerms out = output_terms(Q, K, dO, Vn, dVn, S, dS1, scale, row >= col, Tile(), Tile(), Tile(), dt);
-  store(dq, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, out.dQ.to(dt), in_seq);
-  store(dk_part, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, out.dK, in_seq);
-  store(dw, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, out.dW.to(dt), in_seq);
-  return kb.finish();
-}
-
-std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_ut(const DeltaChunkedBwdConfig& cfg) {
-  if (cfg.gated) throw InternalError("delta_rule_bwd_chunk_ut: the gated form is not split");
-  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.full_v;
-  const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("delta_rule_bwd_chunk_ut");
-  kb.set_num_warps(cfg.num_warps);
-  kb.set_num_stages(1);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
-  Tensor beta = kb.tensor("beta", f32, 3);
-  Tensor dvn = kb.tensor("dv_new", dt, 4);
-  Tensor t_mat = kb.tensor("t_mat", dt, 4);
-  Tensor dw = kb.tensor("dw", dt, 4);
-  Tensor dk_part = kb.tensor("dk_part", f32, 4);
-  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
-  Tensor dk = kb.tensor("dk", dt, 4);
-  Tensor dv = kb.tensor("dv", dt, 4);
-  Tensor dbeta = kb.tensor("dbeta", f32, 3);
-
-  Tile i_c = program_id(0), i_x = program_id(1);
-  const ChunkBounds cb = chunk_bounds(k, cu, chunk_indices, cfg.varlen, i_c, i_x, BT);
-  const Tile b = cb.b, i_h = cb.i_h, t0 = cb.t0;
-  const AccessOptions& in_seq = cb.in_seq;
-
-  Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-  Tile V = load(v, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
-  Tile dVn = load(dvn, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
-  Tile dW = load(dw, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-  Tile beta_r = expand_dims(load(beta, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq), 1);
-  Tile Tt = load(t_mat, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BT}, in_seq).T();
-
-  Tile dK_part = load(dk_part, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-  Tile strict = expand_dims(iota(BT), 1) > expand_dims(iota(BT), 0);
-  const UtAdjoint ut = ut_adjoint(Tt, dW, dVn, K, V, dot(K, K.T()), beta_r, beta_r, Tile(), Tile(), dK_part, strict, dt);
-  store(dk, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, ut.dK.to(dt), in_seq);
-  store(dv, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, (ut.dVb * beta_r).to(dt), in_seq);
-  store(dbeta, {b, t0, i_h}, {kIndex, BT, kIndex}, ut.dBeta, in_seq);
-  return kb.finish();
-}
-
 namespace {
 
-enum class DeltaBwdKernel { wy, states, dstates, chunk, chunk_out, chunk_ut };
+enum class DeltaBwdKernel { wy, states, dstates, chunk };
 
 std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, DeltaBwdKernel which) {
   static KernelMemo memo;
@@ -419,16 +331,14 @@ std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, DeltaBwdKer
       case DeltaBwdKernel::states: return build_delta_bwd_states(cfg);
       case DeltaBwdKernel::dstates: return build_delta_bwd_dstates(cfg);
       case DeltaBwdKernel::chunk: return build_delta_bwd_chunk(cfg);
-      case DeltaBwdKernel::chunk_out: return build_delta_bwd_chunk_out(cfg);
-      case DeltaBwdKernel::chunk_ut: return build_delta_bwd_chunk_ut(cfg);
     }
     throw InternalError("bad delta-rule backward kernel");
   });
 }
 
-/// Chunk offsets per sequence ([N+1]: the first global chunk of each) and, with varlen, (sequence,
-/// chunk of it) per global chunk ([chunks, 2]), both int32; returns the number of chunks.
-int64_t chunk_tables(const SequenceLayout& seq, int64_t BT, HostTensor* offsets, HostTensor* indices) {
+}  // namespace
+
+int64_t delta_chunk_tables(const SequenceLayout& seq, int64_t BT, HostTensor* offsets, HostTensor* indices) {
   *offsets = HostTensor::zeros(DType::i32, {seq.N + 1});
   std::vector<int32_t> pairs;
   int64_t total = 0;
@@ -445,14 +355,19 @@ int64_t chunk_tables(const SequenceLayout& seq, int64_t BT, HostTensor* offsets,
   return total;
 }
 
-}  // namespace
+std::vector<std::string> delta_saved_tensor_names() { return {"saved_w", "saved_t", "saved_h", "saved_v_new"}; }
+
+int delta_bwd_default_chunk(DType dtype, int64_t K, int64_t V) {
+  // Chunk 16 for fp32 above head dim 64: at chunk 32 (K = V = 128) the per-chunk kernel plans 241 KB of
+  // shared memory (gated 289 KB), more than an H100/H200 block has; at 16, 187 KB (gated 208 KB).
+  return dtype == DType::f32 && std::max(padded_head_dim(K), padded_head_dim(V)) > 64 ? 16 : 32;
+}
 
 const std::vector<std::pair<std::string, std::string>>& delta_chunked_bwd_config_keys() {
   static const std::vector<std::pair<std::string, std::string>> keys = {
       {"chunk", "--backward: rows per chunk (16, 32, 64)"},
       {"bv", "--backward: value columns per program of the state walks (16..128)"},
       {"warps", "warps per program (2, 4, 8)"},
-      {"split", "--backward (delta_rule): 1 = the per-chunk kernel as two, output terms then the UT adjoint"},
   };
   return keys;
 }
@@ -474,19 +389,38 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   cfg.dtype = opts.dtype;
   cfg.block_k = padded_head_dim(seq.K);
   cfg.full_v = padded_head_dim(seq.V);
-  // Chunk 16 for fp32 above head dim 64: at chunk 32 (K = V = 128) the per-chunk kernel plans 241 KB of
-  // shared memory (gated 289 KB), more than an H100/H200 block has; at 16, 187 KB (gated 208 KB).
-  const bool wide_fp32 = cfg.dtype == DType::f32 && std::max(cfg.block_k, cfg.full_v) > 64;
-  cfg.chunk = static_cast<int>(
-      config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, wide_fp32 ? 16 : 32), {16, 32, 64}));
+  // What the forward saved for the backward (all of saved_w, saved_t, saved_h, saved_v_new, or none): the
+  // UT transform's W and T, the state before each chunk and V_new. With them the backward skips its
+  // recomputing kernels (delta_rule_wy, the state walk) and runs at the forward's chunk.
+  const std::vector<std::string> saved_names = delta_saved_tensor_names();
+  int saved_count = 0;
+  for (const auto& n : saved_names) saved_count += inputs.count(n) ? 1 : 0;
+  const bool saved = saved_count == static_cast<int>(saved_names.size());
+  if (saved_count > 0 && !saved)
+    throw UserError(fmt::format("{} --backward: give all of {} (the forward's, with -o) or none of them", name,
+                                fmt::join(saved_names, ", ")));
+  const int dflt_chunk = delta_bwd_default_chunk(cfg.dtype, seq.K, seq.V);
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, dflt_chunk), {16, 32, 64}));
+  if (saved) {
+    const HostTensor& t_saved = inputs.at("saved_t");
+    if (t_saved.rank() != 4 || (t_saved.shape[3] != 16 && t_saved.shape[3] != 32 && t_saved.shape[3] != 64))
+      throw UserError(fmt::format("{} --backward: saved_t has shape {}, expected [B,T,H,chunk] with chunk 16, 32 "
+                                  "or 64 (the forward's chunk)", name, t_saved.shape_str()));
+    const int saved_chunk = static_cast<int>(t_saved.shape[3]);
+    if ((opts.chunk_size || opts.config.count("chunk")) && cfg.chunk != saved_chunk)
+      throw UserError(fmt::format("{} --backward: chunk {} asked for, but the saved tensors are in chunks of {}", name,
+                                  cfg.chunk, saved_chunk));
+    if (saved_chunk > dflt_chunk && dflt_chunk == 16)
+      throw UserError(fmt::format("{} --backward: the saved tensors are in chunks of {}; in fp32 above head dim 64 the "
+                                  "backward needs chunks of 16 (run the forward with --chunk-size 16)", name, saved_chunk));
+    cfg.chunk = saved_chunk;
+  }
   // V blocks of 128 in the walks: the fastest of `linac tune --backward` on an H200 at B8 H16 D128 bf16
   // (delta_rule 1.45 ms vs 1.51 at 64, gated 2.69 vs 2.92, T = 1024).
   cfg.block_v = std::min<int64_t>(config_value(opts, "bv", 128, {16, 32, 64, 128}), cfg.full_v);
   // 8 warps: at 4 the per-chunk kernel (K = V = 128, chunk 32) spills 1004 bytes, at 8 it spills 8
   // (ptxas, sm_90a); 4 warps were also 1.7x slower on the H200.
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
-  cfg.split_chunk = config_value(opts, "split", 0, {0, 1}) == 1;
-  if (cfg.split_chunk && gated) throw UserError("gated_delta_rule --backward: --config split=1 is for delta_rule only");
   cfg.gated = gated;
   cfg.initial_state = has_h0;
   cfg.final_state_grad = has_dht;
@@ -499,17 +433,31 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   add_backward_inputs(plan, inputs, seq, cfg.dtype, {"beta", "g", "initial_state", "dfinal_state"});
   if (gated) plan.tensors["dg"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
   HostTensor offsets, indices;
-  const int64_t chunks = chunk_tables(seq, BT, &offsets, &indices);
+  const int64_t chunks = delta_chunk_tables(seq, BT, &offsets, &indices);
   plan.tensors["chunk_offsets"] = offsets;
   if (seq.varlen) plan.tensors["chunk_indices"] = indices;
-  // Scratch: W and U (as delta_rule_wy writes them), the states before and the state gradients after
-  // each chunk ([chunks, H, K, V]), Vn and dVn.
-  plan.tensors["w"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
-  plan.tensors["u"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, v_blocks, cfg.block_v});
-  plan.tensors["t_mat"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, BT});
-  plan.tensors["h"] = HostTensor::zeros(cfg.dtype, {std::max<int64_t>(chunks, 1), seq.H, seq.K, seq.V});
+  // W, T, the states before each chunk ([chunks, H, K, V]) and Vn: the forward's when saved, else
+  // recomputed into scratch (with U) by delta_rule_wy and the state walk. Scratch: the state gradients
+  // after each chunk and dVn.
+  const std::vector<int64_t> w_shape{seq.B, seq.T, seq.H, seq.K}, t_shape{seq.B, seq.T, seq.H, BT},
+      h_shape{std::max<int64_t>(chunks, 1), seq.H, seq.K, seq.V}, vn_shape{seq.B, seq.T, seq.H, seq.V};
+  if (saved) {
+    check_shape("saved_w", inputs.at("saved_w"), w_shape);
+    check_shape("saved_t", inputs.at("saved_t"), t_shape);
+    check_shape("saved_h", inputs.at("saved_h"), h_shape);
+    check_shape("saved_v_new", inputs.at("saved_v_new"), vn_shape);
+    plan.tensors["w"] = inputs.at("saved_w").cast(cfg.dtype);
+    plan.tensors["t_mat"] = inputs.at("saved_t").cast(cfg.dtype);
+    plan.tensors["h"] = inputs.at("saved_h").cast(cfg.dtype);
+    plan.tensors["v_new"] = inputs.at("saved_v_new").cast(cfg.dtype);
+  } else {
+    plan.tensors["w"] = HostTensor::zeros(cfg.dtype, w_shape);
+    plan.tensors["u"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, v_blocks, cfg.block_v});
+    plan.tensors["t_mat"] = HostTensor::zeros(cfg.dtype, t_shape);
+    plan.tensors["h"] = HostTensor::zeros(cfg.dtype, h_shape);
+    plan.tensors["v_new"] = HostTensor::zeros(cfg.dtype, vn_shape);
+  }
   plan.tensors["dh"] = HostTensor::zeros(cfg.dtype, {std::max<int64_t>(chunks, 1), seq.H, seq.K, seq.V});
-  plan.tensors["v_new"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
   plan.tensors["dv_new"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
   plan.tensors["dq"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
   plan.tensors["dk"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
@@ -523,17 +471,12 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   };
   const std::array<int64_t, 3> per_chunk =
       seq.varlen ? std::array<int64_t, 3>{chunks, seq.H, 1} : std::array<int64_t, 3>{(seq.T + BT - 1) / BT, seq.B * seq.H, 1};
-  if (chunks > 0) launch(DeltaBwdKernel::wy, per_chunk);
-  launch(DeltaBwdKernel::states, {v_blocks, seq.N * seq.H, 1});
-  launch(DeltaBwdKernel::dstates, {v_blocks, seq.N * seq.H, 1});
-  if (chunks > 0 && cfg.split_chunk) {
-    plan.tensors["dk_part"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
-    plan.tensors["dw"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
-    launch(DeltaBwdKernel::chunk_out, per_chunk);
-    launch(DeltaBwdKernel::chunk_ut, per_chunk);
-  } else if (chunks > 0) {
-    launch(DeltaBwdKernel::chunk, per_chunk);
+  if (!saved) {
+    if (chunks > 0) launch(DeltaBwdKernel::wy, per_chunk);
+    launch(DeltaBwdKernel::states, {v_blocks, seq.N * seq.H, 1});
   }
+  launch(DeltaBwdKernel::dstates, {v_blocks, seq.N * seq.H, 1});
+  if (chunks > 0) launch(DeltaBwdKernel::chunk, per_chunk);
   for (const char* n : {"dq", "dk", "dv", "dbeta", "dg", "dinitial_state"})
     if (wants(wanted, n) && plan.tensors.count(n)) plan.outputs[n] = n;
   return plan;
@@ -553,9 +496,6 @@ std::vector<std::shared_ptr<ir::Kernel>> delta_chunked_bwd_kernels(bool gated, c
   for (const auto* c : {&cfg, &full})
     for (auto which : {DeltaBwdKernel::states, DeltaBwdKernel::dstates, DeltaBwdKernel::chunk})
       out.push_back(cached(*c, which));
-  if (!gated)  // the per-chunk kernel split in two (--config split=1)
-    for (const auto* c : {&cfg, &full})
-      for (auto which : {DeltaBwdKernel::chunk_out, DeltaBwdKernel::chunk_ut}) out.push_back(cached(*c, which));
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/op.h"
+#include "kernels/op_support.h"
 
 namespace linac {
 
@@ -24,16 +25,24 @@ struct DeltaChunkedBwdConfig {
   bool initial_state_grad = false;
   bool varlen = false;
   int num_warps = 4;
-  bool split_chunk = false;  // ungated: the per-chunk kernel as two (chunk_out, then chunk_ut)
 };
 
 std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& cfg);
 std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig& cfg);
 std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& cfg);
-/// The ungated per-chunk kernel in two (split_chunk): the output's terms (dq; dk's output terms into
-/// dk_part, f32; dW into dw, the input dtype), then the UT adjoint (dk, dv, dbeta).
-std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_out(const DeltaChunkedBwdConfig& cfg);
-std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_ut(const DeltaChunkedBwdConfig& cfg);
+
+/// Chunk offsets per sequence ([N+1]: the first global chunk of each) and (sequence, chunk of it) per
+/// global chunk ([chunks, 2]), both int32, for chunks of BT rows; returns the number of chunks. The
+/// per-chunk state tables (h, dh) are indexed by global chunk.
+int64_t delta_chunk_tables(const SequenceLayout& seq, int64_t BT, HostTensor* offsets, HostTensor* indices);
+
+/// The forward's tensors that the backward takes instead of recomputing them (inputs of --backward,
+/// outputs of the forward): saved_w [B,T,H,K], saved_t [B,T,H,chunk], saved_h [chunks,H,K,V],
+/// saved_v_new [B,T,H,V], in the input dtype.
+std::vector<std::string> delta_saved_tensor_names();
+
+/// The backward's default chunk for head dims K, V in `dtype` (the per-chunk kernel's shared memory).
+int delta_bwd_default_chunk(DType dtype, int64_t K, int64_t V);
 
 /// Tuning keys of the chunked backward (chunk, bv, warps).
 const std::vector<std::pair<std::string, std::string>>& delta_chunked_bwd_config_keys();

@@ -50,9 +50,6 @@ done
 # separate dk and dv walks with masked row sums in the intra kernel.
 timeout 120 ./build/linac bench gla --shape B=8,T=4096,H=16,K=128 --backward --iters 10 --bwd-config take=0,fuse=0 2>&1 |
   grep -E "^backward|error"
-# delta_rule's per-chunk backward kernel split in two (opt-in, --config split=1; not yet timed as of session 6).
-timeout 120 ./build/linac bench delta_rule --shape B=8,T=4096,H=16,K=128 --backward --iters 10 --bwd-config split=1 2>&1 |
-  grep -E "^backward|error"
 timeout 200 python3 tools/start_times.py --json "$OUT/start_times.json" 2>&1 | tail -8
 timeout 120 python3 tools/bench_poly_vs_sdpa.py --json "$OUT/poly_vs_sdpa.json" 2>&1 | tail -6
 

@@ -9,7 +9,9 @@ Run from the repository root (build/linac built, LD_LIBRARY_PATH set; fla's pack
 
   linac  `linac bench OP --shape .. --dtype bf16 [--gated] [--normalize] --backward --json F`: the forward and
          the backward (every input's gradient from q, k, v, do [, g, beta]) each timed as `linac bench` times
-         (CUDA events, warm-up, median over rotated inputs); fwd+bwd = the sum of the two medians.
+         (CUDA events, warm-up, median over rotated inputs); fwd+bwd = the sum of the two medians. For the
+         delta rules that is the training pair: the forward saving W, T, the per-chunk states and V_new
+         (outputs saved_*), and the backward given them (as fla's forward saves A for its backward).
   fla    the same op with q, k, v (and g, beta) requiring grad, then o.backward(do): one CUDA-event interval
          per fwd+bwd call, median over --iters calls (one input set: fla's own autograd buffers dominate
          its memory). Cases and fla's functions (inputs as tools/bench_vs_fla.py makes them):
@@ -20,7 +22,7 @@ Run from the repository root (build/linac built, LD_LIBRARY_PATH set; fla's pack
            delta_rule        fla.ops.delta_rule.chunk_delta_rule(q, k, v, beta)
            gated_delta_rule  fla.ops.gated_delta_rule.chunk_gated_delta_rule(q, k, v, g, beta)
 Memory (B1 H16 D128, bf16, plain, T from --mem-lengths): linac's device bytes of the backward call (every
-tensor it allocates: inputs, do, gradients, scratch; the kernels use no other device memory) and fla's
+tensor it allocates: inputs, saved tensors, do, gradients, scratch; the kernels use no other device memory) and fla's
 torch.cuda.max_memory_allocated over one fwd+bwd (inputs included).
 """
 

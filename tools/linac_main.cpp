@@ -109,7 +109,10 @@ scratch it allocates (e.g. poly's degree-2 state), each of which a run reads or 
   --config K=V,...      tuning parameters (see 'linac list')
   --iters N             timed runs (default 50)
   --backward            also time the backward (ops with --backward: gradients from random do; at the
-                        backward kernels' defaults) and report fwd+bwd and the backward's device memory
+                        backward kernels' defaults) and report fwd+bwd and the backward's device memory.
+                        Ops whose forward saves intermediates for it (saved_* outputs: the delta rules)
+                        time the training pair, the forward saving them and the backward given them,
+                        and the backward that recomputes them beside it
   --bwd-config K=V,...  the backward's configuration (e.g. linear_attn: chunk, bk, bv, warps)
   --peak-gbs X          peak memory bandwidth in GB/s (default: the device's, 2 x memory clock x bus
                         width: about 4800 on an H200)
@@ -741,22 +744,50 @@ int cmd_bench(const std::vector<std::string>& args) {
     fmt::print("  per kernel (each timed alone, median): {}\n", parts);
   }
   // The backward: gradients of every differentiable input from a random do, at the backward kernels'
-  // defaults or --bwd-config (the forward's tuned configuration has keys of its own kernels).
-  BenchResult rb;
+  // defaults or --bwd-config (the forward's tuned configuration has keys of its own kernels). For ops
+  // whose forward can save intermediates for the backward (outputs saved_*: the delta rules), the
+  // training pair is timed: the forward saving them, then the backward given them; the backward that
+  // recomputes them from the inputs alone is timed beside it.
+  BenchResult rb, rs, rr;
+  std::vector<std::string> saved;
+  for (const auto& o : op.outputs)
+    if (o.name.starts_with("saved_")) saved.push_back(o.name);
+  auto kernel_times = [](const BenchResult& res) {
+    std::string parts;
+    for (const auto& [name, ms] : res.launch_ms) parts += fmt::format("{}{} {:.4f} ms", parts.empty() ? "" : ", ", name, ms);
+    return parts.empty() ? parts : " (" + parts + ")";
+  };
   if (backward) {
     inputs["do"] = synthetic_do(ps);
     OpOptions bo = opts;
     bo.config.clear();
     bo.backward = true;
     bo.config = bwd_config ? *bwd_config : autotuned_config(op, inputs, bo);  // `linac tune --backward`'s entry
+    if (!saved.empty()) {
+      OpPlan rplan = op.prepare(inputs, bo, synthetic_outputs(true, gated));
+      rr = bench_on_gpu(rplan, iters, /*per_launch=*/true);
+      fmt::print("backward recomputing the forward's intermediates [{}]: median {:.4f} ms{}\n", config_str(bo.config),
+                 rr.median_ms, kernel_times(rr));
+      std::vector<std::string> wanted{"o"};
+      wanted.insert(wanted.end(), saved.begin(), saved.end());
+      TensorMap fwd_inputs = inputs;
+      fwd_inputs.erase("do");
+      OpPlan splan = op.prepare(fwd_inputs, opts, wanted);
+      rs = bench_on_gpu(splan, iters, /*per_launch=*/true);
+      fmt::print("forward saving {} for the backward: median {:.4f} ms{}\n", fmt::join(saved, ", "), rs.median_ms,
+                 kernel_times(rs));
+      TensorMap got = run_op(op, fwd_inputs, opts, wanted);
+      for (const auto& n : saved) inputs[n] = std::move(got.at(n));
+      // The saved tensors fix the backward's chunk (the forward's).
+      bo.config.erase("chunk");
+    }
     OpPlan bplan = op.prepare(inputs, bo, synthetic_outputs(true, gated));
     rb = bench_on_gpu(bplan, iters, /*per_launch=*/true);
-    std::string parts;
-    for (const auto& [name, ms] : rb.launch_ms) parts += fmt::format("{}{} {:.4f} ms", parts.empty() ? "" : ", ", name, ms);
-    fmt::print("backward [{}]: median {:.4f} ms{}; forward+backward {:.4f} ms; the backward's device memory {:.1f} MB "
-               "(every tensor of the call: inputs, do, gradients, scratch)\n",
-               config_str(bo.config), rb.median_ms, parts.empty() ? "" : " (" + parts + ")", r.median_ms + rb.median_ms,
-               rb.bytes / 1e6);
+    const double fwd_ms = saved.empty() ? r.median_ms : rs.median_ms;
+    fmt::print("backward{} [{}]: median {:.4f} ms{}; forward+backward {:.4f} ms; the backward's device memory {:.1f} MB "
+               "(every tensor of the call: inputs{}, do, gradients, scratch)\n",
+               saved.empty() ? "" : " from the saved tensors", config_str(bo.config), rb.median_ms, kernel_times(rb),
+               fwd_ms + rb.median_ms, rb.bytes / 1e6, saved.empty() ? "" : ", saved tensors");
   }
   if (!json.empty()) {
     auto number_or_null = [](const std::optional<double>& x) {
@@ -772,8 +803,11 @@ int cmd_bench(const std::vector<std::string>& args) {
         number_or_null(floor_ms), number_or_null(peak_gbs), number_or_null(fraction), config, first_launch_ms,
         ms(t0, t1), ms(t1, t2), ms(t3, t4), ms(t2, t3));
     if (backward)
-      text.insert(text.rfind('}'), fmt::format(", \"fwd_ms\": {}, \"bwd_ms\": {}, \"bwd_device_bytes\": {}", r.median_ms,
-                                               rb.median_ms, rb.bytes));
+      text.insert(text.rfind('}'), fmt::format(", \"fwd_ms\": {}, \"bwd_ms\": {}, \"bwd_device_bytes\": {}",
+                                               saved.empty() ? r.median_ms : rs.median_ms, rb.median_ms, rb.bytes));
+    if (backward && !saved.empty())
+      text.insert(text.rfind('}'), fmt::format(", \"saved_for_backward\": true, \"fwd_plain_ms\": {}, "
+                                               "\"bwd_recompute_ms\": {}", r.median_ms, rr.median_ms));
     write_text_file(json, text);
   }
   return 0;

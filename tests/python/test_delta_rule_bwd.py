@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import gradcheck
+from conftest import CliError
 import reference
 import reference_delta
 
@@ -71,21 +72,72 @@ def test_chunked_configs(linac, op, config):
     check(linac, op, x, options=["--config", config])
 
 
-@pytest.mark.parametrize("config", ["split=1", "split=1,chunk=16", "split=1,chunk=64,warps=4"])
-def test_split_per_chunk_kernel(linac, config):
-    # delta_rule's per-chunk kernel as two (output terms, then the UT adjoint): the same gradients,
-    # over many chunks, K != V, both states, and varlen sequences that start and end inside chunks.
-    x = make_inputs(85, "delta_rule", B=2, T=100, H=2, K=24, V=40, init=True, dfinal=True)
-    check(linac, "delta_rule", x, options=["--config", config])
-    x = make_inputs(86, "delta_rule", B=1, T=120, H=2, K=16, V=16, init=True, dfinal=True, N=4)
+SAVED = ["saved_w", "saved_t", "saved_h", "saved_v_new"]
+GRADS = {"q": "dq", "k": "dk", "v": "dv", "beta": "dbeta", "g": "dg", "initial_state": "dinitial_state"}
+
+
+def forward_inputs(x):
+    return {n: a for n, a in x.items() if n not in ("do", "dfinal_state")}
+
+
+def saved_pair(linac, op, x, fwd_options=(), bwd_options=()):
+    """The training pair: the forward with its saved_* outputs, then --backward given them. Returns
+    (forward outputs, gradients)."""
+    outs = ["o", *SAVED] + (["final_state"] if "dfinal_state" in x else [])
+    fwd = linac.run_op(op, forward_inputs(x), outputs=outs, options=list(fwd_options))
+    grads = {n: d for n, d in GRADS.items() if n in x}
+    bwd_in = {**x, **{n: fwd[n] for n in SAVED}}
+    got = linac.run_op(op, bwd_in, outputs=list(grads.values()), options=["--backward", *bwd_options])
+    return fwd, {n: got[d] for n, d in grads.items()}
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("fwd_options", [(), ("--chunk-size", "16"), ("--chunk-size", "64")])
+def test_backward_from_the_saved_forward(linac, op, fwd_options):
+    # The forward saves W, T, the state before each chunk and V_new; the backward given them runs only
+    # the reverse walk and the per-chunk kernel. The gradients must be the reference's, over many chunks
+    # (K != V, both states) and varlen sequences that start and end inside chunks; and the forward's
+    # outputs must be those of the plain forward at the same chunk (saving defaults to the backward's
+    # chunk, 32, where the plain forward takes 64 at these head dims).
+    x = make_inputs(85 + OPS.index(op), op, B=2, T=100, H=2, K=24, V=40, init=True, dfinal=True)
+    fwd, grads = saved_pair(linac, op, x, fwd_options)
+    chunk = int(fwd_options[1]) if fwd_options else 32
+    assert fwd["saved_t"].shape[-1] == chunk
+    plain = linac.run_op(op, forward_inputs(x), outputs=["o", "final_state"], options=["--chunk-size", chunk])
+    np.testing.assert_array_equal(fwd["o"], plain["o"])
+    np.testing.assert_array_equal(fwd["final_state"], plain["final_state"])
+    gradcheck.check_directional(grads, x, loss)
+
+    x = make_inputs(86 + OPS.index(op), op, B=1, T=120, H=2, K=16, V=16, init=True, dfinal=True, N=4)
     x["cu_seqlens"] = np.array([0, 7, 40, 41, 120], dtype=np.int32)
-    check(linac, "delta_rule", x, options=["--config", config])
+    _, grads = saved_pair(linac, op, x, fwd_options)
+    gradcheck.check_directional(grads, x, loss)
 
 
-def test_split_refuses_the_gated_form(linac):
-    x = make_inputs(87, "gated_delta_rule", B=1, T=20, H=1, K=8, V=8)
-    with pytest.raises(Exception, match="split=1 is for delta_rule only"):
-        check(linac, "gated_delta_rule", x, options=["--config", "split=1"])
+@pytest.mark.parametrize("op", OPS)
+def test_saved_backward_equals_the_recomputing_one(linac, op):
+    # The forward stores what the backward's UT kernel and state walk compute, by the same operations:
+    # the gradients agree to rounding (bitwise on the interpreter).
+    x = make_inputs(88 + OPS.index(op), op, B=1, T=70, H=2, K=16, V=24, init=True, dfinal=True)
+    _, saved = saved_pair(linac, op, x)
+    grads = {n: d for n, d in GRADS.items() if n in x}
+    got = linac.run_op(op, x, outputs=list(grads.values()), options=["--backward"])
+    for n, d in grads.items():
+        np.testing.assert_allclose(saved[n], got[d], rtol=1e-6, atol=1e-6, err_msg=n)
+
+
+def test_saved_tensors_all_or_none_and_at_their_chunk(linac):
+    x = make_inputs(89, "delta_rule", B=1, T=40, H=1, K=8, V=8)
+    fwd = linac.run_op("delta_rule", forward_inputs(x), outputs=["o", *SAVED], options=["--chunk-size", "16"])
+    with pytest.raises(CliError, match="give all of saved_w, saved_t, saved_h, saved_v_new"):
+        linac.run_op("delta_rule", {**x, "saved_w": fwd["saved_w"]}, outputs=["dq"], options=["--backward"])
+    full = {**x, **{n: fwd[n] for n in SAVED}}
+    with pytest.raises(CliError, match="chunk 32 asked for, but the saved tensors are in chunks of 16"):
+        linac.run_op("delta_rule", full, outputs=["dq"], options=["--backward", "--chunk-size", "32"])
+    with pytest.raises(CliError, match="saved_h has shape"):
+        linac.run_op("delta_rule", {**full, "saved_h": fwd["saved_h"][:1]}, outputs=["dq"], options=["--backward"])
+    with pytest.raises(CliError, match="saved_\\* outputs are for --backward"):
+        linac.run_op("delta_rule", forward_inputs(x), outputs=["o", *SAVED], options=["--l2norm-qk"])
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -32,16 +32,13 @@ TIMEOUT_S = 300
 KNOWN_SPILLS = {
     # One program computes a chunk's every gradient: [BT, BT] f32 tiles of the gate (Gam, dP, A, dA,
     # T and products) on top of the ungated kernel's. 416-516 bytes at head dim 64, chunk 32, 8 warps
-    # (ptxas 13.0), 1.7 KB in fp32; chunk 16 still spills 188. Splitting the output terms from the UT
-    # adjoint into two kernels is the way out; not yet timed on a GPU.
+    # (ptxas 13.0), 1.7 KB in fp32; chunk 16 still spills 188. (The ungated kernel split in two, output
+    # terms then the UT adjoint, was slower on an H200: 0.90 + 1.03 ms against 1.41 fused; removed.)
     "gated_delta_rule_bwd_chunk": {"bf16": 600, "fp16": 600, "fp32": 1800},
     # At K = V = 128 the 16-bit default (value blocks of 128) takes 255 registers and spills 8 bytes on
     # sm_80 with both states; at bv 64 it is held to 128 registers so that two blocks share an SM
     # (min_ctas_per_sm 2: walk 0.99 -> 0.69 ms on an H200 at B8 T4096 H16 D128 bf16) and spills 8 bytes.
     "gated_delta_rule_fwd": {"bf16": 16, "fp16": 16},
-    # delta_rule's per-chunk backward split in two (opt-in, --config split=1): the UT adjoint's half
-    # spills 16 bytes in fp32 on sm_80 at head dim 64 (255 registers); none in bf16/fp16 or on sm_90a.
-    "delta_rule_bwd_chunk_ut": {"fp32": 32},
 }
 
 

@@ -55,6 +55,8 @@ struct ChunkDecays {
   dsl::Tile D, R;
 };
 ChunkDecays chunk_decays(const dsl::Tile& gc, int64_t BT);
+/// chunk_decays' R alone, without the [BT, BT] scan of D.
+dsl::Tile decays_to_chunk_end(const dsl::Tile& gc, int64_t BT);
 
 /// Records the UT/WY kernel. Parameters: k v beta [g] [cu_seqlens chunk_indices] w u.
 /// Grid: (chunks, N*H), or (total chunks over all sequences, H) with varlen; chunk_indices [chunks, 2]

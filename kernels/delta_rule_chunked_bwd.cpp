@@ -72,7 +72,10 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& 
 
   Tile S = zeros({BK, BV}, f32);
   if (cfg.initial_state) S = load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
-  for_range(0, num_chunks, [&](Tile i) {
+  // The gates an iteration ahead (as delta_rule_fwd loads them: too small for the pipeliner).
+  Tile gc_next;
+  if (cfg.gated) gc_next = load(g, {seq.b, seq.bos, i_h}, {kIndex, BT, kIndex}, in_seq);
+  auto body = [&](Tile i) {
     Tile t0 = seq.bos + i * BT;
     Tile K = load(k, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
     Tile W = load(w, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
@@ -84,14 +87,20 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& 
     store(vn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, Vn, in_seq);
     if (cfg.gated) {
       // As delta_rule_fwd rounds it: the decay goes on the fp32 V_new before the product.
-      Tile gc = load(g, {seq.b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+      Tile gc = gc_next;
+      gc_next = load(g, {seq.b, t0 + BT, i_h}, {kIndex, BT, kIndex}, in_seq);
       Tile b_last = sum(gc, 0);
-      Tile decay = exp(chunk_decays(gc, BT).R);
+      Tile decay = exp(decays_to_chunk_end(gc, BT));
       S = S * exp(b_last) + dot(K.T(), (Vn32 * expand_dims(decay, 1)).to(dt));
     } else {
       S = S + dot(K.T(), Vn);
     }
-  }, S);
+  };
+  if (cfg.gated) {
+    for_range(0, num_chunks, body, S, gc_next);
+  } else {
+    for_range(0, num_chunks, body, S);
+  }
   return kb.finish();
 }
 
@@ -126,7 +135,10 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
 
   Tile dS = zeros({BK, BV}, f32);
   if (cfg.final_state_grad) dS = load(dht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
-  for_range(0, num_chunks, [&](Tile j) {
+  // The gates an iteration ahead (the chunk before; the first chunk's again at the end, unused).
+  Tile gc_next;
+  if (cfg.gated) gc_next = load(g, {seq.b, seq.bos + maximum(num_chunks - 1, 0) * BT, i_h}, {kIndex, BT, kIndex}, in_seq);
+  auto body = [&](Tile j) {
     Tile i = num_chunks - 1 - j;
     Tile t0 = seq.bos + i * BT;
     Tile Q = load(q, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
@@ -138,7 +150,8 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
     // (Q K^T .* M)^T as K Q^T masked to r <= c: the transpose is taken before the mask.
     Tile Pt = where(row <= col, dot(K, Q.T()) * scale, 0.0f);
     if (cfg.gated) {
-      Tile gc = load(g, {seq.b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+      Tile gc = gc_next;
+      gc_next = load(g, {seq.b, seq.bos + maximum(i - 1, 0) * BT, i_h}, {kIndex, BT, kIndex}, in_seq);
       Tile bg = cumsum(gc, 0);
       Tile b_last = sum(gc, 0);
       // Pt[r, c] carries Gam[c, r] = exp(b_c - b_r), c >= r (D^T: 0 below the diagonal).
@@ -154,7 +167,12 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
       store(dvn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, dVn, in_seq);
       dS = dS + dot(Q.T(), dO) * scale - dot(W.T(), dVn);
     }
-  }, dS);
+  };
+  if (cfg.gated) {
+    for_range(0, num_chunks, body, dS, gc_next);
+  } else {
+    for_range(0, num_chunks, body, dS);
+  }
   if (cfg.initial_state_grad) store(dh0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, dS);
   return kb.finish();
 }

@@ -306,11 +306,66 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
   return kb.finish();
 }
 
+// The split schedule's outputs (config split=1): one program per (chunk, sequence x head, V block), all
+// in parallel, from the state before the chunk (h) and V_new that the state pass
+// (build_delta_bwd_states) stored:
+//   O = scale ((exp(b) .* Q) S + ((Q K^T) .* exp(b_r - b_c) .* M) V_new)
+// The walk then carries only V_new and the state update from chunk to chunk: where few (sequence, head)
+// pairs leave most SMs idle, its chunks go faster than the fused walk's.
+std::shared_ptr<ir::Kernel> build_delta_rule_out(const DeltaRuleConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb(cfg.gated ? "gated_delta_rule_out" : "delta_rule_out");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(1);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  Tensor h = kb.tensor("h", dt, 4);
+  Tensor vn = kb.tensor("v_new", dt, 4);
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  Tensor o = kb.tensor("o", dt, 4);
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile i_c = program_id(0), i_x = program_id(1), i_v = program_id(2);
+  const ChunkBounds cb = chunk_bounds(q, cu, chunk_indices, cfg.varlen, i_c, i_x, BT);
+  const Tile b = cb.b, i_h = cb.i_h, t0 = cb.t0;
+  const AccessOptions& in_seq = cb.in_seq;
+  Tile v0 = i_v * BV;
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+
+  Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile S = load(h, {cb.global_chunk, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
+  Tile V_new = load(vn, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
+  Tile A = dot(Q, K.T()) * scale;
+  Tile O = dot(Q, S);
+  if (cfg.gated) {
+    Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+    A = A * exp(chunk_decays(gc, BT).D);  // exp(b_r - b_c) for r > c, summed directly
+    O = O * expand_dims(exp(cumsum(gc, 0)) * scale, 1);
+  } else {
+    O = O * scale;
+  }
+  O = O + dot(where(row >= col, A, 0.0f).to(dt), V_new);
+  store(o, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), in_seq);
+  return kb.finish();
+}
+
 namespace {
 
-const std::vector<std::pair<std::string, std::string>>& delta_rule_config_keys() { return chunked_config_keys(); }
+const std::vector<std::pair<std::string, std::string>>& delta_rule_config_keys() {
+  static const std::vector<std::pair<std::string, std::string>> keys = [] {
+    auto k = chunked_config_keys();
+    k.push_back({"split", "1: a state pass storing the state before every chunk, then every chunk's outputs in "
+                          "parallel (not with --l2norm-qk); 0: the fused walk"});
+    return k;
+  }();
+  return keys;
+}
 
-enum class DeltaKernel { wy, fwd, recurrent };
+enum class DeltaKernel { wy, fwd, out, recurrent };
 
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_delta_kernel(DeltaKernel which, const DeltaRuleConfig& cfg) {
@@ -318,11 +373,12 @@ std::shared_ptr<ir::Kernel> cached_delta_kernel(DeltaKernel which, const DeltaRu
   std::string key = fmt::format("{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
                                 cfg.chunk, cfg.block_k, cfg.block_v, cfg.gated, cfg.l2norm_qk, cfg.initial_state,
                                 cfg.final_state, cfg.varlen, cfg.store_t, cfg.num_warps, cfg.num_stages, cfg.wy_warps) +
-                    fmt::format("/{}/{}", cfg.v_blocks, cfg.save_states);
+                    fmt::format("/{}/{}/{}", cfg.v_blocks, cfg.save_states, cfg.split);
   return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
       case DeltaKernel::wy: return build_delta_rule_wy(cfg);
       case DeltaKernel::fwd: return build_delta_rule_fwd(cfg);
+      case DeltaKernel::out: return build_delta_rule_out(cfg);
       case DeltaKernel::recurrent: return build_delta_rule_recurrent(cfg);
     }
     throw InternalError("bad delta-rule kernel");
@@ -357,6 +413,9 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   const int64_t warps = small || (fp32 && !opts.recurrent) ? 4 : 8;
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", warps, {2, 4, 8}));
   cfg.num_stages = static_cast<int>(config_value(opts, "stages", fp32 || cfg.block_k > 128 ? 1 : 2, {1, 2}));
+  cfg.split = config_value(opts, "split", 0, {0, 1}) == 1;
+  if (cfg.split && opts.l2norm_qk) throw UserError(fmt::format("{}: --config split=1 does not take --l2norm-qk", op));
+  if (cfg.split && opts.recurrent) throw UserError(fmt::format("{}: --config split=1 is for the chunked form, not --recurrent", op));
   return cfg;
 }
 
@@ -451,25 +510,49 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
       chunks = (seq.T + cfg.chunk - 1) / cfg.chunk;
       wy.grid = {chunks, seq.B * seq.H, 1};
     }
-    if (save) {
-      plan.tensors["t_mat"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, cfg.chunk});
-      wy.tensors["t_mat"] = "t_mat";
+    if (save || cfg.split) {
+      // The state before each chunk ([chunks, H, K, V], indexed by global chunk) and V_new.
       HostTensor offsets, indices;
       const int64_t total = delta_chunk_tables(seq, cfg.chunk, &offsets, &indices);
       plan.tensors["chunk_offsets"] = offsets;
       plan.tensors["h"] = HostTensor::zeros(cfg.dtype, {std::max<int64_t>(total, 1), seq.H, seq.K, seq.V});
       plan.tensors["v_new"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
       for (const char* t : {"chunk_offsets", "h", "v_new"}) walk.tensors[t] = t;
+    }
+    if (save) {
+      plan.tensors["t_mat"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, cfg.chunk});
+      wy.tensors["t_mat"] = "t_mat";
       const std::vector<std::string> names = delta_saved_tensor_names();
       const char* tensors[] = {"w", "t_mat", "h", "v_new"};
       for (size_t n = 0; n < names.size(); ++n) plan.outputs[names[n]] = tensors[n];
     }
     if (chunks > 0) plan.launches.push_back(std::move(wy));
-    walk.kernel = cached_delta_kernel(DeltaKernel::fwd, cfg);
-    walk.tensors["w"] = "w";
-    walk.tensors["u"] = "u";
+    if (cfg.split) {
+      DeltaChunkedBwdConfig pass;
+      pass.dtype = cfg.dtype;
+      pass.chunk = cfg.chunk;
+      pass.block_k = cfg.block_k;
+      pass.block_v = cfg.block_v;
+      pass.full_v = padded_head_dim(seq.V);
+      pass.gated = gated;
+      pass.initial_state = has_h0;
+      pass.final_state = cfg.final_state;
+      pass.varlen = seq.varlen;
+      pass.num_warps = cfg.num_warps;
+      plan.launches.push_back(
+          plan_launch(plan, delta_state_pass_kernel(pass), {num_v_blocks, seq.N * seq.H, 1}, std::map<std::string, double>{}));
+      const int64_t per_seq = seq.varlen ? chunks : (seq.T + cfg.chunk - 1) / cfg.chunk;
+      if (chunks > 0)
+        plan.launches.push_back(plan_launch(plan, cached_delta_kernel(DeltaKernel::out, cfg),
+                                            {per_seq, seq.varlen ? seq.H : seq.B * seq.H, num_v_blocks},
+                                            {{"scale", walk.scalars["scale"]}}));
+    } else {
+      walk.kernel = cached_delta_kernel(DeltaKernel::fwd, cfg);
+      walk.tensors["w"] = "w";
+      walk.tensors["u"] = "u";
+    }
   }
-  plan.launches.push_back(std::move(walk));
+  if (walk.kernel) plan.launches.push_back(std::move(walk));
   if (wants(wanted, "o")) plan.outputs["o"] = "o";
   if (cfg.final_state) plan.outputs["final_state"] = "final_state";
   return plan;
@@ -495,6 +578,12 @@ std::vector<std::shared_ptr<ir::Kernel>> delta_rule_kernels(bool gated, const Op
         out.push_back(cached_delta_kernel(DeltaKernel::wy, *c));
         out.push_back(cached_delta_kernel(DeltaKernel::fwd, *c));
       }
+      // The split schedule's output kernel (its state pass is the backward's, listed with it).
+      DeltaRuleConfig split = plain;
+      split.split = true;
+      out.push_back(cached_delta_kernel(DeltaKernel::out, split));
+      split.varlen = true;
+      out.push_back(cached_delta_kernel(DeltaKernel::out, split));
     }
   }
   for (auto& k : delta_rule_bwd_kernels(gated, opts)) out.push_back(k);
@@ -584,6 +673,12 @@ OpDef delta_rule_op_def(bool gated) {
     // (0.656 ms at B8 T1024 H16 vs 0.340 for the winner) and the slowest to compile (the fp32
     // inverse at 64 rows: 1.4 s of a 3.3 s cold tuning's critical path).
     if (std::max(s.K, s.V) <= 64) space.insert(space.begin() + 2, {{"chunk", 64}, {"warps", 4}, {"bv", 64}});
+    // Few walks (sequences x heads): the split schedule, whose walk carries only the state from chunk to
+    // chunk and leaves the outputs to a kernel over every chunk in parallel.
+    if (s.B * s.H <= 64) {
+      space.push_back({{"split", 1}, {"chunk", 32}, {"warps", 4}, {"bv", 32}});
+      space.push_back({{"split", 1}, {"chunk", 32}, {"warps", 8}, {"bv", 64}});
+    }
     return space;
   };
   return op;

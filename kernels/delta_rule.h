@@ -39,6 +39,7 @@ struct DeltaRuleConfig {
   int num_stages = 2;        // chunk loads of delta_rule_fwd pipelined one iteration ahead
   bool store_t = false;      // delta_rule_wy also stores T (t_mat [B,T,H,BT], rows, input dtype) for the backward
   bool save_states = false;  // delta_rule_fwd also stores S before each chunk (h) and V_new (v_new) for the backward
+  bool split = false;        // the split schedule: a state pass (build_delta_bwd_states), then delta_rule_out
   int v_blocks = 0;          // delta_rule_wy: U's value blocks of block_v, unrolled (0: a loop up to v's dim)
 };
 
@@ -67,6 +68,9 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg);
 /// as the backward's state walk would recompute them, the state before each chunk in the input dtype
 /// (h [chunks, H, K, V], chunk_offsets [N+1] the first chunk of each sequence) and V_new (v_new [B,T,H,V]).
 std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg);
+/// Records the split schedule's output kernel. Parameters: q k [g] h v_new [cu_seqlens chunk_indices] o
+/// scale. Grid: (chunks, N*H, V blocks), or (total chunks, H, V blocks) with varlen.
+std::shared_ptr<ir::Kernel> build_delta_rule_out(const DeltaRuleConfig& cfg);
 /// Records the token-by-token kernel. Parameters: q k v beta [g] [initial_state] [final_state]
 /// [cu_seqlens] o scale. Grid: (V blocks, N*H); cfg.chunk and num_stages are unused.
 std::shared_ptr<ir::Kernel> build_delta_rule_recurrent(const DeltaRuleConfig& cfg);

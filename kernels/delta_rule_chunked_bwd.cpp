@@ -56,6 +56,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& 
   Tensor u = kb.tensor("u", dt, 5);
   Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
   Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
+  Tensor ht = cfg.final_state ? kb.tensor("final_state", f32, 4) : Tensor();
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor chunk_offsets = kb.tensor("chunk_offsets", DType::i32, 1);
   Tensor h = kb.tensor("h", dt, 4);      // [chunks, H, K, V]: S before each chunk
@@ -101,6 +102,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& 
   } else {
     for_range(0, num_chunks, body, S);
   }
+  if (cfg.final_state) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
   return kb.finish();
 }
 
@@ -329,9 +331,9 @@ enum class DeltaBwdKernel { wy, states, dstates, chunk };
 
 std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, DeltaBwdKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
-                                cfg.block_v, cfg.full_v, cfg.gated, cfg.initial_state, cfg.final_state_grad,
-                                cfg.initial_state_grad, cfg.varlen, cfg.num_warps);
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype), cfg.chunk,
+                                cfg.block_k, cfg.block_v, cfg.full_v, cfg.gated, cfg.initial_state, cfg.final_state,
+                                cfg.final_state_grad, cfg.initial_state_grad, cfg.varlen, cfg.num_warps);
   return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
       case DeltaBwdKernel::wy: {
@@ -371,6 +373,10 @@ int64_t delta_chunk_tables(const SequenceLayout& seq, int64_t BT, HostTensor* of
   *indices = HostTensor::zeros(DType::i32, {total, 2});
   for (size_t i = 0; i < pairs.size(); ++i) indices->set(static_cast<int64_t>(i), pairs[i]);
   return total;
+}
+
+std::shared_ptr<ir::Kernel> delta_state_pass_kernel(const DeltaChunkedBwdConfig& cfg) {
+  return cached(cfg, DeltaBwdKernel::states);
 }
 
 std::vector<std::string> delta_saved_tensor_names() { return {"saved_w", "saved_t", "saved_h", "saved_v_new"}; }

@@ -21,13 +21,18 @@ struct DeltaChunkedBwdConfig {
   int64_t full_v = 64;   // V padded (the per-chunk kernel holds all of it)
   bool gated = false;    // gated_delta_rule: g [B,T,H] in, dg out
   bool initial_state = false;
+  bool final_state = false;  // the state pass also stores S after the last chunk (the forward's split schedule)
   bool final_state_grad = false;
   bool initial_state_grad = false;
   bool varlen = false;
   int num_warps = 4;
 };
 
+/// The state pass: one program per (V block, sequence x head) walks the chunks storing the state before
+/// each (h) and V_new (v_new); also the forward's split schedule (delta_rule --config split=1).
 std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& cfg);
+/// build_delta_bwd_states, recorded once per configuration.
+std::shared_ptr<ir::Kernel> delta_state_pass_kernel(const DeltaChunkedBwdConfig& cfg);
 std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig& cfg);
 std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& cfg);
 

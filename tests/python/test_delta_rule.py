@@ -179,6 +179,26 @@ def test_configs(linac, op, config):
 
 
 @pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("config", ["split=1", "split=1,chunk=16,bv=16,warps=2", "split=1,chunk=64,bv=32,warps=8"])
+def test_split_schedule(linac, op, config):
+    # A state pass storing the state before every chunk, then every chunk's outputs in parallel: the
+    # same results, with value blocks (V=40 pads to 64), K != V, both states, a partial last chunk;
+    # and varlen sequences that start and end inside chunks (the state table is indexed by global chunk).
+    inputs = make_inputs(950 + OPS.index(op), op, B=2, T=70, H=2, K=32, V=40, init=True)
+    run_and_check(linac, op, inputs, options=["--config", config])
+    cu = np.array([0, 1, 17, 80, 81, 150, 151], dtype=np.int32)
+    inputs = make_inputs(960 + OPS.index(op), op, B=1, T=151, H=2, K=16, V=16, init=True, N=len(cu) - 1)
+    inputs["cu_seqlens"] = cu
+    run_and_check(linac, op, inputs, options=["--config", config])
+
+
+def test_split_schedule_refuses_l2norm(linac):
+    inputs = make_inputs(970, "delta_rule", B=1, T=20, H=1, K=8, V=8)
+    with pytest.raises(Exception, match="split=1 does not take --l2norm-qk"):
+        run_and_check(linac, "delta_rule", inputs, options=["--config", "split=1"], l2norm=True)
+
+
+@pytest.mark.parametrize("op", OPS)
 def test_varlen(linac, op):
     # Sequences of length 1 first, in the middle and at the end; one spans two chunks of 64 and none
     # starts on a chunk boundary of the packed axis.

@@ -10,6 +10,7 @@ bounds), for the GPU machine.
 """
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -196,6 +197,31 @@ def test_split_schedule_refuses_l2norm(linac):
     inputs = make_inputs(970, "delta_rule", B=1, T=20, H=1, K=8, V=8)
     with pytest.raises(Exception, match="split=1 does not take --l2norm-qk"):
         run_and_check(linac, "delta_rule", inputs, options=["--config", "split=1"], l2norm=True)
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_gated_walks_load_the_gates_an_iteration_ahead(linac, backward):
+    # A speed path the numeric tests cannot see (gated forward walk 0.62 -> 0.57 ms on an H200): each
+    # gated walk loads the first chunk's gates before its loop and carries the next chunk's, loaded
+    # in the loop, as a [BT] fp32 loop value.
+    args = ["compile", "gated_delta_rule", "--shape", "B=1,T=64,H=1,K=128", "--dtype", "bf16", "--emit", "tir"]
+    r = linac.run(*args, *(["--backward"] if backward else []))
+    assert r.returncode == 0, r.stderr
+    names = ["gated_delta_rule_bwd_states", "gated_delta_rule_bwd_dstates"] if backward else ["gated_delta_rule_fwd"]
+    for name in names:
+        kernel = r.stdout.split(f"kernel @{name}(")[1].split("\nkernel @")[0]
+        before, loop = kernel.split(" = for ", 1)
+        assert re.search(r"= load %g\[.*: tile<32xf32>", before), f"{name}: no gate load before the loop"
+        header = loop.split("\n", 1)[0]
+        args = re.search(r"iter_args\((.*?)\) : \((.*?)\)", header)
+        assert args, header
+        names = [a.split(" = ")[0].strip() for a in args.group(1).split(",")]
+        types = [t.strip() for t in args.group(2).split(", ")]
+        assert "tile<32xf32>" in types, f"{name}: gates not carried: {header}"
+        carried = names[types.index("tile<32xf32>")]
+        assert re.search(r"= load %g\[.*: tile<32xf32>", loop), f"{name}: no gate load in the loop"
+        # The iteration's gate terms come from the carried tile, not from a load in the iteration.
+        assert re.search(rf"= (cumsum|sum|expand_dims) {carried}\b", loop), f"{name}: carried gates unused"
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -515,7 +515,8 @@ std::vector<std::shared_ptr<ir::Kernel>> delta_chunked_bwd_kernels(bool gated, c
   cfg.chunk = 32;
   cfg.num_warps = 8;
   DeltaChunkedBwdConfig full = cfg;
-  full.initial_state = full.final_state_grad = full.initial_state_grad = full.varlen = true;
+  // (final_state: the state pass as the forward's split schedule runs it.)
+  full.initial_state = full.final_state = full.final_state_grad = full.initial_state_grad = full.varlen = true;
   std::vector<std::shared_ptr<ir::Kernel>> out;
   for (const auto* c : {&cfg, &full})
     for (auto which : {DeltaBwdKernel::states, DeltaBwdKernel::dstates, DeltaBwdKernel::chunk})

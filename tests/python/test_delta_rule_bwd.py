@@ -92,18 +92,21 @@ def saved_pair(linac, op, x, fwd_options=(), bwd_options=()):
 
 
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("fwd_options", [(), ("--chunk-size", "16"), ("--chunk-size", "64")])
-def test_backward_from_the_saved_forward(linac, op, fwd_options):
+@pytest.mark.parametrize("fwd_options,chunk", [((), 32), (("--chunk-size", "16"), 16), (("--chunk-size", "64"), 64),
+                                               (("--config", "split=1"), 32)],
+                         ids=["default", "chunk16", "chunk64", "split_schedule"])
+def test_backward_from_the_saved_forward(linac, op, fwd_options, chunk):
     # The forward saves W, T, the state before each chunk and V_new; the backward given them runs only
     # the reverse walk and the per-chunk kernel. The gradients must be the reference's, over many chunks
     # (K != V, both states) and varlen sequences that start and end inside chunks; and the forward's
     # outputs must be those of the plain forward at the same chunk (saving defaults to the backward's
-    # chunk, 32, where the plain forward takes 64 at these head dims).
+    # chunk, 32, where the plain forward takes 64 at these head dims). The split schedule's state pass
+    # stores the same tables.
     x = make_inputs(85 + OPS.index(op), op, B=2, T=100, H=2, K=24, V=40, init=True, dfinal=True)
     fwd, grads = saved_pair(linac, op, x, fwd_options)
-    chunk = int(fwd_options[1]) if fwd_options else 32
     assert fwd["saved_t"].shape[-1] == chunk
-    plain = linac.run_op(op, forward_inputs(x), outputs=["o", "final_state"], options=["--chunk-size", chunk])
+    same = list(fwd_options) if "--chunk-size" in fwd_options else [*fwd_options, "--chunk-size", chunk]
+    plain = linac.run_op(op, forward_inputs(x), outputs=["o", "final_state"], options=same)
     np.testing.assert_array_equal(fwd["o"], plain["o"])
     np.testing.assert_array_equal(fwd["final_state"], plain["final_state"])
     gradcheck.check_directional(grads, x, loss)

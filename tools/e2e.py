@@ -16,7 +16,8 @@ The ops and their inputs come from `linac list`; every listed op that has a refe
   poly              default coefficients, --no-normalize, --recurrent, varlen
 
 and, for every op with --backward, its gradients at B1 T24 H2 K8 V8 (linear_attn gated and
---normalize; states' gradients where the op has states) against reference_bwd (plain linear attention)
+--normalize; states' gradients where the op has states; for the delta rules also the training pair:
+the forward writing its saved_* outputs, then --backward given them) against reference_bwd (plain linear attention)
 or central finite differences of the float64 forward (the others; bf16 bound 3e-2, issue 5's);
 each in fp32 and bf16 (the reference then sees the same bf16-rounded q, k, v, do; gates, betas and states
 are fp32 in every kernel and stay unrounded). Inputs: q, k, v randn; gates logsigmoid(randn) ([B,T,H,K]
@@ -47,6 +48,10 @@ import reference  # noqa: E402
 
 LINAC = os.environ.get("LINAC_BIN", str(ROOT / "build" / "linac"))
 CASE_TIMEOUT_S = 600
+# The forward's saved intermediates (delta rules), and e2e's own marker in a case's switches for the
+# training pair (the forward writing them, then --backward given them); never passed to the CLI.
+SAVED = ("saved_w", "saved_t", "saved_h", "saved_v_new")
+TRAINING_PAIR = "(saved pair)"
 
 
 def gpu_usable() -> bool:
@@ -279,6 +284,8 @@ def op_cases(op, spec, seed):
                 d["dfinal_state"] = gen.randn(Bb, Hb, Kb, Vb)
             grads = [GRAD_NAMES[n] for n in GRAD_NAMES if n in d]
             yield f"--backward {label}B{Bb} T{Tb} K{Kb}", d, ["--backward", *switches], grads
+            if "saved_h" in outs:
+                yield f"--backward saved_* {label}B{Bb} T{Tb}", d, ["--backward", TRAINING_PAIR, *switches], grads
 
     if has_varlen:
         N = len(VARLEN_CU) - 1
@@ -299,8 +306,27 @@ def first_error_line(stderr, rc):
     return f"exit status {rc}" + (f" (signal {-rc})" if rc < 0 else "")
 
 
+def run_saved_forward(d, device, op, dtype, inputs, options):
+    """The training pair's first half: `linac run OP <forward inputs> -o saved_*=..` into folder d.
+    Returns (CLI bindings of the saved tensors for the backward, None) or (None, error message)."""
+    args = [LINAC, "run", op]
+    for n in inputs:
+        if n not in ("do", "dfinal_state"):
+            args.append(f"{n}={d}/{n}.npy")
+    for n in SAVED:
+        args += ["-o", f"{n}={d}/{n}.npy"]
+    args += ["--device", device, "--dtype", dtype] + [o for o in options if o != "--backward"]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=CASE_TIMEOUT_S)
+    if r.returncode != 0:
+        return None, "the saving forward: " + first_error_line(r.stderr, r.returncode)
+    return [f"{n}={d}/{n}.npy" for n in SAVED], None
+
+
 def run_case(device, op, dtype, inputs, options, outputs, ref_fn):
-    """Returns (err or None, wall s, status) with status 'ok' / 'FAIL msg' / 'skip msg'."""
+    """Returns (err or None, wall s, status) with status 'ok' / 'FAIL msg' / 'skip msg'. Options holding
+    TRAINING_PAIR run the forward with its saved_* outputs first and give them to the backward."""
+    pair = TRAINING_PAIR in options
+    options = [o for o in options if o != TRAINING_PAIR]
     with tempfile.TemporaryDirectory() as d:
         args = [LINAC, "run", op]
         for n, a in inputs.items():
@@ -311,6 +337,11 @@ def run_case(device, op, dtype, inputs, options, outputs, ref_fn):
         args += ["--device", device, "--dtype", dtype] + options
         t0 = time.perf_counter()
         try:
+            if pair:
+                saved, msg = run_saved_forward(d, device, op, dtype, inputs, options)
+                if msg:
+                    return None, time.perf_counter() - t0, f"FAIL {msg}"
+                args[3:3] = saved
             r = subprocess.run(args, capture_output=True, text=True, timeout=CASE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return None, time.perf_counter() - t0, f"FAIL timed out after {CASE_TIMEOUT_S} s"

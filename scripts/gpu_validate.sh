@@ -9,6 +9,7 @@
 #  2. the main job on the GPU (tools/e2e.py --device cuda, forward and backward of every op)
 #  3. each op at B8 T4096 H16 D128 bf16 with per-kernel times, every op's forward+backward (per-kernel
 #     times of the backward too), cold/warm start per op, the polynomial kernel against SDPA
+#  3b. (unless quick) tools/gpu_check_ops.py: gla and the delta rules at fla's shapes (minutes)
 #  4. (unless quick) tools/bench_vs_fla.py at the bar shape and tools/bench_bwd.py (fwd+bwd of every op
 #     against fla, and the memory table)
 set -uo pipefail
@@ -54,6 +55,9 @@ timeout 200 python3 tools/start_times.py --json "$OUT/start_times.json" 2>&1 | t
 timeout 120 python3 tools/bench_poly_vs_sdpa.py --json "$OUT/poly_vs_sdpa.json" 2>&1 | tail -6
 
 if [ "${1:-}" != quick ]; then
+  stamp "3b. gla and the delta rules at fla's shapes against float64 oracles, bitwise over runs"
+  timeout 500 python3 tools/gpu_check_ops.py --json "$OUT/gpu_check_ops.json" > "$OUT/gpu_check_ops.txt" 2>&1
+  echo "  rc=$? $(tail -1 "$OUT/gpu_check_ops.txt")"; grep FAIL "$OUT/gpu_check_ops.txt" | head
   stamp "4. against fla"
   timeout 400 python3 tools/bench_vs_fla.py --ops linear_attn,gla,delta_rule,gated_delta_rule --shapes 8x4096x16x128 \
     --json "$OUT/bench_vs_fla.json" > "$OUT/bench_vs_fla.txt" 2> "$OUT/bench_vs_fla.err"

@@ -4,6 +4,7 @@ memory as T grows (issue 5), on the GPU machine.
 
     python3 tools/bench_bwd.py [--cases plain,normalized,gated,gla,delta_rule,gated_delta_rule]
                                [--shapes 8x4096x16x128,...] [--mem-lengths 4096,16384,65536] [--json F]
+                               [--time-budget S]
 
 Run from the repository root (build/linac built, LD_LIBRARY_PATH set; fla's package in third_party/fla/).
 
@@ -34,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,7 +139,19 @@ def main():
     ap.add_argument("--fla-root", default=str(REPO / "third_party"), help="the directory holding the fla package")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--time-budget", type=float, default=None, metavar="S",
+                    help="start no case after S seconds (fla's first fwd+bwd of a shape autotunes for minutes); "
+                         "the cases left are listed as not run, and the JSON is written after every case")
     args = ap.parse_args()
+    t_start = time.monotonic()
+    path = args.json or (str(Path(os.environ["OUT"]) / "bench_bwd.json") if os.environ.get("OUT") else None)
+
+    def out_of_time():
+        return args.time_budget is not None and time.monotonic() - t_start > args.time_budget
+
+    def save():
+        if path:
+            Path(path).write_text(json.dumps(rows, indent=1))
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     for c in cases:
         if c not in CASES:
@@ -148,6 +162,10 @@ def main():
     for s in args.shapes.split(","):
         shape = tuple(int(x) for x in s.split("x"))
         for case in cases:
+            if out_of_time():
+                rows.append({"case": case, "shape": s, "not_run": "time budget"})
+                print(f"{case:<17} {s:<16} not run (--time-budget {args.time_budget:g} s spent)", flush=True)
+                continue
             slow = CASES[case][0] != "linear_attn"
             lin = linac_bwd(args.linac, shape, case, args.slow_iters if slow else args.iters)
             fn = "--no-fla" if args.no_fla else fla_function(args.fla_root, case)
@@ -161,10 +179,15 @@ def main():
             for who, r in (("linac", lin), ("fla", fl)):
                 if "error" in r:
                     print(f"    {who} error: {r['error']}")
+            save()
     print("\ndevice memory of fwd+bwd, B1 H16 D128 bf16, plain (linac: tensors of the backward call; fla: peak)")
     print(f"{'T':>7} {'linac MB':>9} {'per token KB':>12} {'fla peak MB':>11}")
     fn = "--no-fla" if args.no_fla else fla_function(args.fla_root, "plain")
     for T in (int(x) for x in args.mem_lengths.split(",") if x.strip()):
+        if out_of_time():
+            rows.append({"memory_T": T, "not_run": "time budget"})
+            print(f"{T:>7} not run (--time-budget spent)", flush=True)
+            continue
         shape = (1, T, 16, 128)
         lin = linac_bwd(args.linac, shape, "plain", 5)
         fl = fla_bwd(fn, shape, "plain", 3)
@@ -174,9 +197,8 @@ def main():
               f"{fl.get('peak_bytes', float('nan')) / 1e6:>11.1f}", flush=True)
         if "error" in lin:
             print(f"    linac error: {lin['error']}")
-    path = args.json or (str(Path(os.environ["OUT"]) / "bench_bwd.json") if os.environ.get("OUT") else None)
-    if path:
-        Path(path).write_text(json.dumps(rows, indent=1))
+        save()
+    save()
 
 
 if __name__ == "__main__":

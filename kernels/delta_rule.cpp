@@ -45,16 +45,24 @@ Tile unit_lower_inverse(const Tile& A, int64_t BT) {
   return T;
 }
 
-ChunkDecays chunk_decays(const Tile& gc, int64_t BT) {
+namespace {
+
+/// [t, c]: g_t where t > c, else 0 (the gates after column c, by row).
+Tile gates_below(const Tile& gc, int64_t BT) {
   Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
-  Tile below = where(row > col, expand_dims(gc, 1), 0.0f);  // [t, c]: g_t where t > c
+  return where(row > col, expand_dims(gc, 1), 0.0f);
+}
+
+}  // namespace
+
+ChunkDecays chunk_decays(const Tile& gc, int64_t BT) {
+  Tile below = gates_below(gc, BT);
   return {cumsum(below, 0), sum(below, 0)};
 }
 
-Tile decays_to_chunk_end(const Tile& gc, int64_t BT) {
-  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
-  return sum(where(row > col, expand_dims(gc, 1), 0.0f), 0);  // [t, c]: g_t where t > c, summed over t
-}
+Tile decays_between_rows(const Tile& gc, int64_t BT) { return cumsum(gates_below(gc, BT), 0); }
+
+Tile decays_to_chunk_end(const Tile& gc, int64_t BT) { return sum(gates_below(gc, BT), 0); }
 
 // One program per chunk. With b the chunk-local cumulative log-decay (zero without a gate) and
 // r = 1/||k|| with --l2norm-qk (else 1):
@@ -193,6 +201,27 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   return kb.finish();
 }
 
+namespace {
+
+/// A chunk's output, in fp32, from the state before it (S_dt, in the input dtype) and V_new:
+///   scale ((q_factor .* Q) S + ((Q K^T) .* (q_norm k_norm^T) .* gam .* M) V_new)
+/// with q_factor the state term's row factor, q_norm and k_norm the scores' (--l2norm-qk), gam the
+/// decays exp(b_r - b_c); invalid tiles stand for ones. The row factors go on fp32 products, so that Q
+/// and K feed the tensor cores as loaded. Used by the fused walk and by the split schedule's outputs.
+Tile chunk_output(const Tile& Q, const Tile& K, const Tile& S_dt, const Tile& V_new, const Tile& scale,
+                  const Tile& q_factor, const Tile& q_norm, const Tile& k_norm, const Tile& gam, const Tile& causal,
+                  DType dt) {
+  Tile A = dot(Q, K.T()) * scale;
+  if (q_norm.valid()) A = A * expand_dims(q_norm, 1) * expand_dims(k_norm, 0);
+  if (gam.valid()) A = A * gam;
+  A = where(causal, A, 0.0f);
+  Tile O = dot(Q, S_dt);
+  O = q_factor.valid() ? O * expand_dims(q_factor * scale, 1) : O * scale;
+  return O + dot(A.to(dt), V_new);
+}
+
+}  // namespace
+
 // One program per (V block, sequence x head) walks the chunks of its sequence in order, carrying the
 // state S [BK, BV] in registers. Per chunk, with b the chunk-local cumulative log-decay (zero without
 // a gate), r_q, r_k the inverse row norms with --l2norm-qk (else 1) and W, U from delta_rule_wy:
@@ -284,13 +313,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
     // 255 -> 212 registers).
     Tile V_state = k_factor.valid() ? (V_new32 * expand_dims(k_factor, 1)).to(dt) : V_new;
 
-    Tile A = dot(Q, K.T()) * scale;
-    if (cfg.l2norm_qk) A = A * expand_dims(q_norm, 1) * expand_dims(k_norm, 0);
-    if (cfg.gated) A = A * gam;
-    A = where(causal, A, 0.0f);
-    Tile O = dot(Q, S_dt);
-    O = q_factor.valid() ? O * expand_dims(q_factor * scale, 1) : O * scale;
-    O = O + dot(A.to(dt), V_new);
+    Tile O = chunk_output(Q, K, S_dt, V_new, scale, q_factor, q_norm, k_norm, gam, causal, dt);
     store(o, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), in_seq);
 
     if (cfg.gated) S = S * exp(b_last);
@@ -339,16 +362,13 @@ std::shared_ptr<ir::Kernel> build_delta_rule_out(const DeltaRuleConfig& cfg) {
   Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
   Tile S = load(h, {cb.global_chunk, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
   Tile V_new = load(vn, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
-  Tile A = dot(Q, K.T()) * scale;
-  Tile O = dot(Q, S);
+  Tile e_b, gam;  // exp(b) and exp(b_r - b_c), the decays summed directly
   if (cfg.gated) {
     Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
-    A = A * exp(chunk_decays(gc, BT).D);  // exp(b_r - b_c) for r > c, summed directly
-    O = O * expand_dims(exp(cumsum(gc, 0)) * scale, 1);
-  } else {
-    O = O * scale;
+    e_b = exp(cumsum(gc, 0));
+    gam = exp(decays_between_rows(gc, BT));
   }
-  O = O + dot(where(row >= col, A, 0.0f).to(dt), V_new);
+  Tile O = chunk_output(Q, K, S, V_new, scale, e_b, Tile(), Tile(), gam, row >= col, dt);
   store(o, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), in_seq);
   return kb.finish();
 }

@@ -56,7 +56,10 @@ struct ChunkDecays {
   dsl::Tile D, R;
 };
 ChunkDecays chunk_decays(const dsl::Tile& gc, int64_t BT);
-/// chunk_decays' R alone, without the [BT, BT] scan of D.
+/// chunk_decays' D alone (a kernel that needs one of them records no work for the other: the IR keeps
+/// unused reductions).
+dsl::Tile decays_between_rows(const dsl::Tile& gc, int64_t BT);
+/// chunk_decays' R alone.
 dsl::Tile decays_to_chunk_end(const dsl::Tile& gc, int64_t BT);
 
 /// Records the UT/WY kernel. Parameters: k v beta [g] [cu_seqlens chunk_indices] w u.

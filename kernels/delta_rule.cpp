@@ -439,18 +439,6 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   return cfg;
 }
 
-/// (sequence, chunk of the sequence) for every chunk of every packed sequence, in order.
-HostTensor varlen_chunk_indices(const HostTensor& cu, int64_t chunk) {
-  std::vector<int32_t> pairs;
-  for (int64_t n = 0; n + 1 < cu.numel(); ++n) {
-    int64_t len = static_cast<int64_t>(cu.get(n + 1) - cu.get(n));
-    for (int64_t c = 0; c * chunk < len; ++c) pairs.push_back(static_cast<int32_t>(n)), pairs.push_back(static_cast<int32_t>(c));
-  }
-  HostTensor t = HostTensor::zeros(DType::i32, {static_cast<int64_t>(pairs.size() / 2), 2});
-  for (size_t i = 0; i < pairs.size(); ++i) t.set(static_cast<int64_t>(i), pairs[i]);
-  return t;
-}
-
 OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
   const char* name = gated ? "gated_delta_rule" : "delta_rule";
   if (opts.backward) return plan_delta_rule_bwd(gated, inputs, opts, wanted);
@@ -519,10 +507,14 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
     wy.kernel = cached_delta_kernel(DeltaKernel::wy, cfg);
     for (const char* t : {"k", "v", "beta", "w", "u"}) wy.tensors[t] = t;
     if (gated) wy.tensors["g"] = "g";
+    // The chunk tables: (sequence, chunk of it) per program with varlen, and the first global chunk of
+    // every sequence (the rows of the per-chunk state table).
+    HostTensor offsets, indices;
+    const int64_t total_chunks = delta_chunk_tables(seq, cfg.chunk, &offsets, &indices);
     int64_t chunks = 0;
     if (seq.varlen) {
-      plan.tensors["chunk_indices"] = varlen_chunk_indices(seq.cu_seqlens, cfg.chunk);
-      chunks = plan.tensors["chunk_indices"].shape[0];
+      plan.tensors["chunk_indices"] = indices;
+      chunks = total_chunks;
       wy.tensors["cu_seqlens"] = "cu_seqlens";
       wy.tensors["chunk_indices"] = "chunk_indices";
       wy.grid = {chunks, seq.H, 1};
@@ -532,10 +524,8 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
     }
     if (save || cfg.split) {
       // The state before each chunk ([chunks, H, K, V], indexed by global chunk) and V_new.
-      HostTensor offsets, indices;
-      const int64_t total = delta_chunk_tables(seq, cfg.chunk, &offsets, &indices);
       plan.tensors["chunk_offsets"] = offsets;
-      plan.tensors["h"] = HostTensor::zeros(cfg.dtype, {std::max<int64_t>(total, 1), seq.H, seq.K, seq.V});
+      plan.tensors["h"] = HostTensor::zeros(cfg.dtype, {std::max<int64_t>(total_chunks, 1), seq.H, seq.K, seq.V});
       plan.tensors["v_new"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
       for (const char* t : {"chunk_offsets", "h", "v_new"}) walk.tensors[t] = t;
     }

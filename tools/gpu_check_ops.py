@@ -76,28 +76,26 @@ def oracle(op, x):
     if torch is not None:
         dev = "cuda" if torch.cuda.is_available() else "cpu"
         t = {n: torch.from_numpy(a).to(dev, torch.float64) for n, a in x.items()}
-        xp, outer = torch, lambda a, b: a[..., :, None] * b[..., None, :]
+        zeros, exp = (lambda shape: torch.zeros(shape, dtype=torch.float64, device=dev)), torch.exp
     else:
         t = {n: a.astype(np.float64) for n, a in x.items()}
-        xp, outer = np, lambda a, b: a[..., :, None] * b[..., None, :]
+        zeros, exp = np.zeros, np.exp
+    outer = lambda a, b: a[..., :, None] * b[..., None, :]  # noqa: E731
     q, k, v = t["q"], t["k"], t["v"]
     B, T, H, K = q.shape
     V = v.shape[-1]
     scale = K ** -0.5
-    S = xp.zeros((B, H, K, V), dtype=q.dtype) if torch is None else torch.zeros((B, H, K, V), dtype=q.dtype,
-                                                                                   device=q.device)
-    o = xp.zeros((B, T, H, V), dtype=q.dtype) if torch is None else torch.zeros((B, T, H, V), dtype=q.dtype,
-                                                                                   device=q.device)
+    S, o = zeros((B, H, K, V)), zeros((B, T, H, V))
     for s in range(T):
         kt, vt = k[:, s], v[:, s]  # [B, H, K], [B, H, V]
         if op == "gla":
-            S = xp.exp(t["g"][:, s])[..., None] * S + outer(kt, vt)
+            S = exp(t["g"][:, s])[..., None] * S + outer(kt, vt)
         else:
             bt = t["beta"][:, s][..., None]  # [B, H, 1]
             kS = (kt[..., :, None] * S).sum(-2)  # k_t S: [B, H, V]
             S = S - outer(bt * kt, kS)
             if op == "gated_delta_rule":
-                S = xp.exp(t["g"][:, s])[..., None, None] * S
+                S = exp(t["g"][:, s])[..., None, None] * S
             S = S + outer(bt * kt, vt)
         o[:, s] = scale * (q[:, s][..., :, None] * S).sum(-2)
     return o.cpu().numpy() if torch is not None else o

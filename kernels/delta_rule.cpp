@@ -458,7 +458,7 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
   // state before each chunk and V_new; with W these are what the backward would recompute
   // (delta_rule_chunked_bwd.h). At the backward's chunk unless one is asked for.
   bool save = false;
-  for (const auto& n : delta_saved_tensor_names()) save = save || wants(wanted, n);
+  for (const auto& [output, tensor] : delta_saved_tensors()) save = save || wants(wanted, output);
   if (save && opts.recurrent) throw UserError(fmt::format("{}: saved_* outputs come from the chunked form, not --recurrent", name));
   if (save && opts.l2norm_qk)
     throw UserError(fmt::format("{}: saved_* outputs are for --backward, which does not take --l2norm-qk", name));
@@ -532,9 +532,7 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
     if (save) {
       plan.tensors["t_mat"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, cfg.chunk});
       wy.tensors["t_mat"] = "t_mat";
-      const std::vector<std::string> names = delta_saved_tensor_names();
-      const char* tensors[] = {"w", "t_mat", "h", "v_new"};
-      for (size_t n = 0; n < names.size(); ++n) plan.outputs[names[n]] = tensors[n];
+      for (const auto& [output, tensor] : delta_saved_tensors()) plan.outputs[output] = tensor;
     }
     if (chunks > 0) plan.launches.push_back(std::move(wy));
     if (cfg.split) {

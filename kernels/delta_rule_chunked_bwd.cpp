@@ -1,6 +1,7 @@
 #include "kernels/delta_rule_chunked_bwd.h"
 
 #include <cmath>
+#include <map>
 #include <fmt/format.h>
 
 #include "kernels/delta_rule.h"
@@ -379,7 +380,11 @@ std::shared_ptr<ir::Kernel> delta_state_pass_kernel(const DeltaChunkedBwdConfig&
   return cached(cfg, DeltaBwdKernel::states);
 }
 
-std::vector<std::string> delta_saved_tensor_names() { return {"saved_w", "saved_t", "saved_h", "saved_v_new"}; }
+const std::vector<std::pair<std::string, std::string>>& delta_saved_tensors() {
+  static const std::vector<std::pair<std::string, std::string>> saved = {
+      {"saved_w", "w"}, {"saved_t", "t_mat"}, {"saved_h", "h"}, {"saved_v_new", "v_new"}};
+  return saved;
+}
 
 int delta_bwd_default_chunk(DType dtype, int64_t K, int64_t V) {
   // Chunk 16 for fp32 above head dim 64: at chunk 32 (K = V = 128) the per-chunk kernel plans 241 KB of
@@ -416,10 +421,13 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   // What the forward saved for the backward (all of saved_w, saved_t, saved_h, saved_v_new, or none): the
   // UT transform's W and T, the state before each chunk and V_new. With them the backward skips its
   // recomputing kernels (delta_rule_wy, the state walk) and runs at the forward's chunk.
-  const std::vector<std::string> saved_names = delta_saved_tensor_names();
-  int saved_count = 0;
-  for (const auto& n : saved_names) saved_count += inputs.count(n) ? 1 : 0;
-  const bool saved = saved_count == static_cast<int>(saved_names.size());
+  std::vector<std::string> saved_names;
+  size_t saved_count = 0;
+  for (const auto& [input, tensor] : delta_saved_tensors()) {
+    saved_names.push_back(input);
+    saved_count += inputs.count(input);
+  }
+  const bool saved = saved_count == saved_names.size();
   if (saved_count > 0 && !saved)
     throw UserError(fmt::format("{} --backward: give all of {} (the forward's, with -o) or none of them", name,
                                 fmt::join(saved_names, ", ")));
@@ -466,14 +474,12 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   const std::vector<int64_t> w_shape{seq.B, seq.T, seq.H, seq.K}, t_shape{seq.B, seq.T, seq.H, BT},
       h_shape{std::max<int64_t>(chunks, 1), seq.H, seq.K, seq.V}, vn_shape{seq.B, seq.T, seq.H, seq.V};
   if (saved) {
-    check_shape("saved_w", inputs.at("saved_w"), w_shape);
-    check_shape("saved_t", inputs.at("saved_t"), t_shape);
-    check_shape("saved_h", inputs.at("saved_h"), h_shape);
-    check_shape("saved_v_new", inputs.at("saved_v_new"), vn_shape);
-    plan.tensors["w"] = inputs.at("saved_w").cast(cfg.dtype);
-    plan.tensors["t_mat"] = inputs.at("saved_t").cast(cfg.dtype);
-    plan.tensors["h"] = inputs.at("saved_h").cast(cfg.dtype);
-    plan.tensors["v_new"] = inputs.at("saved_v_new").cast(cfg.dtype);
+    const std::map<std::string, std::vector<int64_t>> shapes{
+        {"w", w_shape}, {"t_mat", t_shape}, {"h", h_shape}, {"v_new", vn_shape}};
+    for (const auto& [input, tensor] : delta_saved_tensors()) {
+      check_shape(input, inputs.at(input), shapes.at(tensor));
+      plan.tensors[tensor] = inputs.at(input).cast(cfg.dtype);
+    }
   } else {
     plan.tensors["w"] = HostTensor::zeros(cfg.dtype, w_shape);
     plan.tensors["u"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, v_blocks, cfg.block_v});

@@ -738,11 +738,13 @@ int cmd_bench(const std::vector<std::string>& args) {
              r.iters, r.rotations, r.bytes / (r.median_ms * 1e6),
              fraction ? fmt::format("{:.2f} of the HBM floor ({:.0f} GB/s peak)", *fraction, *peak_gbs)
                       : std::string("HBM floor unknown (the driver reports no peak bandwidth: pass --peak-gbs)"));
-  if (!r.launch_ms.empty()) {
+  // "name 0.1234 ms, ..." for each launch timed alone.
+  auto kernel_times = [](const BenchResult& res) {
     std::string parts;
-    for (const auto& [name, ms] : r.launch_ms) parts += fmt::format("{}{} {:.4f} ms", parts.empty() ? "" : ", ", name, ms);
-    fmt::print("  per kernel (each timed alone, median): {}\n", parts);
-  }
+    for (const auto& [name, ms] : res.launch_ms) parts += fmt::format("{}{} {:.4f} ms", parts.empty() ? "" : ", ", name, ms);
+    return parts;
+  };
+  if (!r.launch_ms.empty()) fmt::print("  per kernel (each timed alone, median): {}\n", kernel_times(r));
   // The backward: gradients of every differentiable input from a random do, at the backward kernels'
   // defaults or --bwd-config (the forward's tuned configuration has keys of its own kernels). For ops
   // whose forward can save intermediates for the backward (outputs saved_*: the delta rules), the
@@ -752,9 +754,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::vector<std::string> saved;
   for (const auto& o : op.outputs)
     if (o.name.starts_with("saved_")) saved.push_back(o.name);
-  auto kernel_times = [](const BenchResult& res) {
-    std::string parts;
-    for (const auto& [name, ms] : res.launch_ms) parts += fmt::format("{}{} {:.4f} ms", parts.empty() ? "" : ", ", name, ms);
+  auto in_parens = [&](const BenchResult& res) {
+    const std::string parts = kernel_times(res);
     return parts.empty() ? parts : " (" + parts + ")";
   };
   if (backward) {
@@ -767,7 +768,7 @@ int cmd_bench(const std::vector<std::string>& args) {
       OpPlan rplan = op.prepare(inputs, bo, synthetic_outputs(true, gated));
       rr = bench_on_gpu(rplan, iters, /*per_launch=*/true);
       fmt::print("backward recomputing the forward's intermediates [{}]: median {:.4f} ms{}\n", config_str(bo.config),
-                 rr.median_ms, kernel_times(rr));
+                 rr.median_ms, in_parens(rr));
       std::vector<std::string> wanted{"o"};
       wanted.insert(wanted.end(), saved.begin(), saved.end());
       TensorMap fwd_inputs = inputs;
@@ -775,7 +776,7 @@ int cmd_bench(const std::vector<std::string>& args) {
       OpPlan splan = op.prepare(fwd_inputs, opts, wanted);
       rs = bench_on_gpu(splan, iters, /*per_launch=*/true);
       fmt::print("forward saving {} for the backward: median {:.4f} ms{}\n", fmt::join(saved, ", "), rs.median_ms,
-                 kernel_times(rs));
+                 in_parens(rs));
       TensorMap got = run_op(op, fwd_inputs, opts, wanted);
       for (const auto& n : saved) inputs[n] = std::move(got.at(n));
       // The saved tensors fix the backward's chunk (the forward's).
@@ -786,7 +787,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     const double fwd_ms = saved.empty() ? r.median_ms : rs.median_ms;
     fmt::print("backward{} [{}]: median {:.4f} ms{}; forward+backward {:.4f} ms; the backward's device memory {:.1f} MB "
                "(every tensor of the call: inputs{}, do, gradients, scratch)\n",
-               saved.empty() ? "" : " from the saved tensors", config_str(bo.config), rb.median_ms, kernel_times(rb),
+               saved.empty() ? "" : " from the saved tensors", config_str(bo.config), rb.median_ms, in_parens(rb),
                fwd_ms + rb.median_ms, rb.bytes / 1e6, saved.empty() ? "" : ", saved tensors");
   }
   if (!json.empty()) {

@@ -236,6 +236,12 @@ OpDef linear_attn_op() {
                                   {{"chunk", 32}, {"bk", 64}, {"bv", 64}, {"warps", 4}},
                                   {{"chunk", 64}, {"bk", 64}, {"bv", 64}, {"warps", 4}},
                                   {{"chunk", 64}, {"bk", 128}, {"bv", 64}, {"warps", 8}}};
+    // Few heads leave most SMs idle (one program per column block and head, each walking every chunk):
+    // there 32-column blocks put four programs on each head.
+    if (s.B * s.H <= 64) {
+      wanted.push_back({{"chunk", dt == DType::f32 ? 32 : 64}, {"bk", 32}, {"bv", 32}, {"warps", 4}});
+      wanted.push_back({{"chunk", 32}, {"bk", 32}, {"bv", 32}, {"warps", 4}});
+    }
     std::vector<Config> space{{}};
     for (Config c : wanted) {
       c["bk"] = std::min<int64_t>(c["bk"], padded_head_dim(s.K));

@@ -4,11 +4,14 @@ memory as T grows (issue 5), on the GPU machine.
 
     python3 tools/bench_bwd.py [--cases plain,normalized,gated,gla,delta_rule,gated_delta_rule]
                                [--shapes 8x4096x16x128,...] [--mem-lengths 4096,16384,65536] [--json F]
-                               [--time-budget S]
+                               [--time-budget S] [--no-tune]
 
 Run from the repository root (build/linac built, LD_LIBRARY_PATH set; fla's package in third_party/fla/).
 
-  linac  `linac bench OP --shape .. --dtype bf16 [--gated] [--normalize] --backward --json F`: the forward and
+  linac  `linac tune OP --shape .. --dtype bf16 [--gated] --backward` first (fla autotunes its backward on
+         first use; linac's backward is tuned only when asked; --no-tune skips it, and --normalize has no
+         tuning space), then
+         `linac bench OP --shape .. --dtype bf16 [--gated] [--normalize] --backward --json F`: the forward and
          the backward (every input's gradient from q, k, v, do [, g, beta]) each timed as `linac bench` times
          (CUDA events, warm-up, median over rotated inputs); fwd+bwd = the sum of the two medians. For the
          delta rules that is the training pair: the forward saving W, T, the per-chunk states and V_new
@@ -54,6 +57,23 @@ CASES = {
     "gated_delta_rule": ("gated_delta_rule", [], "gated_delta_rule", "fla.ops.gated_delta_rule",
                          "chunk_gated_delta_rule", {}),
 }
+
+
+def linac_tune_bwd(linac, shape, case):
+    """`linac tune OP --backward` at the shape (stored in the tuning database, which the bench then reads),
+    as fla autotunes its backward on first use: {"config", "seconds"}, {"skipped": why} or {"error"}."""
+    B, T, H, D = shape
+    op, flags = CASES[case][:2]
+    if "--normalize" in flags:
+        return {"skipped": "linear_attn --normalize has no tuning space"}
+    cmd = [str(linac), "tune", op, "--shape", f"B={B},T={T},H={H},K={D},V={D}", "--dtype", "bf16",
+           "--backward"] + flags
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip()[-800:]}
+    best = [line for line in proc.stdout.splitlines() if "fastest" in line]
+    return {"seconds": round(time.monotonic() - t0, 1), "best": best[-1].strip() if best else proc.stdout.strip()[-200:]}
 
 
 def linac_bwd(linac, shape, case, iters=20):
@@ -138,6 +158,8 @@ def main():
     ap.add_argument("--linac", default=str(REPO / "build" / "linac"))
     ap.add_argument("--fla-root", default=str(REPO / "third_party"), help="the directory holding the fla package")
     ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--no-tune", action="store_true",
+                    help="time linac's backward at its default configuration instead of tuning it for each shape first")
     ap.add_argument("--json", default=None)
     ap.add_argument("--time-budget", type=float, default=None, metavar="S",
                     help="start no case after S seconds (fla's first fwd+bwd of a shape autotunes for minutes); "
@@ -167,7 +189,9 @@ def main():
                 print(f"{case:<17} {s:<16} not run (--time-budget {args.time_budget:g} s spent)", flush=True)
                 continue
             slow = CASES[case][0] != "linear_attn"
+            tuned = {"skipped": "--no-tune"} if args.no_tune else linac_tune_bwd(args.linac, shape, case)
             lin = linac_bwd(args.linac, shape, case, args.slow_iters if slow else args.iters)
+            lin["backward_tuning"] = tuned
             fn = "--no-fla" if args.no_fla else fla_function(args.fla_root, case)
             fl = fla_bwd(fn, shape, case, args.iters)
             rows.append({"case": case, "shape": s, "linac": lin, "fla": fl})
@@ -176,7 +200,9 @@ def main():
             speed = f"{fl['ms'] / tot:.2f}" if tot and "ms" in fl else ""
             print(f"{case:<17} {s:<16} {lf or float('nan'):>9.4f} {lb or float('nan'):>9.4f} "
                   f"{tot or float('nan'):>9.4f} {fl.get('ms', float('nan')):>8.4f} {speed:>6}", flush=True)
-            for who, r in (("linac", lin), ("fla", fl)):
+            if "best" in tuned:
+                print(f"    linac backward tuned in {tuned['seconds']:.0f} s: {tuned['best']}")
+            for who, r in (("linac", lin), ("linac tune", tuned), ("fla", fl)):
                 if "error" in r:
                     print(f"    {who} error: {r['error']}")
             save()

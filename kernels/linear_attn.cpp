@@ -237,10 +237,17 @@ OpDef linear_attn_op() {
                                   {{"chunk", 64}, {"bk", 64}, {"bv", 64}, {"warps", 4}},
                                   {{"chunk", 64}, {"bk", 128}, {"bv", 64}, {"warps", 8}}};
     // Few heads leave most SMs idle (one program per column block and head, each walking every chunk):
-    // there 32-column blocks put four programs on each head.
+    // there 32-column blocks put four programs on each head, and the split schedule walks only to
+    // store the states, then runs one program per chunk.
     if (s.B * s.H <= 64) {
-      wanted.push_back({{"chunk", dt == DType::f32 ? 32 : 64}, {"bk", 32}, {"bv", 32}, {"warps", 4}});
+      const int64_t chunk = dt == DType::f32 ? 32 : 64;
+      wanted.push_back({{"chunk", chunk}, {"bk", 32}, {"bv", 32}, {"warps", 4}});
       wanted.push_back({{"chunk", 32}, {"bk", 32}, {"bv", 32}, {"warps", 4}});
+      wanted.push_back({{"split", 1}, {"chunk", chunk}, {"bk", 32}, {"bv", 32}, {"warps", 4}});
+      if (dt != DType::f32) {
+        wanted.push_back({{"split", 1}, {"chunk", 64}, {"bk", 64}, {"bv", 64}, {"warps", 4}});
+        wanted.push_back({{"split", 1}, {"chunk", 64}, {"bk", 128}, {"bv", 128}, {"warps", 8}});
+      }
     }
     std::vector<Config> space{{}};
     for (Config c : wanted) {
@@ -252,7 +259,7 @@ OpDef linear_attn_op() {
   };
   op.config_keys = linear_attn_config_keys();
   for (const auto& key : linear_attn_bwd_config_keys())
-    if (key.first == "bk") op.config_keys.push_back(key);  // the backward's only key the forward lacks
+    if (key.first == "bk" || key.first == "split") op.config_keys.push_back(key);  // the backward's keys the forward lacks
   op.kernels = [](const OpOptions& opts) {
     check_config_keys("linear_attn", opts, linear_attn_config_keys());
     LinearAttnConfig cfg;

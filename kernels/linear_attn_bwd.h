@@ -1,7 +1,8 @@
 // Linear attention backward (KERNELS.md section 1, "Backward"), plain or gated by a per-head scalar
 // log-decay g: three walks with the shape of the forward (dq forward in time; dk and dv backward in
 // time), a small dg kernel for the gate, and the plan that runs them. Memory stays O(T*D): chunk
-// states are recomputed by the walks, none is stored per chunk.
+// states are recomputed by the walks, none is stored per chunk. The split schedule (config split=1)
+// stores them per chunk instead (O(T*K*V/chunk)) and computes the gradients chunk-parallel.
 #pragma once
 #include <memory>
 #include <string>
@@ -29,6 +30,12 @@ struct LinearAttnBwdConfig {
   // pair of one column, (dD, 1) for dq and (1, dD) for dk, so each walk adds the denominator's
   // gradient to the numerator's with one state column more (dv needs none: 1 has no gradient).
   bool denominator = false;
+  // The split schedule (config split=1): two state passes store the state before each chunk (S^T
+  // walking forward, dH^T walking backward; [chunks, H, V, K] in the input dtype, O(T*K*V/chunk)), then
+  // dq, dk and dv run one program per (chunk, head, column block). Sequential work per head drops
+  // from three walks with every product to two walks with one product each; for few heads and long
+  // sequences. Not with the denominator.
+  bool split = false;
   int num_warps = 8;
 };
 
@@ -37,10 +44,14 @@ enum class LinearAttnBwdKernel {
   dk,  // reverse walk over dH^T; writes dk [, dg_k = per-block k.dk]
   dv,  // reverse walk over dH; writes dv [, dinitial_state]
   dg,  // gated only: dg = suffix sums of sum over blocks (dg_q - dg_k), plus sum of dg_s
+  // The split schedule's state passes (with split, dq, dk and dv are per-chunk programs reading them):
+  states,   // forward walk over S^T; writes s_states [, dg_s]
+  dstates,  // reverse walk over dH^T; writes dh_states [, dinitial_state]
 };
 
 /// One backward kernel. Parameters (each only when the configuration uses it):
-/// q k v do g initial_state dfinal_state cu_seqlens [den_do ones], its output, dg_q|dg_k|dg_s|dinitial_state, scale.
+/// q k v do g initial_state dfinal_state cu_seqlens [chunk_offsets|chunk_indices, s_states|dh_states]
+/// [den_do ones], its output, dg_q|dg_k|dg_s|dinitial_state, scale.
 std::shared_ptr<ir::Kernel> build_linear_attn_bwd(const LinearAttnBwdConfig& cfg, LinearAttnBwdKernel which);
 
 /// Tuning keys of the backward (chunk, bk, bv, warps).

@@ -90,7 +90,15 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
 
 namespace {
 
-const std::vector<std::pair<std::string, std::string>>& linear_attn_config_keys() { return chunked_config_keys(); }
+const std::vector<std::pair<std::string, std::string>>& linear_attn_config_keys() {
+  static const std::vector<std::pair<std::string, std::string>> keys = [] {
+    auto k = chunked_config_keys();
+    k.push_back({"split", "1 = the split schedule: a walk stores the state per chunk, then one program per chunk "
+                          "(few heads, long sequences; also --backward's)"});
+    return k;
+  }();
+  return keys;
+}
 
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_linear_attn_fwd(const LinearAttnConfig& cfg) {
@@ -108,7 +116,7 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
     if (inputs.count(name)) throw UserError(fmt::format("linear_attn: input '{}' is a gradient; it needs --backward", name));
   if (opts.normalize) return plan_linear_attn_normalized(inputs, opts, wanted);
   if (opts.recurrent)
-    return plan_recurrent("linear_attn", RecurrentGate::scalar, false, linear_attn_config_keys(), inputs, opts, wanted);
+    return plan_recurrent("linear_attn", RecurrentGate::scalar, false, chunked_config_keys(), inputs, opts, wanted);
   SequenceLayout seq = check_qkv_inputs("linear_attn", inputs);
   const bool gated = inputs.count("g") > 0;
   if (gated) check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H});
@@ -141,6 +149,23 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
   cfg.initial_state = has_h0;
   cfg.final_state = wants(wanted, "final_state");
   cfg.varlen = seq.varlen;
+  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  if (config_value(opts, "split", 0, {0, 1}) == 1) {
+    // The backward's walks in the forward's roles (kernels/linear_attn_bwd.h); the states pass takes
+    // key blocks as wide as the value blocks.
+    LinearAttnBwdConfig split;
+    split.dtype = cfg.dtype;
+    split.chunk = cfg.chunk;
+    split.block_k = cfg.block_k;
+    split.block_v = padded_head_dim(seq.V);
+    split.split_v = std::min<int64_t>(cfg.block_v, split.block_v);
+    split.split_k = std::min<int64_t>(split.split_v, split.block_k);
+    split.gated = gated;
+    split.initial_state = has_h0;
+    split.varlen = seq.varlen;
+    split.num_warps = cfg.num_warps;
+    return plan_linear_attn_split_fwd(inputs, seq, split, scale, wants(wanted, "o"), cfg.final_state);
+  }
   auto kernel = cached_linear_attn_fwd(cfg);
 
   OpPlan plan;
@@ -150,7 +175,7 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
   launch.kernel = kernel;
   launch.grid = {(seq.V + cfg.block_v - 1) / cfg.block_v, seq.N * seq.H, 1};
   for (const char* name : {"q", "k", "v", "o"}) launch.tensors[name] = name;
-  launch.scalars["scale"] = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  launch.scalars["scale"] = scale;
   if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32), launch.tensors["g"] = "g";
   if (has_h0)
     plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32), launch.tensors["initial_state"] = "initial_state";
@@ -221,6 +246,12 @@ OpDef linear_attn_op() {
                                  {{"bv", 32}, {"warps", 4}}, {{"chunk", 32}, {"bv", 64}, {"warps", 4}},
                                  {{"chunk", 128}, {"bv", 64}, {"warps", 8}}};
     if (s.V <= 64) space.push_back({{"bv", 64}, {"warps", 2}});
+    // Few heads leave SMs idle in the walk; the split schedule runs one program per chunk after a
+    // walk that only stores the states.
+    if (s.B * s.H <= 64)
+      for (Config c : {Config{{"split", 1}, {"bv", 32}, {"warps", 4}}, Config{{"split", 1}, {"bv", 64}, {"warps", 4}},
+                       Config{{"split", 1}, {"bv", 128}, {"warps", 8}}})
+        if (c["bv"] <= padded_head_dim(s.V)) space.push_back(c);
     return space;
   };
   op.bwd_tuning_space = [](const ProblemShape& s, DType dt) {
@@ -259,7 +290,7 @@ OpDef linear_attn_op() {
   };
   op.config_keys = linear_attn_config_keys();
   for (const auto& key : linear_attn_bwd_config_keys())
-    if (key.first == "bk" || key.first == "split") op.config_keys.push_back(key);  // the backward's keys the forward lacks
+    if (key.first == "bk") op.config_keys.push_back(key);  // the backward's only key the forward lacks
   op.kernels = [](const OpOptions& opts) {
     check_config_keys("linear_attn", opts, linear_attn_config_keys());
     LinearAttnConfig cfg;

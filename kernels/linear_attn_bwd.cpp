@@ -56,8 +56,10 @@ WalkRoles roles_of(LinearAttnBwdKernel which, bool split) {
       return {split ? "linear_attn_bwd_dk_chunks" : "linear_attn_bwd_dk", true, "v", "do", "q", "dk", false, "ones", "den_do"};
     case LinearAttnBwdKernel::dv:
       return {split ? "linear_attn_bwd_dv_chunks" : "linear_attn_bwd_dv", true, "k", "q", "do", "dv", true, nullptr, nullptr};
-    case LinearAttnBwdKernel::states: return {"linear_attn_bwd_states", false, "do", "v", "k", nullptr, false, nullptr, nullptr};
+    case LinearAttnBwdKernel::states: return {"linear_attn_states", false, "do", "v", "k", nullptr, false, nullptr, nullptr};
     case LinearAttnBwdKernel::dstates: return {"linear_attn_bwd_dstates", true, "v", "do", "q", nullptr, false, nullptr, nullptr};
+    case LinearAttnBwdKernel::out:  // the forward itself: o = scale (q S + (q k^T .* M) v), X = S
+      return {"linear_attn_fwd_chunks", false, "q", "k", "v", "o", true, nullptr, nullptr};
     case LinearAttnBwdKernel::dg: break;
   }
   throw InternalError("roles_of: dg is not a walk");
@@ -79,8 +81,10 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
   const int64_t BC = r.state_rows_k ? cfg.split_v : cfg.split_k;  // c, out, X's columns: one block
   const DType dt = cfg.dtype;
   // The states pass has the dq walk's roles (X = S^T), the dstates pass the dk walk's (X = dH^T).
-  const bool is_dq = which == LinearAttnBwdKernel::dq || which == LinearAttnBwdKernel::states;
-  const bool is_dk = which == LinearAttnBwdKernel::dk || which == LinearAttnBwdKernel::dstates;
+  // The forward's output kernel has dq's structure (a forward walk, scale on the state term and not on
+  // the update); it reads the states pass's S^T transposed, as dv reads dH^T.
+  const bool is_dq = which == LinearAttnBwdKernel::dq || which == LinearAttnBwdKernel::states ||
+                     which == LinearAttnBwdKernel::out;
   const bool writes_out = mode != WalkMode::states, carries_state = mode != WalkMode::chunks;
   const bool den = cfg.denominator && r.a2;
   if (cfg.denominator && cfg.split) throw InternalError("linear_attn bwd: the split schedule has no denominator");
@@ -91,10 +95,16 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
   // One program per SM holds a head's column block for the whole walk: registers over a second block
   // (at 8 warps and 64-row chunks ptxas otherwise caps at 128 registers and spills 12-40 bytes).
   if (mode != WalkMode::chunks) kb.set_min_ctas_per_sm(1);
+  // The fused walks take all four; the split schedule's kernels what their roles read (the forward's
+  // have no do), q always (its dims give the sequence bounds), k for dk's share of dg.
+  auto uses = [&](const std::string& name) {
+    return mode == WalkMode::fused || r.b == name || r.c == name || (writes_out && r.a == name) ||
+           (name == "k" && cfg.gated && which == LinearAttnBwdKernel::dk);
+  };
   Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
-  Tensor dout = kb.tensor("do", dt, 4);
+  Tensor k = uses("k") ? kb.tensor("k", dt, 4) : Tensor();
+  Tensor v = uses("v") ? kb.tensor("v", dt, 4) : Tensor();
+  Tensor dout = uses("do") ? kb.tensor("do", dt, 4) : Tensor();
   Tensor g = cfg.gated ? kb.tensor("g", DType::f32, 3) : Tensor();
   Tensor h0 = is_dq && cfg.initial_state && carries_state ? kb.tensor("initial_state", DType::f32, 4) : Tensor();
   Tensor dht = carries_state && ((!is_dq && cfg.final_state_grad) || (is_dq && state_term))
@@ -110,9 +120,11 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
   Tensor den_do = den ? kb.tensor("den_do", dt, 4) : Tensor();
   Tensor ones = den ? kb.tensor("ones", dt, 4) : Tensor();
   Tensor out = writes_out ? kb.tensor(r.out, dt, 4) : Tensor();
-  const bool dg_part = cfg.gated && (is_dq || is_dk) && writes_out;
+  const bool dg_part = cfg.gated && writes_out && (which == LinearAttnBwdKernel::dq || which == LinearAttnBwdKernel::dk);
   Tensor part = dg_part ? kb.tensor(is_dq ? "dg_q" : "dg_k", DType::f32, 4) : Tensor();  // [blocks, B, T, H]
   Tensor state_part = is_dq && state_term && carries_state ? kb.tensor("dg_s", DType::f32, 3) : Tensor();  // [blocks, N, H]
+  // The split forward's final state: the end of the states pass (X = S^T, stored transposed).
+  Tensor ht = cfg.final_state && which == LinearAttnBwdKernel::states ? kb.tensor("final_state", DType::f32, 4) : Tensor();
   // dL/dS_0: the end of the dv walk (X = dH), or of the dstates pass (X = dH^T, stored transposed).
   const bool stores_dh0 = cfg.initial_state_grad && (mode == WalkMode::fused ? r.state_rows_k : which == LinearAttnBwdKernel::dstates);
   Tensor dh0 = stores_dh0 ? kb.tensor("dinitial_state", DType::f32, 4) : Tensor();
@@ -252,6 +264,7 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
     Tile dS = load(dht, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, kTransposed);
     store(state_part, {i_block, i_n, i_h}, {kIndex, kIndex, kIndex}, sum(sum(dS * X, 1), 0));
   }
+  if (ht.value()) store(ht, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, X.T());
   // After the reverse walk X = dL/dS_0 = a_1 dH_1 (its last step applied the first chunk's decay): dH
   // itself in the dv walk, its transpose (rows c0.. of dH as columns) in the dstates pass.
   if (dh0.value()) {
@@ -323,10 +336,10 @@ int64_t default_bwd_split(DType dt, int64_t padded) { return std::min<int64_t>(p
 
 std::shared_ptr<ir::Kernel> cached_bwd(const LinearAttnBwdConfig& cfg, LinearAttnBwdKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
                                 cfg.chunk, cfg.block_k, cfg.block_v, cfg.split_k, cfg.split_v, cfg.gated,
                                 cfg.initial_state, cfg.final_state_grad, cfg.initial_state_grad, cfg.varlen,
-                                cfg.denominator, cfg.split, cfg.num_warps);
+                                cfg.denominator, cfg.split, cfg.final_state, cfg.num_warps);
   return memo.get(key, [&] { return build_linear_attn_bwd(cfg, which); });
 }
 
@@ -465,6 +478,37 @@ OpPlan plan_linear_attn_bwd_with_denominator(const TensorMap& inputs, const OpOp
   return plan_bwd(inputs, o, wanted, true);
 }
 
+OpPlan plan_linear_attn_split_fwd(const TensorMap& inputs, const SequenceLayout& seq, const LinearAttnBwdConfig& base,
+                                  double scale, bool want_o, bool want_final_state) {
+  LinearAttnBwdConfig cfg = base;
+  cfg.split = true;
+  cfg.final_state = want_final_state;
+  cfg.final_state_grad = cfg.initial_state_grad = cfg.denominator = false;
+  if (cfg.block_k % cfg.split_k || cfg.block_v % cfg.split_v)
+    throw InternalError("linear_attn split forward: the column blocks must divide the padded head dims");
+  OpPlan plan;
+  for (const char* name : {"q", "k", "v"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
+  if (cfg.gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32);
+  if (cfg.initial_state) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
+  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+  plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  if (want_final_state) plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
+  HostTensor offsets, indices;
+  const int64_t chunks = chunk_tables(seq, cfg.chunk, &offsets, &indices);
+  plan.tensors["chunk_offsets"] = offsets;
+  if (seq.varlen) plan.tensors["chunk_indices"] = indices;
+  plan.tensors["s_states"] = HostTensor::zeros(cfg.dtype, {std::max<int64_t>(chunks, 1), seq.H, seq.V, seq.K});
+  plan.launches.push_back(plan_launch(plan, cached_bwd(cfg, LinearAttnBwdKernel::states),
+                                      {cfg.block_k / cfg.split_k, seq.N * seq.H, 1}, {{"scale", scale}}));
+  const int64_t v_blocks = cfg.block_v / cfg.split_v;
+  const std::array<int64_t, 3> grid = seq.varlen ? std::array<int64_t, 3>{chunks, seq.H, v_blocks}
+                                                 : std::array<int64_t, 3>{(seq.T + cfg.chunk - 1) / cfg.chunk, seq.B * seq.H, v_blocks};
+  if (chunks > 0) plan.launches.push_back(plan_launch(plan, cached_bwd(cfg, LinearAttnBwdKernel::out), grid, {{"scale", scale}}));
+  if (want_o) plan.outputs["o"] = "o";
+  if (want_final_state) plan.outputs["final_state"] = "final_state";
+  return plan;
+}
+
 std::vector<std::shared_ptr<ir::Kernel>> linear_attn_bwd_kernels(const OpOptions& opts) {
   // Head dim 64, plain and with every option (also in the split schedule); the dq and dk walks also
   // with --normalize's denominator in 16-bit (these lists feed test_ptxas's zero-spill check: in fp32
@@ -487,6 +531,11 @@ std::vector<std::shared_ptr<ir::Kernel>> linear_attn_bwd_kernels(const OpOptions
   for (auto which : {LinearAttnBwdKernel::states, LinearAttnBwdKernel::dstates, LinearAttnBwdKernel::dq,
                      LinearAttnBwdKernel::dk, LinearAttnBwdKernel::dv})
     out.push_back(cached_bwd(split, which));
+  // And the split forward's (its states pass also stores the final state).
+  LinearAttnBwdConfig split_fwd = split;
+  split_fwd.final_state_grad = split_fwd.initial_state_grad = false;
+  split_fwd.final_state = true;
+  for (auto which : {LinearAttnBwdKernel::states, LinearAttnBwdKernel::out}) out.push_back(cached_bwd(split_fwd, which));
   for (bool g : {false, true}) {
     if (opts.dtype == DType::f32) break;
     LinearAttnBwdConfig norm = cfg;

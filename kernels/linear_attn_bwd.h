@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/op.h"
+#include "kernels/op_support.h"
 
 namespace linac {
 
@@ -36,6 +37,7 @@ struct LinearAttnBwdConfig {
   // from three walks with every product to two walks with one product each; for few heads and long
   // sequences. Not with the denominator.
   bool split = false;
+  bool final_state = false;  // the split forward (plan_linear_attn_split_fwd): the states pass stores S_T
   int num_warps = 8;
 };
 
@@ -47,6 +49,8 @@ enum class LinearAttnBwdKernel {
   // The split schedule's state passes (with split, dq, dk and dv are per-chunk programs reading them):
   states,   // forward walk over S^T; writes s_states [, dg_s]
   dstates,  // reverse walk over dH^T; writes dh_states [, dinitial_state]
+  // The split forward (same walks, the forward's roles): per chunk o from s_states (states pass first).
+  out,
 };
 
 /// One backward kernel. Parameters (each only when the configuration uses it):
@@ -65,6 +69,12 @@ OpPlan plan_linear_attn_bwd(const TensorMap& inputs, const OpOptions& opts, cons
 /// the denominator's gradients, dv the numerator's. No states. For the normalized backward's plan.
 OpPlan plan_linear_attn_bwd_with_denominator(const TensorMap& inputs, const OpOptions& opts,
                                              const std::vector<std::string>& wanted);
+
+/// The forward in the split schedule (config split=1 of `linac run linear_attn`): the backward's states
+/// pass over S^T (also storing final_state when wanted), then one program per (chunk, head, value
+/// block) for o. Plain or gated, initial_state, varlen; column blocks of `block_v` (the forward's bv).
+OpPlan plan_linear_attn_split_fwd(const TensorMap& inputs, const SequenceLayout& seq, const LinearAttnBwdConfig& cfg,
+                                  double scale, bool want_o, bool want_final_state);
 
 /// Representative backward kernels for dump/compile (opts.dtype, head dim 64; plain and gated).
 std::vector<std::shared_ptr<ir::Kernel>> linear_attn_bwd_kernels(const OpOptions& opts);

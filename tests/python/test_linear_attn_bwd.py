@@ -199,9 +199,9 @@ def test_split_schedule_kernels(linac):
                   "--config", "split=1", "--emit", "tir")
     assert r.returncode == 0, r.stderr
     kernels = {k.split("(", 1)[0]: k for k in r.stdout.split("kernel @")[1:]}
-    assert list(kernels) == ["linear_attn_bwd_states", "linear_attn_bwd_dstates", "linear_attn_bwd_dq_chunks",
+    assert list(kernels) == ["linear_attn_states", "linear_attn_bwd_dstates", "linear_attn_bwd_dq_chunks",
                              "linear_attn_bwd_dk_chunks", "linear_attn_bwd_dv_chunks"]
-    for name, table in (("linear_attn_bwd_states", "s_states"), ("linear_attn_bwd_dstates", "dh_states")):
+    for name, table in (("linear_attn_states", "s_states"), ("linear_attn_bwd_dstates", "dh_states")):
         before, loop = kernels[name].split(" = for ", 1)
         assert f"store %{table}[" in loop and f"%{table}[" not in before, name
         assert not re.search(r"store %d[qkv]\[", kernels[name]), f"{name} writes a gradient"

@@ -1,7 +1,8 @@
 // Reductions and scans. The operand is in shared memory (the plan puts it there); each thread
 // computes the result elements its layout gives it by walking the reduced axis. Sums accumulate in
 // f32 (f64 for f64). Two faster forms: 1-D tiles no longer than the program, and rows of 2-D blocked
-// tiles that each lie within one warp (passes::reduce_rows_in_registers), reduce with warp shuffles.
+// tiles that each lie within one warp (passes::reduce_rows_in_registers), reduce with warp shuffles;
+// 1-D tiles of up to 32 elements within every warp at once, with no barrier (the gates of a chunk).
 #include <fmt/format.h>
 
 #include "compiler/nvptx/lowering.h"
@@ -63,13 +64,17 @@ bool KernelLowering::lower_reduce_1d(const ir::Op& op) {
   const int64_t n = x->type.shape[0];
   llvm::Type* aty = llvm_type(at);
   before_smem_read(x);
-  llvm::Value* valid = b_.CreateICmpULT(tid_, i32(n));
-  llvm::Value* v = convert(smem_read(x, {b_.CreateSelect(valid, tid_, i32(0))}), t, at);
+  // Up to 32 elements, every warp reduces the whole tile (lane l takes element l) and holds the result:
+  // no per-warp partials, no barrier. Longer tiles: thread t takes element t, then the warps' partials.
+  const bool warp_local = n <= 32;
+  llvm::Value* pos = warp_local ? b_.CreateURem(tid_, i32(32)) : tid_;
+  llvm::Value* valid = b_.CreateICmpULT(pos, i32(n));
+  llvm::Value* v = convert(smem_read(x, {b_.CreateSelect(valid, pos, i32(0))}), t, at);
   v = b_.CreateSelect(valid, v, identity(b_, op.attrs.reduce, aty));
   auto shfl = at == DType::f32 ? llvm::Intrinsic::nvvm_shfl_sync_bfly_f32 : llvm::Intrinsic::nvvm_shfl_sync_bfly_i32;
   for (int off = 16; off >= 1; off /= 2)
     v = combine(b_, op.attrs.reduce, at, v, b_.CreateIntrinsic(shfl, {}, {i32(-1), v, i32(off), i32(31)}));
-  if (k_.num_warps > 1) {
+  if (!warp_local && k_.num_warps > 1) {
     // One partial per warp through scratch; every thread folds them in the same order.
     std::pair<int64_t, int64_t> range{smem_.scratch_offset, smem_.scratch_offset + 32 * 8};
     before_smem_write(range);
@@ -99,16 +104,35 @@ bool KernelLowering::lower_scan_1d(const ir::Op& op) {
   const int64_t n = x->type.shape[0];
   llvm::Type* aty = llvm_type(at);
   before_smem_read(x);
-  llvm::Value* valid = b_.CreateICmpULT(tid_, i32(n));
-  llvm::Value* idx = op.attrs.reverse ? b_.CreateSub(i32(n - 1), tid_) : tid_;
+  // Up to 32 elements, every warp scans the whole tile (lane l takes the l-th element in scan order)
+  // and hands each thread its result elements with shfl.idx: no scratch, no barrier. Longer tiles:
+  // thread t takes the t-th element, then the totals of earlier warps and the results go through
+  // scratch.
+  const bool warp_local = n <= 32;
+  llvm::Value* lane = b_.CreateURem(tid_, i32(32));
+  llvm::Value* pos = warp_local ? lane : tid_;
+  llvm::Value* valid = b_.CreateICmpULT(pos, i32(n));
+  llvm::Value* idx = op.attrs.reverse ? b_.CreateSub(i32(n - 1), pos) : pos;
   idx = b_.CreateSelect(valid, idx, i32(0));
   llvm::Value* v = b_.CreateSelect(valid, convert(smem_read(x, {idx}), t, at), identity(b_, ir::ReduceKind::sum, aty));
   // Inclusive scan in each warp (Kogge-Stone with shfl.up), then the totals of earlier warps.
-  llvm::Value* lane = b_.CreateURem(tid_, i32(32));
   auto shfl = at == DType::f32 ? llvm::Intrinsic::nvvm_shfl_sync_up_f32 : llvm::Intrinsic::nvvm_shfl_sync_up_i32;
   for (int d = 1; d < 32; d *= 2) {
     llvm::Value* y = b_.CreateIntrinsic(shfl, {}, {i32(-1), v, i32(d), i32(0)});
     v = b_.CreateSelect(b_.CreateICmpUGE(lane, i32(d)), combine(b_, ir::ReduceKind::sum, at, v, y), v);
+  }
+  if (warp_local) {
+    // Element e of the result sits in lane e (lane n-1-e for a reverse scan) of every warp.
+    const Layout& l = layout(op.result());
+    auto idx_shfl = at == DType::f32 ? llvm::Intrinsic::nvvm_shfl_sync_idx_f32 : llvm::Intrinsic::nvvm_shfl_sync_idx_i32;
+    Regs out(l.regs_per_thread());
+    for (int r = 0; r < l.regs_per_thread(); ++r) {
+      llvm::Value* e = coords_of(l, r)[0];
+      llvm::Value* src = op.attrs.reverse ? b_.CreateSub(i32(n - 1), e) : e;
+      out[r] = convert(b_.CreateIntrinsic(idx_shfl, {}, {i32(-1), v, src, i32(31)}), at, t);
+    }
+    regs_[op.result()] = out;
+    return true;
   }
   llvm::Value* warp = b_.CreateUDiv(tid_, i32(32));
   const int64_t partials = smem_.scratch_offset, results = smem_.scratch_offset + 32 * 8;

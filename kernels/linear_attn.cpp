@@ -95,6 +95,7 @@ const std::vector<std::pair<std::string, std::string>>& linear_attn_config_keys(
     auto k = chunked_config_keys();
     k.push_back({"split", "1 = the split schedule: a walk stores the state per chunk, then one program per chunk "
                           "(few heads, long sequences; also --backward's)"});
+    k.push_back({"group", "with split=1: chunks per program of the per-chunk kernel (1, 2, 4, 8, 16)"});
     return k;
   }();
   return keys;
@@ -164,8 +165,10 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
     split.initial_state = has_h0;
     split.varlen = seq.varlen;
     split.num_warps = cfg.num_warps;
+    split.chunks_per_program = static_cast<int>(config_value(opts, "group", kDefaultChunkGroup, {1, 2, 4, 8, 16}));
     return plan_linear_attn_split_fwd(inputs, seq, split, scale, wants(wanted, "o"), cfg.final_state);
   }
+  if (opts.config.count("group")) throw UserError("linear_attn: --config group=N (chunks per program) needs split=1");
   auto kernel = cached_linear_attn_fwd(cfg);
 
   OpPlan plan;

@@ -93,8 +93,14 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
   KernelBuilder kb(r.name);
   kb.set_num_warps(cfg.num_warps);
   // One program per SM holds a head's column block for the whole walk: registers over a second block
-  // (at 8 warps and 64-row chunks ptxas otherwise caps at 128 registers and spills 12-40 bytes).
-  if (mode != WalkMode::chunks) kb.set_min_ctas_per_sm(1);
+  // (at 8 warps and 64-row chunks ptxas otherwise caps at 128 registers and spills 12-40 bytes). The
+  // chunk programs too: left to itself, ptxas 13.0 held the gated dq chunk kernel (head dim 64, 8
+  // warps) to 80 registers with an 8-byte spill, and asking for two per SM caps 8 warps at 128
+  // registers, where the gated ones spill 16-32 bytes at head dim 128.
+  kb.set_min_ctas_per_sm(1);
+  // A chunk program taking one chunk has nothing to prefetch: no pipeline stages (their shared
+  // memory would halve the blocks per SM for nothing).
+  if (mode == WalkMode::chunks && cfg.chunks_per_program == 1) kb.set_num_stages(1);
   // The fused walks take all four; the split schedule's kernels what their roles read (the forward's
   // have no do), q always (its dims give the sequence bounds), k for dk's share of dg.
   auto uses = [&](const std::string& name) {
@@ -133,14 +139,11 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
                                                  {"ones", ones}};
 
   // Where the program works: a (sequence, head) walked by chunks, or (fused/states) one chunk of it.
-  // Grid: (column block, sequence x head) for the walks, (chunk, sequence x head or head, column
-  // block) for the chunk programs (chunks on the axis that has room for millions).
+  // Grid: (column block, sequence x head) for the walks, (group of chunks, sequence x head or head,
+  // column block) for the chunk programs (chunk groups on the axis that has room for millions).
   Tile i_block, i_n, b, i_h, bos, eos, num_chunks;
-  ChunkBounds one_chunk;
   if (mode == WalkMode::chunks) {
-    one_chunk = chunk_bounds(q, cu, chunk_indices, cfg.varlen, program_id(0), program_id(1), BT);
-    b = one_chunk.b, i_h = one_chunk.i_h, eos = one_chunk.eos;
-    i_block = program_id(2);
+    i_block = program_id(2);  // b, i_h, eos: per chunk, below
   } else {
     i_block = program_id(0);
     Tile i_nh = program_id(1);
@@ -161,9 +164,6 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
   if (!is_dq && dht.value())
     X = r.state_rows_k ? load(dht, {i_n, i_h, 0, c0}, {kIndex, kIndex, W, BC})
                        : load(dht, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, kTransposed);
-  if (mode == WalkMode::chunks)
-    X = r.state_rows_k ? load(states, {one_chunk.global_chunk, i_h, c0, 0}, {kIndex, kIndex, BC, W}, kTransposed)
-                       : load(states, {one_chunk.global_chunk, i_h, 0, c0}, {kIndex, kIndex, W, BC});
 
   // The denominator's state: the one-column pair's X (no initial or final state: --normalize has none).
   Tile X2 = den ? zeros({W2, BC}, DType::f32) : Tile();
@@ -248,7 +248,19 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
     }
   };
   if (mode == WalkMode::chunks) {
-    chunk(one_chunk.chunk, one_chunk.t0);
+    // Program g takes chunks g*G .. g*G+G-1 (dense: of its batch row; varlen: of all sequences), one
+    // per iteration with no carried value: the loop is there so that the pipeliner loads the next
+    // chunk's tiles while this one computes (a loop-free program per chunk waits on every load).
+    const int64_t G = cfg.chunks_per_program;
+    Tile first = program_id(0) * G;
+    Tile total = cfg.varlen ? chunk_indices.dim(0) : (q.dim(1) + (BT - 1)) / BT;
+    for_range(0, minimum(total - first, G), [&](Tile j) {
+      const ChunkBounds one = chunk_bounds(q, cu, chunk_indices, cfg.varlen, first + j, program_id(1), BT);
+      b = one.b, i_h = one.i_h, eos = one.eos, in_seq = one.in_seq;
+      X = r.state_rows_k ? load(states, {one.global_chunk, i_h, c0, 0}, {kIndex, kIndex, BC, W}, kTransposed)
+                         : load(states, {one.global_chunk, i_h, 0, c0}, {kIndex, kIndex, W, BC});
+      chunk(one.chunk, one.t0);
+    });
     return kb.finish();
   }
   auto body = [&](Tile j) {
@@ -336,10 +348,10 @@ int64_t default_bwd_split(DType dt, int64_t padded) { return std::min<int64_t>(p
 
 std::shared_ptr<ir::Kernel> cached_bwd(const LinearAttnBwdConfig& cfg, LinearAttnBwdKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
                                 cfg.chunk, cfg.block_k, cfg.block_v, cfg.split_k, cfg.split_v, cfg.gated,
                                 cfg.initial_state, cfg.final_state_grad, cfg.initial_state_grad, cfg.varlen,
-                                cfg.denominator, cfg.split, cfg.final_state, cfg.num_warps);
+                                cfg.denominator, cfg.split, cfg.final_state, cfg.num_warps, cfg.chunks_per_program);
   return memo.get(key, [&] { return build_linear_attn_bwd(cfg, which); });
 }
 
@@ -354,6 +366,9 @@ void configure(LinearAttnBwdConfig& cfg, const OpOptions& opts) {
                                 cfg.split_k, cfg.split_v, cfg.block_k, cfg.block_v));
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
   cfg.split = config_value(opts, "split", 0, {0, 1}) == 1;
+  cfg.chunks_per_program = static_cast<int>(config_value(opts, "group", kDefaultChunkGroup, {1, 2, 4, 8, 16}));
+  if (!cfg.split && opts.config.count("group"))
+    throw UserError("linear_attn --backward: --config group=N (chunks per program) needs split=1");
 }
 
 }  // namespace
@@ -365,11 +380,21 @@ const std::vector<std::pair<std::string, std::string>>& linear_attn_bwd_config_k
       {"bv", "--backward: value columns per program of the dv kernel (16..256)"},
       {"warps", "warps per program (2, 4, 8)"},
       {"split", "--backward: 1 = state passes, then dq, dk, dv chunk-parallel (few heads, long sequences)"},
+      {"group", "with split=1: chunks per program of the per-chunk kernels (1, 2, 4, 8, 16)"},
   };
   return keys;
 }
 
 namespace {
+
+/// The split schedule's per-chunk kernels: (groups of chunks_per_program chunks, sequence x head or
+/// head) -- dense: groups of each batch row's chunks; varlen: of all `chunks` -- the column blocks third.
+std::array<int64_t, 3> chunk_group_grid(const SequenceLayout& seq, const LinearAttnBwdConfig& cfg, int64_t chunks) {
+  const int64_t G = cfg.chunks_per_program;
+  if (seq.varlen) return {(chunks + G - 1) / G, seq.H, 1};
+  const int64_t per_row = (seq.T + cfg.chunk - 1) / cfg.chunk;
+  return {(per_row + G - 1) / G, seq.B * seq.H, 1};
+}
 
 OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted,
                 bool denominator) {
@@ -448,10 +473,10 @@ OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vecto
     plan.tensors["dh_states"] = HostTensor::zeros(cfg.dtype, table);
     launch(LinearAttnBwdKernel::states, k_blocks);
     launch(LinearAttnBwdKernel::dstates, k_blocks);
+    const std::array<int64_t, 3> groups = chunk_group_grid(seq, cfg, chunks);
     auto per_chunk = [&](LinearAttnBwdKernel which, int64_t blocks) {
-      const std::array<int64_t, 3> grid = seq.varlen ? std::array<int64_t, 3>{chunks, seq.H, blocks}
-                                                     : std::array<int64_t, 3>{(seq.T + cfg.chunk - 1) / cfg.chunk, seq.B * seq.H, blocks};
-      if (chunks > 0) plan.launches.push_back(plan_launch(plan, cached_bwd(cfg, which), grid, {{"scale", scale}}));
+      if (chunks > 0)
+        plan.launches.push_back(plan_launch(plan, cached_bwd(cfg, which), {groups[0], groups[1], blocks}, {{"scale", scale}}));
     };
     per_chunk(LinearAttnBwdKernel::dq, k_blocks);
     per_chunk(LinearAttnBwdKernel::dk, k_blocks);
@@ -500,10 +525,10 @@ OpPlan plan_linear_attn_split_fwd(const TensorMap& inputs, const SequenceLayout&
   plan.tensors["s_states"] = HostTensor::zeros(cfg.dtype, {std::max<int64_t>(chunks, 1), seq.H, seq.V, seq.K});
   plan.launches.push_back(plan_launch(plan, cached_bwd(cfg, LinearAttnBwdKernel::states),
                                       {cfg.block_k / cfg.split_k, seq.N * seq.H, 1}, {{"scale", scale}}));
-  const int64_t v_blocks = cfg.block_v / cfg.split_v;
-  const std::array<int64_t, 3> grid = seq.varlen ? std::array<int64_t, 3>{chunks, seq.H, v_blocks}
-                                                 : std::array<int64_t, 3>{(seq.T + cfg.chunk - 1) / cfg.chunk, seq.B * seq.H, v_blocks};
-  if (chunks > 0) plan.launches.push_back(plan_launch(plan, cached_bwd(cfg, LinearAttnBwdKernel::out), grid, {{"scale", scale}}));
+  const std::array<int64_t, 3> groups = chunk_group_grid(seq, cfg, chunks);
+  if (chunks > 0)
+    plan.launches.push_back(plan_launch(plan, cached_bwd(cfg, LinearAttnBwdKernel::out),
+                                        {groups[0], groups[1], cfg.block_v / cfg.split_v}, {{"scale", scale}}));
   if (want_o) plan.outputs["o"] = "o";
   if (want_final_state) plan.outputs["final_state"] = "final_state";
   return plan;

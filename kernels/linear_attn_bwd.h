@@ -14,6 +14,9 @@
 
 namespace linac {
 
+/// The split schedule's chunks per program unless config group says otherwise.
+inline constexpr int kDefaultChunkGroup = 4;
+
 /// Compile-time configuration of the backward kernels. Every field specializes them.
 struct LinearAttnBwdConfig {
   DType dtype = DType::f32;    // q, k, v, do and dq, dk, dv
@@ -37,6 +40,7 @@ struct LinearAttnBwdConfig {
   // from three walks with every product to two walks with one product each; for few heads and long
   // sequences. Not with the denominator.
   bool split = false;
+  int chunks_per_program = kDefaultChunkGroup;  // split: chunks one per-chunk program takes in turn (config group)
   bool final_state = false;  // the split forward (plan_linear_attn_split_fwd): the states pass stores S_T
   int num_warps = 8;
 };

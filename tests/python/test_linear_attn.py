@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import reference
-from conftest import TEST_DEVICE
+from conftest import TEST_DEVICE, CliError
 
 FP32_TOL = 1e-5
 BF16_TOL = 2e-2
@@ -125,7 +125,7 @@ def test_varlen(linac, gate, init):
     assert got["final_state"].shape == (N, 2, 32, 32)
 
 
-@pytest.mark.parametrize("config", ["split=1", "split=1,bv=16,chunk=16,warps=4", "split=1,bv=32,chunk=32"])
+@pytest.mark.parametrize("config", ["split=1", "split=1,bv=16,chunk=16,warps=4,group=2", "split=1,bv=32,chunk=32,group=1"])
 @pytest.mark.parametrize("gate", [False, True], ids=["nogate", "gate"])
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 def test_split_schedule(linac, config, gate, varlen):
@@ -141,10 +141,20 @@ def test_split_schedule(linac, config, gate, varlen):
     assert np.array_equal(o_only["o"], got["o"]), "o depends on whether final_state is asked for"
     if not gate and TEST_DEVICE == "cpu":
         # Ungated, the chunk programs form o as the fused walk does: on the interpreter, bitwise.
+        fused_config = ",".join(kv for kv in config.split(",") if not kv.startswith(("split=", "group=")))
         fused = linac.run_op("linear_attn", inputs, outputs=("o", "final_state"),
-                             options=["--config", config.replace("split=1", "split=0")])
+                             options=["--config", fused_config] if fused_config else [])
         for name in got:
             assert np.array_equal(got[name], fused[name]), name
+
+
+def test_split_group_needs_split(linac):
+    inputs = make_inputs(790, B=1, T=20, H=1, K=16, V=16)
+    for options in (["--config", "group=2"], ["--backward", "--config", "group=2"]):
+        x = dict(inputs, do=inputs["v"]) if "--backward" in options else inputs
+        outputs = ("dq",) if "--backward" in options else ("o",)
+        with pytest.raises(CliError, match="group=N .chunks per program. needs split=1"):
+            linac.run_op("linear_attn", x, outputs=outputs, options=options)
 
 
 def test_split_schedule_bf16(linac):

@@ -36,6 +36,10 @@ std::shared_ptr<ir::Kernel> delta_state_pass_kernel(const DeltaChunkedBwdConfig&
 std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig& cfg);
 std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& cfg);
 
+/// Chunk offsets per sequence ([N+1]: the first global chunk of each) and (sequence, chunk of it) per
+/// global chunk ([chunks, 2]), both int32, for chunks of BT rows; returns the number of chunks. The
+/// per-chunk state tables (h, dh) are indexed by global chunk.
+int64_t delta_chunk_tables(const SequenceLayout& seq, int64_t BT, HostTensor* offsets, HostTensor* indices);
 
 /// The forward's tensors that the backward takes instead of recomputing them (outputs of the forward,
 /// inputs of --backward), each with the name of the plan tensor that holds it on both sides:

@@ -90,16 +90,7 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
 
 namespace {
 
-const std::vector<std::pair<std::string, std::string>>& linear_attn_config_keys() {
-  static const std::vector<std::pair<std::string, std::string>> keys = [] {
-    auto k = chunked_config_keys();
-    k.push_back({"split", "1 = the split schedule: a walk stores the state per chunk, then one program per chunk "
-                          "(few heads, long sequences; also --backward's)"});
-    k.push_back({"group", "with split=1: chunks per program of the per-chunk kernel (1, 2, 4, 8, 16)"});
-    return k;
-  }();
-  return keys;
-}
+const std::vector<std::pair<std::string, std::string>>& linear_attn_config_keys() { return chunked_config_keys(); }
 
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_linear_attn_fwd(const LinearAttnConfig& cfg) {
@@ -117,7 +108,7 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
     if (inputs.count(name)) throw UserError(fmt::format("linear_attn: input '{}' is a gradient; it needs --backward", name));
   if (opts.normalize) return plan_linear_attn_normalized(inputs, opts, wanted);
   if (opts.recurrent)
-    return plan_recurrent("linear_attn", RecurrentGate::scalar, false, chunked_config_keys(), inputs, opts, wanted);
+    return plan_recurrent("linear_attn", RecurrentGate::scalar, false, linear_attn_config_keys(), inputs, opts, wanted);
   SequenceLayout seq = check_qkv_inputs("linear_attn", inputs);
   const bool gated = inputs.count("g") > 0;
   if (gated) check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H});
@@ -150,25 +141,6 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
   cfg.initial_state = has_h0;
   cfg.final_state = wants(wanted, "final_state");
   cfg.varlen = seq.varlen;
-  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
-  if (config_value(opts, "split", 0, {0, 1}) == 1) {
-    // The backward's walks in the forward's roles (kernels/linear_attn_bwd.h); the states pass takes
-    // key blocks as wide as the value blocks.
-    LinearAttnBwdConfig split;
-    split.dtype = cfg.dtype;
-    split.chunk = cfg.chunk;
-    split.block_k = cfg.block_k;
-    split.block_v = padded_head_dim(seq.V);
-    split.split_v = std::min<int64_t>(cfg.block_v, split.block_v);
-    split.split_k = std::min<int64_t>(split.split_v, split.block_k);
-    split.gated = gated;
-    split.initial_state = has_h0;
-    split.varlen = seq.varlen;
-    split.num_warps = cfg.num_warps;
-    split.chunks_per_program = static_cast<int>(config_value(opts, "group", kDefaultChunkGroup, {1, 2, 4, 8, 16}));
-    return plan_linear_attn_split_fwd(inputs, seq, split, scale, wants(wanted, "o"), cfg.final_state);
-  }
-  if (opts.config.count("group")) throw UserError("linear_attn: --config group=N (chunks per program) needs split=1");
   auto kernel = cached_linear_attn_fwd(cfg);
 
   OpPlan plan;
@@ -178,7 +150,7 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
   launch.kernel = kernel;
   launch.grid = {(seq.V + cfg.block_v - 1) / cfg.block_v, seq.N * seq.H, 1};
   for (const char* name : {"q", "k", "v", "o"}) launch.tensors[name] = name;
-  launch.scalars["scale"] = scale;
+  launch.scalars["scale"] = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
   if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32), launch.tensors["g"] = "g";
   if (has_h0)
     plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32), launch.tensors["initial_state"] = "initial_state";
@@ -249,12 +221,6 @@ OpDef linear_attn_op() {
                                  {{"bv", 32}, {"warps", 4}}, {{"chunk", 32}, {"bv", 64}, {"warps", 4}},
                                  {{"chunk", 128}, {"bv", 64}, {"warps", 8}}};
     if (s.V <= 64) space.push_back({{"bv", 64}, {"warps", 2}});
-    // Few heads leave SMs idle in the walk; the split schedule runs one program per chunk after a
-    // walk that only stores the states.
-    if (s.B * s.H <= 64)
-      for (Config c : {Config{{"split", 1}, {"bv", 32}, {"warps", 4}}, Config{{"split", 1}, {"bv", 64}, {"warps", 4}},
-                       Config{{"split", 1}, {"bv", 128}, {"warps", 8}}})
-        if (c["bv"] <= padded_head_dim(s.V)) space.push_back(c);
     return space;
   };
   op.bwd_tuning_space = [](const ProblemShape& s, DType dt) {
@@ -271,17 +237,10 @@ OpDef linear_attn_op() {
                                   {{"chunk", 64}, {"bk", 64}, {"bv", 64}, {"warps", 4}},
                                   {{"chunk", 64}, {"bk", 128}, {"bv", 64}, {"warps", 8}}};
     // Few heads leave most SMs idle (one program per column block and head, each walking every chunk):
-    // there 32-column blocks put four programs on each head, and the split schedule walks only to
-    // store the states, then runs one program per chunk.
+    // there 32-column blocks put four programs on each head.
     if (s.B * s.H <= 64) {
-      const int64_t chunk = dt == DType::f32 ? 32 : 64;
-      wanted.push_back({{"chunk", chunk}, {"bk", 32}, {"bv", 32}, {"warps", 4}});
+      wanted.push_back({{"chunk", dt == DType::f32 ? 32 : 64}, {"bk", 32}, {"bv", 32}, {"warps", 4}});
       wanted.push_back({{"chunk", 32}, {"bk", 32}, {"bv", 32}, {"warps", 4}});
-      wanted.push_back({{"split", 1}, {"chunk", chunk}, {"bk", 32}, {"bv", 32}, {"warps", 4}});
-      if (dt != DType::f32) {
-        wanted.push_back({{"split", 1}, {"chunk", 64}, {"bk", 64}, {"bv", 64}, {"warps", 4}});
-        wanted.push_back({{"split", 1}, {"chunk", 64}, {"bk", 128}, {"bv", 128}, {"warps", 8}});
-      }
     }
     std::vector<Config> space{{}};
     for (Config c : wanted) {

@@ -48,117 +48,62 @@ struct WalkRoles {
   const char* b2;
 };
 
-WalkRoles roles_of(LinearAttnBwdKernel which, bool split) {
+WalkRoles roles_of(LinearAttnBwdKernel which) {
   switch (which) {
-    case LinearAttnBwdKernel::dq:
-      return {split ? "linear_attn_bwd_dq_chunks" : "linear_attn_bwd_dq", false, "do", "v", "k", "dq", false, "den_do", "ones"};
-    case LinearAttnBwdKernel::dk:
-      return {split ? "linear_attn_bwd_dk_chunks" : "linear_attn_bwd_dk", true, "v", "do", "q", "dk", false, "ones", "den_do"};
-    case LinearAttnBwdKernel::dv:
-      return {split ? "linear_attn_bwd_dv_chunks" : "linear_attn_bwd_dv", true, "k", "q", "do", "dv", true, nullptr, nullptr};
-    case LinearAttnBwdKernel::states: return {"linear_attn_states", false, "do", "v", "k", nullptr, false, nullptr, nullptr};
-    case LinearAttnBwdKernel::dstates: return {"linear_attn_bwd_dstates", true, "v", "do", "q", nullptr, false, nullptr, nullptr};
-    case LinearAttnBwdKernel::out:  // the forward itself: o = scale (q S + (q k^T .* M) v), X = S
-      return {"linear_attn_fwd_chunks", false, "q", "k", "v", "o", true, nullptr, nullptr};
+    case LinearAttnBwdKernel::dq: return {"linear_attn_bwd_dq", false, "do", "v", "k", "dq", false, "den_do", "ones"};
+    case LinearAttnBwdKernel::dk: return {"linear_attn_bwd_dk", true, "v", "do", "q", "dk", false, "ones", "den_do"};
+    case LinearAttnBwdKernel::dv: return {"linear_attn_bwd_dv", true, "k", "q", "do", "dv", true, nullptr, nullptr};
     case LinearAttnBwdKernel::dg: break;
   }
   throw InternalError("roles_of: dg is not a walk");
 }
 
-/// What a walk-shaped kernel does with the chunks of its (sequence, head, column block):
-///   fused   walks them in order carrying X, writing each chunk's output (the default schedule);
-///   states  walks them carrying X and stores X before each chunk (X.to(dtype): what the product with
-///           it reads), writing no output (the split schedule's state passes);
-///   chunks  one program per chunk, X loaded from a state pass's table (the split schedule's outputs).
-enum class WalkMode { fused, states, chunks };
-
 std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAttnBwdKernel which) {
-  const bool state_pass = which == LinearAttnBwdKernel::states || which == LinearAttnBwdKernel::dstates;
-  const WalkMode mode = state_pass ? WalkMode::states : cfg.split ? WalkMode::chunks : WalkMode::fused;
-  const WalkRoles r = roles_of(which, cfg.split);
+  const WalkRoles r = roles_of(which);
   const int64_t BT = cfg.chunk;
   const int64_t W = r.state_rows_k ? cfg.block_k : cfg.block_v;  // a and b: a whole head dim
   const int64_t BC = r.state_rows_k ? cfg.split_v : cfg.split_k;  // c, out, X's columns: one block
   const DType dt = cfg.dtype;
-  // The states pass has the dq walk's roles (X = S^T), the dstates pass the dk walk's (X = dH^T).
-  // The forward's output kernel has dq's structure (a forward walk, scale on the state term and not on
-  // the update); it reads the states pass's S^T transposed, as dv reads dH^T.
-  const bool is_dq = which == LinearAttnBwdKernel::dq || which == LinearAttnBwdKernel::states ||
-                     which == LinearAttnBwdKernel::out;
-  const bool writes_out = mode != WalkMode::states, carries_state = mode != WalkMode::chunks;
+  const bool is_dq = which == LinearAttnBwdKernel::dq, is_dk = which == LinearAttnBwdKernel::dk;
   const bool den = cfg.denominator && r.a2;
-  if (cfg.denominator && cfg.split) throw InternalError("linear_attn bwd: the split schedule has no denominator");
   constexpr int64_t W2 = 16;  // the denominator pair's one column, padded to the smallest dot
   const bool state_term = cfg.gated && cfg.final_state_grad;  // dg's <dfinal_state, S_T>
   KernelBuilder kb(r.name);
   kb.set_num_warps(cfg.num_warps);
   // One program per SM holds a head's column block for the whole walk: registers over a second block
-  // (at 8 warps and 64-row chunks ptxas otherwise caps at 128 registers and spills 12-40 bytes). The
-  // chunk programs too: left to itself, ptxas 13.0 held the gated dq chunk kernel (head dim 64, 8
-  // warps) to 80 registers with an 8-byte spill, and asking for two per SM caps 8 warps at 128
-  // registers, where the gated ones spill 16-32 bytes at head dim 128.
+  // (at 8 warps and 64-row chunks ptxas otherwise caps at 128 registers and spills 12-40 bytes).
   kb.set_min_ctas_per_sm(1);
-  // A chunk program taking one chunk has nothing to prefetch: no pipeline stages (their shared
-  // memory would halve the blocks per SM for nothing).
-  if (mode == WalkMode::chunks && cfg.chunks_per_program == 1) kb.set_num_stages(1);
-  // The fused walks take all four; the split schedule's kernels what their roles read (the forward's
-  // have no do), q always (its dims give the sequence bounds), k for dk's share of dg.
-  auto uses = [&](const std::string& name) {
-    return mode == WalkMode::fused || r.b == name || r.c == name || (writes_out && r.a == name) ||
-           (name == "k" && cfg.gated && which == LinearAttnBwdKernel::dk);
-  };
   Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = uses("k") ? kb.tensor("k", dt, 4) : Tensor();
-  Tensor v = uses("v") ? kb.tensor("v", dt, 4) : Tensor();
-  Tensor dout = uses("do") ? kb.tensor("do", dt, 4) : Tensor();
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor v = kb.tensor("v", dt, 4);
+  Tensor dout = kb.tensor("do", dt, 4);
   Tensor g = cfg.gated ? kb.tensor("g", DType::f32, 3) : Tensor();
-  Tensor h0 = is_dq && cfg.initial_state && carries_state ? kb.tensor("initial_state", DType::f32, 4) : Tensor();
-  Tensor dht = carries_state && ((!is_dq && cfg.final_state_grad) || (is_dq && state_term))
-                   ? kb.tensor("dfinal_state", DType::f32, 4)
-                   : Tensor();
+  Tensor h0 = is_dq && cfg.initial_state ? kb.tensor("initial_state", DType::f32, 4) : Tensor();
+  Tensor dht = (!is_dq && cfg.final_state_grad) || (is_dq && state_term) ? kb.tensor("dfinal_state", DType::f32, 4)
+                                                                         : Tensor();
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  // The split schedule's state tables, [chunks, H, V, K] by global chunk: S^T before each chunk (the
-  // states pass writes it, dq reads it) and dH^T after it (dstates writes it, dk reads it and dv reads
-  // it transposed).
-  Tensor chunk_offsets = mode == WalkMode::states ? kb.tensor("chunk_offsets", DType::i32, 1) : Tensor();
-  Tensor chunk_indices = mode == WalkMode::chunks && cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
-  Tensor states = mode == WalkMode::fused ? Tensor() : kb.tensor(is_dq ? "s_states" : "dh_states", dt, 4);
   Tensor den_do = den ? kb.tensor("den_do", dt, 4) : Tensor();
   Tensor ones = den ? kb.tensor("ones", dt, 4) : Tensor();
-  Tensor out = writes_out ? kb.tensor(r.out, dt, 4) : Tensor();
-  const bool dg_part = cfg.gated && writes_out && (which == LinearAttnBwdKernel::dq || which == LinearAttnBwdKernel::dk);
+  Tensor out = kb.tensor(r.out, dt, 4);
+  const bool dg_part = cfg.gated && (is_dq || is_dk);
   Tensor part = dg_part ? kb.tensor(is_dq ? "dg_q" : "dg_k", DType::f32, 4) : Tensor();  // [blocks, B, T, H]
-  Tensor state_part = is_dq && state_term && carries_state ? kb.tensor("dg_s", DType::f32, 3) : Tensor();  // [blocks, N, H]
-  // The split forward's final state: the end of the states pass (X = S^T, stored transposed).
-  Tensor ht = cfg.final_state && which == LinearAttnBwdKernel::states ? kb.tensor("final_state", DType::f32, 4) : Tensor();
-  // dL/dS_0: the end of the dv walk (X = dH), or of the dstates pass (X = dH^T, stored transposed).
-  const bool stores_dh0 = cfg.initial_state_grad && (mode == WalkMode::fused ? r.state_rows_k : which == LinearAttnBwdKernel::dstates);
-  Tensor dh0 = stores_dh0 ? kb.tensor("dinitial_state", DType::f32, 4) : Tensor();
+  Tensor state_part = is_dq && state_term ? kb.tensor("dg_s", DType::f32, 3) : Tensor();  // [blocks, N, H]
+  Tensor dh0 = !is_dq && !is_dk && cfg.initial_state_grad ? kb.tensor("dinitial_state", DType::f32, 4) : Tensor();
   Tile scale = kb.scalar("scale", DType::f32);
   const std::map<std::string, Tensor> by_name = {{"q", q}, {"k", k}, {"v", v}, {"do", dout}, {"den_do", den_do},
                                                  {"ones", ones}};
 
-  // Where the program works: a (sequence, head) walked by chunks, or (fused/states) one chunk of it.
-  // Grid: (column block, sequence x head) for the walks, (group of chunks, sequence x head or head,
-  // column block) for the chunk programs (chunk groups on the axis that has room for millions).
-  Tile i_block, i_n, b, i_h, bos, eos, num_chunks;
-  if (mode == WalkMode::chunks) {
-    i_block = program_id(2);  // b, i_h, eos: per chunk, below
-  } else {
-    i_block = program_id(0);
-    Tile i_nh = program_id(1);
-    Tile H = q.dim(2);
-    i_n = i_nh / H, i_h = i_nh % H;
-    const SequenceBounds seq_rows = sequence_bounds(q, cu, cfg.varlen, i_n);
-    b = seq_rows.b, bos = seq_rows.bos, eos = seq_rows.eos;
-    num_chunks = (eos - bos + (BT - 1)) / BT;
-  }
-  Tile c0 = i_block * BC;
-  Tile first_chunk = chunk_offsets.value() ? load(chunk_offsets, {i_n}, {kIndex}) : Tile();
+  Tile i_c = program_id(0);
+  Tile i_nh = program_id(1);
+  Tile H = q.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  const SequenceBounds seq_rows = sequence_bounds(q, cu, cfg.varlen, i_n);
+  const Tile b = seq_rows.b, bos = seq_rows.bos, eos = seq_rows.eos;
+  Tile num_chunks = (eos - bos + (BT - 1)) / BT;
+  Tile c0 = i_c * BC;
 
   // X starts at h0^T (dq) or dfinal_state^T (dk) or dfinal_state (dv): the block of columns c0.. of
-  // the state's transpose is the block of rows c0.. of the state, loaded transposed. A chunk program
-  // loads the state its walk had before the chunk.
+  // the state's transpose is the block of rows c0.. of the state, loaded transposed.
   Tile X = zeros({W, BC}, DType::f32);
   if (h0.value()) X = load(h0, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, kTransposed);
   if (!is_dq && dht.value())
@@ -172,24 +117,20 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
   Tile pairs = r.reverse ? row <= col : row >= col;  // forward: r receives from s <= r; reverse: s >= r
   AccessOptions in_seq{.limits = {{1, eos}}};
 
-  // Chunk i (rows t0..) of the walk: its output from X (the state before it in walk order) and, when
-  // the walk goes on, X's update.
-  auto chunk = [&](Tile i, Tile t0) {
-    Tile A_ = writes_out ? load(by_name.at(r.a), {b, t0, i_h, 0}, {kIndex, BT, kIndex, W}, in_seq) : Tile();
+  auto body = [&](Tile j) {
+    Tile i = r.reverse ? num_chunks - 1 - j : j;
+    Tile t0 = bos + i * BT;
+    Tile A_ = load(by_name.at(r.a), {b, t0, i_h, 0}, {kIndex, BT, kIndex, W}, in_seq);
     Tile B_ = load(by_name.at(r.b), {b, t0, i_h, 0}, {kIndex, BT, kIndex, W}, in_seq);
     Tile C_ = load(by_name.at(r.c), {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
-    if (mode == WalkMode::states) store(states, {first_chunk + i, i_h, 0, c0}, {kIndex, kIndex, W, BC}, X.to(dt));
-    Tile P;
+    Tile AB = dot(A_, B_.T());
     Tile A2, B2;  // the denominator's pair: [BT, 16] tiles whose columns past the first load zeros
-    if (writes_out) {
-      Tile AB = dot(A_, B_.T());
-      if (den) {
-        A2 = load(by_name.at(r.a2), {b, t0, i_h, 0}, {kIndex, BT, kIndex, W2}, in_seq);
-        B2 = load(by_name.at(r.b2), {b, t0, i_h, 0}, {kIndex, BT, kIndex, W2}, in_seq);
-        AB = AB + dot(A2, B2.T());
-      }
-      P = where(pairs, AB * scale, 0.0f);
+    if (den) {
+      A2 = load(by_name.at(r.a2), {b, t0, i_h, 0}, {kIndex, BT, kIndex, W2}, in_seq);
+      B2 = load(by_name.at(r.b2), {b, t0, i_h, 0}, {kIndex, BT, kIndex, W2}, in_seq);
+      AB = AB + dot(A2, B2.T());
     }
+    Tile P = where(pairs, AB * scale, 0.0f);
     Tile inter, update_rows;  // the state term of out; the rows of b weighted for the state update
     Tile update_rows2;          // the same for the denominator's pair
     Tile decay_all;           // exp(b_C): the state's decay over the chunk
@@ -198,74 +139,41 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
       Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
       Tile bg = cumsum(gc, 0);
       Tile b_last = sum(gc, 0);
-      Tile row_weight, update_weight;
-      if (writes_out) {
-        Tile br = expand_dims(bg, 1), bc = expand_dims(bg, 0);
-        // Exponentiate only the pairs that interact: the others would overflow.
-        P = P * exp(where(pairs, r.reverse ? bc - br : br - bc, 0.0f));
-        row_weight = r.reverse ? exp(b_last - bg) : exp(bg);
-      }
-      if (carries_state) update_weight = r.reverse ? exp(bg) : exp(b_last - bg);
-      if (writes_out) {
-        Tile rows_in = dot(A_, X.to(dt));
-        if (den) rows_in = rows_in + dot(A2, X2.to(dt));
-        inter = rows_in * expand_dims(row_weight, 1);
-      }
-      if (carries_state) {
-        update_rows = (B_.to(DType::f32) * expand_dims(update_weight, 1)).to(dt);
-        if (den) update_rows2 = (B2.to(DType::f32) * expand_dims(update_weight, 1)).to(dt);
-        decay_all = exp(b_last);
-      }
+      Tile br = expand_dims(bg, 1), bc = expand_dims(bg, 0);
+      // Exponentiate only the pairs that interact: the others would overflow.
+      P = P * exp(where(pairs, r.reverse ? bc - br : br - bc, 0.0f));
+      Tile row_weight = r.reverse ? exp(b_last - bg) : exp(bg);
+      Tile update_weight = r.reverse ? exp(bg) : exp(b_last - bg);
+      Tile rows_in = dot(A_, X.to(dt));
+      if (den) rows_in = rows_in + dot(A2, X2.to(dt));
+      inter = rows_in * expand_dims(row_weight, 1);
+      update_rows = (B_.to(DType::f32) * expand_dims(update_weight, 1)).to(dt);
+      if (den) update_rows2 = (B2.to(DType::f32) * expand_dims(update_weight, 1)).to(dt);
+      decay_all = exp(b_last);
     } else {
-      if (writes_out) {
-        inter = dot(A_, X.to(dt));
-        if (den) inter = inter + dot(A2, X2.to(dt));
-      }
+      inter = dot(A_, X.to(dt));
+      if (den) inter = inter + dot(A2, X2.to(dt));
       update_rows = B_;
       update_rows2 = B2;
     }
     // P carries scale. For dq the state term needs it too; for dk and dv the state dH carries it in
     // its updates (dfinal_state, where it starts, has none).
-    Tile O = writes_out ? (is_dq ? inter * scale : inter) + dot(P.to(dt), C_) : Tile();
-    if (carries_state) {
-      Tile update = dot(update_rows.T(), C_);
-      if (!is_dq) update = update * scale;
-      X = cfg.gated ? X * decay_all + update : X + update;
-      if (den) {
-        Tile update2 = dot(update_rows2.T(), C_);
-        if (!is_dq) update2 = update2 * scale;
-        X2 = cfg.gated ? X2 * decay_all + update2 : X2 + update2;
-      }
+    Tile O = (is_dq ? inter * scale : inter) + dot(P.to(dt), C_);
+    Tile update = dot(update_rows.T(), C_);
+    if (!is_dq) update = update * scale;
+    X = cfg.gated ? X * decay_all + update : X + update;
+    if (den) {
+      Tile update2 = dot(update_rows2.T(), C_);
+      if (!is_dq) update2 = update2 * scale;
+      X2 = cfg.gated ? X2 * decay_all + update2 : X2 + update2;
     }
-    if (writes_out) {
-      store(out, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, O.to(dt), in_seq);
-      if (dg_part) {
-        // This block's share of q.dq (dq) or k.dk (dk), in fp32 before the gradient is rounded.
-        Tile own = load(is_dq ? q : k, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
-        store(part, {i_block, b, t0, i_h}, {kIndex, kIndex, BT, kIndex},
-              sum(own.to(DType::f32) * O, 1), {.limits = {{2, eos}}});
-      }
+    store(out, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, O.to(dt), in_seq);
+    if (dg_part) {
+      // This block's share of q.dq (dq) or k.dk (dk), in fp32 before the gradient is rounded.
+      Tile own = load(is_dq ? q : k, {b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
+      store(part, {i_c, b, t0, i_h}, {kIndex, kIndex, BT, kIndex}, sum(own.to(DType::f32) * O, 1),
+            {.limits = {{2, eos}}});
     }
-  };
-  if (mode == WalkMode::chunks) {
-    // Program g takes chunks g*G .. g*G+G-1 (dense: of its batch row; varlen: of all sequences), one
-    // per iteration with no carried value: the loop is there so that the pipeliner loads the next
-    // chunk's tiles while this one computes (a loop-free program per chunk waits on every load).
-    const int64_t G = cfg.chunks_per_program;
-    Tile first = program_id(0) * G;
-    Tile total = cfg.varlen ? chunk_indices.dim(0) : (q.dim(1) + (BT - 1)) / BT;
-    for_range(0, minimum(total - first, G), [&](Tile j) {
-      const ChunkBounds one = chunk_bounds(q, cu, chunk_indices, cfg.varlen, first + j, program_id(1), BT);
-      b = one.b, i_h = one.i_h, eos = one.eos, in_seq = one.in_seq;
-      X = r.state_rows_k ? load(states, {one.global_chunk, i_h, c0, 0}, {kIndex, kIndex, BC, W}, kTransposed)
-                         : load(states, {one.global_chunk, i_h, 0, c0}, {kIndex, kIndex, W, BC});
-      chunk(one.chunk, one.t0);
-    });
-    return kb.finish();
-  }
-  auto body = [&](Tile j) {
-    Tile i = r.reverse ? num_chunks - 1 - j : j;
-    chunk(i, bos + i * BT);
   };
   if (den)
     for_range(0, num_chunks, body, X, X2);
@@ -274,17 +182,10 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
 
   if (state_part.value()) {
     Tile dS = load(dht, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, kTransposed);
-    store(state_part, {i_block, i_n, i_h}, {kIndex, kIndex, kIndex}, sum(sum(dS * X, 1), 0));
+    store(state_part, {i_c, i_n, i_h}, {kIndex, kIndex, kIndex}, sum(sum(dS * X, 1), 0));
   }
-  if (ht.value()) store(ht, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, X.T());
-  // After the reverse walk X = dL/dS_0 = a_1 dH_1 (its last step applied the first chunk's decay): dH
-  // itself in the dv walk, its transpose (rows c0.. of dH as columns) in the dstates pass.
-  if (dh0.value()) {
-    if (r.state_rows_k)
-      store(dh0, {i_n, i_h, 0, c0}, {kIndex, kIndex, W, BC}, X);
-    else
-      store(dh0, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, X.T());
-  }
+  // After the reverse walk X = dL/dS_0 = a_1 dH_1 (its last step applied the first chunk's decay).
+  if (dh0.value()) store(dh0, {i_n, i_h, 0, c0}, {kIndex, kIndex, W, BC}, X);
   return kb.finish();
 }
 
@@ -348,10 +249,10 @@ int64_t default_bwd_split(DType dt, int64_t padded) { return std::min<int64_t>(p
 
 std::shared_ptr<ir::Kernel> cached_bwd(const LinearAttnBwdConfig& cfg, LinearAttnBwdKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
                                 cfg.chunk, cfg.block_k, cfg.block_v, cfg.split_k, cfg.split_v, cfg.gated,
                                 cfg.initial_state, cfg.final_state_grad, cfg.initial_state_grad, cfg.varlen,
-                                cfg.denominator, cfg.split, cfg.final_state, cfg.num_warps, cfg.chunks_per_program);
+                                cfg.denominator, cfg.num_warps);
   return memo.get(key, [&] { return build_linear_attn_bwd(cfg, which); });
 }
 
@@ -365,10 +266,6 @@ void configure(LinearAttnBwdConfig& cfg, const OpOptions& opts) {
     throw UserError(fmt::format("linear_attn --backward: --config bk={} bv={} exceed the padded head dims {} and {}",
                                 cfg.split_k, cfg.split_v, cfg.block_k, cfg.block_v));
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
-  cfg.split = config_value(opts, "split", 0, {0, 1}) == 1;
-  cfg.chunks_per_program = static_cast<int>(config_value(opts, "group", kDefaultChunkGroup, {1, 2, 4, 8, 16}));
-  if (!cfg.split && opts.config.count("group"))
-    throw UserError("linear_attn --backward: --config group=N (chunks per program) needs split=1");
 }
 
 }  // namespace
@@ -379,22 +276,11 @@ const std::vector<std::pair<std::string, std::string>>& linear_attn_bwd_config_k
       {"bk", "--backward: key columns per program of the dq and dk kernels (16..256)"},
       {"bv", "--backward: value columns per program of the dv kernel (16..256)"},
       {"warps", "warps per program (2, 4, 8)"},
-      {"split", "--backward: 1 = state passes, then dq, dk, dv chunk-parallel (few heads, long sequences)"},
-      {"group", "with split=1: chunks per program of the per-chunk kernels (1, 2, 4, 8, 16)"},
   };
   return keys;
 }
 
 namespace {
-
-/// The split schedule's per-chunk kernels: (groups of chunks_per_program chunks, sequence x head or
-/// head) -- dense: groups of each batch row's chunks; varlen: of all `chunks` -- the column blocks third.
-std::array<int64_t, 3> chunk_group_grid(const SequenceLayout& seq, const LinearAttnBwdConfig& cfg, int64_t chunks) {
-  const int64_t G = cfg.chunks_per_program;
-  if (seq.varlen) return {(chunks + G - 1) / G, seq.H, 1};
-  const int64_t per_row = (seq.T + cfg.chunk - 1) / cfg.chunk;
-  return {(per_row + G - 1) / G, seq.B * seq.H, 1};
-}
 
 OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted,
                 bool denominator) {
@@ -427,9 +313,6 @@ OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vecto
   cfg.denominator = denominator;
   if (denominator && (has_h0 || has_dht || cfg.initial_state_grad))
     throw InternalError("linear_attn bwd: the denominator form has no states");
-  if (denominator && cfg.split)
-    throw UserError("linear_attn --normalize --backward: --config split=1 is not implemented (its denominator "
-                    "would need state tables of its own); leave split out");
   const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
   const int64_t k_blocks = cfg.block_k / cfg.split_k, v_blocks = cfg.block_v / cfg.split_v;
 
@@ -459,29 +342,9 @@ OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vecto
                                          : std::array<int64_t, 3>{blocks, seq.N * seq.H, 1};
     plan.launches.push_back(plan_launch(plan, cached_bwd(cfg, which), grid, {{"scale", scale}}));
   };
-  if (!cfg.split) {
-    launch(LinearAttnBwdKernel::dq, k_blocks);
-    launch(LinearAttnBwdKernel::dk, k_blocks);
-    launch(LinearAttnBwdKernel::dv, v_blocks);
-  } else {
-    HostTensor offsets, indices;
-    const int64_t chunks = chunk_tables(seq, cfg.chunk, &offsets, &indices);
-    plan.tensors["chunk_offsets"] = offsets;
-    if (seq.varlen) plan.tensors["chunk_indices"] = indices;
-    const std::vector<int64_t> table{std::max<int64_t>(chunks, 1), seq.H, seq.V, seq.K};
-    plan.tensors["s_states"] = HostTensor::zeros(cfg.dtype, table);
-    plan.tensors["dh_states"] = HostTensor::zeros(cfg.dtype, table);
-    launch(LinearAttnBwdKernel::states, k_blocks);
-    launch(LinearAttnBwdKernel::dstates, k_blocks);
-    const std::array<int64_t, 3> groups = chunk_group_grid(seq, cfg, chunks);
-    auto per_chunk = [&](LinearAttnBwdKernel which, int64_t blocks) {
-      if (chunks > 0)
-        plan.launches.push_back(plan_launch(plan, cached_bwd(cfg, which), {groups[0], groups[1], blocks}, {{"scale", scale}}));
-    };
-    per_chunk(LinearAttnBwdKernel::dq, k_blocks);
-    per_chunk(LinearAttnBwdKernel::dk, k_blocks);
-    per_chunk(LinearAttnBwdKernel::dv, v_blocks);
-  }
+  launch(LinearAttnBwdKernel::dq, k_blocks);
+  launch(LinearAttnBwdKernel::dk, k_blocks);
+  launch(LinearAttnBwdKernel::dv, v_blocks);
   if (gated) launch(LinearAttnBwdKernel::dg, 1);
   for (const char* name : {"dq", "dk", "dv", "dg", "dinitial_state"})
     if (wants(wanted, name)) plan.outputs[name] = name;
@@ -503,41 +366,10 @@ OpPlan plan_linear_attn_bwd_with_denominator(const TensorMap& inputs, const OpOp
   return plan_bwd(inputs, o, wanted, true);
 }
 
-OpPlan plan_linear_attn_split_fwd(const TensorMap& inputs, const SequenceLayout& seq, const LinearAttnBwdConfig& base,
-                                  double scale, bool want_o, bool want_final_state) {
-  LinearAttnBwdConfig cfg = base;
-  cfg.split = true;
-  cfg.final_state = want_final_state;
-  cfg.final_state_grad = cfg.initial_state_grad = cfg.denominator = false;
-  if (cfg.block_k % cfg.split_k || cfg.block_v % cfg.split_v)
-    throw InternalError("linear_attn split forward: the column blocks must divide the padded head dims");
-  OpPlan plan;
-  for (const char* name : {"q", "k", "v"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
-  if (cfg.gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32);
-  if (cfg.initial_state) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
-  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
-  plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
-  if (want_final_state) plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
-  HostTensor offsets, indices;
-  const int64_t chunks = chunk_tables(seq, cfg.chunk, &offsets, &indices);
-  plan.tensors["chunk_offsets"] = offsets;
-  if (seq.varlen) plan.tensors["chunk_indices"] = indices;
-  plan.tensors["s_states"] = HostTensor::zeros(cfg.dtype, {std::max<int64_t>(chunks, 1), seq.H, seq.V, seq.K});
-  plan.launches.push_back(plan_launch(plan, cached_bwd(cfg, LinearAttnBwdKernel::states),
-                                      {cfg.block_k / cfg.split_k, seq.N * seq.H, 1}, {{"scale", scale}}));
-  const std::array<int64_t, 3> groups = chunk_group_grid(seq, cfg, chunks);
-  if (chunks > 0)
-    plan.launches.push_back(plan_launch(plan, cached_bwd(cfg, LinearAttnBwdKernel::out),
-                                        {groups[0], groups[1], cfg.block_v / cfg.split_v}, {{"scale", scale}}));
-  if (want_o) plan.outputs["o"] = "o";
-  if (want_final_state) plan.outputs["final_state"] = "final_state";
-  return plan;
-}
-
 std::vector<std::shared_ptr<ir::Kernel>> linear_attn_bwd_kernels(const OpOptions& opts) {
-  // Head dim 64, plain and with every option (also in the split schedule); the dq and dk walks also
-  // with --normalize's denominator in 16-bit (these lists feed test_ptxas's zero-spill check: in fp32
-  // the denominator's walks spill 4-12 bytes at 255 registers, so they are left out there).
+  // Head dim 64, plain and with every option; the dq and dk walks also with --normalize's denominator
+  // in 16-bit (these lists feed test_ptxas's zero-spill check: in fp32 the denominator's walks spill
+  // 4-12 bytes at 255 registers, so they are left out there).
   std::vector<std::shared_ptr<ir::Kernel>> out;
   LinearAttnBwdConfig cfg;
   cfg.dtype = opts.dtype;
@@ -550,17 +382,6 @@ std::vector<std::shared_ptr<ir::Kernel>> linear_attn_bwd_kernels(const OpOptions
     for (auto which : {LinearAttnBwdKernel::dq, LinearAttnBwdKernel::dk, LinearAttnBwdKernel::dv})
       out.push_back(cached_bwd(c, which));
   out.push_back(cached_bwd(gated, LinearAttnBwdKernel::dg));
-  // The split schedule with every option: its state passes and per-chunk kernels.
-  LinearAttnBwdConfig split = gated;
-  split.split = true;
-  for (auto which : {LinearAttnBwdKernel::states, LinearAttnBwdKernel::dstates, LinearAttnBwdKernel::dq,
-                     LinearAttnBwdKernel::dk, LinearAttnBwdKernel::dv})
-    out.push_back(cached_bwd(split, which));
-  // And the split forward's (its states pass also stores the final state).
-  LinearAttnBwdConfig split_fwd = split;
-  split_fwd.final_state_grad = split_fwd.initial_state_grad = false;
-  split_fwd.final_state = true;
-  for (auto which : {LinearAttnBwdKernel::states, LinearAttnBwdKernel::out}) out.push_back(cached_bwd(split_fwd, which));
   for (bool g : {false, true}) {
     if (opts.dtype == DType::f32) break;
     LinearAttnBwdConfig norm = cfg;

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import reference
-from conftest import TEST_DEVICE, CliError
 
 FP32_TOL = 1e-5
 BF16_TOL = 2e-2
@@ -123,48 +122,6 @@ def test_varlen(linac, gate, init):
     inputs["cu_seqlens"] = cu
     got = run_and_check(linac, inputs, options=["--chunk-size", "16"])
     assert got["final_state"].shape == (N, 2, 32, 32)
-
-
-@pytest.mark.parametrize("config", ["split=1", "split=1,bv=16,chunk=16,warps=4,group=2", "split=1,bv=32,chunk=32,group=1"])
-@pytest.mark.parametrize("gate", [False, True], ids=["nogate", "gate"])
-@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-def test_split_schedule(linac, config, gate, varlen):
-    # A walk storing the state before each chunk, then one program per (chunk, head, value block):
-    # initial state, sequences ending inside chunks, V = 48 padded to 64, one or more blocks.
-    if varlen:
-        inputs = make_inputs(760 + gate, B=1, T=90, H=2, K=32, V=48, gate=gate, gate_bias=2.0, init=True, N=3)
-        inputs["cu_seqlens"] = np.array([0, 5, 70, 90], dtype=np.int32)
-    else:
-        inputs = make_inputs(770 + gate, B=2, T=75, H=2, K=32, V=48, gate=gate, gate_bias=2.0, init=True)
-    got = run_and_check(linac, inputs, options=["--config", config])
-    o_only = linac.run_op("linear_attn", inputs, options=["--config", config])
-    assert np.array_equal(o_only["o"], got["o"]), "o depends on whether final_state is asked for"
-    if not gate and TEST_DEVICE == "cpu":
-        # Ungated, the chunk programs form o as the fused walk does: on the interpreter, bitwise.
-        fused_config = ",".join(kv for kv in config.split(",") if not kv.startswith(("split=", "group=")))
-        fused = linac.run_op("linear_attn", inputs, outputs=("o", "final_state"),
-                             options=["--config", fused_config] if fused_config else [])
-        for name in got:
-            assert np.array_equal(got[name], fused[name]), name
-
-
-def test_split_group_needs_split(linac):
-    inputs = make_inputs(790, B=1, T=20, H=1, K=16, V=16)
-    for options in (["--config", "group=2"], ["--backward", "--config", "group=2"]):
-        x = dict(inputs, do=inputs["v"]) if "--backward" in options else inputs
-        outputs = ("dq",) if "--backward" in options else ("o",)
-        with pytest.raises(CliError, match="group=N .chunks per program. needs split=1"):
-            linac.run_op("linear_attn", x, outputs=outputs, options=options)
-
-
-def test_split_schedule_bf16(linac):
-    inputs = make_inputs(780, B=1, T=100, H=2, K=32, V=32, gate=True, gate_bias=2.0)
-    inputs["g"] = reference.round_to_bf16(inputs["g"])
-    got = linac.run_op("linear_attn", inputs, outputs=("o", "final_state"),
-                       options=["--dtype", "bf16", "--config", "split=1"])
-    o_ref, s_ref = ref_of({name: reference.round_to_bf16(x) for name, x in inputs.items()})
-    check_output("o", got["o"], o_ref, BF16_TOL)
-    check_output("final_state", got["final_state"], s_ref, BF16_TOL)
 
 
 def test_explicit_scale(linac):

@@ -1,14 +1,11 @@
 """`linac run linear_attn --backward` on the CPU interpreter against reference_bwd (float64), which is
 itself checked against central finite differences of the naive forward reference."""
 
-import re
-
 import numpy as np
 import pytest
 
 import reference
 import reference_bwd
-from conftest import TEST_DEVICE, CliError
 
 FP32_TOL = 1e-5
 ERROR_PREFIX = "linac: error:"
@@ -156,71 +153,6 @@ def test_column_blocks(linac, config):
     x = make_inputs(660, B=1, T=90, H=2, K=32, V=48, gate=True, init=True, dfinal=True, N=3)
     x["cu_seqlens"] = cu
     check(linac, x, options=("--config", config))
-
-
-SPLIT_CONFIGS = ["split=1", "split=1,bk=16,bv=16,chunk=16,warps=4,group=2", "split=1,bk=32,bv=16,chunk=32,group=1"]
-
-
-def fused_config(config):
-    """The fused walks' configuration of a split one: split and group (chunks per program) left out."""
-    return ",".join(kv for kv in config.split(",") if not kv.startswith(("split=", "group=")))
-
-
-@pytest.mark.parametrize("config", SPLIT_CONFIGS)
-@pytest.mark.parametrize("gate", [False, True], ids=["plain", "gated"])
-@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-def test_split_schedule(linac, config, gate, varlen):
-    # State passes, then dq, dk, dv one program per chunk: against the reference with both states (and
-    # dg, dinitial_state), sequences ending inside chunks, V = 48 padded to 64, one or more column blocks.
-    if varlen:
-        x = make_inputs(670 + gate, B=1, T=90, H=2, K=32, V=48, gate=gate, init=True, dfinal=True, N=3)
-        x["cu_seqlens"] = np.array([0, 5, 70, 90], dtype=np.int32)
-    else:
-        x = make_inputs(680 + gate, B=2, T=75, H=2, K=32, V=48, gate=gate, init=True, dfinal=True)
-    got = check(linac, x, options=("--config", config))
-    # Per chunk the products read the stored state rounded as the walk rounds it, in the same order:
-    # on the interpreter dq, dk (and dg, made of them) equal the fused walks' bitwise. dv and
-    # dinitial_state read dH^T from the dk roles' pass, which with a gate weighs the rows of do where the
-    # fused dv walk weighs those of q: the same sums, rounded differently, so those only plainly.
-    if TEST_DEVICE != "cpu":
-        return  # a GPU build may contract the two schedules' products into FMAs differently
-    fused_options = ("--config", fused_config(config)) if fused_config(config) else ()
-    fused = run_bwd(linac, x, list(got), fused_options)
-    for name in got:
-        if gate and name in ("dv", "dinitial_state"):
-            continue
-        assert np.array_equal(got[name], fused[name]), f"{name}: split differs from the fused walks"
-
-
-def test_split_schedule_without_states(linac):
-    # No initial state, no dfinal_state: the passes start from zeros; T = 1 and a single chunk.
-    for T in (1, 64):
-        check(linac, make_inputs(690 + T, B=2, T=T, H=1, K=16, V=16, gate=True), options=("--config", "split=1"))
-
-
-def test_split_schedule_kernels(linac):
-    # The schedule the numeric tests cannot see: two walks that only store a state per chunk (inside
-    # their loop, no gradient written), then loop-free per-chunk kernels that load those states.
-    r = linac.run("compile", "linear_attn", "--shape", "B=2,T=300,H=2,K=64", "--dtype", "bf16", "--backward",
-                  "--config", "split=1", "--emit", "tir")
-    assert r.returncode == 0, r.stderr
-    kernels = {k.split("(", 1)[0]: k for k in r.stdout.split("kernel @")[1:]}
-    assert list(kernels) == ["linear_attn_states", "linear_attn_bwd_dstates", "linear_attn_bwd_dq_chunks",
-                             "linear_attn_bwd_dk_chunks", "linear_attn_bwd_dv_chunks"]
-    for name, table in (("linear_attn_states", "s_states"), ("linear_attn_bwd_dstates", "dh_states")):
-        before, loop = kernels[name].split(" = for ", 1)
-        assert f"store %{table}[" in loop and f"%{table}[" not in before, name
-        assert not re.search(r"store %d[qkv]\[", kernels[name]), f"{name} writes a gradient"
-    for name, table in (("dq", "s_states"), ("dk", "dh_states"), ("dv", "dh_states")):
-        body = kernels[f"linear_attn_bwd_{name}_chunks"]
-        assert " = for " not in body, f"{name}_chunks loops"
-        assert re.search(rf"= load %{table}\[", body) and f"store %{name}[" in body, name
-
-
-def test_split_schedule_refuses_normalize(linac):
-    x = make_inputs(695, B=1, T=20, H=1, K=16, V=16)
-    with pytest.raises(CliError, match="split=1 is not implemented"):
-        linac.run_op("linear_attn", x, outputs=["dq"], options=("--backward", "--normalize", "--config", "split=1"))
 
 
 def test_non_power_of_two_head_dims(linac):

@@ -17,13 +17,19 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 [ -f .carry/linac.tar.gz ] && tar -xzf .carry/linac.tar.gz
+# Triton's cache from an earlier run (its compiled kernels and fla's autotuning results, FLA_CACHE_RESULTS
+# is on by default), when carried: fla then skips minutes of compiling and autotuning per shape. Make
+# one by tarring $TRITON_CACHE_DIR (as triton_cache/) into $OUT at the end of a run.
+if [ -f .carry/triton_cache.tar.gz ]; then
+  tar -xzf .carry/triton_cache.tar.gz -C /tmp && export TRITON_CACHE_DIR=/tmp/triton_cache
+fi
 export LD_LIBRARY_PATH=$PWD/build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} LINAC_CACHE_DIR=${LINAC_CACHE_DIR:-/tmp/linac_cache}
 export PYTHONUNBUFFERED=1
 T0=$SECONDS
 stamp() { echo "[$((SECONDS - T0)) s] $*"; }
 
 stamp "1. numeric tests on the GPU"
-for f in tests/python/test_{linear_attn,configs,gla,gla_bwd,delta_rule,delta_rule_bwd,poly,poly_bwd,recurrent,linear_attn_normalized,linear_attn_normalized_bwd,linear_attn_bwd,noise_dropout,bwd_determinism}.py; do
+for f in tests/python/test_{linear_attn,configs,gla,gla_bwd,delta_rule,delta_rule_bwd,poly,poly_bwd,recurrent,linear_attn_normalized,linear_attn_normalized_bwd,linear_attn_bwd,noise_dropout,bwd_determinism,bwd_tuning_space}.py; do
   name=$(basename "$f" .py)
   (cd tests/python && LINAC_TEST_DEVICE=cuda LINAC_BIN=$PWD/../../build/linac LINAC_AUTOTUNE=0 \
      timeout 300 python3 -m pytest -q -p no:cacheprovider "$name.py" > "$OUT/pytest_$name.txt" 2>&1

@@ -85,10 +85,15 @@ def test_plan_errors_are_one_line(linac):
 def test_backward_defaults_narrow_for_few_heads(linac, shape, grid):
     # With 64 walk programs or fewer the linear_attn backward's default column blocks halve (chunk 32,
     # 4 warps): on an H200 B2 T16384 H16 D128 went 3.25 -> 1.94 ms. An explicit config is kept.
-    for options in (["--backward"], ["--backward", "--gated"], ["--backward", "--normalize"]):
+    # --normalize (its walks carry the denominator) keeps the wide defaults: not yet timed narrowed.
+    def walks(*options):
         p = plan(linac, "linear_attn", shape, *options)
-        walks = [l for l in p["launches"] if l["kernel"] in ("linear_attn_bwd_dq", "linear_attn_bwd_dk", "linear_attn_bwd_dv")]
-        assert len(walks) == 3 and all(l["grid"] == grid for l in walks), (options, walks)
+        w = [l for l in p["launches"] if l["kernel"] in ("linear_attn_bwd_dq", "linear_attn_bwd_dk", "linear_attn_bwd_dv")]
+        assert len(w) == 3, p["launches"]
+        return w
+    for options in (["--backward"], ["--backward", "--gated"]):
+        assert all(l["grid"] == grid for l in walks(*options)), options
+    assert all(l["grid"][0] == 1 for l in walks("--backward", "--normalize"))
     D = int(shape.split("K=")[1])
     p = plan(linac, "linear_attn", shape, "--backward", "--config", f"bk={D},bv={D}")
     assert p["launches"][0]["grid"][0] == 1

@@ -61,7 +61,8 @@ CASES = {
 
 def linac_tune_bwd(linac, shape, case):
     """`linac tune OP --backward` at the shape (stored in the tuning database, which the bench then reads),
-    as fla autotunes its backward on first use: {"config", "seconds"}, {"skipped": why} or {"error"}."""
+    as fla autotunes its backward on first use: {"seconds", "best": the tuner's line for the winner},
+    {"skipped": why} or {"error": stderr}."""
     B, T, H, D = shape
     op, flags = CASES[case][:2]
     if "--normalize" in flags:

@@ -18,8 +18,8 @@ OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 [ -f .carry/linac.tar.gz ] && tar -xzf .carry/linac.tar.gz
 # Triton's cache from an earlier run (its compiled kernels and fla's autotuning results, FLA_CACHE_RESULTS
-# is on by default), when carried: fla then skips minutes of compiling and autotuning per shape. Make
-# one by tarring $TRITON_CACHE_DIR (as triton_cache/) into $OUT at the end of a run.
+# is on by default), when carried: fla then skips minutes of compiling and autotuning per shape. Each
+# run leaves its cache in $OUT/triton_cache.tar.gz for the next.
 if [ -f .carry/triton_cache.tar.gz ]; then
   tar -xzf .carry/triton_cache.tar.gz -C /tmp && export TRITON_CACHE_DIR=/tmp/triton_cache
 fi
@@ -70,4 +70,9 @@ if [ "${1:-}" != quick ]; then
   tail -12 "$OUT/bench_vs_fla.txt"
   timeout 400 python3 tools/bench_bwd.py --json "$OUT/bench_bwd.json" 2>"$OUT/bench_bwd.err" | tail -16
 fi
+# Triton's cache for the next run (fla's compiled kernels and autotuning): carry it back as
+# .carry/triton_cache.tar.gz.
+[ -n "${TRITON_CACHE_DIR:-}" ] || export TRITON_CACHE_DIR=$HOME/.triton/cache
+[ -d "$TRITON_CACHE_DIR" ] && tar -czf "$OUT/triton_cache.tar.gz" -C "$(dirname "$TRITON_CACHE_DIR")" \
+  --transform "s,^$(basename "$TRITON_CACHE_DIR"),triton_cache," "$(basename "$TRITON_CACHE_DIR")" 2>/dev/null
 stamp "done"

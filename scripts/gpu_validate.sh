@@ -73,6 +73,11 @@ fi
 # Triton's cache for the next run (fla's compiled kernels and autotuning): carry it back as
 # .carry/triton_cache.tar.gz.
 [ -n "${TRITON_CACHE_DIR:-}" ] || export TRITON_CACHE_DIR=$HOME/.triton/cache
-[ -d "$TRITON_CACHE_DIR" ] && tar -czf "$OUT/triton_cache.tar.gz" -C "$(dirname "$TRITON_CACHE_DIR")" \
-  --transform "s,^$(basename "$TRITON_CACHE_DIR"),triton_cache," "$(basename "$TRITON_CACHE_DIR")" 2>/dev/null
+# Files over 16 MiB do not come back from the device machine: a larger archive goes in 15 MB parts
+# (cat triton_cache.tar.gz.part* > .carry/triton_cache.tar.gz).
+if [ -d "$TRITON_CACHE_DIR" ] && tar -czf "$OUT/triton_cache.tar.gz" -C "$(dirname "$TRITON_CACHE_DIR")" \
+     --transform "s,^$(basename "$TRITON_CACHE_DIR"),triton_cache," "$(basename "$TRITON_CACHE_DIR")" 2>/dev/null &&
+   [ "$(stat -c %s "$OUT/triton_cache.tar.gz")" -gt 15000000 ]; then
+  split -b 15000000 -d "$OUT/triton_cache.tar.gz" "$OUT/triton_cache.tar.gz.part" && rm "$OUT/triton_cache.tar.gz"
+fi
 stamp "done"

@@ -3,13 +3,15 @@
 # H200): run it through the device tool from the repository root after `bash scripts/pack_for_gpu.sh`,
 # carrying .carry (and third_party/fla for the fla comparison):
 #   bash scripts/gpu_validate.sh [quick]
-# Logs go to $OUT (or ./gpu_out). "quick" skips the fla comparison (fla autotunes for minutes).
+# Logs go to $OUT (or ./gpu_out), archived at the end as logs.tar.gz; Triton's cache goes there too
+# (carry it as .carry/triton_cache.tar.gz next time). "quick" skips the fla comparison (fla autotunes
+# for minutes).
 #  1. every numeric test file with LINAC_TEST_DEVICE=cuda, in parallel (LINAC_AUTOTUNE=0: the default
 #     configs; the tuner's own checks run in 3.), ~90 s
 #  2. the main job on the GPU (tools/e2e.py --device cuda, forward and backward of every op)
 #  3. each op at B8 T4096 H16 D128 bf16 with per-kernel times, every op's forward+backward (per-kernel
 #     times of the backward too), cold/warm start per op, the polynomial kernel against SDPA
-#  3b. (unless quick) tools/gpu_check_ops.py: gla and the delta rules at fla's shapes (minutes)
+#  3b. (unless quick) tools/gpu_check_ops.py: gla, the delta rules and poly at fla's shapes (minutes)
 #  4. (unless quick) tools/bench_vs_fla.py at the bar shape and tools/bench_bwd.py (fwd+bwd of every op
 #     against fla, and the memory table)
 set -uo pipefail
@@ -70,6 +72,8 @@ if [ "${1:-}" != quick ]; then
   tail -12 "$OUT/bench_vs_fla.txt"
   timeout 400 python3 tools/bench_bwd.py --json "$OUT/bench_bwd.json" 2>"$OUT/bench_bwd.err" | tail -16
 fi
+# At most 8 files come back from the device machine: the logs go in one archive.
+(cd "$OUT" && tar -czf logs.tar.gz --remove-files -- *.txt *.json *.err 2>/dev/null)
 # Triton's cache for the next run (fla's compiled kernels and autotuning): carry it back as
 # .carry/triton_cache.tar.gz.
 [ -n "${TRITON_CACHE_DIR:-}" ] || export TRITON_CACHE_DIR=$HOME/.triton/cache

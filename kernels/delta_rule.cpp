@@ -458,7 +458,7 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
   // state before each chunk and V_new; with W these are what the backward would recompute
   // (delta_rule_chunked_bwd.h). At the backward's chunk unless one is asked for.
   bool save = false;
-  for (const auto& [output, tensor] : delta_saved_tensors()) save = save || wants(wanted, output);
+  for (const auto& t : delta_saved_tensors()) save = save || wants(wanted, t.name);
   if (save && opts.recurrent) throw UserError(fmt::format("{}: saved_* outputs come from the chunked form, not --recurrent", name));
   if (save && opts.l2norm_qk)
     throw UserError(fmt::format("{}: saved_* outputs are for --backward, which does not take --l2norm-qk", name));
@@ -532,7 +532,7 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
     if (save) {
       plan.tensors["t_mat"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, cfg.chunk});
       wy.tensors["t_mat"] = "t_mat";
-      for (const auto& [output, tensor] : delta_saved_tensors()) plan.outputs[output] = tensor;
+      for (const auto& t : delta_saved_tensors()) plan.outputs[t.name] = t.tensor;
     }
     if (chunks > 0) plan.launches.push_back(std::move(wy));
     if (cfg.split) {
@@ -614,9 +614,8 @@ OpDef delta_rule_op_def(bool gated) {
   op.inputs.push_back({"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"});
   op.inputs.push_back({"do", false, "[B,T,H,V]", "--backward: gradient of the loss w.r.t. o"});
   op.inputs.push_back({"dfinal_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. final_state (fp32)"});
-  for (const auto& [n, shape] : std::vector<std::pair<const char*, const char*>>{
-           {"saved_w", "[B,T,H,K]"}, {"saved_t", "[B,T,H,chunk]"}, {"saved_h", "[chunks,H,K,V]"}, {"saved_v_new", "[B,T,H,V]"}})
-    op.inputs.push_back({n, false, shape, "--backward: the forward's output of that name (all four or none)"});
+  for (const auto& t : delta_saved_tensors())
+    op.inputs.push_back({t.name, false, t.shape, "--backward: the forward's output of that name (all four or none)"});
   op.outputs = {
       {"o", true, "[B,T,H,V]", "outputs"},
       {"final_state", false, "[N,H,K,V]", "state after the last token of each sequence (fp32)"},
@@ -628,10 +627,8 @@ OpDef delta_rule_op_def(bool gated) {
   if (gated) op.outputs.push_back({"dg", false, "[B,T,H]", "--backward: gradient w.r.t. g (fp32)"});
   op.outputs.push_back({"dinitial_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. initial_state (fp32)"});
   // The forward's intermediates for a later --backward (the training pair: see docs/ops/delta_rule.md).
-  op.outputs.push_back({"saved_w", false, "[B,T,H,K]", "W of the UT transform, for --backward (inputs saved_*)"});
-  op.outputs.push_back({"saved_t", false, "[B,T,H,chunk]", "T = (I + A)^-1 by rows, for --backward"});
-  op.outputs.push_back({"saved_h", false, "[chunks,H,K,V]", "the state before each chunk, for --backward"});
-  op.outputs.push_back({"saved_v_new", false, "[B,T,H,V]", "V_new = U - W S, for --backward"});
+  for (const auto& t : delta_saved_tensors())
+    op.outputs.push_back({t.name, false, t.shape, fmt::format("{}, for --backward (inputs saved_*)", t.what)});
   op.flags = {"recurrent", "l2norm_qk", "backward"};
   op.bwd_tuning_space = [](const ProblemShape&, DType) {
     // The chunked backward's chunk and walk width. On an H200 (B8 H16 D128 bf16, timed at T = 1024) the

@@ -380,9 +380,12 @@ std::shared_ptr<ir::Kernel> delta_state_pass_kernel(const DeltaChunkedBwdConfig&
   return cached(cfg, DeltaBwdKernel::states);
 }
 
-const std::vector<std::pair<std::string, std::string>>& delta_saved_tensors() {
-  static const std::vector<std::pair<std::string, std::string>> saved = {
-      {"saved_w", "w"}, {"saved_t", "t_mat"}, {"saved_h", "h"}, {"saved_v_new", "v_new"}};
+const std::vector<DeltaSavedTensor>& delta_saved_tensors() {
+  static const std::vector<DeltaSavedTensor> saved = {
+      {"saved_w", "w", "[B,T,H,K]", "W of the UT transform"},
+      {"saved_t", "t_mat", "[B,T,H,chunk]", "T = (I + A)^-1 by rows"},
+      {"saved_h", "h", "[chunks,H,K,V]", "the state before each chunk"},
+      {"saved_v_new", "v_new", "[B,T,H,V]", "V_new = U - W S"}};
   return saved;
 }
 
@@ -423,9 +426,9 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   // recomputing kernels (delta_rule_wy, the state walk) and runs at the forward's chunk.
   std::vector<std::string> saved_names;
   size_t saved_count = 0;
-  for (const auto& [input, tensor] : delta_saved_tensors()) {
-    saved_names.push_back(input);
-    saved_count += inputs.count(input);
+  for (const auto& t : delta_saved_tensors()) {
+    saved_names.push_back(t.name);
+    saved_count += inputs.count(t.name);
   }
   const bool saved = saved_count == saved_names.size();
   if (saved_count > 0 && !saved)
@@ -476,9 +479,9 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   if (saved) {
     const std::map<std::string, std::vector<int64_t>> shapes{
         {"w", w_shape}, {"t_mat", t_shape}, {"h", h_shape}, {"v_new", vn_shape}};
-    for (const auto& [input, tensor] : delta_saved_tensors()) {
-      check_shape(input, inputs.at(input), shapes.at(tensor));
-      plan.tensors[tensor] = inputs.at(input).cast(cfg.dtype);
+    for (const auto& t : delta_saved_tensors()) {
+      check_shape(t.name, inputs.at(t.name), shapes.at(t.tensor));
+      plan.tensors[t.tensor] = inputs.at(t.name).cast(cfg.dtype);
     }
   } else {
     plan.tensors["w"] = HostTensor::zeros(cfg.dtype, w_shape);

@@ -41,11 +41,15 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
 /// per-chunk state tables (h, dh) are indexed by global chunk.
 int64_t delta_chunk_tables(const SequenceLayout& seq, int64_t BT, HostTensor* offsets, HostTensor* indices);
 
-/// The forward's tensors that the backward takes instead of recomputing them (outputs of the forward,
-/// inputs of --backward), each with the name of the plan tensor that holds it on both sides:
-/// saved_w [B,T,H,K] (w), saved_t [B,T,H,chunk] (t_mat), saved_h [chunks,H,K,V] (h), saved_v_new
-/// [B,T,H,V] (v_new), in the input dtype.
-const std::vector<std::pair<std::string, std::string>>& delta_saved_tensors();
+/// One of the forward's tensors that the backward takes instead of recomputing it (an output of the
+/// forward, an input of --backward), in the input dtype.
+struct DeltaSavedTensor {
+  std::string name;    // saved_w, saved_t, saved_h, saved_v_new
+  std::string tensor;  // the plan tensor that holds it on both sides (w, t_mat, h, v_new)
+  const char* shape;   // as `linac list` shows it
+  const char* what;
+};
+const std::vector<DeltaSavedTensor>& delta_saved_tensors();
 
 /// The backward's default chunk for head dims K, V in `dtype` (the per-chunk kernel's shared memory).
 int delta_bwd_default_chunk(DType dtype, int64_t K, int64_t V);

@@ -4,12 +4,10 @@ The backward kernels write each output element from one program, with no atomics
 their sums is fixed; this checks it. Meaningful on the GPU (LINAC_TEST_DEVICE=cuda, as
 scripts/gpu_validate.sh runs it); the interpreter is deterministic by construction."""
 import hashlib
-import os
 
 import numpy as np
 import pytest
 
-DEVICE = os.environ.get("LINAC_TEST_DEVICE", "cpu")
 RUNS = 3
 B, T, H, K, V = 2, 300, 2, 64, 64
 
@@ -50,8 +48,8 @@ def digests(arrays):
 def test_gradients_are_bitwise_identical_over_runs(linac, case):
     op, options, grads = CASES[case]
     x = make_inputs(case)
-    runs = [digests(linac.run_op(op, x, outputs=grads, options=["--backward", "--dtype", "bf16", *options],
-                                 device=DEVICE)) for _ in range(RUNS)]
+    options = ["--backward", "--dtype", "bf16", *options]
+    runs = [digests(linac.run_op(op, x, outputs=grads, options=options)) for _ in range(RUNS)]
     assert all(r == runs[0] for r in runs), f"{case}: gradients differ between runs: {runs}"
 
 
@@ -63,8 +61,8 @@ def test_training_pair_is_bitwise_identical_over_runs(linac, op):
     grads = CASES[op][2]
     runs = []
     for _ in range(RUNS):
-        fwd = linac.run_op(op, fwd_in, outputs=["o", *saved], options=["--dtype", "bf16"], device=DEVICE)
+        fwd = linac.run_op(op, fwd_in, outputs=["o", *saved], options=["--dtype", "bf16"])
         got = linac.run_op(op, {**x, **{n: fwd[n] for n in saved}}, outputs=grads,
-                           options=["--backward", "--dtype", "bf16"], device=DEVICE)
+                           options=["--backward", "--dtype", "bf16"])
         runs.append(digests({**got, "o": fwd["o"]}))
     assert all(r == runs[0] for r in runs), f"{op}: the training pair differs between runs: {runs}"

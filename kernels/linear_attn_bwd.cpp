@@ -273,7 +273,11 @@ void configure(LinearAttnBwdConfig& cfg, const OpOptions& opts, int64_t heads = 
   const int64_t wide_k = default_bwd_split(cfg.dtype, cfg.block_k), wide_v = default_bwd_split(cfg.dtype, cfg.block_v);
   const int64_t bk = narrowed_split(wide_k, cfg.block_k, heads), bv = narrowed_split(wide_v, cfg.block_v, heads);
   const bool narrowed = bk < wide_k || bv < wide_v;
-  cfg.chunk = checked_chunk_size(opts.chunk_size, narrowed ? 32 : default_bwd_chunk(cfg.dtype, cfg.gated));
+  // Head dims over 128: the walks' [chunk, K] and [chunk, V] tiles at chunk 64 take 239616 bytes of shared
+  // memory in 16-bit, over an sm_90 block's 232448 (test_default_plans_fit); chunk 32 takes 154624.
+  const bool wide_heads = std::max(cfg.block_k, cfg.block_v) > 128;
+  cfg.chunk = checked_chunk_size(opts.chunk_size,
+                                 narrowed || wide_heads ? 32 : default_bwd_chunk(cfg.dtype, cfg.gated));
   cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
   cfg.split_k = config_value(opts, "bk", bk, {16, 32, 64, 128, 256});
   cfg.split_v = config_value(opts, "bv", bv, {16, 32, 64, 128, 256});
@@ -320,9 +324,7 @@ OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vecto
   cfg.block_k = padded_head_dim(seq.K);
   cfg.block_v = padded_head_dim(seq.V);
   cfg.gated = gated;
-  // The narrowed defaults were measured (and run on a GPU) without the denominator only: --normalize
-  // keeps the wide ones until a GPU run times and checks its walks narrowed.
-  configure(cfg, opts, denominator ? 0 : seq.N * seq.H);
+  configure(cfg, opts, seq.N * seq.H);
   cfg.initial_state = has_h0;
   cfg.final_state_grad = has_dht;
   cfg.initial_state_grad = wants(wanted, "dinitial_state");

@@ -84,16 +84,15 @@ def test_plan_errors_are_one_line(linac):
 ])
 def test_backward_defaults_narrow_for_few_heads(linac, shape, grid):
     # With 64 walk programs or fewer the linear_attn backward's default column blocks halve (chunk 32,
-    # 4 warps): on an H200 B2 T16384 H16 D128 went 3.25 -> 1.94 ms. An explicit config is kept.
-    # --normalize (its walks carry the denominator) keeps the wide defaults: not yet timed narrowed.
+    # 4 warps): on an H200 B2 T16384 H16 D128 went 3.25 -> 1.94 ms, --normalize 5.89 -> 4.99 ms (its
+    # walks carry the denominator; the same gradients as the interpreter's). An explicit config is kept.
     def walks(*options):
         p = plan(linac, "linear_attn", shape, *options)
         w = [l for l in p["launches"] if l["kernel"] in ("linear_attn_bwd_dq", "linear_attn_bwd_dk", "linear_attn_bwd_dv")]
         assert len(w) == 3, p["launches"]
         return w
-    for options in (["--backward"], ["--backward", "--gated"]):
+    for options in (["--backward"], ["--backward", "--gated"], ["--backward", "--normalize"]):
         assert all(l["grid"] == grid for l in walks(*options)), options
-    assert all(l["grid"][0] == 1 for l in walks("--backward", "--normalize"))
     D = int(shape.split("K=")[1])
     p = plan(linac, "linear_attn", shape, "--backward", "--config", f"bk={D},bv={D}")
     assert p["launches"][0]["grid"][0] == 1

@@ -182,63 +182,81 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
 
 namespace {
 
-/// Through the UT transform of one chunk of BT rows, the adjoint (see the top of this file). Tt = T^T as
-/// delta_rule_wy stored it (rounded to the input dtype, as the products use it; rows past the sequence
-/// end load 0 and meet only zero rows of dT and dW); dW in the input dtype; G = K K^T; k_factor the row
-/// factor of K in W (beta, gated beta exp(b)); Gam and b the gate's (invalid: ungated); strict the mask
-/// r > c. dK = dK_in + dK's UT terms.
-struct UtAdjoint {
-  Tile dKb, dVb, Kb32, dA, dK, dBeta;
+/// The terms of one chunk's gradients that sum over the value columns, accumulated over column steps of
+/// the per-chunk kernel (one step when all of V fits its shared memory): with Vb = V diag(beta),
+///   dP = dO Vn^T, dQs = dO S^T, VdS = Vn dS'^T, dW = -dVn S^T, dTv = dVn Vb^T,
+///   dBv = rowsum(dVb .* V) with dVb = T^T dVn (whose columns, times beta, are dv's: stored per step).
+/// S and dS' are [K, columns] blocks of the state and its gradient; sSdS = sum(dS' .* S) (the gate's).
+struct ValueSums {
+  Tile dP, dQs, VdS, dW, dTv, dBv, sSdS;
 };
 
-UtAdjoint ut_adjoint(const Tile& Tt, const Tile& dW, const Tile& dVn, const Tile& K, const Tile& V, const Tile& G,
+/// acc += x, where an invalid acc (no step yet, straight-line code) takes x as it is.
+void accumulate(Tile& acc, const Tile& x) { acc = acc.valid() ? acc + x : x; }
+
+/// Through the UT transform of one chunk of BT rows, the adjoint (see the top of this file) given the value
+/// sums. Tt = T^T as delta_rule_wy stored it (rounded to the input dtype, as the products use it; rows past
+/// the sequence end load 0 and meet only zero rows of dT and dW); dW in the input dtype; G = K K^T;
+/// k_factor the row factor of K in W (beta, gated beta exp(b)); Gam and b the gate's (invalid: ungated);
+/// strict the mask r > c. dK = dK_in + dK's UT terms.
+struct UtAdjoint {
+  Tile dKb, Kb32, dA, dK, dBeta;
+};
+
+UtAdjoint ut_adjoint(const Tile& Tt, const Tile& dW, const ValueSums& vs, const Tile& K, const Tile& G,
                      const Tile& beta_r, const Tile& k_factor, const Tile& Gam, const Tile& bg, const Tile& dK_in,
                      const Tile& strict, DType dt) {
   const DType f32 = DType::f32;
   UtAdjoint r;
   r.Kb32 = K.to(f32) * k_factor;
-  Tile Kb = r.Kb32.to(dt), Vb = (V.to(f32) * beta_r).to(dt);
+  Tile Kb = r.Kb32.to(dt);
   r.dKb = dot(Tt, dW);
-  Tile dVb = dot(Tt, dVn);
-  Tile dT = dot(dW, Kb.T()) + dot(dVn, Vb.T());
+  Tile dT = dot(dW, Kb.T()) + vs.dTv;
   r.dA = where(strict, dot(dot(Tt, dT.to(dt)).to(dt), Tt) * -1.0f, 0.0f);
   Tile dA_gam = Gam.valid() ? r.dA * Gam : r.dA;  // dL/d(beta_r G_rc)
   Tile dG = dA_gam * beta_r;
   r.dK = dK_in + r.dKb * k_factor + dot(dG.to(dt), K) + dot(dG.T().to(dt), K);
   Tile kdkb = sum(r.dKb * K.to(f32), 1);
   if (bg.valid()) kdkb = kdkb * exp(bg);
-  r.dBeta = sum(dVb * V.to(f32), 1) + kdkb + sum(dA_gam * G, 1);
-  r.dVb = dVb;
+  r.dBeta = vs.dBv + kdkb + sum(dA_gam * G, 1);
   return r;
 }
 
-/// The output's terms of one chunk: dPm = dP .* Gam .* M * scale with dP = dO Vn^T,
-/// dQ's state term dQs (gated: times exp(b)), dQ, Vn dS'^T (VdS), dK's output terms and dW = -dVn S^T.
-/// Gam, e_b = exp(b) and to_end = exp(b_C - b) are the gate's (invalid: ungated).
+/// The output's terms of one chunk from the value sums: dPm = dP .* Gam .* M * scale, dQ's state term dQs
+/// (gated: times exp(b)), dQ and dK's output terms. Gam, e_b = exp(b) and to_end = exp(b_C - b) are the
+/// gate's (invalid: ungated).
 struct OutputTerms {
-  Tile dPm, dQs, dQ, VdS, dK, dW;
+  Tile dPm, dQs, dQ, dK;
 };
 
-OutputTerms output_terms(const Tile& Q, const Tile& K, const Tile& dO, const Tile& Vn, const Tile& dVn, const Tile& S,
-                         const Tile& dS1, const Tile& scale, const Tile& causal, const Tile& Gam, const Tile& e_b,
-                         const Tile& to_end, DType dt) {
+OutputTerms output_terms(const Tile& Q, const Tile& K, const ValueSums& vs, const Tile& scale, const Tile& causal,
+                         const Tile& Gam, const Tile& e_b, const Tile& to_end, DType dt) {
   OutputTerms r;
-  r.dPm = dot(dO, Vn.T()) * scale;
+  r.dPm = vs.dP * scale;
   if (Gam.valid()) r.dPm = r.dPm * Gam;
   r.dPm = where(causal, r.dPm, 0.0f);
-  r.dQs = dot(dO, S.T()) * scale;
+  r.dQs = vs.dQs * scale;
   if (e_b.valid()) r.dQs = r.dQs * e_b;
   r.dQ = r.dQs + dot(r.dPm.to(dt), K);
-  r.VdS = dot(Vn, dS1.T());
-  r.dK = dot(r.dPm.T().to(dt), Q) + (to_end.valid() ? r.VdS * to_end : r.VdS);
-  r.dW = dot(dVn, S.T()) * -1.0f;
+  r.dK = dot(r.dPm.T().to(dt), Q) + (to_end.valid() ? vs.VdS * to_end : vs.VdS);
   return r;
 }
 
 }  // namespace
 
+int64_t delta_bwd_chunk_columns(DType dtype, int64_t full_v) {
+  // The per-chunk kernel holds S and dS' blocks [K, columns] beside the chunk's tiles: all of V up to 128
+  // (one step, straight-line code); above that steps of 64 (head dim 256, bf16: 360 KB of shared memory
+  // in one step, more than an sm_90 block's 227 KB). fp32 takes steps of 32 there.
+  if (full_v <= 128) return full_v;
+  return dtype == DType::f32 ? 32 : 64;
+}
+
 std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& cfg) {
-  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.full_v;
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, CV = cfg.chunk_v;
+  if (CV <= 0 || cfg.full_v % CV != 0)
+    throw InternalError(fmt::format("delta_bwd_chunk: {} value columns per step do not divide {}", CV, cfg.full_v));
+  const int64_t steps = cfg.full_v / CV;
   const DType dt = cfg.dtype, f32 = DType::f32;
   KernelBuilder kb(cfg.gated ? "gated_delta_rule_bwd_chunk" : "delta_rule_bwd_chunk");
   kb.set_num_warps(cfg.num_warps);
@@ -274,14 +292,47 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
 
   Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
   Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-  Tile V = load(v, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
-  Tile dO = load(dout, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
-  Tile Vn = load(vn, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
-  Tile dVn = load(dvn, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, in_seq);
-  Tile S = load(h, {global_chunk, i_h, 0, 0}, {kIndex, kIndex, BK, BV});
-  Tile dS1 = load(dh, {global_chunk, i_h, 0, 0}, {kIndex, kIndex, BK, BV});
   Tile beta_c = load(beta, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
   Tile beta_r = expand_dims(beta_c, 1);
+  Tile Tt = load(t_mat, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BT}, in_seq).T();
+
+  // The value sums (ValueSums), over column steps of CV: each step's dv columns are stored as they come.
+  ValueSums vs;
+  auto value_step = [&](const Tile& v0) {
+    Tile V = load(v, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+    Tile dO = load(dout, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+    Tile Vn = load(vn, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+    Tile dVn = load(dvn, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+    Tile S = load(h, {global_chunk, i_h, 0, v0}, {kIndex, kIndex, BK, CV});
+    Tile dS1 = load(dh, {global_chunk, i_h, 0, v0}, {kIndex, kIndex, BK, CV});
+    Tile Vb = (V.to(f32) * beta_r).to(dt);
+    accumulate(vs.dP, dot(dO, Vn.T()));
+    accumulate(vs.dQs, dot(dO, S.T()));
+    accumulate(vs.VdS, dot(Vn, dS1.T()));
+    accumulate(vs.dW, dot(dVn, S.T()) * -1.0f);
+    accumulate(vs.dTv, dot(dVn, Vb.T()));
+    Tile dVb = dot(Tt, dVn);
+    accumulate(vs.dBv, sum(dVb * V.to(f32), 1));
+    if (cfg.gated) accumulate(vs.sSdS, sum(sum(dS1.to(f32) * S.to(f32), 1), 0));
+    store(dv, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, (dVb * beta_r).to(dt), in_seq);
+  };
+  if (steps == 1) {
+    value_step(constant(0, DType::i32));
+  } else {
+    vs.dP = zeros({BT, BT}, f32);
+    vs.dQs = zeros({BT, BK}, f32);
+    vs.VdS = zeros({BT, BK}, f32);
+    vs.dW = zeros({BT, BK}, f32);
+    vs.dTv = zeros({BT, BT}, f32);
+    vs.dBv = zeros({BT}, f32);
+    if (cfg.gated) vs.sSdS = constant(0, f32);
+    auto body = [&](Tile i) { value_step(i * CV); };
+    if (cfg.gated) {
+      for_range(0, steps, body, vs.dP, vs.dQs, vs.VdS, vs.dW, vs.dTv, vs.dBv, vs.sSdS);
+    } else {
+      for_range(0, steps, body, vs.dP, vs.dQs, vs.VdS, vs.dW, vs.dTv, vs.dBv);
+    }
+  }
 
   // The gate: b (chunk-local cumulative log-decay), b_C, Gam = exp(b_r - b_c) where r >= c.
   Tile bg, b_last, Gam, e_b, to_end, dec_R;
@@ -296,32 +347,30 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
     dec_R = dec.R;
   }
 
-  const OutputTerms out = output_terms(Q, K, dO, Vn, dVn, S, dS1, scale, causal, Gam, e_b, to_end, dt);
-  const Tile &dPm = out.dPm, &dQs = out.dQs, &dQ = out.dQ, &VdS = out.VdS, &dW = out.dW;
+  const OutputTerms out = output_terms(Q, K, vs, scale, causal, Gam, e_b, to_end, dt);
+  const Tile &dPm = out.dPm, &dQs = out.dQs, &dQ = out.dQ;
   Tile dK = out.dK;
 
   // Through the UT transform (ut_adjoint). A is only needed for the gate's terms; G for dbeta.
   Tile G = dot(K, K.T());
   Tile A;
   if (cfg.gated) A = where(strict, G * beta_r * Gam, 0.0f);
-  Tile Tt = load(t_mat, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BT}, in_seq).T();
   Tile k_factor = cfg.gated ? beta_r * e_b : beta_r;  // W = T diag(beta exp(b)) K
-  const UtAdjoint ut = ut_adjoint(Tt, dW.to(dt), dVn, K, V, G, beta_r, k_factor, Gam, bg, dK, strict, dt);
+  const UtAdjoint ut = ut_adjoint(Tt, vs.dW.to(dt), vs, K, G, beta_r, k_factor, Gam, bg, dK, strict, dt);
   dK = ut.dK;
 
   if (cfg.gated) {
     // db per row from every place b enters (see the top of this file), then dg = suffix sums + db_C.
     Tile Z1 = dPm * dot(Q, K.T());  // dP .* P
     Tile Z2 = ut.dA * A;
-    Tile Y = sum(VdS * K.to(f32), 1) * exp(dec_R);
+    Tile Y = sum(vs.VdS * K.to(f32), 1) * exp(dec_R);
     Tile db = sum(Z1, 1) - sum(Z1, 0) + sum(Z2, 1) - sum(Z2, 0) + sum(dQs * Q.to(f32), 1) + sum(ut.dKb * ut.Kb32, 1) - Y;
-    Tile db_C = sum(Y, 0) + exp(b_last) * sum(sum(dS1.to(f32) * S.to(f32), 1), 0);
+    Tile db_C = sum(Y, 0) + exp(b_last) * vs.sSdS;
     store(dg, {b, t0, i_h}, {kIndex, BT, kIndex}, cumsum(db, 0, true) + db_C, in_seq);
   }
 
   store(dq, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dQ.to(dt), in_seq);
   store(dk, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dK.to(dt), in_seq);
-  store(dv, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BV}, (ut.dVb * beta_r).to(dt), in_seq);
   store(dbeta, {b, t0, i_h}, {kIndex, BT, kIndex}, ut.dBeta, in_seq);
   return kb.finish();
 }
@@ -332,8 +381,8 @@ enum class DeltaBwdKernel { wy, states, dstates, chunk };
 
 std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, DeltaBwdKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype), cfg.chunk,
-                                cfg.block_k, cfg.block_v, cfg.full_v, cfg.gated, cfg.initial_state, cfg.final_state,
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
+                                cfg.chunk, cfg.block_k, cfg.block_v, cfg.full_v, cfg.chunk_v, cfg.gated, cfg.initial_state, cfg.final_state,
                                 cfg.final_state_grad, cfg.initial_state_grad, cfg.varlen, cfg.num_warps);
   return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
@@ -400,6 +449,7 @@ const std::vector<std::pair<std::string, std::string>>& delta_chunked_bwd_config
       {"chunk", "--backward: rows per chunk (16, 32, 64)"},
       {"bv", "--backward: value columns per program of the state walks (16..128)"},
       {"warps", "warps per program (2, 4, 8)"},
+      {"cv", "--backward: value columns per step of the per-chunk kernel (16..256; default all of V up to 128)"},
   };
   return keys;
 }
@@ -421,6 +471,11 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   cfg.dtype = opts.dtype;
   cfg.block_k = padded_head_dim(seq.K);
   cfg.full_v = padded_head_dim(seq.V);
+  cfg.chunk_v = std::min<int64_t>(
+      config_value(opts, "cv", delta_bwd_chunk_columns(cfg.dtype, cfg.full_v), {16, 32, 64, 128, 256}), cfg.full_v);
+  if (cfg.full_v % cfg.chunk_v != 0)
+    throw UserError(fmt::format("{} --backward: --config cv={} does not divide the padded value dim {}", name,
+                                cfg.chunk_v, cfg.full_v));
   // What the forward saved for the backward (all of saved_w, saved_t, saved_h, saved_v_new, or none): the
   // UT transform's W and T, the state before each chunk and V_new. With them the backward skips its
   // recomputing kernels (delta_rule_wy, the state walk) and runs at the forward's chunk.
@@ -452,7 +507,9 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   }
   // V blocks of 128 in the walks: the fastest of `linac tune --backward` on an H200 at B8 H16 D128 bf16
   // (delta_rule 1.45 ms vs 1.51 at 64, gated 2.69 vs 2.92, T = 1024).
-  cfg.block_v = std::min<int64_t>(config_value(opts, "bv", 128, {16, 32, 64, 128}), cfg.full_v);
+  // fp32 above head dim 128: 64 (the reverse walk plans 260 KB of shared memory at 128, K = V = 256).
+  const int64_t dflt_bv = cfg.dtype == DType::f32 && std::max(cfg.block_k, cfg.full_v) > 128 ? 64 : 128;
+  cfg.block_v = std::min<int64_t>(config_value(opts, "bv", dflt_bv, {16, 32, 64, 128}), cfg.full_v);
   // 8 warps: at 4 the per-chunk kernel (K = V = 128, chunk 32) spills 1004 bytes, at 8 it spills 8
   // (ptxas, sm_90a); 4 warps were also 1.7x slower on the H200.
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
@@ -530,6 +587,11 @@ std::vector<std::shared_ptr<ir::Kernel>> delta_chunked_bwd_kernels(bool gated, c
   for (const auto* c : {&cfg, &full})
     for (auto which : {DeltaBwdKernel::states, DeltaBwdKernel::dstates, DeltaBwdKernel::chunk})
       out.push_back(cached(*c, which));
+  // The per-chunk kernel in value-column steps (as head dims over 128 run it).
+  DeltaChunkedBwdConfig stepped = cfg;
+  stepped.full_v = 128;
+  stepped.chunk_v = 32;
+  out.push_back(cached(stepped, DeltaBwdKernel::chunk));
   return out;
 }
 

@@ -18,7 +18,8 @@ struct DeltaChunkedBwdConfig {
   int chunk = 32;
   int64_t block_k = 64;  // K padded (the whole key dim in every kernel)
   int64_t block_v = 64;  // value columns per program of the walks (and of delta_rule_wy's u blocks)
-  int64_t full_v = 64;   // V padded (the per-chunk kernel holds all of it)
+  int64_t full_v = 64;   // V padded
+  int64_t chunk_v = 64;  // value columns per step of the per-chunk kernel (delta_bwd_chunk_columns)
   bool gated = false;    // gated_delta_rule: g [B,T,H] in, dg out
   bool initial_state = false;
   bool final_state = false;  // the state pass also stores S after the last chunk (the forward's split schedule)
@@ -50,6 +51,10 @@ struct DeltaSavedTensor {
   const char* what;
 };
 const std::vector<DeltaSavedTensor>& delta_saved_tensors();
+
+/// Value columns per step of the per-chunk kernel for V padded to full_v: all of them while its shared
+/// memory allows, else steps that divide full_v.
+int64_t delta_bwd_chunk_columns(DType dtype, int64_t full_v);
 
 /// The backward's default chunk for head dims K, V in `dtype` (the per-chunk kernel's shared memory).
 int delta_bwd_default_chunk(DType dtype, int64_t K, int64_t V);

@@ -374,7 +374,9 @@ void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts) {
   if (cfg.chunk > 64)
     throw UserError(fmt::format("--chunk-size {}: gla --backward takes chunks of 16, 32 or 64 rows", cfg.chunk));
   cfg.split_k = std::min<int64_t>(config_value(opts, "bk", half_width ? 128 : 64, {16, 32, 64, 128, 256}), cfg.block_k);
-  cfg.split_v = std::min<int64_t>(config_value(opts, "bv", half_width ? 128 : 64, {16, 32, 64, 128, 256}), cfg.block_v);
+  // fp32 above head dim 128: 32 value columns (the dv walk plans 238 KB of shared memory at 64, K = V = 256).
+  const int64_t dflt_bv = half_width ? 128 : std::max(cfg.block_k, cfg.block_v) > 128 ? 32 : 64;
+  cfg.split_v = std::min<int64_t>(config_value(opts, "bv", dflt_bv, {16, 32, 64, 128, 256}), cfg.block_v);
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", half_width ? 8 : 4, {2, 4, 8}));
   cfg.intra_warps = static_cast<int>(config_value(opts, "iwarps", 4, {2, 4, 8}));
   // take=1: H200 backward 4.70 ms (intra 2.04) vs 5.03 (intra 2.38) with masked row sums.

@@ -121,8 +121,8 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
   cfg.block_k = padded_head_dim(seq.K);
   // Chunk 32 for fp32 above head dim 64: at 64 the gated kernel plans 257 KB (64 value columns) to
   // 323 KB (128) of shared memory, more than an sm_90 block has (test_default_plans_fit.py); at 32,
-  // 142-191 KB.
-  const int default_chunk = cfg.dtype == DType::f32 && cfg.block_k > 64 ? 32 : 64;
+  // 142-191 KB. Above head dim 128 chunk 16 (the gated kernel plans 259 KB at 32 with K = 256; 163 KB at 16).
+  const int default_chunk = cfg.dtype != DType::f32 ? 64 : cfg.block_k > 128 ? 16 : cfg.block_k > 64 ? 32 : 64;
   cfg.chunk = checked_chunk_size(opts.chunk_size, default_chunk);
   cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
   // The defaults the tuner starts from (and what runs without it), from measurements on an H200 (see

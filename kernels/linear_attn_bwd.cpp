@@ -245,6 +245,9 @@ namespace {
 /// at chunk 64 it needed 292 KB). Gated, 16-bit: chunk 32 at 128 columns 1.76 ms, chunk 64 2.14 (its dq
 /// and dk kernels spill 84-96 bytes there; the dg kernel walks twice as many chunks, 0.11 vs 0.24 ms).
 int default_bwd_chunk(DType dt, bool gated) { return dt == DType::f32 || gated ? 32 : 64; }
+/// fp32 above head dim 128: chunk 16 (the gated walks plan 285 KB of shared memory at 32 with K = V = 256,
+/// the normalized ones 238 KB; 176 and 156 KB at 16).
+int wide_heads_bwd_chunk(DType dt) { return dt == DType::f32 ? 16 : 32; }
 int64_t default_bwd_split(DType dt, int64_t padded) { return std::min<int64_t>(padded, dt == DType::f32 ? 64 : 128); }
 
 std::shared_ptr<ir::Kernel> cached_bwd(const LinearAttnBwdConfig& cfg, LinearAttnBwdKernel which) {
@@ -274,10 +277,12 @@ void configure(LinearAttnBwdConfig& cfg, const OpOptions& opts, int64_t heads = 
   const int64_t bk = narrowed_split(wide_k, cfg.block_k, heads), bv = narrowed_split(wide_v, cfg.block_v, heads);
   const bool narrowed = bk < wide_k || bv < wide_v;
   // Head dims over 128: the walks' [chunk, K] and [chunk, V] tiles at chunk 64 take 239616 bytes of shared
-  // memory in 16-bit, over an sm_90 block's 232448 (test_default_plans_fit); chunk 32 takes 154624.
+  // memory in 16-bit, over an sm_90 block's 232448 (test_default_plans_fit); chunk 32 takes 154624
+  // (fp32: wide_heads_bwd_chunk).
   const bool wide_heads = std::max(cfg.block_k, cfg.block_v) > 128;
   cfg.chunk = checked_chunk_size(opts.chunk_size,
-                                 narrowed || wide_heads ? 32 : default_bwd_chunk(cfg.dtype, cfg.gated));
+                                 wide_heads ? wide_heads_bwd_chunk(cfg.dtype)
+                                 : narrowed ? 32 : default_bwd_chunk(cfg.dtype, cfg.gated));
   cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
   cfg.split_k = config_value(opts, "bk", bk, {16, 32, 64, 128, 256});
   cfg.split_v = config_value(opts, "bv", bv, {16, 32, 64, 128, 256});

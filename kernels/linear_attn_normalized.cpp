@@ -103,7 +103,9 @@ LinearAttnNormalizedConfig normalized_config(const OpOptions& opts, int64_t K, i
   // Until the normalized form is tuned on its own, the defaults are what ptxas assembles without
   // spills for sm_80 and sm_90a in every dtype (tests/python/test_ptxas.py): z and the row sums cost
   // registers that linear_attn's 64-row chunks with 4 warps do not have.
-  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, 32), {16, 32, 64, 128}));
+  // fp32 above head dim 128: chunk 16 (259 KB of shared memory at 32 with K = 256; 164 KB at 16).
+  const int dflt_chunk = opts.dtype == DType::f32 && cfg.block_k > 128 ? 16 : 32;
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, dflt_chunk), {16, 32, 64, 128}));
   cfg.block_v = static_cast<int>(config_value(opts, "bv", std::min(64, padded_head_dim(V)), {16, 32, 64, 128, 256}));
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
   cfg.num_stages = static_cast<int>(config_value(opts, "stages", 2, {1, 2}));

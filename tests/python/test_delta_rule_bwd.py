@@ -63,11 +63,12 @@ def test_varlen(linac, op):
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("config", ["chunk=16", "chunk=16,bv=16", "chunk=64,warps=8", "chunk=32,bv=32,warps=2",
-                                    "tokenwise=1"])
+                                    "chunk=16,cv=16", "tokenwise=1"])
 def test_chunked_configs(linac, op, config):
     # The chunked backward over many chunks (T=100 at chunk 16: seven, the last partial), with value
     # blocks (V=40 pads to 64: bv=16 gives four walks per head, the last partly masked), K != V, both
-    # states; and the token-by-token reference form (tokenwise=1).
+    # states; the per-chunk kernel in value-column steps (cv=16: four, as head dims over 128 run it); and
+    # the token-by-token reference form (tokenwise=1).
     x = make_inputs(80 + OPS.index(op), op, B=2, T=100, H=2, K=24, V=40, init=True, dfinal=True)
     check(linac, op, x, options=["--config", config])
 
@@ -155,6 +156,13 @@ def test_chunked_varlen_many_chunks(linac, op):
 def test_chunked_head_dim_128(linac, op):
     # DeltaNet's usual head size, two V blocks of 64 in the walks.
     check(linac, op, make_inputs(84 + OPS.index(op), op, B=1, T=40, H=1, K=128, V=128, init=True, dfinal=True))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_chunked_head_dim_256(linac, op):
+    # fla's widest shape: the per-chunk kernel takes the value columns in steps (delta_bwd_chunk_columns)
+    # since S and dS' whole would not fit in shared memory.
+    check(linac, op, make_inputs(86 + OPS.index(op), op, B=1, T=40, H=1, K=256, V=256, init=True, dfinal=True))
 
 
 def test_very_negative_gates(linac):

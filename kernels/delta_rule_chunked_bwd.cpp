@@ -252,6 +252,8 @@ int64_t delta_bwd_chunk_columns(DType dtype, int64_t full_v) {
   return dtype == DType::f32 ? 32 : 64;
 }
 
+int64_t delta_bwd_chunk_key_columns(int64_t block_k) { return block_k <= 128 ? block_k : 64; }
+
 std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, CV = cfg.chunk_v;
   if (CV <= 0 || cfg.full_v % CV != 0)
@@ -375,14 +377,229 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
   return kb.finish();
 }
 
+// ---- The per-chunk work in key blocks (head dims over 128) ----------------------------------------------
+// At K = V = 256 the one per-chunk kernel holds [BT, K] accumulators (dQs, VdS, dW) beside Q, K and the
+// UT transform's tiles: 255 registers with spills, one program per SM (H200, B8 T2048 H32: 6.8 ms of a
+// 9.0 ms backward). Split in two: delta_bwd_chunk_keys, one program per (chunk, key block of CK
+// columns), computes every term whose sum runs over V (value_step's, for its key columns) and what
+// follows from them column by column: dq (final), dK's output terms and dW (to scratch), and the gate's
+// row sums per key block (to scratch, summed in block order by the next kernel: no atomics); then
+// delta_bwd_chunk_ut, one program per chunk, the terms that need every key column: the UT adjoint
+// (dT = dW Kb^T + dVn Vb^T, dA, dK's UT terms, dbeta), dv, and the gate's dg.
+
+std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_keys(const DeltaChunkedBwdConfig& cfg) {
+  const int64_t BT = cfg.chunk, CK = cfg.chunk_k, CV = cfg.chunk_v;
+  if (CV <= 0 || cfg.full_v % CV != 0 || CK <= 0 || cfg.block_k % CK != 0)
+    throw InternalError(fmt::format("delta_bwd_chunk_keys: steps {}x{} do not divide {}x{}", CK, CV, cfg.block_k, cfg.full_v));
+  const int64_t steps = cfg.full_v / CV;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb(cfg.gated ? "gated_delta_rule_bwd_chunk_keys" : "delta_rule_bwd_chunk_keys");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_min_ctas_per_sm(1);
+  kb.set_num_stages(1);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  Tensor dout = kb.tensor("do", dt, 4);
+  Tensor vn = kb.tensor("v_new", dt, 4);
+  Tensor dvn = kb.tensor("dv_new", dt, 4);
+  Tensor h = kb.tensor("h", dt, 4);
+  Tensor dh = kb.tensor("dh", dt, 4);
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  Tensor dq = kb.tensor("dq", dt, 4);
+  Tensor dk_out = kb.tensor("dk_out", f32, 4);  // [B, T, H, K]: dK's output terms
+  Tensor dw = kb.tensor("dw", dt, 4);           // [B, T, H, K]: dW, rounded as ut_adjoint takes it
+  // The gate's per-key-block sums: rowsum(dQs .* Q), rowsum(VdS .* K) ([blocks, B, T, H]) and
+  // sum(dS' .* S) ([blocks, chunks, H]).
+  Tensor dqs_q = cfg.gated ? kb.tensor("dqs_q", f32, 4) : Tensor();
+  Tensor vds_k = cfg.gated ? kb.tensor("vds_k", f32, 4) : Tensor();
+  Tensor ssds = cfg.gated ? kb.tensor("ssds", f32, 3) : Tensor();
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile i_c = program_id(0), i_x = program_id(1), i_k = program_id(2);
+  const ChunkBounds cb = chunk_bounds(q, cu, chunk_indices, cfg.varlen, i_c, i_x, BT);
+  const Tile b = cb.b, i_h = cb.i_h, global_chunk = cb.global_chunk, t0 = cb.t0;
+  const AccessOptions& in_seq = cb.in_seq;
+  const AccessOptions in_parts{.limits = {{2, cb.eos}}};  // the [blocks, B, T, H] sums: T is dim 2
+  Tile k0 = i_k * CK;
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+  Tile causal = row >= col;
+
+  Tile Q = load(q, {b, t0, i_h, k0}, {kIndex, BT, kIndex, CK}, in_seq);
+  Tile K = load(k, {b, t0, i_h, k0}, {kIndex, BT, kIndex, CK}, in_seq);
+
+  // value_step's sums for this program's key columns (dP over all of V, the same in every key block).
+  Tile dP, dQs, VdS, dW, sSdS;
+  auto value_step = [&](const Tile& v0) {
+    Tile dO = load(dout, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+    Tile Vn = load(vn, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+    Tile dVn = load(dvn, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+    Tile S = load(h, {global_chunk, i_h, k0, v0}, {kIndex, kIndex, CK, CV});
+    Tile dS1 = load(dh, {global_chunk, i_h, k0, v0}, {kIndex, kIndex, CK, CV});
+    accumulate(dP, dot(dO, Vn.T()));
+    accumulate(dQs, dot(dO, S.T()));
+    accumulate(VdS, dot(Vn, dS1.T()));
+    accumulate(dW, dot(dVn, S.T()) * -1.0f);
+    if (cfg.gated) accumulate(sSdS, sum(sum(dS1.to(f32) * S.to(f32), 1), 0));
+  };
+  if (steps == 1) {
+    value_step(constant(0, DType::i32));
+  } else {
+    dP = zeros({BT, BT}, f32);
+    dQs = zeros({BT, CK}, f32);
+    VdS = zeros({BT, CK}, f32);
+    dW = zeros({BT, CK}, f32);
+    if (cfg.gated) sSdS = constant(0, f32);
+    auto body = [&](Tile i) { value_step(i * CV); };
+    if (cfg.gated) {
+      for_range(0, steps, body, dP, dQs, VdS, dW, sSdS);
+    } else {
+      for_range(0, steps, body, dP, dQs, VdS, dW);
+    }
+  }
+
+  Tile dPm = dP * scale;
+  dQs = dQs * scale;
+  Tile to_end_VdS = VdS;
+  if (cfg.gated) {
+    Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+    const ChunkDecays dec = chunk_decays(gc, BT);
+    dPm = dPm * exp(dec.D);
+    dQs = dQs * expand_dims(exp(cumsum(gc, 0)), 1);
+    to_end_VdS = VdS * expand_dims(exp(dec.R), 1);
+  }
+  dPm = where(causal, dPm, 0.0f);
+  store(dq, {b, t0, i_h, k0}, {kIndex, BT, kIndex, CK}, (dQs + dot(dPm.to(dt), K)).to(dt), in_seq);
+  store(dk_out, {b, t0, i_h, k0}, {kIndex, BT, kIndex, CK}, dot(dPm.T().to(dt), Q) + to_end_VdS, in_seq);
+  store(dw, {b, t0, i_h, k0}, {kIndex, BT, kIndex, CK}, dW.to(dt), in_seq);
+  if (cfg.gated) {
+    store(dqs_q, {i_k, b, t0, i_h}, {kIndex, kIndex, BT, kIndex}, sum(dQs * Q.to(f32), 1), in_parts);
+    store(vds_k, {i_k, b, t0, i_h}, {kIndex, kIndex, BT, kIndex}, sum(VdS * K.to(f32), 1), in_parts);
+    store(ssds, {i_k, global_chunk, i_h}, {kIndex, kIndex, kIndex}, sSdS);
+  }
+  return kb.finish();
+}
+
+std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_ut(const DeltaChunkedBwdConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, CV = cfg.chunk_v;
+  const int64_t steps = cfg.full_v / CV, key_blocks = cfg.block_k / cfg.chunk_k;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb(cfg.gated ? "gated_delta_rule_bwd_chunk_ut" : "delta_rule_bwd_chunk_ut");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_min_ctas_per_sm(1);
+  kb.set_num_stages(1);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor v = kb.tensor("v", dt, 4);
+  Tensor beta = kb.tensor("beta", f32, 3);
+  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  Tensor dout = cfg.gated ? kb.tensor("do", dt, 4) : Tensor();
+  Tensor vn = cfg.gated ? kb.tensor("v_new", dt, 4) : Tensor();
+  Tensor dvn = kb.tensor("dv_new", dt, 4);
+  Tensor t_mat = kb.tensor("t_mat", dt, 4);
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  Tensor dk_out = kb.tensor("dk_out", f32, 4);
+  Tensor dw = kb.tensor("dw", dt, 4);
+  Tensor dqs_q = cfg.gated ? kb.tensor("dqs_q", f32, 4) : Tensor();
+  Tensor vds_k = cfg.gated ? kb.tensor("vds_k", f32, 4) : Tensor();
+  Tensor ssds = cfg.gated ? kb.tensor("ssds", f32, 3) : Tensor();
+  Tensor dk = kb.tensor("dk", dt, 4);
+  Tensor dv = kb.tensor("dv", dt, 4);
+  Tensor dbeta = kb.tensor("dbeta", f32, 3);
+  Tensor dg = cfg.gated ? kb.tensor("dg", f32, 3) : Tensor();
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile i_c = program_id(0), i_x = program_id(1);
+  const ChunkBounds cb = chunk_bounds(q, cu, chunk_indices, cfg.varlen, i_c, i_x, BT);
+  const Tile b = cb.b, i_h = cb.i_h, global_chunk = cb.global_chunk, t0 = cb.t0;
+  const AccessOptions& in_seq = cb.in_seq;
+  const AccessOptions in_parts{.limits = {{2, cb.eos}}};
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+  Tile causal = row >= col, strict = row > col;
+
+  Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile beta_c = load(beta, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+  Tile beta_r = expand_dims(beta_c, 1);
+  Tile Tt = load(t_mat, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BT}, in_seq).T();
+
+  // The value sums the UT adjoint needs (dTv, dBv; the gate's dP), dv stored per step.
+  ValueSums vs;
+  auto value_step = [&](const Tile& v0) {
+    Tile V = load(v, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+    Tile dVn = load(dvn, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+    Tile Vb = (V.to(f32) * beta_r).to(dt);
+    accumulate(vs.dTv, dot(dVn, Vb.T()));
+    Tile dVb = dot(Tt, dVn);
+    accumulate(vs.dBv, sum(dVb * V.to(f32), 1));
+    if (cfg.gated) {
+      Tile dO = load(dout, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+      Tile Vn = load(vn, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+      accumulate(vs.dP, dot(dO, Vn.T()));
+    }
+    store(dv, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, (dVb * beta_r).to(dt), in_seq);
+  };
+  if (steps == 1) {
+    value_step(constant(0, DType::i32));
+  } else {
+    vs.dTv = zeros({BT, BT}, f32);
+    vs.dBv = zeros({BT}, f32);
+    if (cfg.gated) vs.dP = zeros({BT, BT}, f32);
+    auto body = [&](Tile i) { value_step(i * CV); };
+    if (cfg.gated) {
+      for_range(0, steps, body, vs.dTv, vs.dBv, vs.dP);
+    } else {
+      for_range(0, steps, body, vs.dTv, vs.dBv);
+    }
+  }
+
+  Tile bg, b_last, Gam, e_b, dec_R;
+  if (cfg.gated) {
+    Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+    bg = cumsum(gc, 0);
+    b_last = sum(gc, 0);
+    const ChunkDecays dec = chunk_decays(gc, BT);
+    Gam = exp(dec.D);
+    e_b = expand_dims(exp(bg), 1);
+    dec_R = dec.R;
+  }
+  Tile G = dot(K, K.T());
+  Tile dW = load(dw, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile dK_out = load(dk_out, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile k_factor = cfg.gated ? beta_r * e_b : beta_r;
+  const UtAdjoint ut = ut_adjoint(Tt, dW, vs, K, G, beta_r, k_factor, Gam, bg, dK_out, strict, dt);
+
+  if (cfg.gated) {
+    // As build_delta_bwd_chunk's db, with the key-block sums of the first kernel added in block order.
+    Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile dPm = where(causal, vs.dP * scale * Gam, 0.0f);
+    Tile Z1 = dPm * dot(Q, K.T());
+    Tile Z2 = ut.dA * where(strict, G * beta_r * Gam, 0.0f);
+    Tile dqsq, vdsk, sds;
+    for (int64_t c = 0; c < key_blocks; ++c) {
+      accumulate(dqsq, load(dqs_q, {c, b, t0, i_h}, {kIndex, kIndex, BT, kIndex}, in_parts));
+      accumulate(vdsk, load(vds_k, {c, b, t0, i_h}, {kIndex, kIndex, BT, kIndex}, in_parts));
+      accumulate(sds, load(ssds, {c, global_chunk, i_h}, {kIndex, kIndex, kIndex}));
+    }
+    Tile Y = vdsk * exp(dec_R);
+    Tile db = sum(Z1, 1) - sum(Z1, 0) + sum(Z2, 1) - sum(Z2, 0) + dqsq + sum(ut.dKb * ut.Kb32, 1) - Y;
+    Tile db_C = sum(Y, 0) + exp(b_last) * sds;
+    store(dg, {b, t0, i_h}, {kIndex, BT, kIndex}, cumsum(db, 0, true) + db_C, in_seq);
+  }
+  store(dk, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, ut.dK.to(dt), in_seq);
+  store(dbeta, {b, t0, i_h}, {kIndex, BT, kIndex}, ut.dBeta, in_seq);
+  return kb.finish();
+}
+
 namespace {
 
-enum class DeltaBwdKernel { wy, states, dstates, chunk };
+enum class DeltaBwdKernel { wy, states, dstates, chunk, chunk_keys, chunk_ut };
 
 std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, DeltaBwdKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
-                                cfg.chunk, cfg.block_k, cfg.block_v, cfg.full_v, cfg.chunk_v, cfg.gated, cfg.initial_state, cfg.final_state,
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
+                                cfg.chunk, cfg.block_k, cfg.block_v, cfg.full_v, cfg.chunk_v, cfg.chunk_k, cfg.gated, cfg.initial_state, cfg.final_state,
                                 cfg.final_state_grad, cfg.initial_state_grad, cfg.varlen, cfg.num_warps);
   return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
@@ -401,6 +618,8 @@ std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, DeltaBwdKer
       case DeltaBwdKernel::states: return build_delta_bwd_states(cfg);
       case DeltaBwdKernel::dstates: return build_delta_bwd_dstates(cfg);
       case DeltaBwdKernel::chunk: return build_delta_bwd_chunk(cfg);
+      case DeltaBwdKernel::chunk_keys: return build_delta_bwd_chunk_keys(cfg);
+      case DeltaBwdKernel::chunk_ut: return build_delta_bwd_chunk_ut(cfg);
     }
     throw InternalError("bad delta-rule backward kernel");
   });
@@ -450,6 +669,8 @@ const std::vector<std::pair<std::string, std::string>>& delta_chunked_bwd_config
       {"bv", "--backward: value columns per program of the state walks (16..128)"},
       {"warps", "warps per program (2, 4, 8)"},
       {"cv", "--backward: value columns per step of the per-chunk kernel (16..256; default all of V up to 128)"},
+      {"ck", "--backward: key columns per program of the per-chunk work, in two kernels under the padded K "
+             "(16..256; default all of K up to 128, else 64)"},
   };
   return keys;
 }
@@ -476,6 +697,11 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   if (cfg.full_v % cfg.chunk_v != 0)
     throw UserError(fmt::format("{} --backward: --config cv={} does not divide the padded value dim {}", name,
                                 cfg.chunk_v, cfg.full_v));
+  cfg.chunk_k = std::min<int64_t>(
+      config_value(opts, "ck", delta_bwd_chunk_key_columns(cfg.block_k), {16, 32, 64, 128, 256}), cfg.block_k);
+  if (cfg.block_k % cfg.chunk_k != 0)
+    throw UserError(fmt::format("{} --backward: --config ck={} does not divide the padded key dim {}", name,
+                                cfg.chunk_k, cfg.block_k));
   // What the forward saved for the backward (all of saved_w, saved_t, saved_h, saved_v_new, or none): the
   // UT transform's W and T, the state before each chunk and V_new. With them the backward skips its
   // recomputing kernels (delta_rule_wy, the state walk) and runs at the forward's chunk.
@@ -566,7 +792,21 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
     launch(DeltaBwdKernel::states, {v_blocks, seq.N * seq.H, 1});
   }
   launch(DeltaBwdKernel::dstates, {v_blocks, seq.N * seq.H, 1});
-  if (chunks > 0) launch(DeltaBwdKernel::chunk, per_chunk);
+  if (chunks > 0 && cfg.chunk_k < cfg.block_k) {
+    // The per-chunk work in key blocks (build_delta_bwd_chunk_keys): O(T*K) scratch between the two.
+    const int64_t key_blocks = cfg.block_k / cfg.chunk_k;
+    plan.tensors["dk_out"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
+    plan.tensors["dw"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+    if (gated) {
+      plan.tensors["dqs_q"] = HostTensor::zeros(DType::f32, {key_blocks, seq.B, seq.T, seq.H});
+      plan.tensors["vds_k"] = HostTensor::zeros(DType::f32, {key_blocks, seq.B, seq.T, seq.H});
+      plan.tensors["ssds"] = HostTensor::zeros(DType::f32, {key_blocks, chunks, seq.H});
+    }
+    launch(DeltaBwdKernel::chunk_keys, {per_chunk[0], per_chunk[1], key_blocks});
+    launch(DeltaBwdKernel::chunk_ut, per_chunk);
+  } else if (chunks > 0) {
+    launch(DeltaBwdKernel::chunk, per_chunk);
+  }
   for (const char* n : {"dq", "dk", "dv", "dbeta", "dg", "dinitial_state"})
     if (wants(wanted, n) && plan.tensors.count(n)) plan.outputs[n] = n;
   return plan;
@@ -592,6 +832,11 @@ std::vector<std::shared_ptr<ir::Kernel>> delta_chunked_bwd_kernels(bool gated, c
   stepped.full_v = 128;
   stepped.chunk_v = 32;
   out.push_back(cached(stepped, DeltaBwdKernel::chunk));
+  // ... and in key blocks (as head dims over 128 run it), with every option.
+  DeltaChunkedBwdConfig keyed = full;
+  keyed.block_k = keyed.full_v = 128;
+  keyed.chunk_v = keyed.chunk_k = 64;
+  for (auto which : {DeltaBwdKernel::chunk_keys, DeltaBwdKernel::chunk_ut}) out.push_back(cached(keyed, which));
   return out;
 }
 

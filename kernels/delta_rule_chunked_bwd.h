@@ -20,6 +20,7 @@ struct DeltaChunkedBwdConfig {
   int64_t block_v = 64;  // value columns per program of the walks (and of delta_rule_wy's u blocks)
   int64_t full_v = 64;   // V padded
   int64_t chunk_v = 64;  // value columns per step of the per-chunk kernel (delta_bwd_chunk_columns)
+  int64_t chunk_k = 64;  // key columns per program of the per-chunk work: under block_k, in two kernels
   bool gated = false;    // gated_delta_rule: g [B,T,H] in, dg out
   bool initial_state = false;
   bool final_state = false;  // the state pass also stores S after the last chunk (the forward's split schedule)
@@ -36,6 +37,10 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& 
 std::shared_ptr<ir::Kernel> delta_state_pass_kernel(const DeltaChunkedBwdConfig& cfg);
 std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig& cfg);
 std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& cfg);
+/// The per-chunk work in key blocks of chunk_k columns: the value sums per (chunk, key block), then the
+/// UT adjoint per chunk (see above build_delta_bwd_chunk_keys in the .cpp).
+std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_keys(const DeltaChunkedBwdConfig& cfg);
+std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_ut(const DeltaChunkedBwdConfig& cfg);
 
 /// Chunk offsets per sequence ([N+1]: the first global chunk of each) and (sequence, chunk of it) per
 /// global chunk ([chunks, 2]), both int32, for chunks of BT rows; returns the number of chunks. The
@@ -55,6 +60,10 @@ const std::vector<DeltaSavedTensor>& delta_saved_tensors();
 /// Value columns per step of the per-chunk kernel for V padded to full_v: all of them while its shared
 /// memory allows, else steps that divide full_v.
 int64_t delta_bwd_chunk_columns(DType dtype, int64_t full_v);
+
+/// Key columns per program of the per-chunk work for K padded to block_k: all of them up to 128 (one
+/// kernel), else blocks of 64 (two kernels: build_delta_bwd_chunk_keys).
+int64_t delta_bwd_chunk_key_columns(int64_t block_k);
 
 /// The backward's default chunk for head dims K, V in `dtype` (the per-chunk kernel's shared memory).
 int delta_bwd_default_chunk(DType dtype, int64_t K, int64_t V);

@@ -63,11 +63,12 @@ def test_varlen(linac, op):
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("config", ["chunk=16", "chunk=16,bv=16", "chunk=64,warps=8", "chunk=32,bv=32,warps=2",
-                                    "chunk=16,cv=16", "tokenwise=1"])
+                                    "chunk=16,cv=16", "chunk=32,ck=16", "chunk=16,ck=16,cv=16", "tokenwise=1"])
 def test_chunked_configs(linac, op, config):
     # The chunked backward over many chunks (T=100 at chunk 16: seven, the last partial), with value
     # blocks (V=40 pads to 64: bv=16 gives four walks per head, the last partly masked), K != V, both
-    # states; the per-chunk kernel in value-column steps (cv=16: four, as head dims over 128 run it); and
+    # states; the per-chunk kernel in value-column steps (cv=16: four, as head dims over 128 run it) and
+    # in key blocks (ck=16: two, K=24 padded to 32; two kernels, as head dims over 128 run them); and
     # the token-by-token reference form (tokenwise=1).
     x = make_inputs(80 + OPS.index(op), op, B=2, T=100, H=2, K=24, V=40, init=True, dfinal=True)
     check(linac, op, x, options=["--config", config])

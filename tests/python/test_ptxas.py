@@ -35,6 +35,10 @@ KNOWN_SPILLS = {
     # (ptxas 13.0), 1.7 KB in fp32; chunk 16 still spills 188. (The ungated kernel split in two, output
     # terms then the UT adjoint, was slower on an H200: 0.90 + 1.03 ms against 1.41 fused; removed.)
     "gated_delta_rule_bwd_chunk": {"bf16": 600, "fp16": 600, "fp32": 1800},
+    # The UT half of that work in key blocks (head dims over 128): [BT, K] tiles of dW, dK and dKb with
+    # the gate's [BT, BT] tiles; at K = V = 128 with every option 255 registers and 4-8 bytes of spill
+    # (ptxas 13.0), about 110 at the K = V = 256 it is for.
+    "gated_delta_rule_bwd_chunk_ut": {"bf16": 16, "fp16": 16},
     # At K = V = 128 the 16-bit default (value blocks of 128) takes 255 registers and spills 24 bytes on
     # sm_80 with every option (8 until the gates were loaded an iteration ahead, which took the walk
     # from 0.62 to 0.57 ms on an H200; none on sm_90a: 203 registers); at bv 64 it is held to 128

@@ -252,7 +252,14 @@ int64_t delta_bwd_chunk_columns(DType dtype, int64_t full_v) {
   return dtype == DType::f32 ? 32 : 64;
 }
 
-int64_t delta_bwd_chunk_key_columns(int64_t block_k) { return block_k <= 128 ? block_k : 64; }
+int64_t delta_bwd_chunk_key_columns(int64_t block_k, bool gated) {
+  // H200, B8 T2048 H32 K = V = 256 bf16, per-chunk work in ms (the backward from the saved tensors):
+  //   delta_rule        one kernel 6.67 (8.86)    ck 128: 7.62 + 2.60 (12.38)    ck 64: 10.18 + 2.60 (14.97)
+  //   gated_delta_rule  one kernel 14.25 (16.67)  ck 128: 7.79 + 4.46 (14.68)    ck 64: 11.85 + 4.57 (18.84)
+  // The key blocks pay for the UT kernel and for dP = dO Vn^T in every block; they win only where the one
+  // kernel's gate tiles push it far past its registers.
+  return gated && block_k > 128 ? 128 : block_k;
+}
 
 std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, CV = cfg.chunk_v;
@@ -377,15 +384,16 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
   return kb.finish();
 }
 
-// ---- The per-chunk work in key blocks (head dims over 128) ----------------------------------------------
-// At K = V = 256 the one per-chunk kernel holds [BT, K] accumulators (dQs, VdS, dW) beside Q, K and the
-// UT transform's tiles: 255 registers with spills, one program per SM (H200, B8 T2048 H32: 6.8 ms of a
-// 9.0 ms backward). Split in two: delta_bwd_chunk_keys, one program per (chunk, key block of CK
-// columns), computes every term whose sum runs over V (value_step's, for its key columns) and what
-// follows from them column by column: dq (final), dK's output terms and dW (to scratch), and the gate's
-// row sums per key block (to scratch, summed in block order by the next kernel: no atomics); then
-// delta_bwd_chunk_ut, one program per chunk, the terms that need every key column: the UT adjoint
-// (dT = dW Kb^T + dVn Vb^T, dA, dK's UT terms, dbeta), dv, and the gate's dg.
+// ---- The per-chunk work in key blocks (gated_delta_rule above head dim 128) ----------------------------
+// At K = V = 256 the one per-chunk kernel holds [BT, K] accumulators (dQs, VdS, dW) beside Q, K, the UT
+// transform's tiles and (gated) the gate's: 255 registers with spills, one program per SM. Split in two:
+// delta_bwd_chunk_keys, one program per (chunk, key block of CK columns), computes every term whose sum
+// runs over V (value_step's, for its key columns) and what follows from them column by column: dq
+// (final), dK's output terms and dW (to scratch), and the gate's row sums per key block (to scratch,
+// summed in block order by the next kernel: no atomics); then delta_bwd_chunk_ut, one program per
+// chunk, the terms that need every key column: the UT adjoint (dT = dW Kb^T + dVn Vb^T, dA, dK's UT
+// terms, dbeta), dv, and the gate's dg. Measured faster for the gated form only
+// (delta_bwd_chunk_key_columns).
 
 std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_keys(const DeltaChunkedBwdConfig& cfg) {
   const int64_t BT = cfg.chunk, CK = cfg.chunk_k, CV = cfg.chunk_v;
@@ -670,7 +678,7 @@ const std::vector<std::pair<std::string, std::string>>& delta_chunked_bwd_config
       {"warps", "warps per program (2, 4, 8)"},
       {"cv", "--backward: value columns per step of the per-chunk kernel (16..256; default all of V up to 128)"},
       {"ck", "--backward: key columns per program of the per-chunk work, in two kernels under the padded K "
-             "(16..256; default all of K up to 128, else 64)"},
+             "(16..256; default all of K, gated_delta_rule 128 above 128)"},
   };
   return keys;
 }
@@ -698,7 +706,7 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
     throw UserError(fmt::format("{} --backward: --config cv={} does not divide the padded value dim {}", name,
                                 cfg.chunk_v, cfg.full_v));
   cfg.chunk_k = std::min<int64_t>(
-      config_value(opts, "ck", delta_bwd_chunk_key_columns(cfg.block_k), {16, 32, 64, 128, 256}), cfg.block_k);
+      config_value(opts, "ck", delta_bwd_chunk_key_columns(cfg.block_k, gated), {16, 32, 64, 128, 256}), cfg.block_k);
   if (cfg.block_k % cfg.chunk_k != 0)
     throw UserError(fmt::format("{} --backward: --config ck={} does not divide the padded key dim {}", name,
                                 cfg.chunk_k, cfg.block_k));

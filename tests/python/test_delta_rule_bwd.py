@@ -68,7 +68,7 @@ def test_chunked_configs(linac, op, config):
     # The chunked backward over many chunks (T=100 at chunk 16: seven, the last partial), with value
     # blocks (V=40 pads to 64: bv=16 gives four walks per head, the last partly masked), K != V, both
     # states; the per-chunk kernel in value-column steps (cv=16: four, as head dims over 128 run it) and
-    # in key blocks (ck=16: two, K=24 padded to 32; two kernels, as head dims over 128 run them); and
+    # in key blocks (ck=16: two, K=24 padded to 32; two kernels, as the gated form runs them over 128); and
     # the token-by-token reference form (tokenwise=1).
     x = make_inputs(80 + OPS.index(op), op, B=2, T=100, H=2, K=24, V=40, init=True, dfinal=True)
     check(linac, op, x, options=["--config", config])
@@ -162,7 +162,8 @@ def test_chunked_head_dim_128(linac, op):
 @pytest.mark.parametrize("op", OPS)
 def test_chunked_head_dim_256(linac, op):
     # fla's widest shape: the per-chunk kernel takes the value columns in steps (delta_bwd_chunk_columns)
-    # since S and dS' whole would not fit in shared memory.
+    # since S and dS' whole would not fit in shared memory; the gated form's per-chunk work runs in two
+    # kernels, by key blocks (delta_bwd_chunk_key_columns).
     check(linac, op, make_inputs(86 + OPS.index(op), op, B=1, T=40, H=1, K=256, V=256, init=True, dfinal=True))
 
 

@@ -194,6 +194,29 @@ struct ValueSums {
 /// acc += x, where an invalid acc (no step yet, straight-line code) takes x as it is.
 void accumulate(Tile& acc, const Tile& x) { acc = acc.valid() ? acc + x : x; }
 
+/// An fp32 sum carried over the value steps and its shape ({} for a scalar).
+struct StepSum {
+  Tile* sum;
+  std::vector<int64_t> shape;
+};
+
+/// Runs step(v0) over the value columns in `steps` steps of CV columns: straight-line code for one step (the
+/// sums, left invalid, take the step's terms through accumulate), else a loop carrying `sums`, each set to
+/// zeros first.
+void over_value_steps(int64_t steps, int64_t CV, const std::vector<StepSum>& sums,
+                      const std::function<void(const Tile&)>& step) {
+  if (steps == 1) {
+    step(constant(0, DType::i32));
+    return;
+  }
+  std::vector<Tile*> carried;
+  for (const StepSum& s : sums) {
+    *s.sum = s.shape.empty() ? constant(0, DType::f32) : zeros(s.shape, DType::f32);
+    carried.push_back(s.sum);
+  }
+  for_range_carrying(0, steps, [&](Tile i) { step(i * CV); }, carried);
+}
+
 /// Through the UT transform of one chunk of BT rows, the adjoint (see the top of this file) given the value
 /// sums. Tt = T^T as delta_rule_wy stored it (rounded to the input dtype, as the products use it; rows past
 /// the sequence end load 0 and meet only zero rows of dT and dW); dW in the input dtype; G = K K^T;
@@ -325,23 +348,10 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
     if (cfg.gated) accumulate(vs.sSdS, sum(sum(dS1.to(f32) * S.to(f32), 1), 0));
     store(dv, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, (dVb * beta_r).to(dt), in_seq);
   };
-  if (steps == 1) {
-    value_step(constant(0, DType::i32));
-  } else {
-    vs.dP = zeros({BT, BT}, f32);
-    vs.dQs = zeros({BT, BK}, f32);
-    vs.VdS = zeros({BT, BK}, f32);
-    vs.dW = zeros({BT, BK}, f32);
-    vs.dTv = zeros({BT, BT}, f32);
-    vs.dBv = zeros({BT}, f32);
-    if (cfg.gated) vs.sSdS = constant(0, f32);
-    auto body = [&](Tile i) { value_step(i * CV); };
-    if (cfg.gated) {
-      for_range(0, steps, body, vs.dP, vs.dQs, vs.VdS, vs.dW, vs.dTv, vs.dBv, vs.sSdS);
-    } else {
-      for_range(0, steps, body, vs.dP, vs.dQs, vs.VdS, vs.dW, vs.dTv, vs.dBv);
-    }
-  }
+  std::vector<StepSum> sums = {{&vs.dP, {BT, BT}}, {&vs.dQs, {BT, BK}}, {&vs.VdS, {BT, BK}},
+                                {&vs.dW, {BT, BK}},  {&vs.dTv, {BT, BT}}, {&vs.dBv, {BT}}};
+  if (cfg.gated) sums.push_back({&vs.sSdS, {}});
+  over_value_steps(steps, CV, sums, value_step);
 
   // The gate: b (chunk-local cumulative log-decay), b_C, Gam = exp(b_r - b_c) where r >= c.
   Tile bg, b_last, Gam, e_b, to_end, dec_R;
@@ -451,21 +461,9 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_keys(const DeltaChunkedBwdConf
     accumulate(dW, dot(dVn, S.T()) * -1.0f);
     if (cfg.gated) accumulate(sSdS, sum(sum(dS1.to(f32) * S.to(f32), 1), 0));
   };
-  if (steps == 1) {
-    value_step(constant(0, DType::i32));
-  } else {
-    dP = zeros({BT, BT}, f32);
-    dQs = zeros({BT, CK}, f32);
-    VdS = zeros({BT, CK}, f32);
-    dW = zeros({BT, CK}, f32);
-    if (cfg.gated) sSdS = constant(0, f32);
-    auto body = [&](Tile i) { value_step(i * CV); };
-    if (cfg.gated) {
-      for_range(0, steps, body, dP, dQs, VdS, dW, sSdS);
-    } else {
-      for_range(0, steps, body, dP, dQs, VdS, dW);
-    }
-  }
+  std::vector<StepSum> sums = {{&dP, {BT, BT}}, {&dQs, {BT, CK}}, {&VdS, {BT, CK}}, {&dW, {BT, CK}}};
+  if (cfg.gated) sums.push_back({&sSdS, {}});
+  over_value_steps(steps, CV, sums, value_step);
 
   Tile dPm = dP * scale;
   dQs = dQs * scale;
@@ -548,19 +546,9 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_ut(const DeltaChunkedBwdConfig
     }
     store(dv, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, (dVb * beta_r).to(dt), in_seq);
   };
-  if (steps == 1) {
-    value_step(constant(0, DType::i32));
-  } else {
-    vs.dTv = zeros({BT, BT}, f32);
-    vs.dBv = zeros({BT}, f32);
-    if (cfg.gated) vs.dP = zeros({BT, BT}, f32);
-    auto body = [&](Tile i) { value_step(i * CV); };
-    if (cfg.gated) {
-      for_range(0, steps, body, vs.dTv, vs.dBv, vs.dP);
-    } else {
-      for_range(0, steps, body, vs.dTv, vs.dBv);
-    }
-  }
+  std::vector<StepSum> sums = {{&vs.dTv, {BT, BT}}, {&vs.dBv, {BT}}};
+  if (cfg.gated) sums.push_back({&vs.dP, {BT, BT}});
+  over_value_steps(steps, CV, sums, value_step);
 
   Tile bg, b_last, Gam, e_b, dec_R;
   if (cfg.gated) {

@@ -87,6 +87,23 @@ TEST_CASE("dsl: a loop turns reassigned variables into carried values") {
   CHECK(opcodes(k->body).back() == ir::OpCode::Store);
 }
 
+TEST_CASE("dsl: for_range_carrying takes the carried variables as a list") {
+  KernelBuilder kb("k");
+  Tile a = zeros({16}, DType::f32), b = zeros({16}, DType::f32), untouched = zeros({16}, DType::f32);
+  Tile a0 = a, untouched0 = untouched;
+  for_range_carrying(0, 4, [&](Tile i) {
+    a = a + i.to(DType::f32);
+    b = b * 2.0f;
+  }, {&a, &b});
+  ir::Op* loop = a.value()->def;
+  REQUIRE(loop->code == ir::OpCode::For);
+  CHECK(loop->results.size() == 2);
+  CHECK(b.value()->def == loop);
+  CHECK(a.value() != a0.value());
+  CHECK(untouched.value() == untouched0.value());
+  kb.finish();
+}
+
 TEST_CASE("dsl: if with and without else yields in both branches") {
   KernelBuilder kb("k");
   Tile x = constant(1, DType::f32);

@@ -230,6 +230,13 @@ void for_range(const Operand& lo, const Operand& hi, Body&& body, Carried&... ca
                     std::span<Tile* const>(vars, sizeof...(Carried)));
 }
 
+/// for_range with the loop-carried variables given as a list (for a set that depends on the kernel's
+/// options).
+inline void for_range_carrying(const Operand& lo, const Operand& hi, const std::function<void(Tile)>& body,
+                               const std::vector<Tile*>& carried) {
+  detail::for_range(lo, hi, body, std::span<Tile* const>(carried.data(), carried.size()));
+}
+
 /// if (cond) then_body(); the listed variables may be reassigned in the body.
 template <class Then, class... Carried>
 void if_then(const Operand& cond, Then&& then_body, Carried&... carried) {

@@ -207,10 +207,12 @@ def main():
                 if "error" in r:
                     print(f"    {who} error: {r['error']}")
             save()
-    print("\ndevice memory of fwd+bwd, B1 H16 D128 bf16, plain (linac: tensors of the backward call; fla: peak)")
-    print(f"{'T':>7} {'linac MB':>9} {'per token KB':>12} {'fla peak MB':>11}")
-    fn = "--no-fla" if args.no_fla else fla_function(args.fla_root, "plain")
-    for T in (int(x) for x in args.mem_lengths.split(",") if x.strip()):
+    mem_lengths = [int(x) for x in args.mem_lengths.split(",") if x.strip()]
+    if mem_lengths:  # --mem-lengths "" leaves the memory table out
+        print("\ndevice memory of fwd+bwd, B1 H16 D128 bf16, plain (linac: tensors of the backward call; fla: peak)")
+        print(f"{'T':>7} {'linac MB':>9} {'per token KB':>12} {'fla peak MB':>11}")
+    fn = "--no-fla" if args.no_fla or not mem_lengths else fla_function(args.fla_root, "plain")
+    for T in mem_lengths:
         if out_of_time():
             rows.append({"memory_T": T, "not_run": "time budget"})
             print(f"{T:>7} not run (--time-budget spent)", flush=True)

@@ -412,9 +412,9 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_keys(const DeltaChunkedBwdConf
   const int64_t steps = cfg.full_v / CV;
   const DType dt = cfg.dtype, f32 = DType::f32;
   KernelBuilder kb(cfg.gated ? "gated_delta_rule_bwd_chunk_keys" : "delta_rule_bwd_chunk_keys");
-  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_warps(cfg.keys_warps);
   kb.set_min_ctas_per_sm(1);
-  kb.set_num_stages(1);
+  kb.set_num_stages(cfg.keys_stages);
   Tensor q = kb.tensor("q", dt, 4);
   Tensor k = kb.tensor("k", dt, 4);
   Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
@@ -594,9 +594,10 @@ enum class DeltaBwdKernel { wy, states, dstates, chunk, chunk_keys, chunk_ut };
 
 std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, DeltaBwdKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
-                                cfg.chunk, cfg.block_k, cfg.block_v, cfg.full_v, cfg.chunk_v, cfg.chunk_k, cfg.gated, cfg.initial_state, cfg.final_state,
-                                cfg.final_state_grad, cfg.initial_state_grad, cfg.varlen, cfg.num_warps);
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}/{}/{}", static_cast<int>(which),
+                                dtype_name(cfg.dtype), cfg.chunk, cfg.block_k, cfg.block_v, cfg.full_v, cfg.chunk_v,
+                                cfg.chunk_k, cfg.gated, cfg.initial_state, cfg.final_state, cfg.final_state_grad,
+                                cfg.initial_state_grad, cfg.varlen, cfg.num_warps, cfg.keys_warps, cfg.keys_stages);
   return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
       case DeltaBwdKernel::wy: {
@@ -667,6 +668,8 @@ const std::vector<std::pair<std::string, std::string>>& delta_chunked_bwd_config
       {"cv", "--backward: value columns per step of the per-chunk kernel (16..256; default all of V up to 128)"},
       {"ck", "--backward: key columns per program of the per-chunk work, in two kernels under the padded K "
              "(16..256; default all of K, gated_delta_rule 128 above 128)"},
+      {"kwarps", "--backward: warps of the key-block kernel where ck splits K (2, 4, 8; default warps)"},
+      {"kstages", "--backward: 2 = the key-block kernel prefetches its next value step's loads (default 1)"},
   };
   return keys;
 }
@@ -735,6 +738,9 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   // 8 warps: at 4 the per-chunk kernel (K = V = 128, chunk 32) spills 1004 bytes, at 8 it spills 8
   // (ptxas, sm_90a); 4 warps were also 1.7x slower on the H200.
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
+  // The key-block kernel's own (untimed: session 9 ran it at 8 warps and 1 stage only).
+  cfg.keys_warps = static_cast<int>(config_value(opts, "kwarps", cfg.num_warps, {2, 4, 8}));
+  cfg.keys_stages = static_cast<int>(config_value(opts, "kstages", 1, {1, 2}));
   cfg.gated = gated;
   cfg.initial_state = has_h0;
   cfg.final_state_grad = has_dht;

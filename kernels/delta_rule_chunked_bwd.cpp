@@ -275,13 +275,21 @@ int64_t delta_bwd_chunk_columns(DType dtype, int64_t full_v) {
   return dtype == DType::f32 ? 32 : 64;
 }
 
-int64_t delta_bwd_chunk_key_columns(int64_t block_k, bool gated) {
+int64_t delta_bwd_chunk_key_columns(int64_t block_k, bool /*gated*/) {
   // H200, B8 T2048 H32 K = V = 256 bf16, per-chunk work in ms (the backward from the saved tensors):
   //   delta_rule        one kernel 6.67 (8.86)    ck 128: 7.62 + 2.60 (12.38)    ck 64: 10.18 + 2.60 (14.97)
   //   gated_delta_rule  one kernel 14.25 (16.67)  ck 128: 7.79 + 4.46 (14.68)    ck 64: 11.85 + 4.57 (18.84)
-  // The key blocks pay for the UT kernel and for dP = dO Vn^T in every block; they win only where the one
-  // kernel's gate tiles push it far past its registers.
-  return gated && block_k > 128 ? 128 : block_k;
+  // With the key-block kernel's next value step prefetched (delta_bwd_keys_stages; session 10):
+  //   delta_rule        ck 128: 2.75 + 2.6 (7.54)   ck 64 kwarps 4: 2.88 + 2.6 (7.68)
+  //   gated_delta_rule  ck 128: 4.57 + 4.5 (11.44)  ck 64 kwarps 4: 4.27 + 4.5 (11.22)
+  // so blocks of 128 above head dim 128 for both forms (the one kernel spills: 255 registers).
+  return block_k > 128 ? 128 : block_k;
+}
+
+int delta_bwd_keys_stages(DType dtype) {
+  // Prefetching the next value step's loads took the key-block kernel from 7.63 to 2.75 ms (delta_rule)
+  // and 7.80 to 4.57 (gated) at the shape above; fp32 keeps one stage (its tiles are twice the bytes).
+  return dtype == DType::f32 ? 1 : 2;
 }
 
 std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& cfg) {
@@ -667,9 +675,9 @@ const std::vector<std::pair<std::string, std::string>>& delta_chunked_bwd_config
       {"warps", "warps per program (2, 4, 8)"},
       {"cv", "--backward: value columns per step of the per-chunk kernel (16..256; default all of V up to 128)"},
       {"ck", "--backward: key columns per program of the per-chunk work, in two kernels under the padded K "
-             "(16..256; default all of K, gated_delta_rule 128 above 128)"},
+             "(16..256; default all of K up to 128, else 128)"},
       {"kwarps", "--backward: warps of the key-block kernel where ck splits K (2, 4, 8; default warps)"},
-      {"kstages", "--backward: 2 = the key-block kernel prefetches its next value step's loads (default 1)"},
+      {"kstages", "--backward: 2 = the key-block kernel prefetches its next value step's loads (default 2, fp32 1)"},
   };
   return keys;
 }
@@ -740,7 +748,7 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
   // The key-block kernel's own (untimed: session 9 ran it at 8 warps and 1 stage only).
   cfg.keys_warps = static_cast<int>(config_value(opts, "kwarps", cfg.num_warps, {2, 4, 8}));
-  cfg.keys_stages = static_cast<int>(config_value(opts, "kstages", 1, {1, 2}));
+  cfg.keys_stages = static_cast<int>(config_value(opts, "kstages", delta_bwd_keys_stages(cfg.dtype), {1, 2}));
   cfg.gated = gated;
   cfg.initial_state = has_h0;
   cfg.final_state_grad = has_dht;

@@ -63,9 +63,11 @@ const std::vector<DeltaSavedTensor>& delta_saved_tensors();
 /// memory allows, else steps that divide full_v.
 int64_t delta_bwd_chunk_columns(DType dtype, int64_t full_v);
 
-/// Key columns per program of the per-chunk work for K padded to block_k: all of them (one kernel), but
-/// blocks of 128 for the gated form above 128 (two kernels: build_delta_bwd_chunk_keys).
+/// Key columns per program of the per-chunk work for K padded to block_k: all of them (one kernel) up to
+/// 128, blocks of 128 above (two kernels: build_delta_bwd_chunk_keys).
 int64_t delta_bwd_chunk_key_columns(int64_t block_k, bool gated);
+/// Pipeline stages of the key-block kernel's value steps by default (2: the next step prefetched).
+int delta_bwd_keys_stages(DType dtype);
 
 /// The backward's default chunk for head dims K, V in `dtype` (the per-chunk kernel's shared memory).
 int delta_bwd_default_chunk(DType dtype, int64_t K, int64_t V);

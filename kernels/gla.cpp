@@ -324,8 +324,9 @@ const std::vector<std::pair<std::string, std::string>>& gla_config_keys() {
       {"bv", "value columns per program (16..128)"},
       {"warps", "warps per program (2, 4, 8)"},
       {"stages", "pipeline stages of the chunk loads (1 or 2)"},
-      {"split", "1: state pass + parallel outputs (dense inputs; varlen runs fused), 0: fused chunk loop"},
-      {"sbk", "split=1: key columns per program of the state pass (16..128; default all)"},
+      {"split", "1: state pass + parallel outputs (dense inputs; varlen runs fused), 0: fused chunk loop; "
+                "--backward: state passes (states and their gradients per chunk), then per-chunk gradients"},
+      {"sbk", "split=1: key columns per program of the state pass (16..128; default all; --backward 32)"},
   };
   return keys;
 }
@@ -472,18 +473,25 @@ OpDef gla_op() {
   };
   op.flags = {"recurrent", "backward"};
   op.prepare = plan_gla;
-  op.bwd_tuning_space = [](const ProblemShape&, DType) {
+  op.bwd_tuning_space = [](const ProblemShape& s, DType) {
     // The chunked backward's chunk, column blocks and warps: the default (16-bit: chunk 16, whole
     // 128-column blocks, 8 warps) and the runners-up on an H200 at B8 T4096 H16 D128 (see configure in
     // gla_chunked_bwd.cpp); intra with 8 warps was slower there (4.03 vs 2.96 ms).
     // take=0 (masked row sums in gla_bwd_intra) was 0.34 ms slower, so it is not offered.
-    return std::vector<Config>{{},
-                               {{"chunk", 16}, {"bk", 64}, {"bv", 64}, {"warps", 4}},
-                               {{"chunk", 32}, {"bk", 64}, {"bv", 64}, {"warps", 8}}};
+    std::vector<Config> space{{},
+                              {{"chunk", 16}, {"bk", 64}, {"bv", 64}, {"warps", 4}},
+                              {{"chunk", 32}, {"bk", 64}, {"bv", 64}, {"warps", 8}}};
+    // Both schedules where few walks leave SMs idle (head dims up to 128; the default picks by shape,
+    // see split_by_default in gla_chunked_bwd.cpp). gla_bwd_inter at 4 warps was 2.7x slower.
+    if (s.B * s.H <= kGlaBwdSplitHeads && std::max(s.K, s.V) <= 128) {
+      space.push_back({{"split", 1}});
+      space.push_back({{"split", 0}});
+    }
+    return space;
   };
   op.config_keys = gla_config_keys();
   for (const auto& key : gla_chunked_bwd_config_keys())
-    for (const char* name : {"bk", "iwarps", "take", "fuse", "tokenwise"})
+    for (const char* name : {"bk", "iwarps", "take", "fuse", "sbv", "tokenwise"})
       if (key.first == name) op.config_keys.push_back(key);
   op.random_inputs = [](const ProblemShape& s, uint64_t seed) {
     TensorMap in;

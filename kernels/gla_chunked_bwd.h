@@ -11,6 +11,10 @@
 
 namespace linac {
 
+/// Sequences x heads up to which gla's backward defaults to the split schedule (16-bit, dense, head dims
+/// up to 128, T >= 1024) and its tuner offers it.
+inline constexpr int64_t kGlaBwdSplitHeads = 64;
+
 struct GlaChunkedBwdConfig {
   DType dtype = DType::f32;
   int chunk = 16;        // rows per step of the walks and per program of gla_bwd_intra (16, 32, 64)
@@ -26,6 +30,11 @@ struct GlaChunkedBwdConfig {
   int intra_warps = 4;   // of gla_bwd_intra
   bool take = true;      // gla_bwd_intra picks dA's entries with take (false: masked row sums)
   bool fuse_dkdv = true; // one walk for dk and dv where both blocks are whole (false: two walks)
+  // The split schedule (gla_split_bwd.h; dense inputs): state passes in blocks of state_block_k x
+  // state_block_v, then every chunk's gradients in parallel.
+  bool split = false;
+  int64_t state_block_k = 32;
+  int64_t state_block_v = 64;
 };
 
 /// The walks: dq forward in time; dk and dv backward, separately or (dkdv) in one walk over the whole
@@ -36,7 +45,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg);
 std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, GlaBwdWalk which);
 std::shared_ptr<ir::Kernel> build_gla_bwd_dg(const GlaChunkedBwdConfig& cfg);
 
-/// Tuning keys of gla's backward (chunk, bk, bv, warps, iwarps, take, fuse, tokenwise).
+/// Tuning keys of gla's backward (chunk, bk, bv, warps, iwarps, take, fuse, split, sbk, sbv, tokenwise).
 const std::vector<std::pair<std::string, std::string>>& gla_chunked_bwd_config_keys();
 
 /// The plan (inputs checked by plan_gla_bwd).

@@ -29,8 +29,15 @@ struct TuneResult {
   ProblemShape timed;  // the shape the candidates were timed at (T capped; see tune)
 };
 
+namespace cuda {
+struct DeviceInfo;
+}
+
 /// The tuning database key of (op, this GPU, shape bucket, dtype[, the backward]).
 std::string tuning_key(const OpDef& op, const ProblemShape& shape, DType dtype, bool backward = false);
+/// The same for a given device (tests: no GPU needed).
+std::string tuning_key_for(const OpDef& op, const ProblemShape& shape, DType dtype, bool backward,
+                           const cuda::DeviceInfo& dev);
 
 /// The stored configuration for the key, if any.
 std::optional<Config> lookup_tuned(const std::string& key);

@@ -65,11 +65,14 @@ def test_non_power_of_two_head_dims(linac):
 
 @pytest.mark.parametrize("config", ["bk=16,bv=16", "bk=32,bv=16,warps=2", "warps=8", "chunk=16", "chunk=32,bk=16",
                                     "take=0", "chunk=32,take=0", "fuse=0", "bk=32,bv=64,fuse=1",
-                                    "tokenwise=1"])
+                                    "split=1", "split=1,sbk=16,sbv=16", "split=1,chunk=16,sbk=16,sbv=32,warps=4",
+                                    "split=1,chunk=64,sbv=16", "tokenwise=1"])
 def test_configs(linac, config):
     # The chunked form over many 16-row chunks (T=100: seven, the last partial) with key and value
-    # column blocks (K=24 pads to 32, V=40 to 64: the last blocks partly masked), both states; and the
-    # token-by-token reference form (tokenwise=1).
+    # column blocks (K=24 pads to 32, V=40 to 64: the last blocks partly masked), both states; the
+    # split schedule (state passes in key x value blocks: sbv=16 gives four value blocks, the last
+    # wholly past V, each with its own part of dg's final-state term); and the token-by-token
+    # reference form (tokenwise=1).
     check(linac, make_inputs(80, B=2, T=100, H=2, K=24, V=40, init=True, dfinal=True), options=("--config", config))
 
 
@@ -79,11 +82,25 @@ def test_varlen_across_chunks(linac):
     check(linac, x, options=("--config", "bk=16"))
 
 
-def test_head_dim_128(linac):
-    check(linac, make_inputs(82, B=1, T=40, H=1, K=128, V=128, init=True, dfinal=True))
+@pytest.mark.parametrize("config", ["split=0", "split=1"])
+def test_head_dim_128(linac, config):
+    check(linac, make_inputs(82, B=1, T=40, H=1, K=128, V=128, init=True, dfinal=True), options=("--config", config))
 
 
-@pytest.mark.parametrize("chunk,config", [(16, "take=0"), (32, "take=0"), (64, "take=0"), (16, "take=1")])
+def test_split_varlen_takes_the_walks(linac):
+    # gla_state is dense only: with cu_seqlens, split=1 runs the walks (and still gets every gradient).
+    x = make_inputs(83, B=1, T=60, H=2, K=16, V=16, init=True, dfinal=True, N=3)
+    x["cu_seqlens"] = np.array([0, 9, 40, 60], dtype=np.int32)
+    check(linac, x, options=("--config", "split=1"))
+
+
+def test_split_without_states(linac):
+    # No initial state, no dfinal_state: the state passes start from zero and dg has no final-state term.
+    check(linac, make_inputs(84, B=2, T=70, H=1, K=16, V=24), options=("--config", "split=1,sbk=16,sbv=16"))
+
+
+@pytest.mark.parametrize("chunk,config", [(16, "take=0"), (32, "take=0"), (64, "take=0"), (16, "take=1"),
+                                          (64, "split=1")])
 def test_very_negative_gates_stay_finite(linac, chunk, config):
     # -1e4 gates that start and end inside 16-row blocks and chunks: every decay is a sum of gates over
     # the rows it spans (diagonal blocks, blocks below them, the walks), so precision is kept.
@@ -125,3 +142,12 @@ def test_errors(linac):
         assert proc.returncode == 1, (extra, proc.stderr)
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and mention in lines[0], proc.stderr
+
+
+def test_split_above_head_dim_128_is_refused(linac):
+    x = make_inputs(85, B=1, T=8, H=1, K=256, V=16)
+    proc = linac.run("run", "gla", *(f"{n}={linac.write(n, a)}" for n, a in x.items()), "-o", "dq=dq.npy",
+                     "--device", "cpu", "--backward", "--config", "split=1")
+    assert proc.returncode == 1, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "split=1 takes head dims up to 128" in lines[0], proc.stderr

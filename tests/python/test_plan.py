@@ -31,14 +31,16 @@ def test_linear_attn_memory_is_linear_in_t(linac, options):
 
 @pytest.mark.parametrize("op, options, per_chunk_states", [
     ("linear_attn", ["--normalize"], False),
-    ("gla", [], False),
+    ("gla", ["--config", "split=0"], False),
+    ("gla", [], True),
     ("delta_rule", [], True),
     ("gated_delta_rule", [], True),
 ])
 def test_backward_memory_is_linear_in_t(linac, op, options, per_chunk_states):
-    # Every chunked backward: device memory exactly 4x per 4x T. gla and normalized linear attention
-    # recompute their states (nothing above T*D per tensor); the delta rules store the state before
-    # and its gradient after each chunk (T*K*V/chunk elements each, chunk 32 by default), never per token.
+    # Every chunked backward: device memory exactly 4x per 4x T. gla's walks and normalized linear
+    # attention recompute their states (nothing above T*D per tensor); the delta rules and gla's split
+    # schedule (the default at these two heads) store the state before and its gradient after each
+    # chunk (T*K*V/chunk elements each, chunks of 32 or more), never per token.
     B, H, K, V = 1, 2, 64, 64
     sizes = {}
     for T in (1024, 4096, 16384):
@@ -107,3 +109,18 @@ def test_normalized_forward_defaults(linac, shape, dtype, grid):
     # H200, B8 T4096 H16 D128 bf16: chunk 64 with 128-column blocks 0.536 ms vs 0.707 at chunk 32 with 64.
     p = plan(linac, "linear_attn", shape, "--normalize", "--dtype", dtype)
     assert [l["grid"] for l in p["launches"]] == [grid], p["launches"]
+
+
+@pytest.mark.parametrize("shape, dtype, split", [
+    ("B=2,T=16384,H=16,K=128", "bf16", True),   # 32 heads: 5.22 ms split vs 9.23 walks (H200)
+    ("B=4,T=2048,H=16,K=128", "bf16", True),    # 64 heads: 1.17 vs 1.27
+    ("B=8,T=4096,H=16,K=128", "bf16", False),   # 128 heads: walks 2.90 vs 4.28
+    ("B=2,T=512,H=16,K=128", "bf16", False),    # short sequences keep the walks
+    ("B=2,T=4096,H=16,K=128", "fp32", False),   # fp32: unmeasured, walks
+    ("B=2,T=4096,H=16,K=256", "bf16", False),   # split takes head dims up to 128
+])
+def test_gla_backward_schedule_defaults(linac, shape, dtype, split):
+    p = plan(linac, "gla", shape, "--backward", "--dtype", dtype)
+    kernels = [l["kernel"] for l in p["launches"]]
+    assert ("gla_bwd_inter" in kernels) == split, kernels
+    assert ("gla_bwd_dkdv" in kernels or "gla_bwd_dv" in kernels) == (not split), kernels

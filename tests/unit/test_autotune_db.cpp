@@ -11,6 +11,7 @@
 #include "kernels/linear_attn.h"
 #include "kernels/op.h"
 #include "runtime/autotune.h"
+#include "runtime/cuda_driver.h"
 
 using namespace linac;
 
@@ -83,4 +84,27 @@ TEST_CASE("tuning: a configuration that spells out the defaults has the defaults
   CHECK(signature({{"chunk", 16}, {"bv", 128}, {"warps", 8}, {"stages", 2}}) == dflt);
   CHECK(signature({{"chunk", 16}, {"bv", 64}, {"warps", 8}, {"stages", 2}}) != dflt);
   CHECK(signature({{"chunk", 32}, {"bv", 128}, {"warps", 8}, {"stages", 2}}) != dflt);
+}
+
+TEST_CASE("tuning keys: `linac tune OP --shape` and a call of OP at that shape share the key") {
+  // `linac tune` keys by the parsed --shape (gated only with --gated); a call keys by op.shape_of of
+  // its inputs. gla's and gated_delta_rule's shape_of report their gate, so until session 10 the
+  // backward's tuned entries of both (stored only by `linac tune --backward`) were never found:
+  // bench_bwd.py timed gla's walks at B2 T16384 H16 after tuning had picked split=1.
+  cuda::DeviceInfo dev;
+  dev.name = "GPU";
+  dev.sm_count = 132;
+  dev.cc_major = 9;
+  for (const OpDef& op : op_registry()) {
+    bool optional_gate = false;
+    for (const auto& in : op.inputs) optional_gate |= in.name == "g" && !in.required;
+    for (bool gated : {false, true}) {
+      if (gated && !optional_gate) continue;  // --gated is linear_attn's
+      const ProblemShape cli{2, 40, 3, 16, 16, gated};
+      const ProblemShape call = op.shape_of(op.random_inputs(cli, 1));
+      for (bool bwd : {false, true})
+        CHECK_MESSAGE(tuning_key_for(op, cli, DType::bf16, bwd, dev) == tuning_key_for(op, call, DType::bf16, bwd, dev),
+                      op.name, gated ? " gated" : "", bwd ? " --backward" : "");
+    }
+  }
 }

@@ -1,0 +1,166 @@
+#include "kernels/gla_split_bwd.h"
+
+#include "linac/dsl.h"
+
+namespace linac {
+
+using namespace dsl;
+
+// GLA backward, split schedule (dense inputs; --backward --config split=1). The walks of the default
+// schedule carry the whole gradient computation from chunk to chunk: with few sequences x heads they
+// leave most SMs idle and the chain of dots per chunk sets the time (B2 T16384 H16 D128 bf16 on an
+// H200: dq walk 3.40 ms, dkdv walk 4.12 ms over 1024 chunks of 16 rows, 32 programs each). Here only
+// the state recurrences walk, in key x value blocks (many programs, one product per chunk):
+//   gla_state (the forward's state pass): h[c] = S before chunk c
+//   gla_bwd_dstates (reverse):            dh[c] = dS' after chunk c,
+//       dS = diag(exp(tot)) dS' + scale (Q .* exp(L))^T dO
+// and gla_bwd_inter computes every chunk's gradients in parallel from h and dh (gla_bwd_intra's parts
+// added; equations at the top of gla_chunked_bwd.cpp):
+//   dQ = scale (dO S^T) .* exp(L) + dQi,  dK = (V dS'^T) .* exp(R) + dKi,  dV = (K .* exp(R)) dS' + dVi
+// dg's suffix sums: gla_bwd_inter stores each chunk's own (and its total), gla_bwd_dg_suffix walks the
+// chunk totals adding the later chunks' to every row: a walk of one vector add per chunk.
+// h and dh hold a [K, V] state per chunk in the input dtype: O(T K V / chunk) memory, linear in T.
+
+std::shared_ptr<ir::Kernel> build_gla_bwd_dstates(const GlaSplitBwdConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.state_block_k, BV = cfg.state_block_v;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb("gla_bwd_dstates");
+  kb.set_num_warps(cfg.state_warps);
+  kb.set_min_ctas_per_sm(1);
+  kb.set_num_stages(cfg.state_stages);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor g = kb.tensor("g", f32, 4);
+  Tensor dout = kb.tensor("do", dt, 4);
+  Tensor dht = cfg.final_state_grad ? kb.tensor("dfinal_state", f32, 4) : Tensor();
+  Tensor ht = cfg.final_state_grad ? kb.tensor("final_state", f32, 4) : Tensor();
+  Tensor dg_parts = cfg.final_state_grad ? kb.tensor("dg_state_parts", f32, 4) : Tensor();
+  Tensor dh = kb.tensor("dh", dt, 5);
+  Tensor dh0 = cfg.initial_state_grad ? kb.tensor("dinitial_state", f32, 4) : Tensor();
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile i_v = program_id(0), i_nh = program_id(1);
+  Tile H = q.dim(2), T = q.dim(1);
+  Tile b = i_nh / H, i_h = i_nh % H;
+  Tile num_chunks = (T + (BT - 1)) / BT;
+  Tile v0 = i_v * BV, k0 = program_id(2) * BK;
+  AccessOptions in_seq{.limits = {{1, T}}};
+
+  Tile X = zeros({BK, BV}, f32);
+  if (cfg.final_state_grad) {
+    X = load(dht, {b, i_h, k0, v0}, {kIndex, kIndex, BK, BV});
+    // dg's term from the final state, rowsum(dfinal_state .* S_T), summed over this program's value
+    // columns: one part per value block, added in block order by gla_bwd_dg (no atomics).
+    Tile ST = load(ht, {b, i_h, k0, v0}, {kIndex, kIndex, BK, BV});
+    store(dg_parts, {b, i_h, i_v, k0}, {kIndex, kIndex, kIndex, BK}, sum(X * ST, 1));
+  }
+  for_range(0, num_chunks, [&](Tile j) {
+    Tile ic = num_chunks - 1 - j;
+    Tile t0 = ic * BT;
+    store(dh, {b, ic, i_h, k0, v0}, {kIndex, kIndex, kIndex, BK, BV}, X.to(dt));
+    Tile gc = load(g, {b, t0, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile Q = load(q, {b, t0, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq).to(f32);
+    Tile dO = load(dout, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
+    Tile L = cumsum(gc, 0), tot = sum(gc, 0);
+    X = X * expand_dims(exp(tot), 1) + dot((Q * exp(L)).to(dt).T(), dO) * scale;
+  }, X);
+  if (cfg.initial_state_grad) store(dh0, {b, i_h, k0, v0}, {kIndex, kIndex, BK, BV}, X);
+  return kb.finish();
+}
+
+std::shared_ptr<ir::Kernel> build_gla_bwd_inter(const GlaSplitBwdConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb("gla_bwd_inter");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(1);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor v = kb.tensor("v", dt, 4);
+  Tensor g = kb.tensor("g", f32, 4);
+  Tensor dout = kb.tensor("do", dt, 4);
+  Tensor h = kb.tensor("h", dt, 5);
+  Tensor dh = kb.tensor("dh", dt, 5);
+  Tensor dq_in = kb.tensor("dq_intra", f32, 4);
+  Tensor dk_in = kb.tensor("dk_intra", f32, 4);
+  Tensor dv_in = kb.tensor("dv_intra", f32, 4);
+  Tensor dq_out = kb.tensor("dq", dt, 4);
+  Tensor dk_out = kb.tensor("dk", dt, 4);
+  Tensor dv_out = kb.tensor("dv", dt, 4);
+  Tensor dg = kb.tensor("dg", f32, 4);              // the chunk-local part, completed by gla_bwd_dg_suffix
+  Tensor dg_chunk = kb.tensor("dg_chunk", f32, 4);  // [B, NT, H, K]
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile ic = program_id(0), i_nh = program_id(1);
+  Tile H = q.dim(2), T = q.dim(1);
+  Tile b = i_nh / H, i_h = i_nh % H;
+  Tile t0 = ic * BT;
+  AccessOptions in_seq{.limits = {{1, T}}};
+  auto rows_of = [&](const Tensor& t, int64_t width) {
+    return load(t, {b, t0, i_h, 0}, {kIndex, BT, kIndex, width}, in_seq);
+  };
+  auto store_rows = [&](const Tensor& t, int64_t width, const Tile& x) {
+    store(t, {b, t0, i_h, 0}, {kIndex, BT, kIndex, width}, x, in_seq);
+  };
+  // L = the chunk's inclusive cumsum of g; R_r = g_{r+1} + ... + g_{BT-1}, summed directly (the gates
+  // after r only, the last row's replaced by 0: it belongs to the next chunk), as the walks take them.
+  Tile gc = rows_of(g, BK);
+  Tile next = load(g, {b, t0 + 1, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile last_row = expand_dims(iota(BT), 1) == BT - 1;
+  Tile eL = exp(cumsum(gc, 0));
+  Tile eR = exp(cumsum(where(last_row, 0.0f, next), 0, true));
+
+  Tile S = load(h, {b, ic, i_h, 0, 0}, {kIndex, kIndex, kIndex, BK, BV});
+  Tile dS = load(dh, {b, ic, i_h, 0, 0}, {kIndex, kIndex, kIndex, BK, BV});
+  Tile Q = rows_of(q, BK), K = rows_of(k, BK), V = rows_of(v, BV), dO = rows_of(dout, BV);
+
+  Tile dQ = dot(dO, S.T()) * eL * scale + rows_of(dq_in, BK);
+  store_rows(dq_out, BK, dQ.to(dt));
+  Tile Kr = K.to(f32) * eR;
+  Tile dK = dot(V, dS.T()) * eR + rows_of(dk_in, BK);
+  store_rows(dk_out, BK, dK.to(dt));
+  Tile dV = dot(Kr.to(dt), dS) + rows_of(dv_in, BV);
+  store_rows(dv_out, BV, dV.to(dt));
+  // dg_t = sum_{s >= t} (q_s .* dq_s - k_s .* dk_s) (+ the final state's term): the sums within this
+  // chunk here, the chunks after it added by gla_bwd_dg_suffix from their totals. Rows past T are 0.
+  Tile x = Q.to(f32) * dQ - K.to(f32) * dK;
+  store_rows(dg, BK, cumsum(x, 0, /*reverse=*/true));
+  store(dg_chunk, {b, ic, i_h, 0}, {kIndex, kIndex, kIndex, BK}, sum(x, 0));
+  return kb.finish();
+}
+
+std::shared_ptr<ir::Kernel> build_gla_bwd_dg_suffix(const GlaSplitBwdConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.state_block_k;
+  const DType f32 = DType::f32;
+  KernelBuilder kb("gla_bwd_dg_suffix");
+  kb.set_num_warps(4);
+  kb.set_num_stages(2);  // the next chunk's rows load while this one's are stored
+  Tensor q = kb.tensor("q", cfg.dtype, 4);  // for the sizes
+  Tensor dg_chunk = kb.tensor("dg_chunk", f32, 4);
+  Tensor dg_parts = cfg.final_state_grad ? kb.tensor("dg_state_parts", f32, 4) : Tensor();
+  Tensor dg = kb.tensor("dg", f32, 4);
+
+  Tile i_k = program_id(0), i_nh = program_id(1);
+  Tile H = q.dim(2), T = q.dim(1);
+  Tile b = i_nh / H, i_h = i_nh % H;
+  Tile num_chunks = (T + (BT - 1)) / BT;
+  Tile k0 = i_k * BK;
+  AccessOptions in_seq{.limits = {{1, T}}};
+  // The suffix carried over the chunks from the last: the final state's term (its parts per value block
+  // of the reverse state pass, in block order), then each chunk's total.
+  Tile acc = zeros({BK}, f32);
+  if (cfg.final_state_grad) {
+    const int64_t parts = cfg.block_v / cfg.state_block_v;
+    acc = load(dg_parts, {b, i_h, 0, k0}, {kIndex, kIndex, kIndex, BK});
+    for (int i = 1; i < parts; ++i) acc = acc + load(dg_parts, {b, i_h, i, k0}, {kIndex, kIndex, kIndex, BK});
+  }
+  for_range(0, num_chunks, [&](Tile j) {
+    Tile ic = num_chunks - 1 - j;
+    Tile t0 = ic * BT;
+    Tile local = load(dg, {b, t0, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq);
+    store(dg, {b, t0, i_h, k0}, {kIndex, BT, kIndex, BK}, local + expand_dims(acc, 0), in_seq);
+    acc = acc + load(dg_chunk, {b, ic, i_h, k0}, {kIndex, kIndex, kIndex, BK});
+  }, acc);
+  return kb.finish();
+}
+
+}  // namespace linac

@@ -1,0 +1,46 @@
+// GLA backward, split schedule (--backward --config split=1, dense inputs): the state recurrences walk
+// alone in key x value blocks, storing the state before and its gradient after every chunk; then every
+// chunk's gradients are computed in parallel. For few sequences x heads at long T, where the walks of the
+// default schedule leave SMs idle. The equations are at the top of gla_split_bwd.cpp.
+#pragma once
+#include <memory>
+
+#include "linac/dtype.h"
+
+namespace linac {
+
+namespace ir {
+struct Kernel;
+}
+
+struct GlaSplitBwdConfig {
+  DType dtype = DType::f32;
+  int chunk = 64;              // rows per chunk (as gla_bwd_intra's)
+  int64_t block_k = 64;        // K padded: gla_bwd_inter holds the whole state of its chunk
+  int64_t block_v = 64;        // V padded
+  int64_t state_block_k = 32;  // key columns per program of the state passes
+  int64_t state_block_v = 64;  // value columns per program of the state passes
+  int state_warps = 4;
+  int state_stages = 2;        // the state passes' chunk loads pipelined one chunk ahead
+  int num_warps = 8;           // of gla_bwd_inter
+  bool final_state_grad = false;
+  bool initial_state_grad = false;
+};
+
+/// The reverse state pass: one program per (value block, batch x head, key block) stores dh[b, c, h]
+/// (dL/dS after chunk c, [B, NT, H, K, V] in dtype); with dfinal_state also dg's final-state term per
+/// value block (dg_state_parts [B, H, value blocks, K]). Parameters: q g do [dfinal_state final_state
+/// dg_state_parts] dh [dinitial_state] scale.
+std::shared_ptr<ir::Kernel> build_gla_bwd_dstates(const GlaSplitBwdConfig& cfg);
+
+/// Every chunk's dq, dk, dv from h, dh and gla_bwd_intra's parts, and dg's sums within the chunk (its
+/// total into dg_chunk [B, NT, H, K]), one program per (chunk, batch x head). Parameters: q k v g do h
+/// dh dq_intra dk_intra dv_intra dq dk dv dg dg_chunk scale.
+std::shared_ptr<ir::Kernel> build_gla_bwd_inter(const GlaSplitBwdConfig& cfg);
+
+/// dg completed: one program per (key block of state_block_k, batch x head) walks the chunks from the
+/// last, adding the later chunks' totals (and the final state's term) to each row. Parameters: q
+/// dg_chunk [dg_state_parts] dg.
+std::shared_ptr<ir::Kernel> build_gla_bwd_dg_suffix(const GlaSplitBwdConfig& cfg);
+
+}  // namespace linac

@@ -343,10 +343,8 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_dg(const GlaChunkedBwdConfig& cfg) {
 
 namespace {
 
-enum class GlaBwdKernel { intra, dq, dk, dv, dkdv, dg, states, dstates, inter, dg_suffix };
+enum class GlaBwdKernel { intra, dq, dk, dv, dkdv, dg, gates, states, dstates, inter, dg_offsets, dg_add };
 
-/// The split schedule's kernels: the forward's state pass (gla_state) and this file's neighbours.
-GlaConfig split_state_pass_config(const GlaChunkedBwdConfig& cfg);
 GlaSplitBwdConfig split_config(const GlaChunkedBwdConfig& cfg);
 
 std::shared_ptr<ir::Kernel> cached(const GlaChunkedBwdConfig& cfg, GlaBwdKernel which) {
@@ -364,10 +362,12 @@ std::shared_ptr<ir::Kernel> cached(const GlaChunkedBwdConfig& cfg, GlaBwdKernel 
       case GlaBwdKernel::dv: return build_gla_bwd_walk(cfg, GlaBwdWalk::dv);
       case GlaBwdKernel::dkdv: return build_gla_bwd_walk(cfg, GlaBwdWalk::dkdv);
       case GlaBwdKernel::dg: return build_gla_bwd_dg(cfg);
-      case GlaBwdKernel::states: return build_gla_state(split_state_pass_config(cfg));
+      case GlaBwdKernel::gates: return build_gla_bwd_gates(split_config(cfg));
+      case GlaBwdKernel::states: return build_gla_bwd_states(split_config(cfg));
       case GlaBwdKernel::dstates: return build_gla_bwd_dstates(split_config(cfg));
       case GlaBwdKernel::inter: return build_gla_bwd_inter(split_config(cfg));
-      case GlaBwdKernel::dg_suffix: return build_gla_bwd_dg_suffix(split_config(cfg));
+      case GlaBwdKernel::dg_offsets: return build_gla_bwd_dg_offsets(split_config(cfg));
+      case GlaBwdKernel::dg_add: return build_gla_bwd_dg_add(split_config(cfg));
     }
     throw InternalError("bad gla backward kernel");
   });
@@ -385,26 +385,12 @@ GlaSplitBwdConfig split_config(const GlaChunkedBwdConfig& cfg) {
   s.state_warps = 4;
   s.state_stages = cfg.dtype == DType::f32 ? 1 : 2;
   s.num_warps = cfg.num_warps;
+  s.initial_state = cfg.initial_state;
   s.final_state_grad = cfg.final_state_grad;
   s.initial_state_grad = cfg.initial_state_grad;
   return s;
 }
 
-GlaConfig split_state_pass_config(const GlaChunkedBwdConfig& cfg) {
-  const GlaSplitBwdConfig s = split_config(cfg);
-  GlaConfig f;
-  f.dtype = cfg.dtype;
-  f.chunk = cfg.chunk;
-  f.block_k = static_cast<int>(cfg.block_k);
-  f.block_v = static_cast<int>(s.state_block_v);
-  f.state_block_k = static_cast<int>(s.state_block_k);
-  f.num_warps = s.state_warps;
-  f.num_stages = s.state_stages;
-  f.initial_state = cfg.initial_state;
-  f.final_state = cfg.final_state_grad;  // S_T, for dg's final-state term
-  f.split = true;
-  return f;
-}
 
 int split_default_chunk(DType dtype, int64_t block_k, int64_t block_v) {
   // H200, B2 T16384 H16 D128 bf16, backward ms: chunk 32 5.62 (intra 1.37, state passes 0.80 + 0.95,
@@ -450,7 +436,9 @@ void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts, const SequenceLa
   cfg.take = config_value(opts, "take", 1, {0, 1}) == 1;
   cfg.fuse_dkdv = config_value(opts, "fuse", 1, {0, 1}) == 1;
   cfg.state_block_k = std::min<int64_t>(config_value(opts, "sbk", 32, {16, 32, 64, 128, 256}), cfg.block_k);
-  cfg.state_block_v = std::min<int64_t>(config_value(opts, "sbv", 64, {16, 32, 64, 128, 256}), cfg.block_v);
+  // H200 B2 T16384 H16 D128 bf16, split backward: sbk x sbv 32 x 32 4.48 ms, 32 x 64 4.59, 64 x 64 4.75,
+  // 32 x 128 4.78, 16 x 64 5.05 (the state passes 0.53 ms each at 32 x 32).
+  cfg.state_block_v = std::min<int64_t>(config_value(opts, "sbv", 32, {16, 32, 64, 128, 256}), cfg.block_v);
 }
 
 /// Whether dk and dv are one walk: asked for, and both column blocks whole (one program holds dS).
@@ -472,7 +460,7 @@ const std::vector<std::pair<std::string, std::string>>& gla_chunked_bwd_config_k
       {"split", "--backward: 1 = the split schedule (dense inputs; varlen walks): state passes storing the state "
                 "before and its gradient after every chunk, then every chunk's gradients in parallel"},
       {"sbk", "--backward split=1: key columns per program of the state passes (16..256, default 32)"},
-      {"sbv", "--backward split=1: value columns per program of the state passes (16..256, default 64)"},
+      {"sbv", "--backward split=1: value columns per program of the state passes (16..256, default 32)"},
       {"tokenwise", "--backward: 1 = the token-by-token form (the reference)"},
   };
   return keys;
@@ -502,7 +490,7 @@ OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   const int64_t state_v_blocks = (seq.V + cfg.state_block_v - 1) / cfg.state_block_v;
   if (has_dht && cfg.split) {
     plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});  // S_T, for dg
-    // One part per value block of the padded V (gla_bwd_dg_suffix adds them all; blocks past V stay 0).
+    // One part per value block of the padded V (gla_bwd_dg_offsets adds them all; blocks past V stay 0).
     plan.tensors["dg_state_parts"] =
         HostTensor::zeros(DType::f32, {seq.N, seq.H, cfg.block_v / cfg.state_block_v, seq.K});
   } else if (has_dht) {
@@ -533,10 +521,16 @@ OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, cons
     const std::array<int64_t, 3> state_grid{state_v_blocks, seq.N * seq.H,
                                             (cfg.block_k + cfg.state_block_k - 1) / cfg.state_block_k};
     plan.tensors["dg_chunk"] = HostTensor::zeros(DType::f32, {seq.B, std::max<int64_t>(chunks, 1), seq.H, seq.K});
+    // The decayed operands of the state passes (O(T*D)).
+    for (const char* name : {"qd", "kd"}) plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+    plan.tensors["etot"] = HostTensor::zeros(DType::f32, {seq.B, std::max<int64_t>(chunks, 1), seq.H, seq.K});
+    if (chunks > 0) launch(GlaBwdKernel::gates, {chunks, seq.N * seq.H, 1});
     launch(GlaBwdKernel::states, state_grid);
     launch(GlaBwdKernel::dstates, state_grid);
     if (chunks > 0) launch(GlaBwdKernel::inter, {chunks, seq.N * seq.H, 1});
-    launch(GlaBwdKernel::dg_suffix, {state_grid[2], seq.N * seq.H, 1});
+    plan.tensors["dg_offset"] = HostTensor::zeros(DType::f32, {seq.B, std::max<int64_t>(chunks, 1), seq.H, seq.K});
+    launch(GlaBwdKernel::dg_offsets, {seq.N * seq.H, 1, 1});
+    if (chunks > 0) launch(GlaBwdKernel::dg_add, {chunks, seq.N * seq.H, 1});
   } else {
     launch(GlaBwdKernel::dq, {cfg.block_k / cfg.split_k, seq.N * seq.H, 1});
     if (fused_dkdv(cfg)) {
@@ -572,7 +566,8 @@ std::vector<std::shared_ptr<ir::Kernel>> gla_chunked_bwd_kernels(const OpOptions
   split.varlen = false;
   split.split = true;
   split.chunk = split_default_chunk(split.dtype, split.block_k, split.block_v);
-  for (auto which : {GlaBwdKernel::states, GlaBwdKernel::dstates, GlaBwdKernel::inter, GlaBwdKernel::dg_suffix})
+  for (auto which : {GlaBwdKernel::gates, GlaBwdKernel::states, GlaBwdKernel::dstates, GlaBwdKernel::inter,
+                     GlaBwdKernel::dg_offsets, GlaBwdKernel::dg_add})
     out.push_back(cached(split, which));
   return out;
 }

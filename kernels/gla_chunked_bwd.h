@@ -34,7 +34,7 @@ struct GlaChunkedBwdConfig {
   // state_block_v, then every chunk's gradients in parallel.
   bool split = false;
   int64_t state_block_k = 32;
-  int64_t state_block_v = 64;
+  int64_t state_block_v = 32;
 };
 
 /// The walks: dq forward in time; dk and dv backward, separately or (dkdv) in one walk over the whole

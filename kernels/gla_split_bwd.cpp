@@ -6,20 +6,95 @@ namespace linac {
 
 using namespace dsl;
 
+namespace {
+constexpr int64_t kDgOffsetChunks = 64;  // chunk totals per step of gla_bwd_dg_offsets
+}
+
 // GLA backward, split schedule (dense inputs; --backward --config split=1). The walks of the default
 // schedule carry the whole gradient computation from chunk to chunk: with few sequences x heads they
 // leave most SMs idle and the chain of dots per chunk sets the time (B2 T16384 H16 D128 bf16 on an
 // H200: dq walk 3.40 ms, dkdv walk 4.12 ms over 1024 chunks of 16 rows, 32 programs each). Here only
-// the state recurrences walk, in key x value blocks (many programs, one product per chunk):
-//   gla_state (the forward's state pass): h[c] = S before chunk c
-//   gla_bwd_dstates (reverse):            dh[c] = dS' after chunk c,
-//       dS = diag(exp(tot)) dS' + scale (Q .* exp(L))^T dO
+// the state recurrences walk, in key x value blocks (many programs, one product per chunk), on operands
+// gla_bwd_gates decayed beforehand for every chunk in parallel (so that no scan of the gates sits in a
+// walk's chain: each took a pass through shared memory per chunk):
+//   gla_bwd_gates (parallel):  Qd = Q .* exp(L), Kd = K .* exp(R) (input dtype), exp(tot) per chunk
+//   gla_bwd_states:            h[c] = S before chunk c,     S' = diag(exp(tot)) S + Kd^T V
+//   gla_bwd_dstates (reverse): dh[c] = dS' after chunk c,   dS = diag(exp(tot)) dS' + scale Qd^T dO
 // and gla_bwd_inter computes every chunk's gradients in parallel from h and dh (gla_bwd_intra's parts
 // added; equations at the top of gla_chunked_bwd.cpp):
 //   dQ = scale (dO S^T) .* exp(L) + dQi,  dK = (V dS'^T) .* exp(R) + dKi,  dV = (K .* exp(R)) dS' + dVi
-// dg's suffix sums: gla_bwd_inter stores each chunk's own (and its total), gla_bwd_dg_suffix walks the
-// chunk totals adding the later chunks' to every row: a walk of one vector add per chunk.
+// dg's suffix sums: gla_bwd_inter stores each chunk's own (and its total), gla_bwd_dg_offsets sums the
+// later chunks' totals for every chunk (a walk over blocks of 64 chunks per head), gla_bwd_dg_add adds
+// them to the rows (every chunk in parallel).
 // h and dh hold a [K, V] state per chunk in the input dtype: O(T K V / chunk) memory, linear in T.
+
+std::shared_ptr<ir::Kernel> build_gla_bwd_gates(const GlaSplitBwdConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb("gla_bwd_gates");
+  kb.set_num_warps(4);
+  kb.set_num_stages(1);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor g = kb.tensor("g", f32, 4);
+  Tensor qd = kb.tensor("qd", dt, 4);
+  Tensor kd = kb.tensor("kd", dt, 4);
+  Tensor etot = kb.tensor("etot", f32, 4);  // [B, NT, H, K]
+
+  Tile ic = program_id(0), i_nh = program_id(1);
+  Tile H = q.dim(2), T = q.dim(1);
+  Tile b = i_nh / H, i_h = i_nh % H;
+  Tile t0 = ic * BT;
+  AccessOptions in_seq{.limits = {{1, T}}};
+  auto rows_of = [&](const Tensor& t, const Tile& row0) {
+    return load(t, {b, row0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  };
+  // L = the chunk's inclusive cumsum of g; R_r = g_{r+1} + ... + g_{BT-1}, summed directly (the gates
+  // after r only; the last row's replaced by 0: it belongs to the next chunk), never tot - L, so that
+  // very negative gates early in the chunk do not cancel the precision of the decays after them.
+  Tile gc = rows_of(g, t0);
+  Tile last_row = expand_dims(iota(BT), 1) == BT - 1;
+  Tile R = cumsum(where(last_row, 0.0f, rows_of(g, t0 + 1)), 0, /*reverse=*/true);
+  store(qd, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, (rows_of(q, t0).to(f32) * exp(cumsum(gc, 0))).to(dt), in_seq);
+  store(kd, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, (rows_of(k, t0).to(f32) * exp(R)).to(dt), in_seq);
+  store(etot, {b, ic, i_h, 0}, {kIndex, kIndex, kIndex, BK}, exp(sum(gc, 0)));
+  return kb.finish();
+}
+
+std::shared_ptr<ir::Kernel> build_gla_bwd_states(const GlaSplitBwdConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.state_block_k, BV = cfg.state_block_v;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb("gla_bwd_states");
+  kb.set_num_warps(cfg.state_warps);
+  kb.set_min_ctas_per_sm(1);
+  kb.set_num_stages(cfg.state_stages);
+  Tensor kd = kb.tensor("kd", dt, 4);
+  Tensor v = kb.tensor("v", dt, 4);
+  Tensor etot = kb.tensor("etot", f32, 4);
+  Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
+  Tensor ht = cfg.final_state_grad ? kb.tensor("final_state", f32, 4) : Tensor();  // S_T, for dg
+  Tensor h = kb.tensor("h", dt, 5);
+
+  Tile i_v = program_id(0), i_nh = program_id(1);
+  Tile H = kd.dim(2), T = kd.dim(1);
+  Tile b = i_nh / H, i_h = i_nh % H;
+  Tile num_chunks = (T + (BT - 1)) / BT;
+  Tile v0 = i_v * BV, k0 = program_id(2) * BK;
+  AccessOptions in_seq{.limits = {{1, T}}};
+
+  Tile S = zeros({BK, BV}, f32);
+  if (cfg.initial_state) S = load(h0, {b, i_h, k0, v0}, {kIndex, kIndex, BK, BV});
+  for_range(0, num_chunks, [&](Tile ic) {
+    Tile t0 = ic * BT;
+    store(h, {b, ic, i_h, k0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S.to(dt));
+    Tile Kd = load(kd, {b, t0, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile V = load(v, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
+    Tile decay = load(etot, {b, ic, i_h, k0}, {kIndex, kIndex, kIndex, BK});
+    S = S * expand_dims(decay, 1) + dot(Kd.T(), V);
+  }, S);
+  if (cfg.final_state_grad) store(ht, {b, i_h, k0, v0}, {kIndex, kIndex, BK, BV}, S);
+  return kb.finish();
+}
 
 std::shared_ptr<ir::Kernel> build_gla_bwd_dstates(const GlaSplitBwdConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.state_block_k, BV = cfg.state_block_v;
@@ -28,8 +103,8 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_dstates(const GlaSplitBwdConfig& cfg) 
   kb.set_num_warps(cfg.state_warps);
   kb.set_min_ctas_per_sm(1);
   kb.set_num_stages(cfg.state_stages);
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor g = kb.tensor("g", f32, 4);
+  Tensor qd = kb.tensor("qd", dt, 4);
+  Tensor etot = kb.tensor("etot", f32, 4);
   Tensor dout = kb.tensor("do", dt, 4);
   Tensor dht = cfg.final_state_grad ? kb.tensor("dfinal_state", f32, 4) : Tensor();
   Tensor ht = cfg.final_state_grad ? kb.tensor("final_state", f32, 4) : Tensor();
@@ -39,7 +114,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_dstates(const GlaSplitBwdConfig& cfg) 
   Tile scale = kb.scalar("scale", f32);
 
   Tile i_v = program_id(0), i_nh = program_id(1);
-  Tile H = q.dim(2), T = q.dim(1);
+  Tile H = qd.dim(2), T = qd.dim(1);
   Tile b = i_nh / H, i_h = i_nh % H;
   Tile num_chunks = (T + (BT - 1)) / BT;
   Tile v0 = i_v * BV, k0 = program_id(2) * BK;
@@ -57,11 +132,10 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_dstates(const GlaSplitBwdConfig& cfg) 
     Tile ic = num_chunks - 1 - j;
     Tile t0 = ic * BT;
     store(dh, {b, ic, i_h, k0, v0}, {kIndex, kIndex, kIndex, BK, BV}, X.to(dt));
-    Tile gc = load(g, {b, t0, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq);
-    Tile Q = load(q, {b, t0, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq).to(f32);
+    Tile Qd = load(qd, {b, t0, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq);
     Tile dO = load(dout, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
-    Tile L = cumsum(gc, 0), tot = sum(gc, 0);
-    X = X * expand_dims(exp(tot), 1) + dot((Q * exp(L)).to(dt).T(), dO) * scale;
+    Tile decay = load(etot, {b, ic, i_h, k0}, {kIndex, kIndex, kIndex, BK});
+    X = X * expand_dims(decay, 1) + dot(Qd.T(), dO) * scale;
   }, X);
   if (cfg.initial_state_grad) store(dh0, {b, i_h, k0, v0}, {kIndex, kIndex, BK, BV}, X);
   return kb.finish();
@@ -86,7 +160,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_inter(const GlaSplitBwdConfig& cfg) {
   Tensor dq_out = kb.tensor("dq", dt, 4);
   Tensor dk_out = kb.tensor("dk", dt, 4);
   Tensor dv_out = kb.tensor("dv", dt, 4);
-  Tensor dg = kb.tensor("dg", f32, 4);              // the chunk-local part, completed by gla_bwd_dg_suffix
+  Tensor dg = kb.tensor("dg", f32, 4);              // the chunk-local part, completed by gla_bwd_dg_add
   Tensor dg_chunk = kb.tensor("dg_chunk", f32, 4);  // [B, NT, H, K]
   Tile scale = kb.scalar("scale", f32);
 
@@ -121,45 +195,65 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_inter(const GlaSplitBwdConfig& cfg) {
   Tile dV = dot(Kr.to(dt), dS) + rows_of(dv_in, BV);
   store_rows(dv_out, BV, dV.to(dt));
   // dg_t = sum_{s >= t} (q_s .* dq_s - k_s .* dk_s) (+ the final state's term): the sums within this
-  // chunk here, the chunks after it added by gla_bwd_dg_suffix from their totals. Rows past T are 0.
+  // chunk here, the chunks after it added by gla_bwd_dg_add from their totals. Rows past T are 0.
   Tile x = Q.to(f32) * dQ - K.to(f32) * dK;
   store_rows(dg, BK, cumsum(x, 0, /*reverse=*/true));
   store(dg_chunk, {b, ic, i_h, 0}, {kIndex, kIndex, kIndex, BK}, sum(x, 0));
   return kb.finish();
 }
 
-std::shared_ptr<ir::Kernel> build_gla_bwd_dg_suffix(const GlaSplitBwdConfig& cfg) {
-  const int64_t BT = cfg.chunk, BK = cfg.state_block_k;
+std::shared_ptr<ir::Kernel> build_gla_bwd_dg_offsets(const GlaSplitBwdConfig& cfg) {
+  const int64_t BK = cfg.block_k, NB = kDgOffsetChunks;
   const DType f32 = DType::f32;
-  KernelBuilder kb("gla_bwd_dg_suffix");
+  KernelBuilder kb("gla_bwd_dg_offsets");
   kb.set_num_warps(4);
-  kb.set_num_stages(2);  // the next chunk's rows load while this one's are stored
-  Tensor q = kb.tensor("q", cfg.dtype, 4);  // for the sizes
-  Tensor dg_chunk = kb.tensor("dg_chunk", f32, 4);
+  Tensor dg_chunk = kb.tensor("dg_chunk", f32, 4);  // [B, NT, H, K]
   Tensor dg_parts = cfg.final_state_grad ? kb.tensor("dg_state_parts", f32, 4) : Tensor();
-  Tensor dg = kb.tensor("dg", f32, 4);
+  Tensor dg_offset = kb.tensor("dg_offset", f32, 4);  // [B, NT, H, K]
 
-  Tile i_k = program_id(0), i_nh = program_id(1);
-  Tile H = q.dim(2), T = q.dim(1);
+  Tile i_nh = program_id(0);
+  Tile H = dg_chunk.dim(2), NT = dg_chunk.dim(1);
   Tile b = i_nh / H, i_h = i_nh % H;
-  Tile num_chunks = (T + (BT - 1)) / BT;
-  Tile k0 = i_k * BK;
-  AccessOptions in_seq{.limits = {{1, T}}};
-  // The suffix carried over the chunks from the last: the final state's term (its parts per value block
-  // of the reverse state pass, in block order), then each chunk's total.
+  Tile num_blocks = (NT + (NB - 1)) / NB;
+  AccessOptions in_chunks{.limits = {{1, NT}}};
+  // The sum over the chunks after each, carried from the last block of NB chunks: the final state's
+  // term (its parts per value block of the reverse state pass, in block order), then the totals. Each
+  // offset sums the totals after its chunk directly (the next rows, the block's last taking the carry),
+  // never an inclusive sum minus the chunk's own.
   Tile acc = zeros({BK}, f32);
   if (cfg.final_state_grad) {
     const int64_t parts = cfg.block_v / cfg.state_block_v;
-    acc = load(dg_parts, {b, i_h, 0, k0}, {kIndex, kIndex, kIndex, BK});
-    for (int i = 1; i < parts; ++i) acc = acc + load(dg_parts, {b, i_h, i, k0}, {kIndex, kIndex, kIndex, BK});
+    acc = load(dg_parts, {b, i_h, 0, 0}, {kIndex, kIndex, kIndex, BK});
+    for (int i = 1; i < parts; ++i) acc = acc + load(dg_parts, {b, i_h, i, 0}, {kIndex, kIndex, kIndex, BK});
   }
-  for_range(0, num_chunks, [&](Tile j) {
-    Tile ic = num_chunks - 1 - j;
-    Tile t0 = ic * BT;
-    Tile local = load(dg, {b, t0, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq);
-    store(dg, {b, t0, i_h, k0}, {kIndex, BT, kIndex, BK}, local + expand_dims(acc, 0), in_seq);
-    acc = acc + load(dg_chunk, {b, ic, i_h, k0}, {kIndex, kIndex, kIndex, BK});
+  Tile last_row = expand_dims(iota(NB), 1) == NB - 1;
+  for_range(0, num_blocks, [&](Tile j) {
+    Tile c0 = (num_blocks - 1 - j) * NB;
+    Tile after = where(last_row, 0.0f, load(dg_chunk, {b, c0 + 1, i_h, 0}, {kIndex, NB, kIndex, BK}, in_chunks));
+    store(dg_offset, {b, c0, i_h, 0}, {kIndex, NB, kIndex, BK}, cumsum(after, 0, /*reverse=*/true) + expand_dims(acc, 0),
+          in_chunks);
+    acc = acc + sum(load(dg_chunk, {b, c0, i_h, 0}, {kIndex, NB, kIndex, BK}, in_chunks), 0);
   }, acc);
+  return kb.finish();
+}
+
+std::shared_ptr<ir::Kernel> build_gla_bwd_dg_add(const GlaSplitBwdConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k;
+  const DType f32 = DType::f32;
+  KernelBuilder kb("gla_bwd_dg_add");
+  kb.set_num_warps(4);
+  kb.set_num_stages(1);
+  Tensor dg_offset = kb.tensor("dg_offset", f32, 4);
+  Tensor dg = kb.tensor("dg", f32, 4);
+
+  Tile ic = program_id(0), i_nh = program_id(1);
+  Tile H = dg.dim(2), T = dg.dim(1);
+  Tile b = i_nh / H, i_h = i_nh % H;
+  Tile t0 = ic * BT;
+  AccessOptions in_seq{.limits = {{1, T}}};
+  Tile local = load(dg, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile offset = load(dg_offset, {b, ic, i_h, 0}, {kIndex, kIndex, kIndex, BK});
+  store(dg, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, local + expand_dims(offset, 0), in_seq);
   return kb.finish();
 }
 

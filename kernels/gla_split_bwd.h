@@ -19,17 +19,28 @@ struct GlaSplitBwdConfig {
   int64_t block_k = 64;        // K padded: gla_bwd_inter holds the whole state of its chunk
   int64_t block_v = 64;        // V padded
   int64_t state_block_k = 32;  // key columns per program of the state passes
-  int64_t state_block_v = 64;  // value columns per program of the state passes
+  int64_t state_block_v = 32;  // value columns per program of the state passes
   int state_warps = 4;
   int state_stages = 2;        // the state passes' chunk loads pipelined one chunk ahead
   int num_warps = 8;           // of gla_bwd_inter
+  bool initial_state = false;
   bool final_state_grad = false;
   bool initial_state_grad = false;
 };
 
+/// Every chunk's decayed operands, in parallel (one program per chunk and batch x head): qd = Q .* exp(L),
+/// kd = K .* exp(R) ([B, T, H, K], dtype) and etot = exp(tot) ([B, NT, H, K], fp32). Parameters: q k g
+/// qd kd etot.
+std::shared_ptr<ir::Kernel> build_gla_bwd_gates(const GlaSplitBwdConfig& cfg);
+
+/// The forward state pass: one program per (value block, batch x head, key block) stores h[b, c, h] (the
+/// state before chunk c, [B, NT, H, K, V] in dtype) and, with dfinal_state, S_T into final_state (for
+/// dg). Parameters: kd v etot [initial_state] [final_state] h.
+std::shared_ptr<ir::Kernel> build_gla_bwd_states(const GlaSplitBwdConfig& cfg);
+
 /// The reverse state pass: one program per (value block, batch x head, key block) stores dh[b, c, h]
 /// (dL/dS after chunk c, [B, NT, H, K, V] in dtype); with dfinal_state also dg's final-state term per
-/// value block (dg_state_parts [B, H, value blocks, K]). Parameters: q g do [dfinal_state final_state
+/// value block (dg_state_parts [B, H, value blocks, K]). Parameters: qd etot do [dfinal_state final_state
 /// dg_state_parts] dh [dinitial_state] scale.
 std::shared_ptr<ir::Kernel> build_gla_bwd_dstates(const GlaSplitBwdConfig& cfg);
 
@@ -38,9 +49,13 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_dstates(const GlaSplitBwdConfig& cfg);
 /// dh dq_intra dk_intra dv_intra dq dk dv dg dg_chunk scale.
 std::shared_ptr<ir::Kernel> build_gla_bwd_inter(const GlaSplitBwdConfig& cfg);
 
-/// dg completed: one program per (key block of state_block_k, batch x head) walks the chunks from the
-/// last, adding the later chunks' totals (and the final state's term) to each row. Parameters: q
-/// dg_chunk [dg_state_parts] dg.
-std::shared_ptr<ir::Kernel> build_gla_bwd_dg_suffix(const GlaSplitBwdConfig& cfg);
+/// dg's offset per chunk: the later chunks' totals and the final state's term ([B, NT, H, K]), one
+/// program per batch x head walking blocks of chunks from the last. Parameters: dg_chunk [dg_state_parts]
+/// dg_offset.
+std::shared_ptr<ir::Kernel> build_gla_bwd_dg_offsets(const GlaSplitBwdConfig& cfg);
+
+/// dg completed: each chunk's rows plus its offset, one program per (chunk, batch x head). Parameters:
+/// dg_offset dg.
+std::shared_ptr<ir::Kernel> build_gla_bwd_dg_add(const GlaSplitBwdConfig& cfg);
 
 }  // namespace linac

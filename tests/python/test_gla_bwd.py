@@ -94,6 +94,12 @@ def test_split_varlen_takes_the_walks(linac):
     check(linac, x, options=("--config", "split=1"))
 
 
+def test_split_over_many_chunks(linac):
+    # 69 chunks of 16: dg's offsets walk two blocks of 64 chunk totals (the carry crosses a block).
+    check(linac, make_inputs(86, B=1, T=1100, H=1, K=16, V=16, init=True, dfinal=True),
+          options=("--config", "split=1,chunk=16"))
+
+
 def test_split_without_states(linac):
     # No initial state, no dfinal_state: the state passes start from zero and dg has no final-state term.
     check(linac, make_inputs(84, B=2, T=70, H=1, K=16, V=24), options=("--config", "split=1,sbk=16,sbv=16"))

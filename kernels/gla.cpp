@@ -9,6 +9,7 @@
 
 #include "kernels/gla_bwd.h"
 #include "kernels/gla_chunked_bwd.h"
+#include "kernels/gla_split_bwd.h"
 #include "kernels/op_support.h"
 #include "kernels/sequence_bounds.h"
 #include "kernels/recurrent.h"
@@ -230,56 +231,11 @@ std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg) {
 }
 
 // The split schedule (dense inputs), for parallelism where the fused one has too few programs to
-// fill the GPU: gla_state walks the chunks of each (V block, sequence x head) updating only the
-// state, storing the state before every chunk into h [B, NT, H, BK, V] (input dtype, as the fused
-// kernel rounds it for the product), then gla_out computes every chunk's outputs in parallel from h.
-//   S = diag(exp(G_C)) S + (K .* exp(R))^T V,  R_r = g_{r+1} + ... + g_{BT-1}
-// R is summed directly (a reverse cumsum of the gates shifted up by one row, loaded again: the rows
-// after r only) rather than taken as G_C - G_r, so that very negative gates (-1e4) early in the chunk
-// do not cancel away the precision of the decays after them.
-std::shared_ptr<ir::Kernel> build_gla_state(const GlaConfig& cfg) {
-  // Key columns are independent in the state update (S's rows decay and grow on their own), so a
-  // program may hold a block of them: more programs where B*H is small.
-  const int64_t BT = cfg.chunk, BK = cfg.state_block_k > 0 ? cfg.state_block_k : cfg.block_k, BV = cfg.block_v;
-  const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("gla_state");
-  kb.set_num_warps(cfg.num_warps);
-  // One block per SM is all the split schedule asks (it runs when B*H is small): without it ptxas kept
-  // registers for more and spilled 64 bytes on sm_80 once the gates' scan went line by line.
-  kb.set_min_ctas_per_sm(1);
-  kb.set_num_stages(cfg.num_stages);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
-  Tensor g = kb.tensor("g", f32, 4);
-  Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
-  Tensor ht = cfg.final_state ? kb.tensor("final_state", f32, 4) : Tensor();
-  Tensor h = kb.tensor("h", dt, 5);
-
-  Tile i_v = program_id(0);
-  Tile i_nh = program_id(1);
-  Tile H = k.dim(2), T = k.dim(1);
-  Tile b = i_nh / H, i_h = i_nh % H;
-  Tile num_chunks = (T + (BT - 1)) / BT;
-  Tile v0 = i_v * BV, k0 = program_id(2) * BK;
-  Tile rows = expand_dims(iota(BT), 1);
-
-  Tile S = zeros({BK, BV}, f32);
-  if (cfg.initial_state) S = load(h0, {b, i_h, k0, v0}, {kIndex, kIndex, BK, BV});
-  AccessOptions in_seq{.limits = {{1, T}}};
-  for_range(0, num_chunks, [&](Tile ic) {
-    Tile t0 = ic * BT;
-    store(h, {b, ic, i_h, k0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S.to(dt));
-    Tile K = load(k, {b, t0, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq).to(f32);
-    Tile V = load(v, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
-    Tile gc = load(g, {b, t0, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq);
-    Tile g_next = where(rows < BT - 1, load(g, {b, t0 + 1, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq), 0.0f);
-    Tile R = cumsum(g_next, 0, /*reverse=*/true);
-    Tile tot = sum(gc, 0);
-    S = S * expand_dims(exp(tot), 1) + dot((K * exp(R)).to(dt).T(), V);
-  }, S);
-  if (cfg.final_state) store(ht, {b, i_h, k0, v0}, {kIndex, kIndex, BK, BV}, S);
-  return kb.finish();
-}
+// fill the GPU: gla_bwd_gates decays every chunk's keys in parallel (K .* exp(R), exp(tot)), the state
+// pass gla_bwd_states walks the chunks of each (V block, sequence x head, K block) storing the state
+// before every chunk into h [B, NT, H, K, V] (input dtype, as the fused kernel rounds it for the
+// product), then gla_out computes every chunk's outputs in parallel from h. The first two are the
+// backward's split schedule's (kernels/gla_split_bwd.h).
 
 std::shared_ptr<ir::Kernel> build_gla_out(const GlaConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v, BC = kGlaSubChunk;
@@ -331,7 +287,24 @@ const std::vector<std::pair<std::string, std::string>>& gla_config_keys() {
   return keys;
 }
 
-enum class GlaKernel { intra, fused, state, out };
+enum class GlaKernel { intra, fused, gates, state, out };
+
+/// The split schedule's state pass (and its decayed keys) as the backward's kernels take it.
+GlaSplitBwdConfig split_state_config(const GlaConfig& cfg) {
+  GlaSplitBwdConfig s;
+  s.dtype = cfg.dtype;
+  s.chunk = cfg.chunk;
+  s.block_k = cfg.block_k;
+  s.block_v = cfg.block_v;
+  s.state_block_k = cfg.state_block_k > 0 ? cfg.state_block_k : cfg.block_k;
+  s.state_block_v = cfg.block_v;
+  s.state_warps = cfg.num_warps;
+  s.state_stages = cfg.num_stages;
+  s.initial_state = cfg.initial_state;
+  s.final_state = cfg.final_state;
+  s.decay_queries = false;
+  return s;
+}
 
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_gla_kernel(const GlaConfig& cfg, GlaKernel which) {
@@ -346,7 +319,8 @@ std::shared_ptr<ir::Kernel> cached_gla_kernel(const GlaConfig& cfg, GlaKernel wh
     switch (which) {
       case GlaKernel::intra: return build_gla_intra(cfg);
       case GlaKernel::fused: return build_gla_fwd(cfg);
-      case GlaKernel::state: return build_gla_state(cfg);
+      case GlaKernel::gates: return build_gla_bwd_gates(split_state_config(cfg));
+      case GlaKernel::state: return build_gla_bwd_states(split_state_config(cfg));
       case GlaKernel::out: return build_gla_out(cfg);
     }
     throw InternalError("bad gla kernel");
@@ -417,10 +391,19 @@ OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vecto
   if (cfg.split && !seq.varlen) {
     const int64_t num_chunks = (seq.T + cfg.chunk - 1) / cfg.chunk;
     plan.tensors["h"] = HostTensor::zeros(cfg.dtype, {seq.B, num_chunks, seq.H, seq.K, seq.V});
+    plan.tensors["kd"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+    plan.tensors["etot"] = HostTensor::zeros(DType::f32, {seq.B, std::max<int64_t>(num_chunks, 1), seq.H, seq.K});
+    if (num_chunks > 0) {
+      KernelLaunch gates;
+      gates.kernel = cached_gla_kernel(cfg, GlaKernel::gates);
+      gates.grid = {num_chunks, seq.N * seq.H, 1};
+      for (const char* name : {"q", "k", "g", "kd", "etot"}) gates.tensors[name] = name;
+      plan.launches.push_back(std::move(gates));
+    }
     KernelLaunch state;
     state.kernel = cached_gla_kernel(cfg, GlaKernel::state);
     state.grid = {num_v_blocks, seq.N * seq.H, (cfg.block_k + cfg.state_block_k - 1) / cfg.state_block_k};
-    for (const char* name : {"k", "v", "g", "h"}) state.tensors[name] = name;
+    for (const char* name : {"kd", "v", "etot", "h"}) state.tensors[name] = name;
     if (has_h0) state.tensors["initial_state"] = "initial_state";
     if (cfg.final_state) state.tensors["final_state"] = "final_state";
     plan.launches.push_back(std::move(state));
@@ -543,6 +526,7 @@ OpDef gla_op() {
       // keep them within registers.)
       split.block_v = opts.dtype == DType::f32 || d == 128 ? 32 : 64;
       split.num_warps = d == 128 ? 8 : 4;
+      out.push_back(cached_gla_kernel(split, GlaKernel::gates));
       out.push_back(cached_gla_kernel(split, GlaKernel::state));
       out.push_back(cached_gla_kernel(split, GlaKernel::out));
     }

@@ -3,9 +3,9 @@
 // chunked with decay-aware secondary chunking (16-row sub-chunks): the kernels in the DSL and the op.
 // gla_intra computes the diagonal 16x16 blocks of the attention (elementwise in fp32, parallel over
 // all sub-chunks); then either gla_fwd walks the chunks with the state in registers, the off-diagonal
-// sub-chunk blocks on tensor cores (the default), or (config split=1, dense inputs) gla_state stores
-// the state before every chunk and gla_out computes all chunks' outputs in parallel. The backward
-// (--backward) is in gla_bwd.h.
+// sub-chunk blocks on tensor cores (the default), or (config split=1, dense inputs) a state pass stores
+// the state before every chunk (kernels/gla_split_bwd.h) and gla_out computes all chunks' outputs in
+// parallel. The backward (--backward) is in gla_bwd.h.
 #pragma once
 #include <memory>
 
@@ -31,7 +31,7 @@ struct GlaConfig {
   bool varlen = false;  // cu_seqlens [N+1] present, B == 1
   int num_warps = 8;
   int num_stages = 1;
-  bool split = false;  // the split schedule (gla_state + gla_out; dense inputs only)
+  bool split = false;  // the split schedule (a state pass + gla_out; dense inputs only)
   int state_block_k = 0;  // the split schedule's state pass: key columns per program (0: block_k)
 };
 
@@ -43,10 +43,6 @@ std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg);
 /// [final_state] [cu_seqlens] o scale.
 std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg);
 
-/// The split schedule: the state pass storing the state before every chunk into h [B, NT, H, K, V]
-/// (dtype; dense inputs), one program per (V block, batch x head, K block of state_block_k columns).
-/// Parameters: k v g [initial_state] [final_state] h.
-std::shared_ptr<ir::Kernel> build_gla_state(const GlaConfig& cfg);
 /// The split schedule's outputs, one program per (chunk, sequence x head, V block) from h.
 /// Parameters: q k v g a_diag h o scale.
 std::shared_ptr<ir::Kernel> build_gla_out(const GlaConfig& cfg);

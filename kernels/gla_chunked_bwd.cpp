@@ -386,6 +386,7 @@ GlaSplitBwdConfig split_config(const GlaChunkedBwdConfig& cfg) {
   s.state_stages = cfg.dtype == DType::f32 ? 1 : 2;
   s.num_warps = cfg.num_warps;
   s.initial_state = cfg.initial_state;
+  s.final_state = cfg.final_state_grad;  // S_T, for dg's final-state term
   s.final_state_grad = cfg.final_state_grad;
   s.initial_state_grad = cfg.initial_state_grad;
   return s;
@@ -479,7 +480,7 @@ OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   cfg.final_state_grad = has_dht;
   cfg.initial_state_grad = wants(wanted, "dinitial_state");
   cfg.varlen = seq.varlen;
-  cfg.split = cfg.split && !seq.varlen;  // varlen inputs take the walks (gla_state is dense only)
+  cfg.split = cfg.split && !seq.varlen;  // varlen inputs take the walks (the state passes are dense only)
   if (cfg.split && std::max(cfg.block_k, cfg.block_v) > 128)
     throw UserError(fmt::format("gla --backward --config split=1 takes head dims up to 128 (K={}, V={}): its "
                                 "per-chunk kernel holds a chunk's state whole; use the walks (split=0)", seq.K, seq.V));

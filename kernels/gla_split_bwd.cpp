@@ -37,7 +37,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_gates(const GlaSplitBwdConfig& cfg) {
   Tensor q = kb.tensor("q", dt, 4);
   Tensor k = kb.tensor("k", dt, 4);
   Tensor g = kb.tensor("g", f32, 4);
-  Tensor qd = kb.tensor("qd", dt, 4);
+  Tensor qd = cfg.decay_queries ? kb.tensor("qd", dt, 4) : Tensor();
   Tensor kd = kb.tensor("kd", dt, 4);
   Tensor etot = kb.tensor("etot", f32, 4);  // [B, NT, H, K]
 
@@ -55,7 +55,8 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_gates(const GlaSplitBwdConfig& cfg) {
   Tile gc = rows_of(g, t0);
   Tile last_row = expand_dims(iota(BT), 1) == BT - 1;
   Tile R = cumsum(where(last_row, 0.0f, rows_of(g, t0 + 1)), 0, /*reverse=*/true);
-  store(qd, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, (rows_of(q, t0).to(f32) * exp(cumsum(gc, 0))).to(dt), in_seq);
+  if (cfg.decay_queries)
+    store(qd, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, (rows_of(q, t0).to(f32) * exp(cumsum(gc, 0))).to(dt), in_seq);
   store(kd, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, (rows_of(k, t0).to(f32) * exp(R)).to(dt), in_seq);
   store(etot, {b, ic, i_h, 0}, {kIndex, kIndex, kIndex, BK}, exp(sum(gc, 0)));
   return kb.finish();
@@ -72,7 +73,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_states(const GlaSplitBwdConfig& cfg) {
   Tensor v = kb.tensor("v", dt, 4);
   Tensor etot = kb.tensor("etot", f32, 4);
   Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
-  Tensor ht = cfg.final_state_grad ? kb.tensor("final_state", f32, 4) : Tensor();  // S_T, for dg
+  Tensor ht = cfg.final_state ? kb.tensor("final_state", f32, 4) : Tensor();  // S_T (the backward's: for dg)
   Tensor h = kb.tensor("h", dt, 5);
 
   Tile i_v = program_id(0), i_nh = program_id(1);
@@ -92,7 +93,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_states(const GlaSplitBwdConfig& cfg) {
     Tile decay = load(etot, {b, ic, i_h, k0}, {kIndex, kIndex, kIndex, BK});
     S = S * expand_dims(decay, 1) + dot(Kd.T(), V);
   }, S);
-  if (cfg.final_state_grad) store(ht, {b, i_h, k0, v0}, {kIndex, kIndex, BK, BV}, S);
+  if (cfg.final_state) store(ht, {b, i_h, k0, v0}, {kIndex, kIndex, BK, BV}, S);
   return kb.finish();
 }
 

@@ -24,18 +24,20 @@ struct GlaSplitBwdConfig {
   int state_stages = 2;        // the state passes' chunk loads pipelined one chunk ahead
   int num_warps = 8;           // of gla_bwd_inter
   bool initial_state = false;
+  bool final_state = false;       // gla_bwd_states stores S_T (the backward: for dg's final-state term)
   bool final_state_grad = false;
   bool initial_state_grad = false;
+  bool decay_queries = true;      // gla_bwd_gates also stores qd (the forward's split schedule needs kd only)
 };
 
-/// Every chunk's decayed operands, in parallel (one program per chunk and batch x head): qd = Q .* exp(L),
-/// kd = K .* exp(R) ([B, T, H, K], dtype) and etot = exp(tot) ([B, NT, H, K], fp32). Parameters: q k g
-/// qd kd etot.
+/// Every chunk's decayed operands, in parallel (one program per chunk and batch x head): qd = Q .* exp(L)
+/// (unless !decay_queries), kd = K .* exp(R) ([B, T, H, K], dtype) and etot = exp(tot) ([B, NT, H, K],
+/// fp32). Parameters: q k g [qd] kd etot. The forward's split schedule uses it and gla_bwd_states too.
 std::shared_ptr<ir::Kernel> build_gla_bwd_gates(const GlaSplitBwdConfig& cfg);
 
 /// The forward state pass: one program per (value block, batch x head, key block) stores h[b, c, h] (the
-/// state before chunk c, [B, NT, H, K, V] in dtype) and, with dfinal_state, S_T into final_state (for
-/// dg). Parameters: kd v etot [initial_state] [final_state] h.
+/// state before chunk c, [B, NT, H, K, V] in dtype) and, with final_state, S_T. Parameters: kd v etot
+/// [initial_state] [final_state] h.
 std::shared_ptr<ir::Kernel> build_gla_bwd_states(const GlaSplitBwdConfig& cfg);
 
 /// The reverse state pass: one program per (value block, batch x head, key block) stores dh[b, c, h]

@@ -88,7 +88,7 @@ def test_head_dim_128(linac, config):
 
 
 def test_split_varlen_takes_the_walks(linac):
-    # gla_state is dense only: with cu_seqlens, split=1 runs the walks (and still gets every gradient).
+    # The state passes are dense only: with cu_seqlens, split=1 runs the walks (and still gets every gradient).
     x = make_inputs(83, B=1, T=60, H=2, K=16, V=16, init=True, dfinal=True, N=3)
     x["cu_seqlens"] = np.array([0, 9, 40, 60], dtype=np.int32)
     check(linac, x, options=("--config", "split=1"))

@@ -248,6 +248,9 @@ OpDef linear_attn_op() {
       c["bv"] = std::min<int64_t>(c["bv"], padded_head_dim(s.V));
       if (std::find(space.begin(), space.end(), c) == space.end()) space.push_back(c);
     }
+    // The split schedule (plain form, head dims up to 128): the state passes in blocks, every chunk's
+    // gradients in parallel (linear_attn_split_bwd.h).
+    if (!s.gated && s.B * s.H <= 64 && std::max(s.K, s.V) <= 128) space.push_back({{"split", 1}});
     return space;
   };
   op.config_keys = linear_attn_config_keys();

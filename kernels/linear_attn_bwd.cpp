@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <map>
 
+#include "kernels/linear_attn_split_bwd.h"
 #include "kernels/op_support.h"
 #include "kernels/sequence_bounds.h"
 #include "linac/dsl.h"
@@ -300,11 +301,62 @@ const std::vector<std::pair<std::string, std::string>>& linear_attn_bwd_config_k
       {"bk", "--backward: key columns per program of the dq and dk kernels (16..256)"},
       {"bv", "--backward: value columns per program of the dv kernel (16..256)"},
       {"warps", "warps per program (2, 4, 8)"},
+      {"split", "--backward: 1 = the split schedule (plain form, head dims up to 128; varlen walks): state passes "
+                "storing the state and its gradient per chunk, then every chunk's gradients in parallel"},
+      {"sbk", "--backward split=1: key columns per program of the state passes (16..128, default 32)"},
+      {"sbv", "--backward split=1: value columns per program of the state passes (16..128, default 32)"},
   };
   return keys;
 }
 
 namespace {
+
+/// The split schedule's plan (linear_attn_split_bwd.h): dense inputs, plain form.
+OpPlan plan_split_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted,
+                      const SequenceLayout& seq, const LinearAttnBwdConfig& walks, double scale) {
+  LinearAttnSplitBwdConfig cfg;
+  cfg.dtype = walks.dtype;
+  // Its own defaults (the walks' narrow ones are for the walks): chunk 64 in 16-bit, 32 in fp32 (the
+  // per-chunk kernel holds S and dS' whole); 8 warps.
+  cfg.chunk = static_cast<int>(config_value(
+      opts, "chunk", checked_chunk_size(opts.chunk_size, cfg.dtype == DType::f32 ? 32 : 64), {16, 32, 64, 128}));
+  cfg.block_k = walks.block_k;
+  cfg.block_v = walks.block_v;
+  cfg.state_block_k = std::min<int64_t>(config_value(opts, "sbk", 32, {16, 32, 64, 128}), cfg.block_k);
+  cfg.state_block_v = std::min<int64_t>(config_value(opts, "sbv", 32, {16, 32, 64, 128}), cfg.block_v);
+  cfg.state_stages = cfg.dtype == DType::f32 ? 1 : 2;
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
+  cfg.initial_state = walks.initial_state;
+  cfg.final_state_grad = walks.final_state_grad;
+  cfg.initial_state_grad = walks.initial_state_grad;
+  static KernelMemo memo;
+  const std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}{}{}", dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
+                                      cfg.block_v, cfg.state_block_k, cfg.state_block_v, cfg.num_warps,
+                                      cfg.initial_state, cfg.final_state_grad, cfg.initial_state_grad);
+  auto kernel = [&](const char* which, auto build) { return memo.get(key + which, [&] { return build(cfg); }); };
+
+  OpPlan plan;
+  add_backward_inputs(plan, inputs, seq, cfg.dtype, {"initial_state", "dfinal_state"});
+  const int64_t chunks = (seq.T + cfg.chunk - 1) / cfg.chunk;
+  for (const char* name : {"h", "dh"})
+    plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, std::max<int64_t>(chunks, 1), seq.H, seq.K, seq.V});
+  plan.tensors["dq"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dk"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dv"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  if (cfg.initial_state_grad)
+    plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
+  const std::array<int64_t, 3> state_grid{(seq.V + cfg.state_block_v - 1) / cfg.state_block_v, seq.N * seq.H,
+                                          (seq.K + cfg.state_block_k - 1) / cfg.state_block_k};
+  plan.launches.push_back(plan_launch(plan, kernel("states", build_linear_attn_bwd_states), state_grid, {}));
+  plan.launches.push_back(
+      plan_launch(plan, kernel("dstates", build_linear_attn_bwd_dstates), state_grid, {{"scale", scale}}));
+  if (chunks > 0)
+    plan.launches.push_back(plan_launch(plan, kernel("chunk", build_linear_attn_bwd_chunk),
+                                        {chunks, seq.N * seq.H, 1}, {{"scale", scale}}));
+  for (const char* name : {"dq", "dk", "dv", "dinitial_state"})
+    if (wants(wanted, name)) plan.outputs[name] = name;
+  return plan;
+}
 
 OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted,
                 bool denominator) {
@@ -338,6 +390,19 @@ OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vecto
   if (denominator && (has_h0 || has_dht || cfg.initial_state_grad))
     throw InternalError("linear_attn bwd: the denominator form has no states");
   const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  // The split schedule by default where the walks leave most SMs idle: plain form, 16-bit, dense, head
+  // dims up to 128, at most 32 sequences x heads over at least 1024 tokens. H200 bf16 backward ms, split
+  // vs walks: B2 T16384 H16 D128 1.23 vs 1.93; at 64 heads it depends (B8 T1024 H8 D64 0.070 vs 0.092,
+  // B4 T2048 H16 D128 0.372 vs 0.356: `linac tune --backward` times both there); 128 heads and more
+  // favour the walks (B8 T4096 H16 1.40 vs 0.83, B1 T8192 H96 2.04 vs 1.63).
+  const bool split_by_default = !gated && !denominator && !seq.varlen && cfg.dtype != DType::f32 &&
+                                std::max(cfg.block_k, cfg.block_v) <= 128 && seq.N * seq.H <= 32 && seq.T >= 1024;
+  if (config_value(opts, "split", split_by_default ? 1 : 0, {0, 1}) == 1) {
+    if (gated || denominator || std::max(cfg.block_k, cfg.block_v) > 128)
+      throw UserError("linear_attn --backward --config split=1 takes the plain form (no g, no --normalize) with "
+                      "head dims up to 128");
+    if (!seq.varlen) return plan_split_bwd(inputs, opts, wanted, seq, cfg, scale);
+  }
   const int64_t k_blocks = cfg.block_k / cfg.split_k, v_blocks = cfg.block_v / cfg.split_v;
 
   OpPlan plan;

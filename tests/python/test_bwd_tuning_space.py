@@ -13,7 +13,11 @@ B, T, H, K, V = 1, 70, 2, 32, 48
 
 
 def candidates(linac, op):
-    proc = linac.run("tune", op, "--shape", f"B={B},T={T},H={H},K={K},V={V}", "--dtype", "fp32", "--backward", "--list")
+    # linear_attn's inputs below carry its gate: list the gated call's space (the split schedule, plain
+    # form only, is not in it; test_linear_attn_bwd checks that one).
+    gated = ["--gated"] if op == "linear_attn" else []
+    proc = linac.run("tune", op, "--shape", f"B={B},T={T},H={H},K={K},V={V}", "--dtype", "fp32", "--backward",
+                     "--list", *gated)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.split()
     assert lines and lines[0] == "default", proc.stdout

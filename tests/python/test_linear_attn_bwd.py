@@ -155,6 +155,37 @@ def test_column_blocks(linac, config):
     check(linac, x, options=("--config", config))
 
 
+@pytest.mark.parametrize("config", ["split=1", "split=1,sbk=16,sbv=16", "split=1,chunk=16,sbk=16,sbv=32,warps=4",
+                                    "split=1,chunk=64,sbv=16"])
+def test_split_schedule(linac, config):
+    # State passes in key x value blocks (K = 24 pads to 32, V = 40 to 64: the last blocks partly
+    # masked) storing the state and its gradient per chunk, then every chunk's gradients; both states,
+    # T = 100 over several chunks, the last partial.
+    check(linac, make_inputs(670, B=2, T=100, H=2, K=24, V=40, init=True, dfinal=True), options=("--config", config))
+
+
+def test_split_schedule_without_states_and_at_head_dim_128(linac):
+    check(linac, make_inputs(671, B=1, T=70, H=2, K=16, V=16), options=("--config", "split=1,chunk=16"))
+    check(linac, make_inputs(672, B=1, T=70, H=1, K=128, V=128, init=True, dfinal=True),
+          options=("--config", "split=1"))
+
+
+def test_split_schedule_varlen_takes_the_walks(linac):
+    cu = np.array([0, 1, 80, 100], dtype=np.int32)
+    x = make_inputs(673, B=1, T=100, H=2, K=32, V=16, init=True, dfinal=True, N=3)
+    x["cu_seqlens"] = cu
+    check(linac, x, options=("--config", "split=1"))
+
+
+def test_split_schedule_refuses_the_gate(linac):
+    x = make_inputs(674, B=1, T=20, H=1, K=16, V=16, gate=True)
+    proc = linac.run("run", "linear_attn", *(f"{n}={linac.write(n, a)}" for n, a in x.items()), "-o", "dq=dq.npy",
+                     "--device", "cpu", "--backward", "--config", "split=1")
+    assert proc.returncode == 1, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "split=1 takes the plain form" in lines[0], proc.stderr
+
+
 def test_non_power_of_two_head_dims(linac):
     check(linac, make_inputs(700, B=1, T=40, H=1, K=20, V=12, gate=True, init=True, dfinal=True))
 

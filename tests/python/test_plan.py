@@ -13,8 +13,11 @@ def plan(linac, op, shape, *options):
     return json.loads((linac.workdir / "plan.json").read_text())
 
 
-@pytest.mark.parametrize("options", [["--backward"], ["--backward", "--gated"], []], ids=["bwd", "bwd_gated", "fwd"])
+@pytest.mark.parametrize("options", [["--backward", "--config", "split=0"], ["--backward", "--gated"], []],
+                         ids=["bwd", "bwd_gated", "fwd"])
 def test_linear_attn_memory_is_linear_in_t(linac, options):
+    # (The backward's split schedule, the default at these two heads, stores per-chunk states: checked
+    # with the others in test_backward_memory_is_linear_in_t.)
     B, H, K, V = 1, 2, 64, 64
     sizes = {}
     for T in (1024, 4096, 16384):
@@ -31,6 +34,7 @@ def test_linear_attn_memory_is_linear_in_t(linac, options):
 
 @pytest.mark.parametrize("op, options, per_chunk_states", [
     ("linear_attn", ["--normalize"], False),
+    ("linear_attn", [], True),
     ("gla", ["--config", "split=0"], False),
     ("gla", [], True),
     ("delta_rule", [], True),
@@ -93,10 +97,11 @@ def test_backward_defaults_narrow_for_few_heads(linac, shape, grid):
         w = [l for l in p["launches"] if l["kernel"] in ("linear_attn_bwd_dq", "linear_attn_bwd_dk", "linear_attn_bwd_dv")]
         assert len(w) == 3, p["launches"]
         return w
-    for options in (["--backward"], ["--backward", "--gated"], ["--backward", "--normalize"]):
+    # (split=0: at 32 heads the plain form's default is the split schedule, test_linear_attn_backward_schedule_defaults.)
+    for options in (["--backward", "--config", "split=0"], ["--backward", "--gated"], ["--backward", "--normalize"]):
         assert all(l["grid"] == grid for l in walks(*options)), options
     D = int(shape.split("K=")[1])
-    p = plan(linac, "linear_attn", shape, "--backward", "--config", f"bk={D},bv={D}")
+    p = plan(linac, "linear_attn", shape, "--backward", "--config", f"bk={D},bv={D},split=0")
     assert p["launches"][0]["grid"][0] == 1
 
 
@@ -124,3 +129,16 @@ def test_gla_backward_schedule_defaults(linac, shape, dtype, split):
     kernels = [l["kernel"] for l in p["launches"]]
     assert ("gla_bwd_inter" in kernels) == split, kernels
     assert ("gla_bwd_dkdv" in kernels or "gla_bwd_dv" in kernels) == (not split), kernels
+
+
+@pytest.mark.parametrize("shape, options, split", [
+    ("B=2,T=16384,H=16,K=128", [], True),              # 32 heads: 1.23 ms split vs 1.93 walks (H200)
+    ("B=4,T=2048,H=16,K=128", [], False),              # 64 heads: the tuner decides
+    ("B=2,T=512,H=16,K=128", [], False),               # short sequences keep the walks
+    ("B=2,T=4096,H=16,K=128", ["--gated"], False),     # the split schedule is the plain form's
+    ("B=2,T=4096,H=16,K=128", ["--dtype", "fp32"], False),
+])
+def test_linear_attn_backward_schedule_defaults(linac, shape, options, split):
+    p = plan(linac, "linear_attn", shape, "--backward", *options)
+    kernels = [l["kernel"] for l in p["launches"]]
+    assert ("linear_attn_bwd_chunk" in kernels) == split, kernels

@@ -741,7 +741,10 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   // V blocks of 128 in the walks: the fastest of `linac tune --backward` on an H200 at B8 H16 D128 bf16
   // (delta_rule 1.45 ms vs 1.51 at 64, gated 2.69 vs 2.92, T = 1024).
   // fp32 above head dim 128: 64 (the reverse walk plans 260 KB of shared memory at 128, K = V = 256).
-  const int64_t dflt_bv = cfg.dtype == DType::f32 && std::max(cfg.block_k, cfg.full_v) > 128 ? 64 : 128;
+  // At most 64 sequences x heads: 64 (more programs per walk; H200 B2 T16384 H16 D128 bf16, backward from
+  // the saved tensors 3.19 -> 2.52 ms, dstates 1.80 -> 1.15; gated 5.04 -> 3.98; 32 columns 2.62).
+  const bool few_heads = seq.N * seq.H <= kDeltaFewHeads;
+  const int64_t dflt_bv = (cfg.dtype == DType::f32 && std::max(cfg.block_k, cfg.full_v) > 128) || few_heads ? 64 : 128;
   cfg.block_v = std::min<int64_t>(config_value(opts, "bv", dflt_bv, {16, 32, 64, 128}), cfg.full_v);
   // 8 warps: at 4 the per-chunk kernel (K = V = 128, chunk 32) spills 1004 bytes, at 8 it spills 8
   // (ptxas, sm_90a); 4 warps were also 1.7x slower on the H200.

@@ -13,6 +13,10 @@
 
 namespace linac {
 
+/// Sequences x heads up to which the delta rules' walks (forward and backward) default to 64-column
+/// value blocks instead of 128 (more programs where few heads leave SMs idle).
+inline constexpr int64_t kDeltaFewHeads = 64;
+
 struct DeltaChunkedBwdConfig {
   DType dtype = DType::f32;
   int chunk = 32;

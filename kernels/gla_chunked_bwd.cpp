@@ -392,7 +392,6 @@ GlaSplitBwdConfig split_config(const GlaChunkedBwdConfig& cfg) {
   return s;
 }
 
-
 int split_default_chunk(DType dtype, int64_t block_k, int64_t block_v) {
   // H200, B2 T16384 H16 D128 bf16, backward ms: chunk 32 5.62 (intra 1.37, state passes 0.80 + 0.95,
   // inter 1.57, dg 0.95); chunk 64 16.39 (intra 6.68 and inter 7.16: the intra kernel spills 1.5 KB,
@@ -514,22 +513,20 @@ OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   };
   if (longest > 0) launch(GlaBwdKernel::intra, {(longest + cfg.chunk - 1) / cfg.chunk, seq.N * seq.H, 1});
   if (cfg.split) {
-    // The state before and its gradient after every chunk ([B, NT, H, K, V], input dtype), then the
-    // chunks' gradients in parallel.
-    const int64_t chunks = (seq.T + cfg.chunk - 1) / cfg.chunk;
+    // The decayed operands (O(T*D)), the state before and its gradient after every chunk ([B, NT, H, K,
+    // V], input dtype), then the chunks' gradients in parallel and dg's per-chunk totals and offsets.
+    const int64_t chunks = (seq.T + cfg.chunk - 1) / cfg.chunk, table_rows = std::max<int64_t>(chunks, 1);
+    for (const char* name : {"qd", "kd"}) plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
     for (const char* name : {"h", "dh"})
-      plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, std::max<int64_t>(chunks, 1), seq.H, seq.K, seq.V});
+      plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, table_rows, seq.H, seq.K, seq.V});
+    for (const char* name : {"etot", "dg_chunk", "dg_offset"})
+      plan.tensors[name] = HostTensor::zeros(DType::f32, {seq.B, table_rows, seq.H, seq.K});
     const std::array<int64_t, 3> state_grid{state_v_blocks, seq.N * seq.H,
                                             (cfg.block_k + cfg.state_block_k - 1) / cfg.state_block_k};
-    plan.tensors["dg_chunk"] = HostTensor::zeros(DType::f32, {seq.B, std::max<int64_t>(chunks, 1), seq.H, seq.K});
-    // The decayed operands of the state passes (O(T*D)).
-    for (const char* name : {"qd", "kd"}) plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
-    plan.tensors["etot"] = HostTensor::zeros(DType::f32, {seq.B, std::max<int64_t>(chunks, 1), seq.H, seq.K});
     if (chunks > 0) launch(GlaBwdKernel::gates, {chunks, seq.N * seq.H, 1});
     launch(GlaBwdKernel::states, state_grid);
     launch(GlaBwdKernel::dstates, state_grid);
     if (chunks > 0) launch(GlaBwdKernel::inter, {chunks, seq.N * seq.H, 1});
-    plan.tensors["dg_offset"] = HostTensor::zeros(DType::f32, {seq.B, std::max<int64_t>(chunks, 1), seq.H, seq.K});
     launch(GlaBwdKernel::dg_offsets, {seq.N * seq.H, 1, 1});
     if (chunks > 0) launch(GlaBwdKernel::dg_add, {chunks, seq.N * seq.H, 1});
   } else {

@@ -479,6 +479,15 @@ std::vector<std::shared_ptr<ir::Kernel>> linear_attn_bwd_kernels(const OpOptions
     configure(norm, opts);
     for (auto which : {LinearAttnBwdKernel::dq, LinearAttnBwdKernel::dk}) out.push_back(cached_bwd(norm, which));
   }
+  // The split schedule at its defaults, with both states.
+  LinearAttnSplitBwdConfig split;
+  split.dtype = opts.dtype;
+  split.chunk = opts.dtype == DType::f32 ? 32 : 64;
+  split.state_stages = opts.dtype == DType::f32 ? 1 : 2;
+  split.initial_state = split.final_state_grad = split.initial_state_grad = true;
+  out.push_back(build_linear_attn_bwd_states(split));
+  out.push_back(build_linear_attn_bwd_dstates(split));
+  out.push_back(build_linear_attn_bwd_chunk(split));
   return out;
 }
 

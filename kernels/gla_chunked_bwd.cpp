@@ -490,9 +490,6 @@ OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   const int64_t state_v_blocks = (seq.V + cfg.state_block_v - 1) / cfg.state_block_v;
   if (has_dht && cfg.split) {
     plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});  // S_T, for dg
-    // One part per value block of the padded V (gla_bwd_dg_offsets adds them all; blocks past V stay 0).
-    plan.tensors["dg_state_parts"] =
-        HostTensor::zeros(DType::f32, {seq.N, seq.H, cfg.block_v / cfg.state_block_v, seq.K});
   } else if (has_dht) {
     plan.tensors["dg_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K});
   }

@@ -1,5 +1,6 @@
 #include "kernels/gla_split_bwd.h"
 
+#include "kernels/state_pass.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -8,6 +9,7 @@ using namespace dsl;
 
 namespace {
 constexpr int64_t kDgOffsetChunks = 64;  // chunk totals per step of gla_bwd_dg_offsets
+constexpr int64_t kDgFinalColumns = 32;  // value columns per step of its final-state term
 }
 
 // GLA backward, split schedule (dense inputs; --backward --config split=1). The walks of the default
@@ -62,84 +64,43 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_gates(const GlaSplitBwdConfig& cfg) {
   return kb.finish();
 }
 
+namespace {
+
+StatePassConfig state_pass(const GlaSplitBwdConfig& cfg, const char* name) {
+  StatePassConfig p;
+  p.name = name;
+  p.dtype = cfg.dtype;
+  p.chunk = cfg.chunk;
+  p.block_k = cfg.state_block_k;
+  p.block_v = cfg.state_block_v;
+  p.num_warps = cfg.state_warps;
+  p.num_stages = cfg.state_stages;
+  p.decay = "etot";
+  return p;
+}
+
+}  // namespace
+
 std::shared_ptr<ir::Kernel> build_gla_bwd_states(const GlaSplitBwdConfig& cfg) {
-  const int64_t BT = cfg.chunk, BK = cfg.state_block_k, BV = cfg.state_block_v;
-  const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("gla_bwd_states");
-  kb.set_num_warps(cfg.state_warps);
-  kb.set_min_ctas_per_sm(1);
-  kb.set_num_stages(cfg.state_stages);
-  Tensor kd = kb.tensor("kd", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
-  Tensor etot = kb.tensor("etot", f32, 4);
-  Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
-  Tensor ht = cfg.final_state ? kb.tensor("final_state", f32, 4) : Tensor();  // S_T (the backward's: for dg)
-  Tensor h = kb.tensor("h", dt, 5);
-
-  Tile i_v = program_id(0), i_nh = program_id(1);
-  Tile H = kd.dim(2), T = kd.dim(1);
-  Tile b = i_nh / H, i_h = i_nh % H;
-  Tile num_chunks = (T + (BT - 1)) / BT;
-  Tile v0 = i_v * BV, k0 = program_id(2) * BK;
-  AccessOptions in_seq{.limits = {{1, T}}};
-
-  Tile S = zeros({BK, BV}, f32);
-  if (cfg.initial_state) S = load(h0, {b, i_h, k0, v0}, {kIndex, kIndex, BK, BV});
-  for_range(0, num_chunks, [&](Tile ic) {
-    Tile t0 = ic * BT;
-    store(h, {b, ic, i_h, k0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S.to(dt));
-    Tile Kd = load(kd, {b, t0, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq);
-    Tile V = load(v, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
-    Tile decay = load(etot, {b, ic, i_h, k0}, {kIndex, kIndex, kIndex, BK});
-    S = S * expand_dims(decay, 1) + dot(Kd.T(), V);
-  }, S);
-  if (cfg.final_state) store(ht, {b, i_h, k0, v0}, {kIndex, kIndex, BK, BV}, S);
-  return kb.finish();
+  StatePassConfig p = state_pass(cfg, "gla_bwd_states");
+  p.a = "kd";  // S' = diag(exp(tot)) S + Kd^T V
+  p.b = "v";
+  p.init = cfg.initial_state ? "initial_state" : nullptr;
+  p.last = cfg.final_state ? "final_state" : nullptr;
+  p.table = "h";
+  return build_state_pass(p);
 }
 
 std::shared_ptr<ir::Kernel> build_gla_bwd_dstates(const GlaSplitBwdConfig& cfg) {
-  const int64_t BT = cfg.chunk, BK = cfg.state_block_k, BV = cfg.state_block_v;
-  const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("gla_bwd_dstates");
-  kb.set_num_warps(cfg.state_warps);
-  kb.set_min_ctas_per_sm(1);
-  kb.set_num_stages(cfg.state_stages);
-  Tensor qd = kb.tensor("qd", dt, 4);
-  Tensor etot = kb.tensor("etot", f32, 4);
-  Tensor dout = kb.tensor("do", dt, 4);
-  Tensor dht = cfg.final_state_grad ? kb.tensor("dfinal_state", f32, 4) : Tensor();
-  Tensor ht = cfg.final_state_grad ? kb.tensor("final_state", f32, 4) : Tensor();
-  Tensor dg_parts = cfg.final_state_grad ? kb.tensor("dg_state_parts", f32, 4) : Tensor();
-  Tensor dh = kb.tensor("dh", dt, 5);
-  Tensor dh0 = cfg.initial_state_grad ? kb.tensor("dinitial_state", f32, 4) : Tensor();
-  Tile scale = kb.scalar("scale", f32);
-
-  Tile i_v = program_id(0), i_nh = program_id(1);
-  Tile H = qd.dim(2), T = qd.dim(1);
-  Tile b = i_nh / H, i_h = i_nh % H;
-  Tile num_chunks = (T + (BT - 1)) / BT;
-  Tile v0 = i_v * BV, k0 = program_id(2) * BK;
-  AccessOptions in_seq{.limits = {{1, T}}};
-
-  Tile X = zeros({BK, BV}, f32);
-  if (cfg.final_state_grad) {
-    X = load(dht, {b, i_h, k0, v0}, {kIndex, kIndex, BK, BV});
-    // dg's term from the final state, rowsum(dfinal_state .* S_T), summed over this program's value
-    // columns: one part per value block, added in block order by gla_bwd_dg (no atomics).
-    Tile ST = load(ht, {b, i_h, k0, v0}, {kIndex, kIndex, BK, BV});
-    store(dg_parts, {b, i_h, i_v, k0}, {kIndex, kIndex, kIndex, BK}, sum(X * ST, 1));
-  }
-  for_range(0, num_chunks, [&](Tile j) {
-    Tile ic = num_chunks - 1 - j;
-    Tile t0 = ic * BT;
-    store(dh, {b, ic, i_h, k0, v0}, {kIndex, kIndex, kIndex, BK, BV}, X.to(dt));
-    Tile Qd = load(qd, {b, t0, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq);
-    Tile dO = load(dout, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
-    Tile decay = load(etot, {b, ic, i_h, k0}, {kIndex, kIndex, kIndex, BK});
-    X = X * expand_dims(decay, 1) + dot(Qd.T(), dO) * scale;
-  }, X);
-  if (cfg.initial_state_grad) store(dh0, {b, i_h, k0, v0}, {kIndex, kIndex, BK, BV}, X);
-  return kb.finish();
+  StatePassConfig p = state_pass(cfg, "gla_bwd_dstates");
+  p.reverse = true;
+  p.a = "qd";  // dS = diag(exp(tot)) dS' + scale Qd^T dO
+  p.b = "do";
+  p.scaled = true;
+  p.init = cfg.final_state_grad ? "dfinal_state" : nullptr;
+  p.last = cfg.initial_state_grad ? "dinitial_state" : nullptr;
+  p.table = "dh";
+  return build_state_pass(p);
 }
 
 std::shared_ptr<ir::Kernel> build_gla_bwd_inter(const GlaSplitBwdConfig& cfg) {
@@ -209,7 +170,8 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_dg_offsets(const GlaSplitBwdConfig& cf
   KernelBuilder kb("gla_bwd_dg_offsets");
   kb.set_num_warps(4);
   Tensor dg_chunk = kb.tensor("dg_chunk", f32, 4);  // [B, NT, H, K]
-  Tensor dg_parts = cfg.final_state_grad ? kb.tensor("dg_state_parts", f32, 4) : Tensor();
+  Tensor dht = cfg.final_state_grad ? kb.tensor("dfinal_state", f32, 4) : Tensor();
+  Tensor ht = cfg.final_state_grad ? kb.tensor("final_state", f32, 4) : Tensor();  // S_T, from gla_bwd_states
   Tensor dg_offset = kb.tensor("dg_offset", f32, 4);  // [B, NT, H, K]
 
   Tile i_nh = program_id(0);
@@ -218,14 +180,16 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_dg_offsets(const GlaSplitBwdConfig& cf
   Tile num_blocks = (NT + (NB - 1)) / NB;
   AccessOptions in_chunks{.limits = {{1, NT}}};
   // The sum over the chunks after each, carried from the last block of NB chunks: the final state's
-  // term (its parts per value block of the reverse state pass, in block order), then the totals. Each
-  // offset sums the totals after its chunk directly (the next rows, the block's last taking the carry),
-  // never an inclusive sum minus the chunk's own.
+  // term rowsum(dfinal_state .* S_T) (over value columns in steps of kDgFinalColumns), then the totals.
+  // Each offset sums the totals after its chunk directly (the next rows, the block's last taking the
+  // carry), never an inclusive sum minus the chunk's own.
   Tile acc = zeros({BK}, f32);
   if (cfg.final_state_grad) {
-    const int64_t parts = cfg.block_v / cfg.state_block_v;
-    acc = load(dg_parts, {b, i_h, 0, 0}, {kIndex, kIndex, kIndex, BK});
-    for (int i = 1; i < parts; ++i) acc = acc + load(dg_parts, {b, i_h, i, 0}, {kIndex, kIndex, kIndex, BK});
+    for (int v0 = 0; v0 < cfg.block_v; v0 += kDgFinalColumns) {
+      Tile dS = load(dht, {b, i_h, 0, v0}, {kIndex, kIndex, BK, kDgFinalColumns});
+      Tile S = load(ht, {b, i_h, 0, v0}, {kIndex, kIndex, BK, kDgFinalColumns});
+      acc = acc + sum(dS * S, 1);
+    }
   }
   Tile last_row = expand_dims(iota(NB), 1) == NB - 1;
   for_range(0, num_blocks, [&](Tile j) {

@@ -35,15 +35,12 @@ struct GlaSplitBwdConfig {
 /// fp32). Parameters: q k g [qd] kd etot. The forward's split schedule uses it and gla_bwd_states too.
 std::shared_ptr<ir::Kernel> build_gla_bwd_gates(const GlaSplitBwdConfig& cfg);
 
-/// The forward state pass: one program per (value block, batch x head, key block) stores h[b, c, h] (the
-/// state before chunk c, [B, NT, H, K, V] in dtype) and, with final_state, S_T. Parameters: kd v etot
-/// [initial_state] [final_state] h.
+/// The forward state pass (kernels/state_pass.h): h[b, c, h] = the state before chunk c ([B, NT, H, K, V]
+/// in dtype) and, with final_state, S_T. Parameters: kd v etot [initial_state] [final_state] h.
 std::shared_ptr<ir::Kernel> build_gla_bwd_states(const GlaSplitBwdConfig& cfg);
 
-/// The reverse state pass: one program per (value block, batch x head, key block) stores dh[b, c, h]
-/// (dL/dS after chunk c, [B, NT, H, K, V] in dtype); with dfinal_state also dg's final-state term per
-/// value block (dg_state_parts [B, H, value blocks, K]). Parameters: qd etot do [dfinal_state final_state
-/// dg_state_parts] dh [dinitial_state] scale.
+/// The reverse state pass (kernels/state_pass.h): dh[b, c, h] = dL/dS after chunk c ([B, NT, H, K, V] in
+/// dtype), dinitial_state at the end. Parameters: qd do etot [dfinal_state] [dinitial_state] dh scale.
 std::shared_ptr<ir::Kernel> build_gla_bwd_dstates(const GlaSplitBwdConfig& cfg);
 
 /// Every chunk's dq, dk, dv from h, dh and gla_bwd_intra's parts, and dg's sums within the chunk (its
@@ -52,8 +49,8 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_dstates(const GlaSplitBwdConfig& cfg);
 std::shared_ptr<ir::Kernel> build_gla_bwd_inter(const GlaSplitBwdConfig& cfg);
 
 /// dg's offset per chunk: the later chunks' totals and the final state's term ([B, NT, H, K]), one
-/// program per batch x head walking blocks of chunks from the last. Parameters: dg_chunk [dg_state_parts]
-/// dg_offset.
+/// program per batch x head walking blocks of chunks from the last. Parameters: dg_chunk [dfinal_state
+/// final_state] dg_offset.
 std::shared_ptr<ir::Kernel> build_gla_bwd_dg_offsets(const GlaSplitBwdConfig& cfg);
 
 /// dg completed: each chunk's rows plus its offset, one program per (chunk, batch x head). Parameters:

@@ -1,5 +1,6 @@
 #include "kernels/linear_attn_split_bwd.h"
 
+#include "kernels/state_pass.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -17,68 +18,41 @@ using namespace dsl;
 // in the input dtype, T·K·V/chunk elements each); linear_attn_bwd_chunk does the rest, every chunk in
 // parallel.
 
-std::shared_ptr<ir::Kernel> build_linear_attn_bwd_states(const LinearAttnSplitBwdConfig& cfg) {
-  const int64_t BT = cfg.chunk, BK = cfg.state_block_k, BV = cfg.state_block_v;
-  const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("linear_attn_bwd_states");
-  kb.set_num_warps(cfg.state_warps);
-  kb.set_min_ctas_per_sm(1);
-  kb.set_num_stages(cfg.state_stages);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
-  Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
-  Tensor h = kb.tensor("h", dt, 5);
+namespace {
 
-  Tile i_v = program_id(0), i_nh = program_id(1);
-  Tile H = k.dim(2), T = k.dim(1);
-  Tile b = i_nh / H, i_h = i_nh % H;
-  Tile num_chunks = (T + (BT - 1)) / BT;
-  Tile v0 = i_v * BV, k0 = program_id(2) * BK;
-  AccessOptions in_seq{.limits = {{1, T}}};
-  Tile S = zeros({BK, BV}, f32);
-  if (cfg.initial_state) S = load(h0, {b, i_h, k0, v0}, {kIndex, kIndex, BK, BV});
-  for_range(0, num_chunks, [&](Tile ic) {
-    Tile t0 = ic * BT;
-    store(h, {b, ic, i_h, k0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S.to(dt));
-    Tile K = load(k, {b, t0, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq);
-    Tile V = load(v, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
-    S = S + dot(K.T(), V);
-  }, S);
-  return kb.finish();
+StatePassConfig state_pass(const LinearAttnSplitBwdConfig& cfg, const char* name) {
+  StatePassConfig p;
+  p.name = name;
+  p.dtype = cfg.dtype;
+  p.chunk = cfg.chunk;
+  p.block_k = cfg.state_block_k;
+  p.block_v = cfg.state_block_v;
+  p.num_warps = cfg.state_warps;
+  p.num_stages = cfg.state_stages;
+  return p;
+}
+
+}  // namespace
+
+std::shared_ptr<ir::Kernel> build_linear_attn_bwd_states(const LinearAttnSplitBwdConfig& cfg) {
+  StatePassConfig p = state_pass(cfg, "linear_attn_bwd_states");
+  p.a = "k";  // S' = S + K^T V
+  p.b = "v";
+  p.init = cfg.initial_state ? "initial_state" : nullptr;
+  p.table = "h";
+  return build_state_pass(p);
 }
 
 std::shared_ptr<ir::Kernel> build_linear_attn_bwd_dstates(const LinearAttnSplitBwdConfig& cfg) {
-  const int64_t BT = cfg.chunk, BK = cfg.state_block_k, BV = cfg.state_block_v;
-  const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("linear_attn_bwd_dstates");
-  kb.set_num_warps(cfg.state_warps);
-  kb.set_min_ctas_per_sm(1);
-  kb.set_num_stages(cfg.state_stages);
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor dout = kb.tensor("do", dt, 4);
-  Tensor dht = cfg.final_state_grad ? kb.tensor("dfinal_state", f32, 4) : Tensor();
-  Tensor dh = kb.tensor("dh", dt, 5);
-  Tensor dh0 = cfg.initial_state_grad ? kb.tensor("dinitial_state", f32, 4) : Tensor();
-  Tile scale = kb.scalar("scale", f32);
-
-  Tile i_v = program_id(0), i_nh = program_id(1);
-  Tile H = q.dim(2), T = q.dim(1);
-  Tile b = i_nh / H, i_h = i_nh % H;
-  Tile num_chunks = (T + (BT - 1)) / BT;
-  Tile v0 = i_v * BV, k0 = program_id(2) * BK;
-  AccessOptions in_seq{.limits = {{1, T}}};
-  Tile X = zeros({BK, BV}, f32);
-  if (cfg.final_state_grad) X = load(dht, {b, i_h, k0, v0}, {kIndex, kIndex, BK, BV});
-  for_range(0, num_chunks, [&](Tile j) {
-    Tile ic = num_chunks - 1 - j;
-    Tile t0 = ic * BT;
-    store(dh, {b, ic, i_h, k0, v0}, {kIndex, kIndex, kIndex, BK, BV}, X.to(dt));
-    Tile Q = load(q, {b, t0, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq);
-    Tile dO = load(dout, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
-    X = X + dot(Q.T(), dO) * scale;
-  }, X);
-  if (cfg.initial_state_grad) store(dh0, {b, i_h, k0, v0}, {kIndex, kIndex, BK, BV}, X);
-  return kb.finish();
+  StatePassConfig p = state_pass(cfg, "linear_attn_bwd_dstates");
+  p.reverse = true;
+  p.a = "q";  // dS = dS' + scale Q^T dO
+  p.b = "do";
+  p.scaled = true;
+  p.init = cfg.final_state_grad ? "dfinal_state" : nullptr;
+  p.last = cfg.initial_state_grad ? "dinitial_state" : nullptr;
+  p.table = "dh";
+  return build_state_pass(p);
 }
 
 std::shared_ptr<ir::Kernel> build_linear_attn_bwd_chunk(const LinearAttnSplitBwdConfig& cfg) {

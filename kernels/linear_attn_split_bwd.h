@@ -28,11 +28,11 @@ struct LinearAttnSplitBwdConfig {
   bool initial_state_grad = false;
 };
 
-/// The forward state pass: h[b, c, h] = the state before chunk c ([B, NT, H, K, V], dtype), one program
-/// per (value block, batch x head, key block). Parameters: k v [initial_state] h.
+/// The forward state pass (kernels/state_pass.h): h[b, c, h] = the state before chunk c ([B, NT, H, K, V],
+/// dtype). Parameters: k v [initial_state] h.
 std::shared_ptr<ir::Kernel> build_linear_attn_bwd_states(const LinearAttnSplitBwdConfig& cfg);
-/// The reverse pass: dh[b, c, h] = dL/dS after chunk c; dinitial_state at the end. Parameters: q do
-/// [dfinal_state] dh [dinitial_state] scale.
+/// The reverse pass (kernels/state_pass.h): dh[b, c, h] = dL/dS after chunk c; dinitial_state at the
+/// end. Parameters: q do [dfinal_state] [dinitial_state] dh scale.
 std::shared_ptr<ir::Kernel> build_linear_attn_bwd_dstates(const LinearAttnSplitBwdConfig& cfg);
 /// Every chunk's dq, dk, dv from h and dh, one program per (chunk, batch x head). Parameters: q k v do h
 /// dh dq dk dv scale.

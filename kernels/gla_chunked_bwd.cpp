@@ -420,7 +420,9 @@ void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts, const SequenceLa
   // memory); chunk 64 plans 247-294 KB. fp32 keeps 64-column blocks (128 would plan 203 KB, more than
   // an sm_80 block has).
   const bool half_width = cfg.dtype != DType::f32;  // bf16 or fp16 tiles
-  cfg.split = config_value(opts, "split", split_by_default(cfg, seq) ? 1 : 0, {0, 1}) == 1;
+  // Varlen inputs take the walks even when split=1 is asked (the state passes are dense only), at the
+  // walks' chunk.
+  cfg.split = config_value(opts, "split", split_by_default(cfg, seq) ? 1 : 0, {0, 1}) == 1 && !(seq && seq->varlen);
   // The split schedule's chunk: its walks carry one product per chunk, so fewer, longer chunks.
   const int dflt_chunk = cfg.split ? split_default_chunk(cfg.dtype, cfg.block_k, cfg.block_v) : 16;
   cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, dflt_chunk), {16, 32, 64}));
@@ -479,7 +481,6 @@ OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   cfg.final_state_grad = has_dht;
   cfg.initial_state_grad = wants(wanted, "dinitial_state");
   cfg.varlen = seq.varlen;
-  cfg.split = cfg.split && !seq.varlen;  // varlen inputs take the walks (the state passes are dense only)
   if (cfg.split && std::max(cfg.block_k, cfg.block_v) > 128)
     throw UserError(fmt::format("gla --backward --config split=1 takes head dims up to 128 (K={}, V={}): its "
                                 "per-chunk kernel holds a chunk's state whole; use the walks (split=0)", seq.K, seq.V));

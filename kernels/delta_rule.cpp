@@ -651,7 +651,7 @@ OpDef delta_rule_op_def(bool gated) {
     in["q"] = random_uniform({s.B, s.T, s.H, s.K}, seed);
     // Unit keys and beta in (0.27, 0.73) keep the recurrence contractive, as in real models.
     HostTensor k = random_uniform({s.B, s.T, s.H, s.K}, seed + 1);
-    float* p = reinterpret_cast<float*>(k.data.data());
+    float* p = reinterpret_cast<float*>(k.materialize());
     for (int64_t r = 0; r < s.B * s.T * s.H; ++r) {
       double norm = 0;
       for (int64_t d = 0; d < s.K; ++d) norm += double(p[r * s.K + d]) * p[r * s.K + d];
@@ -660,7 +660,7 @@ OpDef delta_rule_op_def(bool gated) {
     in["k"] = std::move(k);
     in["v"] = random_uniform({s.B, s.T, s.H, s.V}, seed + 2);
     HostTensor beta = random_uniform({s.B, s.T, s.H}, seed + 3);
-    float* bp = reinterpret_cast<float*>(beta.data.data());
+    float* bp = reinterpret_cast<float*>(beta.materialize());
     for (int64_t i = 0; i < beta.numel(); ++i) bp[i] = static_cast<float>(1.0 / (1.0 + std::exp(-bp[i])));
     in["beta"] = std::move(beta);
     if (gated) in["g"] = random_log_decay({s.B, s.T, s.H}, seed + 4);

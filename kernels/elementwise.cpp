@@ -31,7 +31,31 @@ std::shared_ptr<ir::Kernel> build_update(ElementwiseUpdate kind, DType acc_t, DT
   return kb.finish();
 }
 
+/// Elements per program of a conversion.
+constexpr int64_t kConvertBlock = 1024;
+
+std::shared_ptr<ir::Kernel> build_convert(DType from, DType to) {
+  KernelBuilder kb(fmt::format("convert_{}_to_{}", dtype_name(from), dtype_name(to)));
+  kb.set_num_warps(4);
+  kb.set_num_stages(1);
+  Tensor x = kb.tensor("x", from, 1);
+  Tensor o = kb.tensor("o", to, 1);
+  Tile start = program_id(0) * kConvertBlock;
+  Tile v = load(x, {start}, {kConvertBlock});
+  store(o, {start}, {kConvertBlock}, from == to ? v : v.to(to));
+  return kb.finish();
+}
+
 }  // namespace
+
+std::shared_ptr<ir::Kernel> convert_kernel(DType from, DType to) {
+  static KernelMemo memo;
+  return memo.get(fmt::format("{}/{}", dtype_name(from), dtype_name(to)), [&] { return build_convert(from, to); });
+}
+
+std::array<int64_t, 3> convert_grid(int64_t length) {
+  return {std::max<int64_t>(1, (length + kConvertBlock - 1) / kConvertBlock), 1, 1};
+}
 
 std::shared_ptr<ir::Kernel> elementwise_update_kernel(ElementwiseUpdate kind, DType acc_t, DType x_t, int rank,
                                                       int64_t block_d) {

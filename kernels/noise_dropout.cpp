@@ -22,7 +22,7 @@ uint64_t splitmix64(uint64_t x) {
 
 HostTensor noise_dropout_multipliers(const std::vector<int64_t>& shape, double p, uint64_t seed) {
   HostTensor m = HostTensor::zeros(DType::f32, shape);
-  float* out = reinterpret_cast<float*>(m.data.data());
+  float* out = reinterpret_cast<float*>(m.materialize());
   const uint64_t key = splitmix64(seed);
   const double sd = std::sqrt(p), two_pi = 2 * std::numbers::pi;
   for (int64_t i = 0, n = m.numel(); i < n; ++i) {

@@ -109,8 +109,6 @@ struct OpDef {
 /// UserError if `opts` sets a switch `op` does not implement (see OpDef::flags).
 void check_op_options(const OpDef& op, const OpOptions& opts);
 
-/// Plans and runs `op` on opts.device; returns the wanted outputs (as the kernels wrote them).
-TensorMap run_op(const OpDef& op, const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted);
 
 /// Every op of the library, in a stable order.
 const std::vector<OpDef>& op_registry();

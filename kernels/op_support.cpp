@@ -106,7 +106,7 @@ int64_t config_value(const OpOptions& opts, const std::string& key, int64_t dflt
 
 HostTensor random_uniform(std::vector<int64_t> shape, uint64_t seed) {
   HostTensor t = HostTensor::zeros(DType::f32, std::move(shape));
-  float* p = reinterpret_cast<float*>(t.data.data());
+  float* p = reinterpret_cast<float*>(t.materialize());
   uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
   for (int64_t i = 0, n = t.numel(); i < n; ++i) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
@@ -117,7 +117,7 @@ HostTensor random_uniform(std::vector<int64_t> shape, uint64_t seed) {
 
 HostTensor random_log_decay(std::vector<int64_t> shape, uint64_t seed) {
   HostTensor g = random_uniform(std::move(shape), seed);
-  float* p = reinterpret_cast<float*>(g.data.data());
+  float* p = reinterpret_cast<float*>(g.materialize());
   for (int64_t i = 0; i < g.numel(); ++i) p[i] = -std::log1p(std::exp(-3.0f * p[i]));
   return g;
 }

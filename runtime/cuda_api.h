@@ -34,6 +34,8 @@ namespace linac::cuda::detail {
   X(cuMemcpyHtoD_v2)               \
   X(cuMemcpyDtoH_v2)               \
   X(cuMemsetD8_v2)                 \
+  X(cuMemsetD8Async)               \
+  X(cuPointerGetAttribute)         \
   X(cuLinkCreate_v2)               \
   X(cuLinkAddData_v2)              \
   X(cuLinkComplete)                \

@@ -429,7 +429,35 @@ void set_max_dynamic_shared(Function f, int bytes) {
                  CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes);
 }
 
-void launch(Function f, Dim3 grid, Dim3 block, unsigned shared_bytes, std::span<void*> params) {
+void copy_to_host(void* dst, DevicePtr src, std::size_t n) {
+  if (n == 0) return;
+  LINAC_INTERNAL_CHECK(dst != nullptr && src != 0, "copy between null pointers");
+  const Api& a = detail::api();
+  LINAC_CU_CHECK(a, cuMemcpyDtoH_v2, "copying from the device", dst, src, n);
+}
+
+void fill_async(DevicePtr dst, std::uint8_t value, std::size_t n, Stream stream) {
+  if (n == 0) return;
+  const Api& a = detail::api();
+  LINAC_CU_CHECK(a, cuMemsetD8Async, "filling device memory", dst, value, n, reinterpret_cast<CUstream>(stream));
+}
+
+bool is_device_pointer(const void* p, int* device_ordinal) {
+  const Api& a = detail::api();
+  unsigned int memory_type = 0;
+  if (a.cuPointerGetAttribute(&memory_type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(p)) !=
+      CUDA_SUCCESS)
+    return false;
+  if (memory_type != CU_MEMORYTYPE_DEVICE && memory_type != CU_MEMORYTYPE_UNIFIED) return false;
+  int ordinal = 0;
+  if (a.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, reinterpret_cast<CUdeviceptr>(p)) !=
+      CUDA_SUCCESS)
+    return false;
+  if (device_ordinal) *device_ordinal = ordinal;
+  return true;
+}
+
+void launch(Function f, Dim3 grid, Dim3 block, unsigned shared_bytes, std::span<void*> params, Stream stream) {
   LINAC_INTERNAL_CHECK(f != Function::none, "launch of a null function");
   Driver& d = Driver::get();
   const DeviceInfo& dev = d.device();
@@ -449,7 +477,8 @@ void launch(Function f, Dim3 grid, Dim3 block, unsigned shared_bytes, std::span<
                     grid.x, grid.y, grid.z, dev.name, dev.max_grid_x, dev.max_grid_y, dev.max_grid_z));
   const Api& a = d.api();
   LINAC_CU_CHECK(a, cuLaunchKernel, "launching a kernel", detail::to_cu(f), grid.x, grid.y, grid.z, block.x, block.y,
-                 block.z, shared_bytes, nullptr, params.empty() ? nullptr : params.data(), nullptr);
+                 block.z, shared_bytes, reinterpret_cast<CUstream>(stream), params.empty() ? nullptr : params.data(),
+                 nullptr);
 }
 
 void synchronize() {

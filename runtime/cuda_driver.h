@@ -18,6 +18,8 @@ struct Api;
 
 /// A CUdeviceptr: a device address, 0 for none.
 using DevicePtr = std::uint64_t;
+/// A CUstream: work queued on it runs in order. 0 is the legacy default stream.
+using Stream = std::uintptr_t;
 /// An opaque CUfunction (0 for none). An integer so that this header needs no cuda.h.
 enum class Function : std::uintptr_t { none = 0 };
 
@@ -133,6 +135,15 @@ class DeviceBuffer {
   std::size_t bytes_ = 0;
 };
 
+/// Copies n bytes from device address `src` to host memory. Synchronous: waits for the copy (and,
+/// on the legacy default stream, for work queued before it).
+void copy_to_host(void* dst, DevicePtr src, std::size_t n);
+/// Queues a fill of n bytes at `dst` with `value` on `stream`.
+void fill_async(DevicePtr dst, std::uint8_t value, std::size_t n, Stream stream);
+/// Whether `p` is an address of this process's CUDA memory (device or managed) in linac's context,
+/// and the ordinal of the device holding it; false for host memory or another context's pointer.
+bool is_device_pointer(const void* p, int* device_ordinal = nullptr);
+
 /// Grid or block extents, as CUDA's dim3.
 struct Dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -143,10 +154,10 @@ struct Dim3 {
 /// memory per block than the function needs.
 void set_max_dynamic_shared(Function f, int bytes);
 
-/// Queues `f` on the default stream (cuLaunchKernel). `params` holds one pointer per kernel
+/// Queues `f` on `stream` (cuLaunchKernel; 0: the legacy default stream). `params` holds one pointer per kernel
 /// parameter, each pointing at the argument's value. Asynchronous: faults in the kernel surface at
 /// the next synchronize() or copy_to_host(). A grid larger than the device allows is a UserError.
-void launch(Function f, Dim3 grid, Dim3 block, unsigned shared_bytes, std::span<void*> params);
+void launch(Function f, Dim3 grid, Dim3 block, unsigned shared_bytes, std::span<void*> params, Stream stream = 0);
 
 /// Waits for all work queued on the device (cuCtxSynchronize); throws if a kernel faulted.
 void synchronize();

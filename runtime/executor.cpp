@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include "compiler/interp/interp.h"
-#include "runtime/autotune.h"
 #include "runtime/gpu_kernel.h"
 
 namespace linac {
@@ -15,108 +14,151 @@ std::vector<std::string> OpPlan::output_tensors() const {
   return out;
 }
 
-namespace {
-
-void run_on_cpu(OpPlan& plan) {
+ResolvedPlan resolve_plan(const OpPlan& plan, const std::map<std::string, int>& slot_of) {
+  ResolvedPlan r;
   for (const auto& l : plan.launches) {
-    std::vector<interp::Arg> args;
+    ResolvedPlan::Launch rl;
+    rl.kernel = l.kernel;
+    rl.grid = l.grid;
     for (const auto& p : l.kernel->params) {
       if (auto it = l.tensors.find(p.name); it != l.tensors.end()) {
-        HostTensor& t = plan.tensors.at(it->second);
-        args.emplace_back(interp::TensorArg{t.data.data(), t.dtype, t.shape, t.strides()});
+        const HostTensor& t = plan.tensors.at(it->second);
+        rl.params.emplace_back(ResolvedPlan::TensorParam{slot_of.at(it->second), t.dtype, t.shape});
       } else if (auto s = l.scalars.find(p.name); s != l.scalars.end()) {
-        args.emplace_back(s->second);
+        rl.params.emplace_back(s->second);
       } else {
         throw InternalError(fmt::format("launch of {} has no argument for {}", l.kernel->name, p.name));
+      }
+    }
+    r.launches.push_back(std::move(rl));
+  }
+  return r;
+}
+
+void ResolvedPlan::prepare_gpu() {
+  // Compile (or fetch) every kernel before touching device memory, so a compile error leaves nothing.
+  std::vector<std::shared_ptr<GpuKernel>> kernels;
+  for (const auto& l : launches) kernels.push_back(GpuKernel::get(*l.kernel));
+  for (size_t i = 0; i < launches.size(); ++i) launches[i].gpu = kernels[i];
+}
+
+void run_on_cpu(const ResolvedPlan& plan, std::span<void* const> slots) {
+  for (const auto& l : plan.launches) {
+    std::vector<interp::Arg> args;
+    args.reserve(l.params.size());
+    for (const auto& p : l.params) {
+      if (const auto* t = std::get_if<ResolvedPlan::TensorParam>(&p)) {
+        std::vector<int64_t> strides(t->shape.size(), 1);
+        for (int i = static_cast<int>(t->shape.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * t->shape[i + 1];
+        args.emplace_back(interp::TensorArg{slots[t->slot], t->dtype, t->shape, std::move(strides)});
+      } else {
+        args.emplace_back(std::get<double>(p));
       }
     }
     interp::run(*l.kernel, interp::Grid{l.grid[0], l.grid[1], l.grid[2]}, args);
   }
 }
 
-using DeviceTensors = std::map<std::string, DeviceTensor>;
+void launch_on_gpu(const ResolvedPlan& plan, std::span<const cuda::DevicePtr> slots, cuda::Stream stream) {
+  std::vector<GpuArg> args;
+  for (const auto& l : plan.launches) {
+    LINAC_INTERNAL_CHECK(l.gpu != nullptr, fmt::format("launch of {} before prepare_gpu()", l.kernel->name));
+    args.clear();
+    for (const auto& p : l.params) {
+      if (const auto* t = std::get_if<ResolvedPlan::TensorParam>(&p))
+        args.emplace_back(DeviceTensorRef{slots[t->slot], t->dtype, t->shape});
+      else
+        args.emplace_back(std::get<double>(p));
+    }
+    l.gpu->launch(l.grid, args, stream);
+  }
+}
 
-DeviceTensors upload(const OpPlan& plan) {
-  DeviceTensors dev;
+namespace {
+
+/// The plan's tensors as slots, in the order of plan.tensors.
+std::map<std::string, int> slots_by_name(const OpPlan& plan) {
+  std::map<std::string, int> slot_of;
+  for (const auto& [name, t] : plan.tensors) slot_of.emplace(name, static_cast<int>(slot_of.size()));
+  return slot_of;
+}
+
+/// Device copies of every plan tensor, in slot order.
+std::vector<cuda::DeviceBuffer> upload(const OpPlan& plan) {
+  std::vector<cuda::DeviceBuffer> dev;
   for (const auto& [name, t] : plan.tensors) {
-    DeviceTensor d;
-    d.dtype = t.dtype;
-    d.shape = t.shape;
     // At least 16 bytes: kernels may read (masked) the first element of an empty tensor.
-    d.buffer = cuda::DeviceBuffer(std::max<size_t>(t.data.size(), 16));
-    if (!t.data.empty()) d.buffer.copy_from_host(t.data.data(), t.data.size());
-    dev.emplace(name, std::move(d));
+    cuda::DeviceBuffer b(std::max<size_t>(static_cast<size_t>(t.nbytes()), 16));
+    if (t.materialized())
+      b.copy_from_host(t.data.data(), t.data.size());
+    else
+      b.fill_bytes(0);
+    dev.push_back(std::move(b));
   }
   return dev;
 }
 
-void launch_one(const KernelLaunch& l, GpuKernel& kernel, const DeviceTensors& dev) {
-  std::map<std::string, GpuArg> args;
-  for (const auto& [param, tensor] : l.tensors) args[param] = &dev.at(tensor);
-  for (const auto& [param, value] : l.scalars) args[param] = value;
-  kernel.launch(l.grid, args);
-}
-
-void launch_all(const OpPlan& plan, const std::vector<std::shared_ptr<GpuKernel>>& kernels, const DeviceTensors& dev) {
-  for (size_t i = 0; i < plan.launches.size(); ++i) launch_one(plan.launches[i], *kernels[i], dev);
-}
-
-std::vector<std::shared_ptr<GpuKernel>> get_kernels(const OpPlan& plan) {
-  // Compile (or fetch) every kernel before touching device memory, so a compile error leaves nothing.
-  std::vector<std::shared_ptr<GpuKernel>> kernels;
-  for (const auto& l : plan.launches) kernels.push_back(GpuKernel::get(*l.kernel));
-  return kernels;
-}
-
-void run_on_gpu(OpPlan& plan) {
-  auto kernels = get_kernels(plan);
-  DeviceTensors dev = upload(plan);
-  launch_all(plan, kernels, dev);
-  cuda::synchronize();
-  for (const auto& name : plan.output_tensors()) {
-    HostTensor& t = plan.tensors.at(name);
-    if (!t.data.empty()) dev.at(name).buffer.copy_to_host(t.data.data(), t.data.size());
-  }
+std::vector<cuda::DevicePtr> pointers(const std::vector<cuda::DeviceBuffer>& dev) {
+  std::vector<cuda::DevicePtr> p;
+  for (const auto& b : dev) p.push_back(b.ptr());
+  return p;
 }
 
 }  // namespace
 
 TensorMap execute(OpPlan& plan, Device device) {
   for (const auto& name : plan.output_tensors()) plan.tensors.at(name).fill_bytes(0xFF);
-  if (device == Device::cpu)
-    run_on_cpu(plan);
-  else
-    run_on_gpu(plan);
+  const auto slot_of = slots_by_name(plan);
+  ResolvedPlan resolved = resolve_plan(plan, slot_of);
+  if (device == Device::cpu) {
+    std::vector<void*> slots;
+    for (auto& [name, t] : plan.tensors) slots.push_back(t.materialize());
+    run_on_cpu(resolved, slots);
+  } else {
+    resolved.prepare_gpu();
+    auto dev = upload(plan);
+    launch_on_gpu(resolved, pointers(dev), 0);
+    cuda::synchronize();
+    for (const auto& name : plan.output_tensors()) {
+      HostTensor& t = plan.tensors.at(name);
+      if (t.nbytes() > 0) dev[slot_of.at(name)].copy_to_host(t.materialize(), t.data.size());
+    }
+  }
   TensorMap out;
   for (const auto& [output, tensor] : plan.outputs) out[output] = plan.tensors.at(tensor);
   return out;
 }
 
-void prepare_kernels_on_gpu(const OpPlan& plan) { get_kernels(plan); }
+void prepare_kernels_on_gpu(const OpPlan& plan) { resolve_plan(plan, slots_by_name(plan)).prepare_gpu(); }
 
 BenchResult bench_on_gpu(OpPlan& plan, int iters, bool per_launch, double budget_ms) {
-  auto kernels = get_kernels(plan);
+  ResolvedPlan resolved = resolve_plan(plan, slots_by_name(plan));
+  resolved.prepare_gpu();
   BenchResult r;
-  for (const auto& [name, t] : plan.tensors) r.bytes += static_cast<int64_t>(t.data.size());
+  for (const auto& [name, t] : plan.tensors) r.bytes += t.nbytes();
   const int64_t l2 = cuda::device_info().l2_bytes;
   r.rotations = static_cast<int>(std::clamp<int64_t>((2 * l2 + r.bytes - 1) / std::max<int64_t>(r.bytes, 1), 1, 8));
-  std::vector<DeviceTensors> sets;
-  for (int i = 0; i < r.rotations; ++i) sets.push_back(upload(plan));
+  std::vector<std::vector<cuda::DevicePtr>> sets;
+  std::vector<std::vector<cuda::DeviceBuffer>> buffers;
+  for (int i = 0; i < r.rotations; ++i) {
+    buffers.push_back(upload(plan));
+    sets.push_back(pointers(buffers.back()));
+  }
   cuda::EventTimer timer;
   if (budget_ms > 0) {
     timer.start();
-    launch_all(plan, kernels, sets[0]);
+    launch_on_gpu(resolved, sets[0], 0);
     timer.stop();
     const double first_ms = std::max<double>(timer.elapsed_ms(), 1e-3);
     iters = std::clamp(static_cast<int>(budget_ms / first_ms), std::min(iters, 3), iters);
   } else {
-    for (int i = 0; i < 3; ++i) launch_all(plan, kernels, sets[i % sets.size()]);
+    for (int i = 0; i < 3; ++i) launch_on_gpu(resolved, sets[i % sets.size()], 0);
   }
   cuda::synchronize();
   std::vector<double> times;
   for (int i = 0; i < iters; ++i) {
     timer.start();
-    launch_all(plan, kernels, sets[i % sets.size()]);
+    launch_on_gpu(resolved, sets[i % sets.size()], 0);
     timer.stop();
     times.push_back(timer.elapsed_ms());
   }
@@ -124,12 +166,14 @@ BenchResult bench_on_gpu(OpPlan& plan, int iters, bool per_launch, double budget
   r.iters = iters;
   r.median_ms = times[times.size() / 2];
   r.min_ms = times.front();
-  if (per_launch && plan.launches.size() > 1) {
-    std::vector<std::vector<double>> per(plan.launches.size());
+  if (per_launch && resolved.launches.size() > 1) {
+    std::vector<std::vector<double>> per(resolved.launches.size());
     for (int i = 0; i < iters; ++i) {
-      for (size_t j = 0; j < plan.launches.size(); ++j) {
+      for (size_t j = 0; j < resolved.launches.size(); ++j) {
+        ResolvedPlan one;
+        one.launches.push_back(resolved.launches[j]);
         timer.start();
-        launch_one(plan.launches[j], *kernels[j], sets[i % sets.size()]);
+        launch_on_gpu(one, sets[i % sets.size()], 0);
         timer.stop();
         per[j].push_back(timer.elapsed_ms());
       }
@@ -140,16 +184,6 @@ BenchResult bench_on_gpu(OpPlan& plan, int iters, bool per_launch, double budget
     }
   }
   return r;
-}
-
-TensorMap run_op(const OpDef& op, const TensorMap& inputs, const OpOptions& opts,
-                 const std::vector<std::string>& wanted) {
-  check_op_options(op, opts);
-  OpOptions o = opts;
-  // On the GPU, a run without an explicit configuration uses the tuned one (tuning on first use).
-  if (o.device == Device::cuda) o.config = autotuned_config(op, inputs, o);
-  OpPlan plan = op.prepare(inputs, o, wanted);
-  return execute(plan, o.device);
 }
 
 }  // namespace linac

@@ -1,12 +1,51 @@
-// Runs an OpPlan on a device: the CPU interpreter, or the GPU (upload, launch, download).
+// Runs an OpPlan's launches on memory: the one place where a plan meets the CPU interpreter or the GPU.
+// Op calls on caller-owned tensors (runtime/op_call.h) and runs on plan-owned tensors (execute(), the
+// tuner and `linac bench`) both resolve their plan once (ResolvedPlan) and then run it on pointers.
 #pragma once
+#include <span>
+#include <variant>
+
 #include "kernels/op.h"
+#include "runtime/cuda_driver.h"
 
 namespace linac {
 
-/// Executes every launch of `plan` in order on `device`; returns the plan's outputs by output name.
-/// Output tensors are poisoned (all bytes 0xFF: NaN for floats) before the run, so an element a
-/// kernel fails to write cannot pass for a result.
+class GpuKernel;
+
+/// A plan's launches with parameter names resolved: each argument is a tensor (an index into the
+/// memory the run is given, with the shape the kernel sees) or a scalar.
+struct ResolvedPlan {
+  struct TensorParam {
+    int slot = 0;  // index into the pointers given to run_on_cpu / launch_on_gpu
+    DType dtype = DType::f32;
+    std::vector<int64_t> shape;
+  };
+  using Param = std::variant<TensorParam, double>;
+  struct Launch {
+    std::shared_ptr<ir::Kernel> kernel;
+    std::shared_ptr<GpuKernel> gpu;  // set by prepare_gpu()
+    std::array<int64_t, 3> grid = {1, 1, 1};
+    std::vector<Param> params;  // in the kernel's parameter order
+  };
+  std::vector<Launch> launches;
+
+  /// Compiles (or fetches from the caches) every kernel for the GPU; a compile error leaves the plan
+  /// without GPU kernels.
+  void prepare_gpu();
+};
+
+/// Resolves `plan`, whose tensor `name` is slot slot_of.at(name).
+ResolvedPlan resolve_plan(const OpPlan& plan, const std::map<std::string, int>& slot_of);
+
+/// Runs every launch in order on the CPU interpreter; slots[i] is the host address of slot i.
+void run_on_cpu(const ResolvedPlan& plan, std::span<void* const> slots);
+/// Queues every launch in order on `stream`; slots[i] is the device address of slot i.
+void launch_on_gpu(const ResolvedPlan& plan, std::span<const cuda::DevicePtr> slots, cuda::Stream stream);
+
+/// Executes every launch of `plan` in order on `device`, on copies of its tensors that it owns (uploaded
+/// for the GPU); returns the plan's outputs by output name. Output tensors are poisoned (all bytes 0xFF:
+/// NaN for floats) before the run, so an element a kernel fails to write cannot pass for a result.
+/// For the tuner and tests; callers with their own memory use linac/ops.h.
 TensorMap execute(OpPlan& plan, Device device);
 
 /// Compiles (or fetches from the caches) every kernel of the plan for the GPU.

@@ -1,5 +1,7 @@
 #include "runtime/gpu_kernel.h"
 
+#include <cstring>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -197,61 +199,71 @@ int64_t GpuKernel::spill_bytes() const {
          module_->attributes().local_bytes;
 }
 
-void GpuKernel::launch(const std::array<int64_t, 3>& grid, const std::map<std::string, GpuArg>& args) const {
-  // Parameter storage: pointers, i32 sizes, i64 strides and scalars, each at a stable address.
-  std::vector<uint64_t> ptrs;
-  std::vector<int32_t> i32s;
-  std::vector<int64_t> i64s;
-  std::vector<float> f32s;
-  std::vector<double> f64s;
-  size_t n_values = 0;
-  for (const auto& p : compiled_.params) n_values += p.is_tensor ? 1 + 2 * p.rank : 1;
-  ptrs.reserve(n_values);
-  i32s.reserve(n_values);
-  i64s.reserve(n_values);
-  f32s.reserve(n_values);
-  f64s.reserve(n_values);
-  std::vector<void*> params;
+void GpuKernel::launch(const std::array<int64_t, 3>& grid, const std::map<std::string, GpuArg>& args,
+                       cuda::Stream stream) const {
   if (args.size() != compiled_.params.size())
     throw InternalError(fmt::format("{}: {} arguments for {} parameters", compiled_.entry, args.size(),
                                     compiled_.params.size()));
+  std::vector<GpuArg> ordered;
+  ordered.reserve(compiled_.params.size());
   for (const auto& p : compiled_.params) {
     auto it = args.find(p.name);
     if (it == args.end()) throw InternalError(fmt::format("{}: no argument for parameter {}", compiled_.entry, p.name));
+    ordered.push_back(it->second);
+  }
+  launch(grid, ordered, stream);
+}
+
+void GpuKernel::launch(const std::array<int64_t, 3>& grid, std::span<const GpuArg> args, cuda::Stream stream) const {
+  // Parameter storage: one 8-byte slot per value (pointer, i32 size, i64 stride, scalar), each at a
+  // stable address; a kernel of rank-4 tensors has a few dozen. Fixed storage keeps the hot path free
+  // of heap allocation.
+  constexpr size_t kMaxValues = 512;
+  std::array<uint64_t, kMaxValues> slots;
+  std::array<void*, kMaxValues> params;
+  size_t n = 0;
+  auto push = [&](const void* value, size_t bytes) {
+    if (n == kMaxValues) throw InternalError(fmt::format("{}: more than {} kernel parameter values", compiled_.entry, kMaxValues));
+    slots[n] = 0;
+    std::memcpy(&slots[n], value, bytes);
+    params[n] = &slots[n];
+    ++n;
+  };
+  if (args.size() != compiled_.params.size())
+    throw InternalError(fmt::format("{}: {} arguments for {} parameters", compiled_.entry, args.size(),
+                                    compiled_.params.size()));
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& p = compiled_.params[i];
     if (p.is_tensor) {
-      const DeviceTensor* const* t = std::get_if<const DeviceTensor*>(&it->second);
-      if (!t || !*t) throw InternalError(fmt::format("{}: parameter {} needs a tensor", compiled_.entry, p.name));
-      const DeviceTensor& dt = **t;
-      if (dt.dtype != p.dtype || static_cast<int>(dt.shape.size()) != p.rank)
+      const DeviceTensorRef* t = std::get_if<DeviceTensorRef>(&args[i]);
+      if (!t) throw InternalError(fmt::format("{}: parameter {} needs a tensor", compiled_.entry, p.name));
+      if (t->dtype != p.dtype || static_cast<int>(t->shape.size()) != p.rank)
         throw InternalError(fmt::format("{}: parameter {} is {} of rank {}, got {} of rank {}", compiled_.entry, p.name,
-                                        dtype_name(p.dtype), p.rank, dtype_name(dt.dtype), dt.shape.size()));
-      if (dt.buffer.ptr() == 0 || dt.buffer.ptr() % 16 != 0)
+                                        dtype_name(p.dtype), p.rank, dtype_name(t->dtype), t->shape.size()));
+      if (t->ptr == 0 || t->ptr % 16 != 0)
         throw InternalError(fmt::format("{}: parameter {} is null or not 16-byte aligned", compiled_.entry, p.name));
-      ptrs.push_back(dt.buffer.ptr());
-      params.push_back(&ptrs.back());
+      push(&t->ptr, 8);
+      for (int d = 0; d < p.rank; ++d) {
+        if (t->shape[d] > INT32_MAX) throw UserError(fmt::format("{}: dimension {} of {} is too large", compiled_.entry, d, p.name));
+        const auto size = static_cast<int32_t>(t->shape[d]);
+        push(&size, 4);
+      }
+      std::array<int64_t, 8> strides{};
+      LINAC_INTERNAL_CHECK(p.rank <= 8, fmt::format("{}: parameter {} has rank {}", compiled_.entry, p.name, p.rank));
       int64_t stride = 1;
-      std::vector<int64_t> strides(p.rank);
       for (int d = p.rank - 1; d >= 0; --d) {
         strides[d] = stride;
-        stride *= dt.shape[d];
+        stride *= t->shape[d];
       }
-      for (int d = 0; d < p.rank; ++d) {
-        if (dt.shape[d] > INT32_MAX) throw UserError(fmt::format("{}: dimension {} of {} is too large", compiled_.entry, d, p.name));
-        i32s.push_back(static_cast<int32_t>(dt.shape[d]));
-        params.push_back(&i32s.back());
-      }
-      for (int d = 0; d < p.rank; ++d) {
-        i64s.push_back(strides[d]);
-        params.push_back(&i64s.back());
-      }
+      for (int d = 0; d < p.rank; ++d) push(&strides[d], 8);
     } else {
-      const double* v = std::get_if<double>(&it->second);
+      const double* v = std::get_if<double>(&args[i]);
       if (!v) throw InternalError(fmt::format("{}: parameter {} needs a scalar", compiled_.entry, p.name));
       switch (p.dtype) {
-        case DType::f32: f32s.push_back(static_cast<float>(*v)); params.push_back(&f32s.back()); break;
-        case DType::f64: f64s.push_back(*v); params.push_back(&f64s.back()); break;
-        case DType::i32: i32s.push_back(static_cast<int32_t>(*v)); params.push_back(&i32s.back()); break;
-        case DType::i64: i64s.push_back(static_cast<int64_t>(*v)); params.push_back(&i64s.back()); break;
+        case DType::f32: { const float x = static_cast<float>(*v); push(&x, 4); break; }
+        case DType::f64: push(v, 8); break;
+        case DType::i32: { const int32_t x = static_cast<int32_t>(*v); push(&x, 4); break; }
+        case DType::i64: { const int64_t x = static_cast<int64_t>(*v); push(&x, 8); break; }
         default: throw InternalError(fmt::format("{}: scalar parameter {} of dtype {}", compiled_.entry, p.name, dtype_name(p.dtype)));
       }
     }
@@ -261,7 +273,7 @@ void GpuKernel::launch(const std::array<int64_t, 3>& grid, const std::map<std::s
   cuda::launch(module_->function(),
                cuda::Dim3{static_cast<unsigned>(grid[0]), static_cast<unsigned>(grid[1]), static_cast<unsigned>(grid[2])},
                cuda::Dim3{static_cast<unsigned>(compiled_.num_threads), 1, 1}, static_cast<unsigned>(compiled_.smem_bytes),
-               params);
+               std::span<void*>(params.data(), n), stream);
 }
 
 }  // namespace linac

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <variant>
 #include <vector>
@@ -14,14 +15,25 @@
 
 namespace linac {
 
-/// A tensor in device memory (contiguous, row-major).
+/// A contiguous, row-major tensor at a device address someone else owns: what a launch binds to a
+/// tensor parameter. `shape` must outlive the launch call (not the kernel's run).
+struct DeviceTensorRef {
+  cuda::DevicePtr ptr = 0;
+  DType dtype = DType::f32;
+  std::span<const int64_t> shape;
+};
+
+/// A tensor in device memory that owns its buffer (contiguous, row-major).
 struct DeviceTensor {
   cuda::DeviceBuffer buffer;
   DType dtype = DType::f32;
   std::vector<int64_t> shape;
+
+  DeviceTensorRef ref() const { return {buffer.ptr(), dtype, shape}; }
 };
 
-using GpuArg = std::variant<const DeviceTensor*, double>;
+/// The value bound to one kernel parameter: a tensor or a scalar.
+using GpuArg = std::variant<DeviceTensorRef, double>;
 
 class GpuKernel {
  public:
@@ -30,8 +42,12 @@ class GpuKernel {
   static std::shared_ptr<GpuKernel> get(const ir::Kernel& k);
 
   /// Launches over `grid` (x, y, z), binding parameters by name; checks every argument against the
-  /// parameter (kind, dtype, rank) first. Asynchronous on the default stream.
-  void launch(const std::array<int64_t, 3>& grid, const std::map<std::string, GpuArg>& args) const;
+  /// parameter (kind, dtype, rank) first. Asynchronous on `stream`.
+  void launch(const std::array<int64_t, 3>& grid, const std::map<std::string, GpuArg>& args,
+              cuda::Stream stream = 0) const;
+  /// The same with the arguments in the order of the kernel's parameters (ir::Kernel::params): the
+  /// launch path of op calls, which resolve names once per plan.
+  void launch(const std::array<int64_t, 3>& grid, std::span<const GpuArg> args, cuda::Stream stream = 0) const;
 
   const nvptx::CompiledKernel& compiled() const { return compiled_; }
   const cuda::LinkedModule& module() const { return *module_; }

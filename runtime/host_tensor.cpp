@@ -20,8 +20,12 @@ HostTensor HostTensor::zeros(DType t, std::vector<int64_t> shape) {
   HostTensor h;
   h.dtype = t;
   h.shape = std::move(shape);
-  h.data.assign(static_cast<size_t>(h.numel() * dtype_bytes(t)), 0);
   return h;
+}
+
+uint8_t* HostTensor::materialize() {
+  if (!materialized()) data.assign(static_cast<size_t>(nbytes()), 0);
+  return data.data();
 }
 
 int64_t HostTensor::numel() const {
@@ -37,6 +41,7 @@ std::vector<int64_t> HostTensor::strides() const {
 }
 
 double HostTensor::get(int64_t i) const {
+  if (!materialized()) return 0;
   const uint8_t* p = data.data() + i * dtype_bytes(dtype);
   switch (dtype) {
     case DType::i1: return *p ? 1 : 0;
@@ -51,7 +56,7 @@ double HostTensor::get(int64_t i) const {
 }
 
 void HostTensor::set(int64_t i, double x) {
-  uint8_t* p = data.data() + i * dtype_bytes(dtype);
+  uint8_t* p = materialize() + i * dtype_bytes(dtype);
   switch (dtype) {
     case DType::i1: *p = x != 0; return;
     case DType::i32: { int32_t v = static_cast<int32_t>(x); std::memcpy(p, &v, 4); return; }
@@ -67,6 +72,9 @@ void HostTensor::set(int64_t i, double x) {
 HostTensor HostTensor::cast(DType t) const {
   if (t == dtype) return *this;
   HostTensor out = zeros(t, shape);
+  out.input = input;
+  if (!materialized()) return out;
+  out.materialize();
   // The conversions every op call does on its inputs and outputs, without the per-element switch.
   if (dtype == DType::f32 && (t == DType::bf16 || t == DType::f16)) {
     const float* in = reinterpret_cast<const float*>(data.data());

@@ -89,14 +89,6 @@ void check_grid(const ir::Kernel& k, const Grid& g) {
 }
 
 /// Tensor parameters the kernel stores to: the ones run() copies back from the GPU.
-std::set<const ir::Value*> stored_params(const ir::Kernel& k) {
-  std::set<const ir::Value*> out;
-  ir::walk(const_cast<ir::Block&>(k.body), [&](ir::Op& op) {
-    if (op.code == ir::OpCode::Store && !op.operands.empty()) out.insert(op.operands[0]);
-  });
-  return out;
-}
-
 /// Why the driver is unusable, without the driver's hint, which names the CLI's flag: API users
 /// choose the device in code.
 std::string driver_reason(std::string why) {
@@ -129,7 +121,7 @@ void run_cpu(const ir::Kernel& k, Grid grid, const std::vector<const Arg*>& boun
 
 /// The caller's tensors copied to the device, by parameter name.
 struct DeviceArgs {
-  std::vector<DeviceTensor> tensors;  // reserved up front: GpuArg points into it
+  std::vector<DeviceTensor> tensors;  // reserved up front: the args refer to them
   std::map<std::string, GpuArg> args;
 };
 
@@ -151,7 +143,7 @@ DeviceArgs upload(const ir::Kernel& k, const std::vector<const Arg*>& bound) {
     t.buffer = cuda::DeviceBuffer(std::max<size_t>(static_cast<size_t>(v.bytes()), 16));
     if (v.bytes() > 0) t.buffer.copy_from_host(v.data, static_cast<size_t>(v.bytes()));
     d.tensors.push_back(std::move(t));
-    d.args[name] = &d.tensors.back();
+    d.args[name] = d.tensors.back().ref();
   }
   return d;
 }
@@ -163,11 +155,11 @@ void run_gpu(const ir::Kernel& k, Grid grid, const std::vector<const Arg*>& boun
   DeviceArgs d = upload(k, bound);
   gk->launch({grid.x, grid.y, grid.z}, d.args);
   cuda::synchronize();
-  std::set<const ir::Value*> stored = stored_params(k);
+  const std::set<std::string> stored = ir::stored_params(k);
   for (size_t i = 0; i < bound.size(); ++i) {
-    if (!bound[i]->is_tensor() || !stored.count(k.params[i].value)) continue;
+    if (!bound[i]->is_tensor() || !stored.count(k.params[i].name)) continue;
     const TensorView& v = bound[i]->tensor();
-    if (v.bytes() > 0) std::get<const DeviceTensor*>(d.args.at(k.params[i].name))->buffer.copy_to_host(v.data, v.bytes());
+    if (v.bytes() > 0) cuda::copy_to_host(v.data, std::get<DeviceTensorRef>(d.args.at(k.params[i].name)).ptr, v.bytes());
   }
 }
 

@@ -25,6 +25,7 @@
 #include "runtime/cuda_driver.h"
 #include "runtime/disk_cache.h"
 #include "runtime/executor.h"
+#include "runtime/op_call.h"
 #include "runtime/npy.h"
 #include "tools/dump.h"
 
@@ -192,7 +193,7 @@ DType parse_input_dtype(const std::string& s) {
   return *d;
 }
 
-HostTensor to_host(NpyArray a) { return HostTensor{a.dtype, std::move(a.shape), std::move(a.data)}; }
+HostTensor to_host(NpyArray a) { return HostTensor{a.dtype, std::move(a.shape), std::move(a.data), {}}; }
 
 int cmd_list() {
   for (const auto& op : op_registry()) {
@@ -648,7 +649,7 @@ int cmd_plan(const std::vector<std::string>& args) {
                                  l.kernel->name, l.grid[0], l.grid[1], l.grid[2]);
   }
   for (const auto& [name, t] : plan.tensors) {
-    const auto bytes = static_cast<int64_t>(t.data.size());
+    const auto bytes = t.nbytes();
     total += bytes;
     fmt::print("  tensor {:<16} {:<5} [{}] {:.3f} MB\n", name, dtype_name(t.dtype), fmt::join(t.shape, ", "), bytes / 1e6);
     tensors_json += fmt::format("{}\"{}\": {{\"dtype\": \"{}\", \"shape\": [{}], \"bytes\": {}}}",

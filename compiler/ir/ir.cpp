@@ -144,4 +144,15 @@ bool is_elementwise(OpCode c) {
          c == OpCode::Cast;
 }
 
+std::set<std::string> stored_params(const Kernel& k) {
+  std::set<const Value*> stored;
+  walk(const_cast<Block&>(k.body), [&](Op& op) {
+    if (op.code == OpCode::Store && !op.operands.empty()) stored.insert(op.operands[0]);
+  });
+  std::set<std::string> names;
+  for (const auto& p : k.params)
+    if (stored.count(p.value)) names.insert(p.name);
+  return names;
+}
+
 }  // namespace linac::ir

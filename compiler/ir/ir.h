@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -180,6 +181,9 @@ std::string_view reduce_kind_name(ReduceKind r);
 bool is_elementwise(OpCode c);
 bool is_unary_math(OpCode c);
 bool is_binary_arith(OpCode c);
+
+/// The names of the tensor parameters `k` stores to (the others it only reads).
+std::set<std::string> stored_params(const Kernel& k);
 
 /// Walks every op of a block and its nested regions in program order.
 template <class F>

@@ -1,0 +1,624 @@
+#include "runtime/op_call.h"
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <cstring>
+#include <fmt/format.h>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include "compiler/ir/ir.h"
+#include "kernels/elementwise.h"
+#include "runtime/autotune.h"
+#include "runtime/executor.h"
+#include "runtime/gpu_kernel.h"
+
+namespace linac {
+
+namespace {
+
+constexpr int64_t kAlign = 256;  // workspace slots start at this alignment (kernels need 16 bytes)
+constexpr const char* kHostSeqlens = "cu_seqlens_cpu";
+
+int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+std::string shape_text(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+// ---------------------------------------------------------------------------------------------
+// Checking the caller's tensors
+
+void check_tensor(const std::string& role, const std::string& name, const ops::Tensor& t) {
+  for (int64_t d : t.shape)
+    if (d < 0) throw UserError(fmt::format("{} '{}' has a negative dimension: {}", role, name, shape_text(t.shape)));
+  if (t.data == nullptr && t.numel() > 0) throw UserError(fmt::format("{} '{}' has no data (null pointer)", role, name));
+  if (!t.strides.empty()) {
+    if (t.strides.size() != t.shape.size())
+      throw UserError(fmt::format("{} '{}' has {} strides for {} dimensions", role, name, t.strides.size(), t.shape.size()));
+    int64_t expect = 1;
+    for (int i = static_cast<int>(t.shape.size()) - 1; i >= 0; --i) {
+      if (t.shape[i] != 1 && t.strides[i] != expect)
+        throw UserError(fmt::format("{} '{}' is not contiguous (shape {}, strides {}); linac needs contiguous, "
+                                    "row-major tensors (e.g. call .contiguous() first)",
+                                    role, name, shape_text(t.shape), shape_text(t.strides)));
+      expect *= t.shape[i];
+    }
+  }
+  if (t.memory == ops::Memory::cuda && reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+    throw UserError(fmt::format("{} '{}' is not 16-byte aligned (address {}); linac's kernels load 16 bytes at a "
+                                "time: pass a tensor that starts at an aligned address (e.g. a fresh allocation)",
+                                role, name, t.data));
+}
+
+/// The memory space of the call: every tensor's (cu_seqlens_cpu aside, which is host memory by definition).
+ops::Memory call_memory(const ops::Tensors& inputs, const ops::Tensors& outputs) {
+  std::optional<ops::Memory> m;
+  std::string first;
+  int device = 0;
+  auto visit = [&](const std::string& role, const std::string& name, const ops::Tensor& t) {
+    if (name == kHostSeqlens) {
+      if (t.memory != ops::Memory::host) throw UserError("cu_seqlens_cpu must be in host memory");
+      return;
+    }
+    if (!m) {
+      m = t.memory, first = name, device = t.device;
+      return;
+    }
+    if (t.memory != *m)
+      throw UserError(fmt::format("{} '{}' is in {} memory but '{}' is in {} memory; pass every tensor on one device",
+                                  role, name, t.memory == ops::Memory::cuda ? "CUDA" : "host", first,
+                                  *m == ops::Memory::cuda ? "CUDA" : "host"));
+    if (t.memory == ops::Memory::cuda && t.device != device)
+      throw UserError(fmt::format("{} '{}' is on CUDA device {} but '{}' on device {}", role, name, t.device, first, device));
+  };
+  for (const auto& [name, t] : inputs) visit("input", name, t);
+  for (const auto& [name, t] : outputs) visit("output", name, t);
+  if (!m) throw UserError("an op call needs at least one input");
+  return *m;
+}
+
+std::string options_key(const ops::Options& o) {
+  auto opt = [](const std::optional<double>& x) { return x ? fmt::format("{:a}", *x) : std::string("-"); };
+  std::string key = fmt::format("b{}r{}n{}N{}l{}s{}a{}b{}c{}p{}S{}C{}", o.backward, o.recurrent, o.normalize,
+                                o.no_normalize, o.l2norm_qk, opt(o.scale), opt(o.a), opt(o.b), opt(o.c),
+                                opt(o.noise_dropout), o.seed, o.chunk_size.value_or(0));
+  for (const auto& [k, v] : o.config) key += fmt::format(",{}={}", k, v);
+  return key;
+}
+
+/// The host values of cu_seqlens (int32 or int64): from cu_seqlens_cpu when given, else read from
+/// the caller's tensor (a copy and a wait when it is in device memory).
+HostTensor seqlens_values(const ops::Tensors& inputs) {
+  auto it = inputs.find(kHostSeqlens);
+  const bool from_host_copy = it != inputs.end();
+  if (!from_host_copy) it = inputs.find("cu_seqlens");
+  const ops::Tensor& t = it->second;
+  if (t.dtype != DType::i32 && t.dtype != DType::i64)
+    throw UserError(fmt::format("{} has dtype {}, expected int32 or int64", it->first, dtype_name(t.dtype)));
+  HostTensor h = HostTensor::zeros(t.dtype, t.shape);
+  if (h.nbytes() == 0) return h;
+  if (t.memory == ops::Memory::host)
+    std::memcpy(h.materialize(), t.data, static_cast<size_t>(h.nbytes()));
+  else
+    cuda::copy_to_host(h.materialize(), reinterpret_cast<cuda::DevicePtr>(t.data), static_cast<size_t>(h.nbytes()));
+  if (from_host_copy) {
+    auto dev = inputs.find("cu_seqlens");
+    if (dev == inputs.end()) throw UserError("cu_seqlens_cpu given without cu_seqlens");
+    if (dev->second.shape != t.shape)
+      throw UserError(fmt::format("cu_seqlens_cpu has shape {} but cu_seqlens {}", shape_text(t.shape),
+                                  shape_text(dev->second.shape)));
+  }
+  return h;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prepared calls
+
+/// Plan tensors some launch stores to: an input among them is copied before the call, so that the
+/// caller's tensor stays as given (noise-dropout's backward scales do in place).
+std::set<std::string> written_tensors(const OpPlan& plan) {
+  std::set<std::string> written;
+  for (const auto& l : plan.launches)
+    for (const auto& param : ir::stored_params(*l.kernel))
+      if (auto it = l.tensors.find(param); it != l.tensors.end()) written.insert(it->second);
+  return written;
+}
+
+enum class SlotKind { input, converted, output, constant, scratch };
+
+struct Slot {
+  SlotKind kind = SlotKind::scratch;
+  std::string arg;     // input / output: the caller's argument name
+  int64_t offset = 0;  // converted / scratch: offset in the workspace
+  const HostTensor* constant = nullptr;  // constant: the plan's host data
+};
+
+struct PreparedCall {
+  const OpDef* op = nullptr;
+  ops::Memory memory = ops::Memory::host;
+  OpPlan plan;
+  ResolvedPlan resolved;
+  std::vector<Slot> slots;
+  std::vector<cuda::DeviceBuffer> constants;  // per slot; allocated for constant slots on the GPU
+  int64_t workspace_bytes = 0;
+  int64_t scratch_bytes = 0;  // the first scratch_bytes of the workspace are zeroed before each call
+};
+
+OpOptions to_op_options(const ops::Options& o) {
+  OpOptions r;
+  r.backward = o.backward, r.recurrent = o.recurrent, r.normalize = o.normalize, r.no_normalize = o.no_normalize;
+  r.l2norm_qk = o.l2norm_qk, r.scale = o.scale, r.a = o.a, r.b = o.b, r.c = o.c;
+  r.noise_dropout = o.noise_dropout, r.seed = o.seed, r.chunk_size = o.chunk_size, r.config = o.config;
+  return r;
+}
+
+/// The kernels' dtype: q's (every op has q).
+DType kernel_dtype(const OpDef& op, const ops::Tensors& inputs) {
+  auto q = inputs.find("q");
+  if (q == inputs.end()) throw UserError(fmt::format("{}: missing input 'q'", op.name));
+  const DType t = q->second.dtype;
+  if (t != DType::f32 && t != DType::bf16 && t != DType::f16)
+    throw UserError(fmt::format("q has dtype {}; linac's kernels run in float32, bfloat16 or float16", dtype_name(t)));
+  return t;
+}
+
+void check_argument_names(const OpDef& op, const ops::Tensors& inputs, const ops::Tensors& outputs) {
+  auto known = [](const std::vector<OpArgSpec>& specs, const std::string& name) {
+    return std::any_of(specs.begin(), specs.end(), [&](const OpArgSpec& s) { return s.name == name; });
+  };
+  auto names = [](const std::vector<OpArgSpec>& specs) {
+    std::vector<std::string> n;
+    for (const auto& s : specs) n.push_back(s.name);
+    return fmt::format("{}", fmt::join(n, ", "));
+  };
+  for (const auto& [name, t] : inputs)
+    if (name != kHostSeqlens && !known(op.inputs, name))
+      throw UserError(fmt::format("{} has no input '{}' (inputs: {})", op.name, name, names(op.inputs)));
+  for (const auto& [name, t] : outputs)
+    if (!known(op.outputs, name))
+      throw UserError(fmt::format("{} has no output '{}' (outputs: {})", op.name, name, names(op.outputs)));
+}
+
+/// The plan of a call on shape-only inputs (cu_seqlens with its values).
+OpPlan plan_call(const OpDef& op, const ops::Tensors& inputs, const OpOptions& opts,
+                 const std::vector<std::string>& wanted) {
+  TensorMap meta;
+  for (const auto& [name, t] : inputs) {
+    if (name == kHostSeqlens) continue;
+    meta[name] = name == "cu_seqlens" ? seqlens_values(inputs) : HostTensor::zeros(t.dtype, t.shape);
+    if (name != "cu_seqlens") meta[name].input = name;
+  }
+  return op.prepare(meta, opts, wanted);
+}
+
+std::shared_ptr<PreparedCall> prepare_call(const OpDef& op, const ops::Tensors& inputs, const ops::Tensors& outputs,
+                                           const ops::Options& options, ops::Memory memory) {
+  auto call = std::make_shared<PreparedCall>();
+  call->op = &op;
+  call->memory = memory;
+  OpOptions opts = to_op_options(options);
+  opts.dtype = kernel_dtype(op, inputs);
+  opts.device = memory == ops::Memory::cuda ? Device::cuda : Device::cpu;
+  check_op_options(op, opts);
+  std::vector<std::string> wanted;
+  for (const auto& [name, t] : outputs) wanted.push_back(name);
+  if (opts.device == Device::cuda) {
+    TensorMap meta;
+    for (const auto& [name, t] : inputs)
+      if (name != kHostSeqlens) meta[name] = HostTensor::zeros(t.dtype, t.shape);
+    opts.config = autotuned_config(op, meta, opts);
+  }
+  call->plan = plan_call(op, inputs, opts, wanted);
+  OpPlan& plan = call->plan;
+
+  std::map<std::string, std::string> output_of;  // plan tensor -> the caller's output
+  for (const auto& [output, tensor] : plan.outputs) output_of[tensor] = output;
+  for (const auto& [name, t] : outputs) {
+    auto it = plan.outputs.find(name);
+    if (it == plan.outputs.end())
+      throw UserError(fmt::format("{} does not produce '{}' with these options{}", op.name, name,
+                                  opts.backward ? "" : " (gradients need backward=1)"));
+    const HostTensor& p = plan.tensors.at(it->second);
+    if (p.dtype != t.dtype || p.shape != t.shape)
+      throw UserError(fmt::format("output '{}' is {} {}, but {} writes {} {} there", name, dtype_name(t.dtype),
+                                  shape_text(t.shape), op.name, dtype_name(p.dtype), shape_text(p.shape)));
+  }
+
+  // Homes of the plan's tensors; scratch first in the workspace (one fill zeroes it), then conversions.
+  std::map<std::string, int> slot_of;
+  std::vector<std::string> converted;
+  const std::set<std::string> written = written_tensors(plan);
+  for (const auto& [name, t] : plan.tensors) {
+    Slot s;
+    if (auto o = output_of.find(name); o != output_of.end()) {
+      s.kind = SlotKind::output, s.arg = o->second;
+    } else if (!t.input.empty() && !t.materialized()) {
+      const ops::Tensor& in = inputs.at(t.input);
+      if (in.shape != t.shape)
+        throw InternalError(fmt::format("{} plans its input {} as {} ({}), given {}", op.name, t.input, t.shape_str(), name,
+                                        shape_text(in.shape)));
+      const bool in_place = in.dtype == t.dtype && !written.count(name);
+      s.kind = in_place ? SlotKind::input : SlotKind::converted, s.arg = t.input;
+      if (s.kind == SlotKind::converted) converted.push_back(name);
+    } else if (t.materialized() && t.nbytes() > 0) {
+      s.kind = SlotKind::constant, s.constant = &t;
+    } else {
+      s.kind = SlotKind::scratch, s.offset = call->workspace_bytes;
+      call->workspace_bytes += align_up(std::max<int64_t>(t.nbytes(), 16));
+    }
+    slot_of[name] = static_cast<int>(call->slots.size());
+    call->slots.push_back(s);
+  }
+  call->scratch_bytes = call->workspace_bytes;
+  for (const auto& name : converted) {
+    call->slots[slot_of[name]].offset = call->workspace_bytes;
+    call->workspace_bytes += align_up(std::max<int64_t>(plan.tensors.at(name).nbytes(), 16));
+  }
+
+  call->resolved = resolve_plan(plan, slot_of);
+  // Conversions run first: each reads the caller's tensor (a slot of its own) into the converted slot.
+  std::vector<ResolvedPlan::Launch> conversions;
+  for (const auto& name : converted) {
+    const HostTensor& t = plan.tensors.at(name);
+    const DType from = inputs.at(t.input).dtype;
+    const int source = static_cast<int>(call->slots.size());
+    call->slots.push_back(Slot{SlotKind::input, t.input, 0, nullptr});
+    const std::vector<int64_t> flat = {t.numel()};
+    ResolvedPlan::Launch l;
+    l.kernel = convert_kernel(from, t.dtype);
+    l.grid = convert_grid(t.numel());
+    l.params = {ResolvedPlan::TensorParam{source, from, flat}, ResolvedPlan::TensorParam{slot_of[name], t.dtype, flat}};
+    conversions.push_back(std::move(l));
+  }
+  call->resolved.launches.insert(call->resolved.launches.begin(), conversions.begin(), conversions.end());
+
+  if (memory == ops::Memory::cuda) {
+    call->resolved.prepare_gpu();
+    call->constants.resize(call->slots.size());
+    for (size_t i = 0; i < call->slots.size(); ++i) {
+      const Slot& s = call->slots[i];
+      if (s.kind != SlotKind::constant) continue;
+      call->constants[i] = cuda::DeviceBuffer(static_cast<size_t>(s.constant->nbytes()));
+      call->constants[i].copy_from_host(s.constant->data.data(), s.constant->data.size());
+    }
+  }
+  return call;
+}
+
+std::atomic<int64_t> g_prepared{0};
+
+/// Prepared calls by key. Bounded: a process that keeps making new keys (varlen batches of ever new
+/// lengths) starts over rather than growing without end.
+class CallCache {
+ public:
+  std::shared_ptr<PreparedCall> find(const std::string& key) {
+    std::lock_guard lock(mu_);
+    auto it = calls_.find(key);
+    return it == calls_.end() ? nullptr : it->second;
+  }
+  void insert(const std::string& key, std::shared_ptr<PreparedCall> call) {
+    std::lock_guard lock(mu_);
+    if (calls_.size() >= kMaxCalls) calls_.clear();
+    calls_.emplace(key, std::move(call));
+  }
+
+ private:
+  static constexpr size_t kMaxCalls = 4096;
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<PreparedCall>> calls_;
+};
+
+CallCache& call_cache() {
+  static CallCache* cache = new CallCache;  // never destroyed: calls may come from other static destructors
+  return *cache;
+}
+
+std::string call_key(const OpDef& op, const ops::Tensors& inputs, const ops::Tensors& outputs,
+                     const ops::Options& options, ops::Memory memory) {
+  fmt::memory_buffer key;
+  fmt::format_to(std::back_inserter(key), "{}|{}|{}", op.name, memory == ops::Memory::cuda ? 'g' : 'c',
+                 options_key(options));
+  for (const auto& [name, t] : inputs) {
+    if (name == kHostSeqlens) continue;
+    fmt::format_to(std::back_inserter(key), "|{}:{}:{}", name, static_cast<int>(t.dtype), fmt::join(t.shape, "x"));
+  }
+  for (const auto& [name, t] : outputs)
+    fmt::format_to(std::back_inserter(key), "|>{}:{}:{}", name, static_cast<int>(t.dtype), fmt::join(t.shape, "x"));
+  if (inputs.count("cu_seqlens")) {
+    HostTensor cu = seqlens_values(inputs);
+    fmt::format_to(std::back_inserter(key), "|cu");
+    for (int64_t i = 0; i < cu.numel(); ++i) fmt::format_to(std::back_inserter(key), ",{}", static_cast<int64_t>(cu.get(i)));
+  }
+  return fmt::to_string(key);
+}
+
+void run_prepared(const PreparedCall& call, const ops::Tensors& inputs, const ops::Tensors& outputs, ops::Stream stream,
+                  ops::Allocator* allocator) {
+  const size_t n = call.slots.size();
+  if (call.memory == ops::Memory::host) {
+    std::vector<uint8_t> workspace(static_cast<size_t>(call.workspace_bytes));  // zeroed
+    std::vector<void*> slots(n);
+    for (size_t i = 0; i < n; ++i) {
+      const Slot& s = call.slots[i];
+      switch (s.kind) {
+        case SlotKind::input: slots[i] = inputs.at(s.arg).data; break;
+        case SlotKind::output: slots[i] = outputs.at(s.arg).data; break;
+        case SlotKind::constant: slots[i] = const_cast<uint8_t*>(s.constant->data.data()); break;
+        case SlotKind::converted:
+        case SlotKind::scratch: slots[i] = workspace.data() + s.offset; break;
+      }
+    }
+    run_on_cpu(call.resolved, slots);
+    return;
+  }
+  ops::Allocator& alloc = allocator ? *allocator : ops::default_allocator();
+  void* workspace = nullptr;
+  if (call.workspace_bytes > 0) {
+    workspace = alloc.allocate(static_cast<size_t>(call.workspace_bytes), stream);
+    if (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
+      throw UserError(fmt::format("the allocator returned {} for {} bytes of scratch; linac needs 16-byte aligned memory",
+                                  workspace, call.workspace_bytes));
+  }
+  struct Release {
+    ops::Allocator& alloc;
+    void* p;
+    size_t bytes;
+    ops::Stream stream;
+    ~Release() {
+      if (p) alloc.deallocate(p, bytes, stream);
+    }
+  } release{alloc, workspace, static_cast<size_t>(call.workspace_bytes), stream};
+  const auto base = reinterpret_cast<cuda::DevicePtr>(workspace);
+  std::vector<cuda::DevicePtr> slots(n);
+  for (size_t i = 0; i < n; ++i) {
+    const Slot& s = call.slots[i];
+    switch (s.kind) {
+      case SlotKind::input: slots[i] = reinterpret_cast<cuda::DevicePtr>(inputs.at(s.arg).data); break;
+      case SlotKind::output: slots[i] = reinterpret_cast<cuda::DevicePtr>(outputs.at(s.arg).data); break;
+      case SlotKind::constant: slots[i] = call.constants[i].ptr(); break;
+      case SlotKind::converted:
+      case SlotKind::scratch: slots[i] = base + s.offset; break;
+    }
+  }
+  const auto s = reinterpret_cast<cuda::Stream>(stream);
+  cuda::fill_async(base, 0, static_cast<size_t>(call.scratch_bytes), s);
+  launch_on_gpu(call.resolved, slots, s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The default allocator
+
+class CachingAllocator final : public ops::Allocator {
+ public:
+  void* allocate(std::size_t bytes, ops::Stream stream) override {
+    {
+      std::lock_guard lock(mu_);
+      auto& pool = free_[stream];
+      if (auto it = pool.lower_bound(bytes); it != pool.end() && it->first <= 2 * bytes) {
+        cuda::DeviceBuffer b = std::move(it->second);
+        pool.erase(it);
+        void* p = reinterpret_cast<void*>(b.ptr());
+        used_.emplace(p, std::move(b));
+        return p;
+      }
+    }
+    cuda::DeviceBuffer b(bytes);  // outside the lock: cuMemAlloc may take a while
+    void* p = reinterpret_cast<void*>(b.ptr());
+    std::lock_guard lock(mu_);
+    used_.emplace(p, std::move(b));
+    return p;
+  }
+  void deallocate(void* p, std::size_t, ops::Stream stream) override {
+    std::lock_guard lock(mu_);
+    auto it = used_.find(p);
+    if (it == used_.end()) throw InternalError("default allocator: freeing memory it did not allocate");
+    const size_t bytes = it->second.bytes();
+    free_[stream].emplace(bytes, std::move(it->second));
+    used_.erase(it);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<ops::Stream, std::multimap<size_t, cuda::DeviceBuffer>> free_;
+  std::map<void*, cuda::DeviceBuffer> used_;
+};
+
+}  // namespace
+
+namespace ops {
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Allocator& default_allocator() {
+  static CachingAllocator* a = new CachingAllocator;  // never destroyed: the driver may be gone at exit
+  return *a;
+}
+
+Options Options::parse(std::string_view text) {
+  Options o;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find(',', pos);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view item = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size())
+      throw UserError(fmt::format("options: '{}' is not key=value", item));
+    const std::string key(item.substr(0, eq));
+    const std::string value(item.substr(eq + 1));
+    auto number = [&]() {
+      size_t used = 0;
+      double x = 0;
+      try {
+        x = std::stod(value, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != value.size() || !std::isfinite(x))
+        throw UserError(fmt::format("options: {}={} is not a finite number", key, value));
+      return x;
+    };
+    auto integer = [&]() {
+      int64_t x = 0;
+      auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), x);
+      if (ec != std::errc() || p != value.data() + value.size())
+        throw UserError(fmt::format("options: {}={} is not an integer", key, value));
+      return x;
+    };
+    auto flag = [&]() {
+      const int64_t x = integer();
+      if (x != 0 && x != 1) throw UserError(fmt::format("options: {}={} must be 0 or 1", key, value));
+      return x == 1;
+    };
+    if (key == "backward") o.backward = flag();
+    else if (key == "recurrent") o.recurrent = flag();
+    else if (key == "normalize") o.normalize = flag();
+    else if (key == "no_normalize") o.no_normalize = flag();
+    else if (key == "l2norm_qk") o.l2norm_qk = flag();
+    else if (key == "scale") o.scale = number();
+    else if (key == "a") o.a = number();
+    else if (key == "b") o.b = number();
+    else if (key == "c") o.c = number();
+    else if (key == "noise_dropout") o.noise_dropout = number();
+    else if (key == "seed") o.seed = static_cast<uint64_t>(integer());
+    else if (key == "chunk_size") o.chunk_size = static_cast<int>(integer());
+    else o.config[key] = integer();
+  }
+  return o;
+}
+
+void run(std::string_view op_name, const Tensors& inputs, const Tensors& outputs, const Options& options,
+         Stream stream, Allocator* allocator) {
+  const OpDef& op = find_op(std::string(op_name));
+  for (const auto& [name, t] : inputs) check_tensor("input", name, t);
+  for (const auto& [name, t] : outputs) check_tensor("output", name, t);
+  const Memory memory = call_memory(inputs, outputs);
+  if (memory == Memory::cuda) {
+    std::string why;
+    if (!cuda::driver_available(&why)) throw UserError(fmt::format("CUDA tensors given, but {}", why));
+    const int ordinal = cuda::device_info().ordinal;
+    for (const auto& [name, t] : inputs)
+      if (name != kHostSeqlens && t.device != ordinal)
+        throw UserError(fmt::format("input '{}' is on CUDA device {}, but linac runs on device {} (LINAC_CUDA_DEVICE)",
+                                    name, t.device, ordinal));
+  }
+  if (options.scale && !std::isfinite(*options.scale)) throw UserError("scale must be a finite number");
+  const std::string key = call_key(op, inputs, outputs, options, memory);
+  std::shared_ptr<PreparedCall> call = call_cache().find(key);
+  if (!call) {
+    check_argument_names(op, inputs, outputs);
+    if (memory == Memory::cuda) {
+      for (const auto& [name, t] : inputs) {
+        int dev = -1;
+        if (name != kHostSeqlens && t.numel() > 0 && !cuda::is_device_pointer(t.data, &dev))
+          throw UserError(fmt::format("input '{}' is described as CUDA memory but {} is not a device address in "
+                                      "linac's CUDA context", name, t.data));
+      }
+      for (const auto& [name, t] : outputs) {
+        int dev = -1;
+        if (t.numel() > 0 && !cuda::is_device_pointer(t.data, &dev))
+          throw UserError(fmt::format("output '{}' is described as CUDA memory but {} is not a device address in "
+                                      "linac's CUDA context", name, t.data));
+      }
+    }
+    call = prepare_call(op, inputs, outputs, options, memory);
+    ++g_prepared;
+    call_cache().insert(key, call);
+  }
+  run_prepared(*call, inputs, outputs, stream, allocator);
+}
+
+OutputSpec output_spec(std::string_view op_name, const Tensors& inputs, std::string_view output, const Options& options) {
+  const OpDef& op = find_op(std::string(op_name));
+  check_argument_names(op, inputs, {});
+  OpOptions opts = to_op_options(options);
+  opts.dtype = kernel_dtype(op, inputs);
+  check_op_options(op, opts);
+  // Shapes do not depend on cu_seqlens' values, only on its length: without host values, stand in a
+  // valid layout of that length (every sequence but the first empty).
+  Tensors shaped = inputs;
+  std::vector<int64_t> stand_in;
+  if (auto cu = inputs.find("cu_seqlens"); cu != inputs.end() && !inputs.count(kHostSeqlens) &&
+                                           (cu->second.memory != Memory::host || cu->second.data == nullptr)) {
+    const auto q = inputs.find("q");
+    const int64_t T = q != inputs.end() && q->second.shape.size() >= 2 ? q->second.shape[1] : 0;
+    stand_in.assign(static_cast<size_t>(std::max<int64_t>(cu->second.numel(), 0)), T);
+    if (!stand_in.empty()) stand_in[0] = 0;
+    shaped["cu_seqlens"] = Tensor::host(stand_in.data(), DType::i64, cu->second.shape);
+  }
+  const std::string name(output);
+  OpPlan plan = plan_call(op, shaped, opts, {name});
+  auto it = plan.outputs.find(name);
+  if (it == plan.outputs.end())
+    throw UserError(fmt::format("{} does not produce '{}' with these options", op.name, name));
+  const HostTensor& t = plan.tensors.at(it->second);
+  return {t.dtype, t.shape};
+}
+
+std::vector<std::string> op_names() {
+  std::vector<std::string> names;
+  for (const auto& op : op_registry()) names.push_back(op.name);
+  return names;
+}
+
+int64_t prepared_calls() { return g_prepared.load(); }
+
+}  // namespace ops
+
+ops::Options to_ops_options(const OpOptions& o) {
+  ops::Options r;
+  r.backward = o.backward, r.recurrent = o.recurrent, r.normalize = o.normalize, r.no_normalize = o.no_normalize;
+  r.l2norm_qk = o.l2norm_qk, r.scale = o.scale, r.a = o.a, r.b = o.b, r.c = o.c;
+  r.noise_dropout = o.noise_dropout, r.seed = o.seed, r.chunk_size = o.chunk_size, r.config = o.config;
+  return r;
+}
+
+TensorMap run_op(const OpDef& op, const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+  check_op_options(op, opts);
+  // The kernels read q, k, v and do in opts.dtype; converting here keeps the call's other inputs as given.
+  TensorMap in = inputs;
+  for (const char* name : {"q", "k", "v", "do"})
+    if (auto it = in.find(name); it != in.end()) it->second = it->second.cast(opts.dtype);
+  for (auto& [name, t] : in)
+    if (t.dtype == DType::f64) t = t.cast(DType::f32);
+  const ops::Options options = to_ops_options(opts);
+  ops::Tensors in_refs;
+  for (auto& [name, t] : in) in_refs[name] = ops::Tensor::host(t.materialize(), t.dtype, t.shape);
+  TensorMap out;
+  for (const auto& name : wanted) {
+    ops::OutputSpec spec = ops::output_spec(op.name, in_refs, name, options);
+    out[name] = HostTensor::zeros(spec.dtype, spec.shape);
+    out[name].fill_bytes(0xFF);  // poisoned: an element the kernels fail to write cannot pass for a result
+  }
+  if (opts.device == Device::cpu) {
+    ops::Tensors out_refs;
+    for (auto& [name, t] : out) out_refs[name] = ops::Tensor::host(t.materialize(), t.dtype, t.shape);
+    ops::run(op.name, in_refs, out_refs, options);
+    return out;
+  }
+  std::vector<cuda::DeviceBuffer> buffers;
+  auto upload = [&](HostTensor& t) {
+    buffers.emplace_back(std::max<size_t>(static_cast<size_t>(t.nbytes()), 16));
+    buffers.back().copy_from_host(t.materialize(), t.data.size());
+    return ops::Tensor::cuda(reinterpret_cast<void*>(buffers.back().ptr()), t.dtype, t.shape, cuda::device_info().ordinal);
+  };
+  buffers.reserve(in.size() + out.size());
+  ops::Tensors din, dout;
+  for (auto& [name, t] : in) din[name] = upload(t);
+  if (auto cu = in.find("cu_seqlens"); cu != in.end()) din["cu_seqlens_cpu"] = in_refs.at("cu_seqlens");
+  for (auto& [name, t] : out) dout[name] = upload(t);
+  ops::run(op.name, din, dout, options);
+  cuda::synchronize();
+  for (auto& [name, t] : out)
+    cuda::copy_to_host(t.materialize(), reinterpret_cast<cuda::DevicePtr>(dout.at(name).data), t.data.size());
+  return out;
+}
+
+}  // namespace linac

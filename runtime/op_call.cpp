@@ -502,7 +502,11 @@ void run(std::string_view op_name, const Tensors& inputs, const Tensors& outputs
   const Memory memory = call_memory(inputs, outputs);
   if (memory == Memory::cuda) {
     std::string why;
-    if (!cuda::driver_available(&why)) throw UserError(fmt::format("CUDA tensors given, but {}", why));
+    if (!cuda::driver_available(&why)) {
+      const std::string cli_hint = "; run with --device cpu";  // the CLI's flag, not this API's
+      if (why.ends_with(cli_hint)) why.erase(why.size() - cli_hint.size());
+      throw UserError(fmt::format("CUDA tensors given, but {}", why));
+    }
     const int ordinal = cuda::device_info().ordinal;
     for (const auto& [name, t] : inputs)
       if (name != kHostSeqlens && t.device != ordinal)
@@ -554,6 +558,7 @@ OutputSpec output_spec(std::string_view op_name, const Tensors& inputs, std::str
     shaped["cu_seqlens"] = Tensor::host(stand_in.data(), DType::i64, cu->second.shape);
   }
   const std::string name(output);
+  check_argument_names(op, {}, {{name, Tensor{}}});
   OpPlan plan = plan_call(op, shaped, opts, {name});
   auto it = plan.outputs.find(name);
   if (it == plan.outputs.end())

@@ -6,6 +6,8 @@ bash scripts/setup.sh
 bash scripts/build.sh
 echo "== C++ unit and error tests"
 ./build/linac_tests
+echo "== The C ABI from a C program"
+./build/linac_c_abi_test
 echo "== IR text tests (FileCheck)"
 python3 tests/ir/run_filecheck.py
 echo "== Python tests (ops on the CPU interpreter vs float64 references)"

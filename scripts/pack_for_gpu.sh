@@ -6,5 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .carry
 mkdir -p build/lib && cp -L /lib/x86_64-linux-gnu/libfmt.so.9 build/lib/  # the GPU machine may lack fmt
-tar -czf .carry/linac.tar.gz build/linac build/liblinac.so build/linac_tests build/linac_cache_stress build/lib
+tar -czf .carry/linac.tar.gz build/linac build/liblinac.so build/linac_tests build/linac_cache_stress build/linac_bench_overhead build/linac_c_abi_test build/lib
 ls -la .carry/linac.tar.gz

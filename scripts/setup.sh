@@ -2,6 +2,7 @@
 # Installs what a fresh Debian 12 machine lacks to build and test linac. Idempotent and quiet:
 # packages already present are skipped, output goes to a log unless something fails.
 set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
 log=$(mktemp -t linac-setup.XXXXXX)
 trap 'rm -f "$log"' EXIT
 
@@ -21,9 +22,17 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 py=${PYTHON:-python3}
-if ! "$py" -c "import numpy, pytest" >/dev/null 2>&1; then
-  echo "setup: installing numpy, pytest"
-  if ! "$py" -m pip install -q numpy pytest >"$log" 2>&1; then
+if ! "$py" -c "import numpy, pytest, torch" >/dev/null 2>&1; then
+  echo "setup: installing numpy, pytest, torch (PyPI's torch: about 3 GB with its CUDA libraries, 2 minutes here)"
+  if ! "$py" -m pip install -q numpy pytest torch >"$log" 2>&1; then
     cat "$log"; echo "setup: pip failed" >&2; exit 1
+  fi
+fi
+# The Python package (python/linac: PyTorch ops over liblinac's C ABI), editable: it loads the
+# liblinac.so that scripts/build.sh makes in build/.
+if ! "$py" -c "import linac, os, sys; sys.exit(0 if os.path.realpath(linac.__file__).startswith(os.path.realpath('$repo/python')) else 1)" >/dev/null 2>&1; then
+  echo "setup: installing the linac Python package (editable, from python/)"
+  if ! "$py" -m pip install -q --no-build-isolation --no-deps -e "$repo/python" >"$log" 2>&1; then
+    cat "$log"; echo "setup: pip install -e python failed" >&2; exit 1
   fi
 fi

@@ -1,0 +1,319 @@
+"""fla's public op functions, on linac's kernels: same names, argument order, defaults and return values,
+so that a model switches by changing an import (`from fla.ops.gla import chunk_gla` ->
+`from linac.ops.gla import chunk_gla`).
+
+Every function takes q, k [B, T, H, K], v [B, T, H, V] (float32, float16 or bfloat16), `scale` (default
+K^-1/2), `initial_state` [N, H, K, V], `output_final_state`, `cu_seqlens` [N+1] (packed sequences, B = 1)
+and returns (o [B, T, H, V], final_state [N, H, K, V] fp32 or None). Arguments of fla's signatures
+that linac does not implement raise UnsupportedError when set; none is ignored. Non-contiguous inputs
+are copied (.contiguous()) before the kernels read them.
+"""
+
+import torch
+
+from . import _ops
+from ._errors import InvalidCallError, UnsupportedError
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_INTS = (torch.int32, torch.int64)
+
+
+# --- argument checks (cheap, in Python, so that they also run while torch.compile traces) ---------------
+
+def _fail(fn, msg):
+    raise InvalidCallError(f"{fn}: {msg}")
+
+
+def _check(fn, q, k, v, cu_seqlens=None, cu_seqlens_cpu=None, initial_state=None, gates=()):
+    """q, k, v, cu_seqlens, initial_state and every (name, tensor, expected shape) in `gates`."""
+    if q.dim() != 4:
+        _fail(fn, f"q must be [B, T, H, K]; got shape {tuple(q.shape)}")
+    if k.shape != q.shape:
+        _fail(fn, f"k must have q's shape {tuple(q.shape)}; got {tuple(k.shape)}")
+    if v.dim() != 4 or v.shape[:3] != q.shape[:3]:
+        if v.dim() == 4 and v.shape[:2] == q.shape[:2] and v.shape[2] != q.shape[2]:
+            raise UnsupportedError(f"{fn}: v has {v.shape[2]} heads and q {q.shape[2]}: linac has no grouped "
+                                   f"value heads (GVA); repeat q and k to v's heads")
+        _fail(fn, f"v must be [B, T, H, V] with q's B, T, H {tuple(q.shape[:3])}; got {tuple(v.shape)}")
+    if q.dtype not in _FLOATS:
+        _fail(fn, f"q must be float32, float16 or bfloat16; got {q.dtype}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        _fail(fn, f"q, k and v must have one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    device = q.device
+    if k.device != device or v.device != device:
+        _fail(fn, f"q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
+    for name, t, shape in gates:
+        if t.device != device:
+            _fail(fn, f"{name} is on {t.device}, q on {device}; every tensor must be on q's device")
+        if t.dtype != torch.float32 and t.dtype != q.dtype:
+            _fail(fn, f"{name} must be float32 or q's dtype {q.dtype}; got {t.dtype}")
+        if t.shape != shape:
+            _fail(fn, f"{name} must have shape {tuple(shape)}; got {tuple(t.shape)}")
+    N = q.shape[0]
+    if cu_seqlens is not None:
+        if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in _INTS or cu_seqlens.shape[0] < 2:
+            _fail(fn, f"cu_seqlens must be a 1-D int32/int64 tensor of N+1 offsets; got {cu_seqlens.dtype} "
+                      f"of shape {tuple(cu_seqlens.shape)}")
+        if cu_seqlens.device != device:
+            _fail(fn, f"cu_seqlens is on {cu_seqlens.device}, q on {device}; pass it on q's device "
+                      f"(and a host copy as cu_seqlens_cpu)")
+        if q.shape[0] != 1:
+            _fail(fn, f"the batch size must be 1 with cu_seqlens (flatten the sequences into one row); "
+                      f"got {q.shape[0]}")
+        N = cu_seqlens.shape[0] - 1
+        if cu_seqlens_cpu is not None:
+            if cu_seqlens_cpu.device.type != "cpu":
+                _fail(fn, f"cu_seqlens_cpu must be a host tensor; got one on {cu_seqlens_cpu.device}")
+            if cu_seqlens_cpu.shape != cu_seqlens.shape or cu_seqlens_cpu.dtype not in _INTS:
+                _fail(fn, "cu_seqlens_cpu must be a host copy of cu_seqlens (same length, int32/int64)")
+    elif cu_seqlens_cpu is not None:
+        _fail(fn, "cu_seqlens_cpu without cu_seqlens")
+    if initial_state is not None:
+        shape = (N, q.shape[2], q.shape[3], v.shape[3])
+        if initial_state.device != device:
+            _fail(fn, f"initial_state is on {initial_state.device}, q on {device}")
+        if initial_state.shape != shape:
+            n = "len(cu_seqlens) - 1" if cu_seqlens is not None else "B"
+            _fail(fn, f"initial_state must be [N, H, K, V] = {shape} (N = {n}); got {tuple(initial_state.shape)}")
+
+
+def _scale(q, scale):
+    return q.shape[-1] ** -0.5 if scale is None else float(scale)
+
+
+def _state_in(initial_state, state_v_first):
+    """fp32, [N, H, K, V] (fla's state_v_first layout [N, H, V, K] transposed: a copy)."""
+    if initial_state is None:
+        return None
+    if state_v_first:
+        initial_state = initial_state.transpose(-1, -2)
+    return initial_state if initial_state.dtype == torch.float32 else initial_state.float()
+
+
+def _state_out(final_state, output_final_state, state_v_first):
+    if not output_final_state:
+        return None
+    return final_state.transpose(-1, -2).contiguous() if state_v_first else final_state
+
+
+def _config(fn, kwargs, allowed=()):
+    """fla's **kwargs: chunk_size -> linac's chunk_size option; flags linac lacks raise when set."""
+    config = ""
+    for key, value in kwargs.items():
+        if key == "chunk_size":
+            if value is not None:
+                config = f"chunk_size={int(value)}"
+        elif key == "head_first":
+            if value:
+                raise UnsupportedError(f"{fn}: head_first=True was removed from fla; inputs are [B, T, H, D]")
+        elif key in allowed:
+            if value is not None and value is not False:
+                raise UnsupportedError(f"{fn}: linac does not implement {key}={value!r}")
+        else:
+            raise TypeError(f"{fn}() got an unexpected keyword argument '{key}'")
+    return config
+
+
+def _unsupported(fn, **args):
+    for key, value in args.items():
+        if value is not None and value is not False:
+            raise UnsupportedError(f"{fn}: linac does not implement {key}" +
+                                   ("" if isinstance(value, torch.Tensor) else f"={value!r}"))
+
+
+def _gate_shape(q):
+    return q.shape[:3]
+
+
+# --- linear attention and simple GLA (linac's linear_attn) ------------------------------------------------
+
+def _linear_attn(fn, q, k, v, g, scale, initial_state, output_final_state, normalize, recurrent, state_v_first,
+                 cu_seqlens, cu_seqlens_cpu, config):
+    h0 = _state_in(initial_state, state_v_first)
+    _check(fn, q, k, v, cu_seqlens, cu_seqlens_cpu, h0, () if g is None else (("g", g, _gate_shape(q)),))
+    if normalize and (h0 is not None or output_final_state):
+        raise UnsupportedError(f"{fn}: linac's normalized linear attention keeps no state (fla's (kv, z) "
+                               f"pair): pass normalize=False, or no initial_state and output_final_state=False")
+    o, ht = _ops.call_linear_attn(q, k, v, g, h0, cu_seqlens, cu_seqlens_cpu, _scale(q, scale),
+                                  bool(output_final_state), bool(normalize), recurrent and not normalize, config)
+    return o, _state_out(ht, output_final_state, state_v_first)
+
+
+def _g_from_gamma(fn, q, g, g_gamma):
+    """fla's g_gamma [H] (a per-head constant log-decay) as linac's g [B, T, H] (materialized, fp32)."""
+    if g_gamma is None:
+        return g
+    if g is not None:
+        _fail(fn, "pass g or g_gamma, not both")
+    if g_gamma.shape != q.shape[2:3]:
+        _fail(fn, f"g_gamma must be [H] = [{q.shape[2]}]; got {tuple(g_gamma.shape)}")
+    return g_gamma.float().expand(q.shape[:3]).contiguous()
+
+
+def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
+                     state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
+    """fla.ops.simple_gla.chunk_simple_gla: linear attention with a per-head scalar log-decay g [B, T, H]
+    (or g_gamma [H]); no gate when both are None."""
+    fn = "chunk_simple_gla"
+    config = _config(fn, kwargs)
+    g = _g_from_gamma(fn, q, g, g_gamma)
+    return _linear_attn(fn, q, k, v, g, scale, initial_state, output_final_state, False, False, state_v_first,
+                        cu_seqlens, cu_seqlens_cpu, config)
+
+
+def fused_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
+                               output_final_state=False, reverse=False, state_v_first=False, cu_seqlens=None,
+                               **kwargs):
+    """fla.ops.simple_gla.fused_recurrent_simple_gla: the token-by-token form of chunk_simple_gla."""
+    fn = "fused_recurrent_simple_gla"
+    cu_seqlens_cpu = kwargs.pop("cu_seqlens_cpu", None)
+    config = _config(fn, kwargs)
+    _unsupported(fn, reverse=reverse)
+    g = _g_from_gamma(fn, q, g, g_gamma)
+    return _linear_attn(fn, q, k, v, g, scale, initial_state, output_final_state, False, True, state_v_first,
+                        cu_seqlens, cu_seqlens_cpu, config)
+
+
+def chunk_linear_attn(q, k, v, scale=None, initial_state=None, output_final_state=False, normalize=True,
+                      cu_seqlens=None, **kwargs):
+    """fla.ops.linear_attn.chunk_linear_attn. normalize=True (fla's default) divides by
+    scale * q . cumsum(k) + 1e-6 (fla adds 1e-10) and takes no states."""
+    fn = "chunk_linear_attn"
+    cu_seqlens_cpu = kwargs.pop("cu_seqlens_cpu", None)
+    config = _config(fn, kwargs)
+    return _linear_attn(fn, q, k, v, None, scale, initial_state, output_final_state, normalize, False, False,
+                        cu_seqlens, cu_seqlens_cpu, config)
+
+
+def fused_recurrent_linear_attn(q, k, v, scale=None, initial_state=None, output_final_state=False, reverse=False,
+                                normalize=False, cu_seqlens=None, **kwargs):
+    """fla.ops.linear_attn.fused_recurrent_linear_attn (normalize=True runs the chunked normalized form:
+    linac has no token-by-token one; the function is the same)."""
+    fn = "fused_recurrent_linear_attn"
+    cu_seqlens_cpu = kwargs.pop("cu_seqlens_cpu", None)
+    config = _config(fn, kwargs)
+    _unsupported(fn, reverse=reverse)
+    return _linear_attn(fn, q, k, v, None, scale, initial_state, output_final_state, normalize, True, False,
+                        cu_seqlens, cu_seqlens_cpu, config)
+
+
+# --- GLA ----------------------------------------------------------------------------------------------------
+
+def _gla(fn, q, k, v, g, scale, initial_state, output_final_state, recurrent, state_v_first, cu_seqlens,
+         cu_seqlens_cpu, config):
+    h0 = _state_in(initial_state, state_v_first)
+    _check(fn, q, k, v, cu_seqlens, cu_seqlens_cpu, h0, (("g", g, q.shape),))
+    o, ht = _ops.call_gla(q, k, v, g, h0, cu_seqlens, cu_seqlens_cpu, _scale(q, scale), bool(output_final_state),
+                          recurrent, config)
+    return o, _state_out(ht, output_final_state, state_v_first)
+
+
+def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, state_v_first=False,
+              cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
+    """fla.ops.gla.chunk_gla: gated linear attention, log-decay g [B, T, H, K] per key channel."""
+    fn = "chunk_gla"
+    return _gla(fn, q, k, v, g, scale, initial_state, output_final_state, False, state_v_first, cu_seqlens,
+                cu_seqlens_cpu, _config(fn, kwargs))
+
+
+def fused_recurrent_gla(q, k, v, gk=None, gv=None, scale=None, initial_state=None, output_final_state=False,
+                        reverse=False, state_v_first=False, cu_seqlens=None, **kwargs):
+    """fla.ops.gla.fused_recurrent_gla: the token-by-token form (gk: log-decay [B, T, H, K]; gv, the
+    value-side gate, is not implemented; without gk: plain linear attention)."""
+    fn = "fused_recurrent_gla"
+    cu_seqlens_cpu = kwargs.pop("cu_seqlens_cpu", None)
+    config = _config(fn, kwargs)
+    _unsupported(fn, gv=gv, reverse=reverse)
+    if gk is None:
+        return _linear_attn(fn, q, k, v, None, scale, initial_state, output_final_state, False, True,
+                            state_v_first, cu_seqlens, cu_seqlens_cpu, config)
+    return _gla(fn, q, k, v, gk, scale, initial_state, output_final_state, True, state_v_first, cu_seqlens,
+                cu_seqlens_cpu, config)
+
+
+# --- DeltaNet and Gated DeltaNet ------------------------------------------------------------------------
+
+def _delta(fn, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm_qk, recurrent, state_v_first,
+           cu_seqlens, cu_seqlens_cpu, config):
+    h0 = _state_in(initial_state, state_v_first)
+    if beta is None:
+        beta = q.new_ones(q.shape[:3])  # fla's fused_recurrent default
+    elif beta.dim() == 4:
+        raise UnsupportedError(f"{fn}: beta per value channel [B, T, H, V] is not implemented (linac takes "
+                               f"beta [B, T, H])")
+    gates = (("beta", beta, _gate_shape(q)),) if g is None else (("g", g, _gate_shape(q)),
+                                                                ("beta", beta, _gate_shape(q)))
+    _check(fn, q, k, v, cu_seqlens, cu_seqlens_cpu, h0, gates)
+    s = _scale(q, scale)
+    if g is None:
+        o, ht = _ops.call_delta_rule(q, k, v, beta, h0, cu_seqlens, cu_seqlens_cpu, s, bool(output_final_state),
+                                     bool(l2norm_qk), recurrent, config)
+    else:
+        o, ht = _ops.call_gated_delta_rule(q, k, v, g, beta, h0, cu_seqlens, cu_seqlens_cpu, s,
+                                           bool(output_final_state), bool(l2norm_qk), recurrent, config)
+    return o, _state_out(ht, output_final_state, state_v_first)
+
+
+def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
+                     use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
+    """fla.ops.delta_rule.chunk_delta_rule: DeltaNet, beta [B, T, H]; keys L2-normalized (or pass
+    use_qk_l2norm_in_kernel=True). fp32 inputs are accepted (fla refuses them)."""
+    fn = "chunk_delta_rule"
+    return _delta(fn, q, k, v, None, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                  False, False, cu_seqlens, cu_seqlens_cpu, _config(fn, kwargs))
+
+
+def fused_recurrent_delta_rule(q, k, v, beta=None, scale=None, initial_state=None, output_final_state=False,
+                               use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
+    """fla.ops.delta_rule.fused_recurrent_delta_rule: the token-by-token form (beta defaults to ones)."""
+    fn = "fused_recurrent_delta_rule"
+    cu_seqlens_cpu = kwargs.pop("cu_seqlens_cpu", None)
+    return _delta(fn, q, k, v, None, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                  True, False, cu_seqlens, cu_seqlens_cpu, _config(fn, kwargs))
+
+
+_GDN_UNSUPPORTED = ("use_gate_in_kernel", "A_log", "dt_bias")
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                           use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                           state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, chunk_indices=None,
+                           cp_context=None, **kwargs):
+    """fla.ops.gated_delta_rule.chunk_gated_delta_rule: Gated DeltaNet, g [B, T, H] log-decay, beta
+    [B, T, H]. chunk_indices (fla's precomputed chunk table) is not needed and not read."""
+    fn = "chunk_gated_delta_rule"
+    config = _config(fn, kwargs, allowed=_GDN_UNSUPPORTED)
+    _unsupported(fn, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                 cp_context=cp_context)
+    return _delta(fn, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, False,
+                  state_v_first, cu_seqlens, cu_seqlens_cpu, config)
+
+
+def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, scale=None, initial_state=None,
+                                     output_final_state=False, use_qk_l2norm_in_kernel=False,
+                                     use_gate_in_kernel=False, A_log=None, dt_bias=None,
+                                     use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, state_v_first=False,
+                                     cu_seqlens=None, **kwargs):
+    """fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule: the token-by-token form (g [B, T, H];
+    without g: DeltaNet; gk, gv and the in-kernel gate/beta activations are not implemented)."""
+    fn = "fused_recurrent_gated_delta_rule"
+    cu_seqlens_cpu = kwargs.pop("cu_seqlens_cpu", None)
+    config = _config(fn, kwargs)
+    _unsupported(fn, gk=gk, gv=gv, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
+                 use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
+    return _delta(fn, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, True,
+                  state_v_first, cu_seqlens, cu_seqlens_cpu, config)
+
+
+# --- poly (linac's own) --------------------------------------------------------------------------------
+
+def poly(q, k, v, a=1.0, b=1.0, c=0.5, scale=None, normalize=True, cu_seqlens=None, cu_seqlens_cpu=None,
+         chunk_size=None):
+    """Polynomial-kernel attention (docs/ops/poly.md): o_t = sum_{s<=t} f(x_ts) v_s / (sum_s f(x_ts) + 1e-6)
+    with x_ts = scale q_t . k_s and f(x) = a + b x + c x^2 (no denominator when normalize=False).
+    Returns o [B, T, H, V] (the op keeps no state)."""
+    fn = "poly"
+    _check(fn, q, k, v, cu_seqlens, cu_seqlens_cpu)
+    config = "" if chunk_size is None else f"chunk_size={int(chunk_size)}"
+    return _ops.call_poly(q, k, v, cu_seqlens, cu_seqlens_cpu, _scale(q, scale), float(a), float(b), float(c),
+                          bool(normalize), config)

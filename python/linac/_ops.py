@@ -1,0 +1,491 @@
+"""linac's ops as torch.library custom ops (torch.ops.linac.*), with fake implementations and autograd
+through linac's backward kernels.
+
+One forward op and one backward op per family, with fixed schemas: optional inputs are `Tensor?`, and an
+output that a call does not produce (final_state without output_final_state, dg without a gate, ...)
+is an empty tensor. The backward saves only the inputs (q, k, v, gates, betas, initial state, cu_seqlens:
+O(T*D)) and runs linac's backward (options backward=1), never PyTorch autodiff of the forward.
+
+  linear_attn(q, k, v, g?, initial_state?, cu_seqlens?, cu_seqlens_cpu?, scale, output_final_state,
+              normalize, recurrent, config) -> (o, final_state)
+  gla(q, k, v, g, initial_state?, ...)                         -> (o, final_state)
+  delta_rule(q, k, v, beta, initial_state?, ..., l2norm_qk, recurrent, config) -> (o, final_state)
+  gated_delta_rule(q, k, v, g, beta, initial_state?, ...)      -> (o, final_state)
+  poly(q, k, v, cu_seqlens?, cu_seqlens_cpu?, scale, a, b, c, normalize, config) -> o
+  <op>_bwd(the forward's inputs, do, dfinal_state?, ...)       -> (dq, dk, dv, [dg,] [dbeta,] dinitial_state)
+
+`config` is extra "key=value,..." options for the forward (chunk_size=C, tuning parameters).
+
+Eager calls from the public functions (linac.chunk_gla, ...) skip the dispatcher: the custom op's own
+implementation runs directly, under a torch.autograd.Function when gradients are needed (the same
+setup and backward functions as the registered autograd), because the dispatcher and its Python
+autograd wrapper cost tens of microseconds per call. Under torch.compile, and for tensor subclasses
+(fake, functional, meta...), the calls go through torch.ops.linac.*.
+"""
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _lib
+from ._errors import InvalidCallError
+
+_F32 = torch.float32
+L2NORM_EPS = 1e-6  # as the kernels' l2norm_qk (and fla's l2norm)
+
+try:
+    _is_compiling = torch.compiler.is_compiling
+except AttributeError:  # pragma: no cover
+    _is_compiling = torch._dynamo.is_compiling
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def eager(t):
+    """True when a call on `t` may bypass the dispatcher (a plain tensor, not under torch.compile)."""
+    return type(t) in _PLAIN and not _is_compiling()
+
+
+# --- calling the C ABI ------------------------------------------------------------------------------------
+
+_options_cache = {}
+
+
+def _options(pairs, config=""):
+    """b"k=v,..." for (key, value) pairs (None/False dropped, True -> 1) plus `config`; cached."""
+    key = (pairs, config)
+    s = _options_cache.get(key)
+    if s is None:
+        parts = [f"{k}={1 if v is True else v!r}" for k, v in pairs if v is not None and v is not False]
+        if config:
+            parts.append(config)
+        s = _options_cache[key] = ",".join(parts).encode()
+    return s
+
+
+def _run(op, options, in_names, inputs, out_names, outputs):
+    dev = inputs[0].get_device()
+    if dev >= 0 and dev != torch.cuda.current_device():
+        # Scratch comes from the current device's allocator, work goes on that device's current stream.
+        with torch.cuda.device(dev):
+            _lib.run(op, options, in_names, inputs, out_names, outputs)
+    else:
+        _lib.run(op, options, in_names, inputs, out_names, outputs)
+
+
+def _inputs(q, k, v, named, initial_state, cu_seqlens, cu_seqlens_cpu):
+    """Names and contiguous tensors of a call's inputs (absent optionals left out)."""
+    names = ["q", "k", "v"]
+    tensors = [q.contiguous(), k.contiguous(), v.contiguous()]
+    for name, t in named:
+        if t is not None:
+            names.append(name)
+            tensors.append(t.contiguous())
+    if initial_state is not None:
+        names.append("initial_state")
+        tensors.append(initial_state.contiguous())
+    if cu_seqlens is not None:
+        names.append("cu_seqlens")
+        tensors.append(cu_seqlens.contiguous())
+        # The host copy spares linac a device->host read of the offsets (and a wait) on every call.
+        if cu_seqlens_cpu is not None and cu_seqlens.get_device() >= 0:
+            names.append("cu_seqlens_cpu")
+            tensors.append(cu_seqlens_cpu.contiguous())
+    return names, tensors
+
+
+def _num_seqs(q, cu_seqlens):
+    return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+
+
+def _state_like(q, v, cu_seqlens):
+    N, H, K, V = _num_seqs(q, cu_seqlens), q.shape[2], q.shape[3], v.shape[3]
+    return q.new_empty((N, H, K, V), dtype=_F32)
+
+
+def _none_tensor(q):
+    """The empty tensor that stands for an output a call does not produce."""
+    return q.new_empty((0,), dtype=_F32)
+
+
+def _forward(op, options, q, k, v, named, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state):
+    names, tensors = _inputs(q, k, v, named, initial_state, cu_seqlens, cu_seqlens_cpu)
+    o = q.new_empty((*q.shape[:3], v.shape[3]))
+    if output_final_state:
+        ht = _state_like(q, v, cu_seqlens)
+        _run(op, options, tuple(names), tuple(tensors), ("o", "final_state"), (o, ht))
+    else:
+        ht = _none_tensor(q)
+        _run(op, options, tuple(names), tuple(tensors), ("o",), (o,))
+    return o, ht
+
+
+def _backward(op, options, q, k, v, named, initial_state, cu_seqlens, cu_seqlens_cpu, do, dfinal_state,
+              grads):
+    """Runs `op` with backward=1. `grads`: (output name, input it differentiates or None) for the
+    gradients besides dq, dk, dv; an absent input gives an empty tensor. Returns dq, dk, dv, *those."""
+    names, tensors = _inputs(q, k, v, named, initial_state, cu_seqlens, cu_seqlens_cpu)
+    names.append("do")
+    tensors.append(do.contiguous())
+    if dfinal_state is not None:
+        names.append("dfinal_state")
+        tensors.append(dfinal_state.contiguous())
+    outs = [torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v)]
+    out_names, result = ["dq", "dk", "dv"], list(outs)
+    for name, x in grads:
+        if x is None:
+            result.append(_none_tensor(q))
+        else:
+            t = x.new_empty(x.shape, dtype=_F32)
+            out_names.append(name)
+            outs.append(t)
+            result.append(t)
+    _run(op, options, tuple(names), tuple(tensors), tuple(out_names), tuple(outs))
+    return tuple(result)
+
+
+_IMPLS = {}
+
+
+def _custom_op(name, impl):
+    """Registers `impl` as torch.ops.linac.<name> (schema from its annotations)."""
+    op = torch.library.custom_op(f"linac::{name}", impl, mutates_args=())
+    _IMPLS[op] = impl
+    return op
+
+
+# --- forward ops ------------------------------------------------------------------------------------------
+
+def _linear_attn(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], initial_state: Optional[Tensor],
+                cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], scale: float,
+                output_final_state: bool, normalize: bool, recurrent: bool, config: str) -> Tuple[Tensor, Tensor]:
+    opts = _options((("scale", scale), ("normalize", normalize), ("recurrent", recurrent)), config)
+    return _forward(b"linear_attn", opts, q, k, v, (("g", g),), initial_state, cu_seqlens, cu_seqlens_cpu,
+                    output_final_state)
+
+
+def _gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+        cu_seqlens_cpu: Optional[Tensor], scale: float, output_final_state: bool, recurrent: bool,
+        config: str) -> Tuple[Tensor, Tensor]:
+    opts = _options((("scale", scale), ("recurrent", recurrent)), config)
+    return _forward(b"gla", opts, q, k, v, (("g", g),), initial_state, cu_seqlens, cu_seqlens_cpu,
+                    output_final_state)
+
+
+def _delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, initial_state: Optional[Tensor],
+               cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], scale: float,
+               output_final_state: bool, l2norm_qk: bool, recurrent: bool, config: str) -> Tuple[Tensor, Tensor]:
+    opts = _options((("scale", scale), ("l2norm_qk", l2norm_qk), ("recurrent", recurrent)), config)
+    return _forward(b"delta_rule", opts, q, k, v, (("beta", beta),), initial_state, cu_seqlens, cu_seqlens_cpu,
+                    output_final_state)
+
+
+def _gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Optional[Tensor],
+                     cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], scale: float,
+                     output_final_state: bool, l2norm_qk: bool, recurrent: bool,
+                     config: str) -> Tuple[Tensor, Tensor]:
+    opts = _options((("scale", scale), ("l2norm_qk", l2norm_qk), ("recurrent", recurrent)), config)
+    return _forward(b"gated_delta_rule", opts, q, k, v, (("g", g), ("beta", beta)), initial_state, cu_seqlens,
+                    cu_seqlens_cpu, output_final_state)
+
+
+def _poly(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor],
+         scale: float, a: float, b: float, c: float, normalize: bool, config: str) -> Tensor:
+    opts = _options((("scale", scale), ("a", a), ("b", b), ("c", c), ("no_normalize", not normalize)), config)
+    return _forward(b"poly", opts, q, k, v, (), None, cu_seqlens, cu_seqlens_cpu, False)[0]
+
+
+linear_attn = _custom_op("linear_attn", _linear_attn)
+gla = _custom_op("gla", _gla)
+delta_rule = _custom_op("delta_rule", _delta_rule)
+gated_delta_rule = _custom_op("gated_delta_rule", _gated_delta_rule)
+poly = _custom_op("poly", _poly)
+
+
+def _fake_forward(q, v, cu_seqlens, output_final_state):
+    o = q.new_empty((*q.shape[:3], v.shape[3]))
+    return o, (_state_like(q, v, cu_seqlens) if output_final_state else _none_tensor(q))
+
+
+@linear_attn.register_fake
+def _(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, normalize, recurrent,
+      config):
+    return _fake_forward(q, v, cu_seqlens, output_final_state)
+
+
+@gla.register_fake
+def _(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, recurrent, config):
+    return _fake_forward(q, v, cu_seqlens, output_final_state)
+
+
+@delta_rule.register_fake
+def _(q, k, v, beta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, l2norm_qk, recurrent,
+      config):
+    return _fake_forward(q, v, cu_seqlens, output_final_state)
+
+
+@gated_delta_rule.register_fake
+def _(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, l2norm_qk,
+      recurrent, config):
+    return _fake_forward(q, v, cu_seqlens, output_final_state)
+
+
+@poly.register_fake
+def _(q, k, v, cu_seqlens, cu_seqlens_cpu, scale, a, b, c, normalize, config):
+    return q.new_empty((*q.shape[:3], v.shape[3]))
+
+
+# --- backward ops -----------------------------------------------------------------------------------------
+
+def _linear_attn_bwd(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], initial_state: Optional[Tensor],
+                    cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], do: Tensor,
+                    dfinal_state: Optional[Tensor], scale: float,
+                    normalize: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    opts = _options((("backward", True), ("scale", scale), ("normalize", normalize)))
+    return _backward(b"linear_attn", opts, q, k, v, (("g", g),), initial_state, cu_seqlens, cu_seqlens_cpu, do,
+                     dfinal_state, (("dg", g), ("dinitial_state", initial_state)))
+
+
+def _gla_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Optional[Tensor],
+            cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], do: Tensor,
+            dfinal_state: Optional[Tensor], scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    opts = _options((("backward", True), ("scale", scale)))
+    return _backward(b"gla", opts, q, k, v, (("g", g),), initial_state, cu_seqlens, cu_seqlens_cpu, do,
+                     dfinal_state, (("dg", g), ("dinitial_state", initial_state)))
+
+
+def _delta_rule_bwd(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, initial_state: Optional[Tensor],
+                   cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], do: Tensor,
+                   dfinal_state: Optional[Tensor], scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    opts = _options((("backward", True), ("scale", scale)))
+    return _backward(b"delta_rule", opts, q, k, v, (("beta", beta),), initial_state, cu_seqlens, cu_seqlens_cpu,
+                     do, dfinal_state, (("dbeta", beta), ("dinitial_state", initial_state)))
+
+
+def _gated_delta_rule_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Optional[Tensor],
+                         cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], do: Tensor,
+                         dfinal_state: Optional[Tensor],
+                         scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    opts = _options((("backward", True), ("scale", scale)))
+    return _backward(b"gated_delta_rule", opts, q, k, v, (("g", g), ("beta", beta)), initial_state, cu_seqlens,
+                     cu_seqlens_cpu, do, dfinal_state,
+                     (("dg", g), ("dbeta", beta), ("dinitial_state", initial_state)))
+
+
+def _poly_bwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor],
+             do: Tensor, scale: float, a: float, b: float, c: float,
+             normalize: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    opts = _options((("backward", True), ("scale", scale), ("a", a), ("b", b), ("c", c),
+                     ("no_normalize", not normalize)))
+    return _backward(b"poly", opts, q, k, v, (), None, cu_seqlens, cu_seqlens_cpu, do, None, ())
+
+
+linear_attn_bwd = _custom_op("linear_attn_bwd", _linear_attn_bwd)
+gla_bwd = _custom_op("gla_bwd", _gla_bwd)
+delta_rule_bwd = _custom_op("delta_rule_bwd", _delta_rule_bwd)
+gated_delta_rule_bwd = _custom_op("gated_delta_rule_bwd", _gated_delta_rule_bwd)
+poly_bwd = _custom_op("poly_bwd", _poly_bwd)
+
+
+def _fake_grads(q, k, v, xs):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            *(_none_tensor(q) if x is None else x.new_empty(x.shape, dtype=_F32) for x in xs))
+
+
+@linear_attn_bwd.register_fake
+def _(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_cpu, do, dfinal_state, scale, normalize):
+    return _fake_grads(q, k, v, (g, initial_state))
+
+
+@gla_bwd.register_fake
+def _(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_cpu, do, dfinal_state, scale):
+    return _fake_grads(q, k, v, (g, initial_state))
+
+
+@delta_rule_bwd.register_fake
+def _(q, k, v, beta, initial_state, cu_seqlens, cu_seqlens_cpu, do, dfinal_state, scale):
+    return _fake_grads(q, k, v, (beta, initial_state))
+
+
+@gated_delta_rule_bwd.register_fake
+def _(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, do, dfinal_state, scale):
+    return _fake_grads(q, k, v, (g, beta, initial_state))
+
+
+@poly_bwd.register_fake
+def _(q, k, v, cu_seqlens, cu_seqlens_cpu, do, scale, a, b, c, normalize):
+    return _fake_grads(q, k, v, ())
+
+
+# --- autograd ---------------------------------------------------------------------------------------------
+# setup_context and backward are shared by the registered autograd (torch.ops.linac.*) and the eager
+# autograd.Functions below. A backward calls the custom backward op under tracing, its implementation
+# directly in eager mode.
+
+def _bwd_op(op, t):
+    return _IMPLS[op] if eager(t) else op
+
+
+def _do(ctx, do, o_shape_from):
+    """do, or zeros when only the final state was used (grads are not materialized)."""
+    if do is not None:
+        return do
+    q, v = o_shape_from
+    return q.new_zeros((*q.shape[:3], v.shape[3]))
+
+
+def _dfinal(ctx, dht):
+    if not ctx.output_final_state or dht is None or dht.numel() == 0:
+        return None
+    return dht
+
+
+def _cast(grad, like):
+    return None if like is None else grad.to(like.dtype)
+
+
+def _l2norm_fwd(x):
+    """x / sqrt(sum x^2 + eps) in fp32, and the inverse norm (for the chain rule below)."""
+    x32 = x.float()
+    inv = torch.rsqrt((x32 * x32).sum(-1, keepdim=True) + L2NORM_EPS)
+    return x32 * inv, inv
+
+
+def _l2norm_bwd(dy, y, inv):
+    """Gradient of x / |x|_eps at y = x / |x|_eps: (dy - y <y, dy>) / |x|_eps."""
+    dy = dy.float()
+    return (dy - y * (dy * y).sum(-1, keepdim=True)) * inv
+
+
+def _setup_linear_attn(ctx, inputs, output):
+    q, k, v, g, h0, cu, cu_cpu, scale, output_final_state, normalize, recurrent, config = inputs
+    ctx.save_for_backward(q, k, v, g, h0, cu, cu_cpu)
+    ctx.scale, ctx.output_final_state, ctx.normalize = scale, output_final_state, normalize
+    ctx.set_materialize_grads(False)
+
+
+def _backward_linear_attn(ctx, do, dht):
+    q, k, v, g, h0, cu, cu_cpu = ctx.saved_tensors
+    dq, dk, dv, dg, dh0 = _bwd_op(linear_attn_bwd, q)(q, k, v, g, h0, cu, cu_cpu, _do(ctx, do, (q, v)),
+                                                      _dfinal(ctx, dht), ctx.scale, ctx.normalize)
+    return dq, dk, dv, _cast(dg, g), (None if h0 is None else dh0), None, None, None, None, None, None, None
+
+
+def _setup_gla(ctx, inputs, output):
+    q, k, v, g, h0, cu, cu_cpu, scale, output_final_state, recurrent, config = inputs
+    ctx.save_for_backward(q, k, v, g, h0, cu, cu_cpu)
+    ctx.scale, ctx.output_final_state = scale, output_final_state
+    ctx.set_materialize_grads(False)
+
+
+def _backward_gla(ctx, do, dht):
+    q, k, v, g, h0, cu, cu_cpu = ctx.saved_tensors
+    # The recurrent form's gradients are the chunked form's (same function): linac's backward is chunked.
+    dq, dk, dv, dg, dh0 = _bwd_op(gla_bwd, q)(q, k, v, g, h0, cu, cu_cpu, _do(ctx, do, (q, v)), _dfinal(ctx, dht),
+                                              ctx.scale)
+    return dq, dk, dv, _cast(dg, g), (None if h0 is None else dh0), None, None, None, None, None, None
+
+
+def _setup_delta(ctx, inputs, output):
+    gated = len(inputs) == 13
+    if gated:
+        q, k, v, g, beta, h0, cu, cu_cpu, scale, output_final_state, l2norm_qk, recurrent, config = inputs
+    else:
+        q, k, v, beta, h0, cu, cu_cpu, scale, output_final_state, l2norm_qk, recurrent, config = inputs
+        g = None
+    ctx.save_for_backward(q, k, v, g, beta, h0, cu, cu_cpu)
+    ctx.gated, ctx.scale, ctx.output_final_state, ctx.l2norm_qk = gated, scale, output_final_state, l2norm_qk
+    ctx.set_materialize_grads(False)
+
+
+def _backward_delta(ctx, do, dht):
+    q, k, v, g, beta, h0, cu, cu_cpu = ctx.saved_tensors
+    if ctx.l2norm_qk:
+        # linac's backward takes no l2norm_qk: differentiate at the normalized q, k (recomputed here,
+        # O(T*K)), then through the normalization.
+        qn, q_inv = _l2norm_fwd(q)
+        kn, k_inv = _l2norm_fwd(k)
+        qa, ka = qn.to(q.dtype), kn.to(k.dtype)
+    else:
+        qa, ka = q, k
+    do = _do(ctx, do, (q, v))
+    if ctx.gated:
+        dq, dk, dv, dg, dbeta, dh0 = _bwd_op(gated_delta_rule_bwd, q)(qa, ka, v, g, beta, h0, cu, cu_cpu, do,
+                                                                      _dfinal(ctx, dht), ctx.scale)
+    else:
+        dq, dk, dv, dbeta, dh0 = _bwd_op(delta_rule_bwd, q)(qa, ka, v, beta, h0, cu, cu_cpu, do, _dfinal(ctx, dht),
+                                                            ctx.scale)
+        dg = None
+    if ctx.l2norm_qk:
+        dq = _l2norm_bwd(dq, qn, q_inv).to(q.dtype)
+        dk = _l2norm_bwd(dk, kn, k_inv).to(k.dtype)
+    rest = (None if h0 is None else dh0, None, None, None, None, None, None, None)
+    if ctx.gated:
+        return (dq, dk, dv, _cast(dg, g), _cast(dbeta, beta), *rest)
+    return (dq, dk, dv, _cast(dbeta, beta), *rest)
+
+
+def _setup_poly(ctx, inputs, output):
+    q, k, v, cu, cu_cpu, scale, a, b, c, normalize, config = inputs
+    ctx.save_for_backward(q, k, v, cu, cu_cpu)
+    ctx.params = (scale, a, b, c, normalize)
+
+
+def _backward_poly(ctx, do):
+    q, k, v, cu, cu_cpu = ctx.saved_tensors
+    dq, dk, dv = _bwd_op(poly_bwd, q)(q, k, v, cu, cu_cpu, do, *ctx.params)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+linear_attn.register_autograd(_backward_linear_attn, setup_context=_setup_linear_attn)
+gla.register_autograd(_backward_gla, setup_context=_setup_gla)
+delta_rule.register_autograd(_backward_delta, setup_context=_setup_delta)
+gated_delta_rule.register_autograd(_backward_delta, setup_context=_setup_delta)
+poly.register_autograd(_backward_poly, setup_context=_setup_poly)
+
+
+def _eager_function(name, impl, setup, backward):
+    """A torch.autograd.Function running `impl` with the registered op's setup and backward."""
+
+    def forward(ctx, *inputs):
+        output = impl(*inputs)
+        setup(ctx, inputs, output)
+        return output
+
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),
+                                                    "backward": staticmethod(backward)})
+
+
+class _Eager:
+    """Per op: `call(*args)` runs it without the dispatcher (eager, plain tensors)."""
+
+    def __init__(self, name, op, setup, backward, differentiable):
+        self.op = op
+        self.impl = _IMPLS[op]
+        self.fn = _eager_function(name, self.impl, setup, backward)
+        self.differentiable = differentiable  # positions of the tensor arguments gradients flow to
+
+    def __call__(self, *args):
+        if not eager(args[0]):
+            return self.op(*args)
+        if torch.is_grad_enabled():
+            for i in self.differentiable:
+                t = args[i]
+                if t is not None and t.requires_grad:
+                    return self.fn.apply(*args)
+        return self.impl(*args)
+
+
+call_linear_attn = _Eager("LinearAttnFunction", linear_attn, _setup_linear_attn, _backward_linear_attn,
+                          (0, 1, 2, 3, 4))
+call_gla = _Eager("GlaFunction", gla, _setup_gla, _backward_gla, (0, 1, 2, 3, 4))
+call_delta_rule = _Eager("DeltaRuleFunction", delta_rule, _setup_delta, _backward_delta, (0, 1, 2, 3, 4))
+call_gated_delta_rule = _Eager("GatedDeltaRuleFunction", gated_delta_rule, _setup_delta, _backward_delta,
+                               (0, 1, 2, 3, 4, 5))
+call_poly = _Eager("PolyFunction", poly, _setup_poly, _backward_poly, (0, 1, 2))
+
+FORWARD_OPS = {"linear_attn": linear_attn, "gla": gla, "delta_rule": delta_rule,
+               "gated_delta_rule": gated_delta_rule, "poly": poly}
+BACKWARD_OPS = {"linear_attn": linear_attn_bwd, "gla": gla_bwd, "delta_rule": delta_rule_bwd,
+                "gated_delta_rule": gated_delta_rule_bwd, "poly": poly_bwd}

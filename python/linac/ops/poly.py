@@ -1,0 +1,5 @@
+"""As fla.ops.poly."""
+
+from .._api import poly
+
+__all__ = ["poly"]

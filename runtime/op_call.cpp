@@ -78,13 +78,34 @@ ops::Memory call_memory(const ops::Tensors& inputs, const ops::Tensors& outputs)
   return *m;
 }
 
-std::string options_key(const ops::Options& o) {
-  auto opt = [](const std::optional<double>& x) { return x ? fmt::format("{:a}", *x) : std::string("-"); };
-  std::string key = fmt::format("b{}r{}n{}N{}l{}s{}a{}b{}c{}p{}S{}C{}", o.backward, o.recurrent, o.normalize,
-                                o.no_normalize, o.l2norm_qk, opt(o.scale), opt(o.a), opt(o.b), opt(o.c),
-                                opt(o.noise_dropout), o.seed, o.chunk_size.value_or(0));
-  for (const auto& [k, v] : o.config) key += fmt::format(",{}={}", k, v);
-  return key;
+// Keys are raw bytes, not text: an op call builds one per call, and formatting numbers would cost more
+// than the rest of the call's host work.
+void append_raw(std::string& key, const void* p, size_t n) { key.append(static_cast<const char*>(p), n); }
+template <class T>
+void append_value(std::string& key, const T& x) {
+  append_raw(key, &x, sizeof x);
+}
+void append_name(std::string& key, const std::string& name) { key.append(name.c_str(), name.size() + 1); }
+
+void append_options(std::string& key, const ops::Options& o) {
+  const uint8_t flags = static_cast<uint8_t>(o.backward | o.recurrent << 1 | o.normalize << 2 | o.no_normalize << 3 |
+                                             o.l2norm_qk << 4);
+  append_value(key, flags);
+  for (const auto* x : {&o.scale, &o.a, &o.b, &o.c, &o.noise_dropout}) {
+    append_value(key, static_cast<uint8_t>(x->has_value()));
+    if (x->has_value()) append_value(key, **x);
+  }
+  append_value(key, o.seed);
+  append_value(key, o.chunk_size.value_or(0));
+  for (const auto& [k, v] : o.config) append_name(key, k), append_value(key, v);
+  key.push_back('|');
+}
+
+void append_tensor(std::string& key, const std::string& name, const ops::Tensor& t) {
+  append_name(key, name);
+  append_value(key, static_cast<uint8_t>(t.dtype));
+  append_value(key, static_cast<uint8_t>(t.shape.size()));
+  append_raw(key, t.shape.data(), t.shape.size() * sizeof(int64_t));
 }
 
 /// The host values of cu_seqlens (int32 or int64): from cu_seqlens_cpu when given, else read from
@@ -142,7 +163,6 @@ struct PreparedCall {
   std::vector<Slot> slots;
   std::vector<cuda::DeviceBuffer> constants;  // per slot; allocated for constant slots on the GPU
   int64_t workspace_bytes = 0;
-  int64_t scratch_bytes = 0;  // the first scratch_bytes of the workspace are zeroed before each call
 };
 
 OpOptions to_op_options(const ops::Options& o) {
@@ -225,7 +245,7 @@ std::shared_ptr<PreparedCall> prepare_call(const OpDef& op, const ops::Tensors& 
                                   shape_text(t.shape), op.name, dtype_name(p.dtype), shape_text(p.shape)));
   }
 
-  // Homes of the plan's tensors; scratch first in the workspace (one fill zeroes it), then conversions.
+  // Homes of the plan's tensors: scratch first in the workspace, then conversions.
   std::map<std::string, int> slot_of;
   std::vector<std::string> converted;
   const std::set<std::string> written = written_tensors(plan);
@@ -250,7 +270,6 @@ std::shared_ptr<PreparedCall> prepare_call(const OpDef& op, const ops::Tensors& 
     slot_of[name] = static_cast<int>(call->slots.size());
     call->slots.push_back(s);
   }
-  call->scratch_bytes = call->workspace_bytes;
   for (const auto& name : converted) {
     call->slots[slot_of[name]].offset = call->workspace_bytes;
     call->workspace_bytes += align_up(std::max<int64_t>(plan.tensors.at(name).nbytes(), 16));
@@ -316,28 +335,31 @@ CallCache& call_cache() {
 
 std::string call_key(const OpDef& op, const ops::Tensors& inputs, const ops::Tensors& outputs,
                      const ops::Options& options, ops::Memory memory) {
-  fmt::memory_buffer key;
-  fmt::format_to(std::back_inserter(key), "{}|{}|{}", op.name, memory == ops::Memory::cuda ? 'g' : 'c',
-                 options_key(options));
-  for (const auto& [name, t] : inputs) {
-    if (name == kHostSeqlens) continue;
-    fmt::format_to(std::back_inserter(key), "|{}:{}:{}", name, static_cast<int>(t.dtype), fmt::join(t.shape, "x"));
-  }
-  for (const auto& [name, t] : outputs)
-    fmt::format_to(std::back_inserter(key), "|>{}:{}:{}", name, static_cast<int>(t.dtype), fmt::join(t.shape, "x"));
+  std::string key;
+  key.reserve(512);
+  append_name(key, op.name);
+  key.push_back(memory == ops::Memory::cuda ? 'g' : 'c');
+  append_options(key, options);
+  for (const auto& [name, t] : inputs)
+    if (name != kHostSeqlens) append_tensor(key, name, t);
+  key.push_back('>');
+  for (const auto& [name, t] : outputs) append_tensor(key, name, t);
   if (inputs.count("cu_seqlens")) {
     HostTensor cu = seqlens_values(inputs);
-    fmt::format_to(std::back_inserter(key), "|cu");
-    for (int64_t i = 0; i < cu.numel(); ++i) fmt::format_to(std::back_inserter(key), ",{}", static_cast<int64_t>(cu.get(i)));
+    key.push_back('#');
+    append_raw(key, cu.data.data(), cu.data.size());
+    append_value(key, static_cast<uint8_t>(cu.dtype));
   }
-  return fmt::to_string(key);
+  return key;
 }
 
 void run_prepared(const PreparedCall& call, const ops::Tensors& inputs, const ops::Tensors& outputs, ops::Stream stream,
                   ops::Allocator* allocator) {
   const size_t n = call.slots.size();
   if (call.memory == ops::Memory::host) {
-    std::vector<uint8_t> workspace(static_cast<size_t>(call.workspace_bytes));  // zeroed
+    // Scratch holds whatever the allocator gives on the GPU; here it starts as NaN (all bytes 0xFF), so
+    // that a kernel reading scratch it did not write fails the CPU tests rather than passing on zeros.
+    std::vector<uint8_t> workspace(static_cast<size_t>(call.workspace_bytes), 0xFF);
     std::vector<void*> slots(n);
     for (size_t i = 0; i < n; ++i) {
       const Slot& s = call.slots[i];
@@ -381,9 +403,7 @@ void run_prepared(const PreparedCall& call, const ops::Tensors& inputs, const op
       case SlotKind::scratch: slots[i] = base + s.offset; break;
     }
   }
-  const auto s = reinterpret_cast<cuda::Stream>(stream);
-  cuda::fill_async(base, 0, static_cast<size_t>(call.scratch_bytes), s);
-  launch_on_gpu(call.resolved, slots, s);
+  launch_on_gpu(call.resolved, slots, reinterpret_cast<cuda::Stream>(stream));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -10,7 +10,9 @@
 //   output     the caller's output;
 //   constant   tables the plan computed on the host (chunk indices, cu_seqlens in int32, ...), uploaded
 //              once and kept with the prepared call;
-//   scratch    everything else, in one workspace from the caller's allocator, zeroed before each call.
+//   scratch    everything else, in one workspace from the caller's allocator. Its contents are whatever
+//              the allocator gives (no kernel may read scratch it did not write: the CPU path fills it
+//              with NaN so that the tests catch one that does).
 // Later calls at the key only bind pointers and queue the launches.
 #pragma once
 #include "kernels/op.h"

@@ -465,7 +465,7 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
   for (const auto& t : delta_saved_tensors()) save = save || wants(wanted, t.name);
   if (save && opts.recurrent) throw UserError(fmt::format("{}: saved_* outputs come from the chunked form, not --recurrent", name));
   if (save && opts.l2norm_qk)
-    throw UserError(fmt::format("{}: saved_* outputs are for --backward, which does not take --l2norm-qk", name));
+    throw UserError(fmt::format("{}: saved_* outputs are not made with --l2norm-qk (its backward recomputes them)", name));
   OpOptions fwd_opts = opts;
   const bool chunk_asked = opts.chunk_size || opts.config.count("chunk");
   if (save && !chunk_asked) fwd_opts.chunk_size = delta_bwd_default_chunk(opts.dtype, seq.K, seq.V);

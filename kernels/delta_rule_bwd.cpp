@@ -5,6 +5,8 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include "kernels/delta_rule.h"
+#include "kernels/l2norm.h"
 #include "kernels/op_support.h"
 #include "kernels/sequence_bounds.h"
 #include "linac/dsl.h"
@@ -172,13 +174,37 @@ std::shared_ptr<ir::Kernel> cached_delta_bwd(const DeltaBwdConfig& cfg, bool for
   return memo.get(key, [&] { return forward ? build_delta_bwd_forward(cfg) : build_delta_bwd_reverse(cfg); });
 }
 
+/// --l2norm-qk: the backward of the normalized q and k (`plan`, made as if the inputs were normalized)
+/// between a normalization of the inputs and the normalization's backward on dq and dk.
+OpPlan with_l2norm_qk(OpPlan plan) {
+  std::vector<KernelLaunch> before;
+  for (const std::string name : {"q", "k"}) {
+    HostTensor& t = plan.tensors.at(name);
+    plan.tensors[name + "_raw"] = t;  // the caller's input
+    t.input.clear();                  // the normalized copy: scratch
+    before.push_back(l2norm_rows_launch(plan, name + "_raw", name, kDeltaL2NormEps));
+  }
+  plan.launches.insert(plan.launches.begin(), before.begin(), before.end());
+  for (const std::string name : {"q", "k"})
+    if (plan.tensors.count("d" + name))
+      plan.launches.push_back(l2norm_rows_bwd_launch(plan, name + "_raw", "d" + name, kDeltaL2NormEps));
+  return plan;
+}
+
 }  // namespace
 
 OpPlan plan_delta_rule_bwd(bool gated, const TensorMap& inputs, const OpOptions& opts,
                            const std::vector<std::string>& wanted) {
   const char* name = gated ? "gated_delta_rule" : "delta_rule";
   if (opts.recurrent) throw UserError(fmt::format("{}: --backward is not implemented with --recurrent", name));
-  if (opts.l2norm_qk) throw UserError(fmt::format("{}: --backward is not implemented with --l2norm-qk", name));
+  if (opts.l2norm_qk) {
+    if (inputs.count("saved_w"))
+      throw UserError(fmt::format("{}: saved_* tensors are not taken with --l2norm-qk (the forward does not save "
+                                  "them then)", name));
+    OpOptions normalized = opts;
+    normalized.l2norm_qk = false;
+    return with_l2norm_qk(plan_delta_rule_bwd(gated, inputs, normalized, wanted));
+  }
   // In chunks unless --config tokenwise=1 asks for the token-by-token reference form.
   OpOptions rest = opts;
   const bool tokenwise = take_tokenwise(rest);
@@ -250,6 +276,10 @@ std::vector<std::shared_ptr<ir::Kernel>> delta_rule_bwd_kernels(bool gated, cons
   cfg.initial_state = cfg.final_state_grad = cfg.initial_state_grad = true;
   out.push_back(cached_delta_bwd(cfg, true));
   out.push_back(cached_delta_bwd(cfg, false));
+  OpPlan rows;  // --l2norm-qk's normalization and its backward
+  rows.tensors["x"] = rows.tensors["y"] = HostTensor::zeros(opts.dtype, {1, 1, 1, 128});
+  out.push_back(l2norm_rows_launch(rows, "x", "y", kDeltaL2NormEps).kernel);
+  out.push_back(l2norm_rows_bwd_launch(rows, "x", "y", kDeltaL2NormEps).kernel);
   return out;
 }
 

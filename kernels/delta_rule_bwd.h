@@ -10,7 +10,8 @@
 // S_{t-1} is needed walking backwards: the forward walk stores the state every 16 tokens
 // (checkpoints, [N, H, ceil(T/16), K, V]: T*K*V/16 elements), and the reverse walk recomputes each
 // 16-token block's states into a per-program scratch [N*H, 16, K, V] before walking it backwards.
-// Memory O(T*K*V/16 + N*H*16*K*V) - linear in T. --l2norm-qk is not supported with --backward.
+// Memory O(T*K*V/16 + N*H*16*K*V) - linear in T. With --l2norm-qk, q and k are normalized into
+// scratch first and dq, dk taken back through the normalization after (kernels/l2norm.h).
 #pragma once
 #include <memory>
 #include <string>

@@ -205,17 +205,20 @@ def main():
     ap.add_argument("--vocab", type=int)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tol", type=float, help="largest allowed |loss difference| (default: 2e-3 fp32: rounding grows over the Adam steps; 0.1 bf16)")
+    ap.add_argument("--tol", type=float, help="largest allowed |loss difference| (default: 1e-4 fp32; 0.1 bf16)")
     ap.add_argument("--json", help="write the curves here")
     args = ap.parse_args()
-    cpu_defaults = dict(steps=25, d_model=32, heads=2, seq=33, batch=2, vocab=64)
+    # 12 steps on the CPU: the two fp32 runs agree to about 1e-5 there; past about 15 steps on random
+    # tokens, AdamW's near-sign updates grow rounding-level gradient differences chaotically (1e-6 at
+    # step 5, 1e-3 to 1e-2 by step 20 for the same kernels), so a longer run would test chaos, not linac.
+    cpu_defaults = dict(steps=12, d_model=32, heads=2, seq=33, batch=2, vocab=64)
     gpu_defaults = dict(steps=200, d_model=256, heads=4, seq=1024, batch=8, vocab=4096)
     for key, value in (cpu_defaults if args.cpu else gpu_defaults).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.dtype = "fp32" if args.cpu else "bf16"
     if args.tol is None:
-        args.tol = 2e-3 if args.cpu else 0.1
+        args.tol = 1e-4 if args.cpu else 0.1
     device = torch.device("cpu" if args.cpu else "cuda")
 
     ours = linac_ops()

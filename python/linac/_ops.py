@@ -32,7 +32,6 @@ from . import _lib
 from ._errors import InvalidCallError
 
 _F32 = torch.float32
-L2NORM_EPS = 1e-6  # as the kernels' l2norm_qk (and fla's l2norm)
 
 try:
     _is_compiling = torch.compiler.is_compiling
@@ -257,17 +256,18 @@ def _gla_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Optional
 
 def _delta_rule_bwd(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, initial_state: Optional[Tensor],
                    cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], do: Tensor,
-                   dfinal_state: Optional[Tensor], scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    opts = _options((("backward", True), ("scale", scale)))
+                   dfinal_state: Optional[Tensor], scale: float,
+                   l2norm_qk: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    opts = _options((("backward", True), ("scale", scale), ("l2norm_qk", l2norm_qk)))
     return _backward(b"delta_rule", opts, q, k, v, (("beta", beta),), initial_state, cu_seqlens, cu_seqlens_cpu,
                      do, dfinal_state, (("dbeta", beta), ("dinitial_state", initial_state)))
 
 
 def _gated_delta_rule_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Optional[Tensor],
                          cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], do: Tensor,
-                         dfinal_state: Optional[Tensor],
-                         scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    opts = _options((("backward", True), ("scale", scale)))
+                         dfinal_state: Optional[Tensor], scale: float,
+                         l2norm_qk: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    opts = _options((("backward", True), ("scale", scale), ("l2norm_qk", l2norm_qk)))
     return _backward(b"gated_delta_rule", opts, q, k, v, (("g", g), ("beta", beta)), initial_state, cu_seqlens,
                      cu_seqlens_cpu, do, dfinal_state,
                      (("dg", g), ("dbeta", beta), ("dinitial_state", initial_state)))
@@ -304,12 +304,12 @@ def _(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_cpu, do, dfinal_state, s
 
 
 @delta_rule_bwd.register_fake
-def _(q, k, v, beta, initial_state, cu_seqlens, cu_seqlens_cpu, do, dfinal_state, scale):
+def _(q, k, v, beta, initial_state, cu_seqlens, cu_seqlens_cpu, do, dfinal_state, scale, l2norm_qk):
     return _fake_grads(q, k, v, (beta, initial_state))
 
 
 @gated_delta_rule_bwd.register_fake
-def _(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, do, dfinal_state, scale):
+def _(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, do, dfinal_state, scale, l2norm_qk):
     return _fake_grads(q, k, v, (g, beta, initial_state))
 
 
@@ -343,19 +343,6 @@ def _dfinal(ctx, dht):
 
 def _cast(grad, like):
     return None if like is None else grad.to(like.dtype)
-
-
-def _l2norm_fwd(x):
-    """x / sqrt(sum x^2 + eps) in fp32, and the inverse norm (for the chain rule below)."""
-    x32 = x.float()
-    inv = torch.rsqrt((x32 * x32).sum(-1, keepdim=True) + L2NORM_EPS)
-    return x32 * inv, inv
-
-
-def _l2norm_bwd(dy, y, inv):
-    """Gradient of x / |x|_eps at y = x / |x|_eps: (dy - y <y, dy>) / |x|_eps."""
-    dy = dy.float()
-    return (dy - y * (dy * y).sum(-1, keepdim=True)) * inv
 
 
 def _setup_linear_attn(ctx, inputs, output):
@@ -401,25 +388,15 @@ def _setup_delta(ctx, inputs, output):
 
 def _backward_delta(ctx, do, dht):
     q, k, v, g, beta, h0, cu, cu_cpu = ctx.saved_tensors
-    if ctx.l2norm_qk:
-        # linac's backward takes no l2norm_qk: differentiate at the normalized q, k (recomputed here,
-        # O(T*K)), then through the normalization.
-        qn, q_inv = _l2norm_fwd(q)
-        kn, k_inv = _l2norm_fwd(k)
-        qa, ka = qn.to(q.dtype), kn.to(k.dtype)
-    else:
-        qa, ka = q, k
     do = _do(ctx, do, (q, v))
+    # With l2norm_qk, linac's backward normalizes q and k itself and returns the raw inputs' gradients.
     if ctx.gated:
-        dq, dk, dv, dg, dbeta, dh0 = _bwd_op(gated_delta_rule_bwd, q)(qa, ka, v, g, beta, h0, cu, cu_cpu, do,
-                                                                      _dfinal(ctx, dht), ctx.scale)
+        dq, dk, dv, dg, dbeta, dh0 = _bwd_op(gated_delta_rule_bwd, q)(q, k, v, g, beta, h0, cu, cu_cpu, do,
+                                                                      _dfinal(ctx, dht), ctx.scale, ctx.l2norm_qk)
     else:
-        dq, dk, dv, dbeta, dh0 = _bwd_op(delta_rule_bwd, q)(qa, ka, v, beta, h0, cu, cu_cpu, do, _dfinal(ctx, dht),
-                                                            ctx.scale)
+        dq, dk, dv, dbeta, dh0 = _bwd_op(delta_rule_bwd, q)(q, k, v, beta, h0, cu, cu_cpu, do, _dfinal(ctx, dht),
+                                                            ctx.scale, ctx.l2norm_qk)
         dg = None
-    if ctx.l2norm_qk:
-        dq = _l2norm_bwd(dq, qn, q_inv).to(q.dtype)
-        dk = _l2norm_bwd(dk, kn, k_inv).to(k.dtype)
     rest = (None if h0 is None else dh0, None, None, None, None, None, None, None)
     if ctx.gated:
         return (dq, dk, dv, _cast(dg, g), _cast(dbeta, beta), *rest)

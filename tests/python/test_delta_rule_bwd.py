@@ -142,7 +142,7 @@ def test_saved_tensors_all_or_none_and_at_their_chunk(linac):
         linac.run_op("delta_rule", full, outputs=["dq"], options=["--backward", "--chunk-size", "32"])
     with pytest.raises(CliError, match="saved_h has shape"):
         linac.run_op("delta_rule", {**full, "saved_h": fwd["saved_h"][:1]}, outputs=["dq"], options=["--backward"])
-    with pytest.raises(CliError, match="saved_\\* outputs are for --backward"):
+    with pytest.raises(CliError, match="saved_\\* outputs are not made with --l2norm-qk"):
         linac.run_op("delta_rule", forward_inputs(x), outputs=["o", *SAVED], options=["--l2norm-qk"])
 
 
@@ -191,10 +191,19 @@ def test_bf16(linac, op):
         assert reference.rel_err(got[name], ref[name]) < 3e-2, name
 
 
-def test_l2norm_is_rejected(linac):
-    x = make_inputs(70, "delta_rule", B=1, T=8, H=1, K=8, V=8)
-    proc = linac.run("run", "delta_rule", *(f"{n}={linac.write(n, a)}" for n, a in x.items()), "-o", "dq=dq.npy",
-                     "--backward", "--l2norm-qk", "--device", "cpu")
-    assert proc.returncode == 1
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "--l2norm-qk" in lines[0], proc.stderr
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("form", [[], ["--config", "tokenwise=1"]], ids=["chunked", "tokenwise"])
+def test_l2norm_qk(linac, op, form):
+    # --l2norm-qk: raw q and k (norms far from 1), normalized inside; the gradients are w.r.t. the raw ones.
+    x = make_inputs(70 + OPS.index(op), op, B=1, T=37, H=2, K=12, V=8, init=True, dfinal=True)
+    rng = np.random.default_rng(71)
+    x["q"] = (3 * rng.standard_normal(x["q"].shape)).astype(np.float32)
+    x["k"] = (0.5 * rng.standard_normal(x["k"].shape)).astype(np.float32)
+
+    def loss_l2(y):
+        return loss({**y, "q": reference_delta.l2normalize(y["q"]), "k": reference_delta.l2normalize(y["k"])})
+
+    grads = {"q": "dq", "k": "dk", "v": "dv", "beta": "dbeta", "g": "dg", "initial_state": "dinitial_state"}
+    grads = {n: d for n, d in grads.items() if n in x}
+    got = linac.run_op(op, x, outputs=list(grads.values()), options=["--backward", "--l2norm-qk", *form])
+    gradcheck.check_directional({n: got[d] for n, d in grads.items()}, x, loss_l2)

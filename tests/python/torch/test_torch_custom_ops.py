@@ -46,8 +46,9 @@ def backward_cases(t):
         ("linear_attn_bwd", ops.linear_attn_bwd, (q, k, v, gh, h0, c, cc, do, dht, s, False)),
         ("linear_attn_bwd plain", ops.linear_attn_bwd, (q, k, v, None, None, c, cc, do, None, s, False)),
         ("gla_bwd", ops.gla_bwd, (q, k, v, g, h0, c, cc, do, dht, s)),
-        ("delta_rule_bwd", ops.delta_rule_bwd, (q, k, v, beta, h0, c, cc, do, dht, s)),
-        ("gated_delta_rule_bwd", ops.gated_delta_rule_bwd, (q, k, v, gh, beta, h0, c, cc, do, None, s)),
+        ("delta_rule_bwd", ops.delta_rule_bwd, (q, k, v, beta, h0, c, cc, do, dht, s, False)),
+        ("delta_rule_bwd_l2norm", ops.delta_rule_bwd, (q, k, v, beta, h0, c, cc, do, dht, s, True)),
+        ("gated_delta_rule_bwd", ops.gated_delta_rule_bwd, (q, k, v, gh, beta, h0, c, cc, do, None, s, False)),
         ("poly_bwd", ops.poly_bwd, (q, k, v, c, cc, do, s, 1.0, 1.0, 0.5, True)),
     ]
 
@@ -121,7 +122,7 @@ def test_fake_outputs_match_c_abi(dtype):
                                       s)
                 elif op == "gated_delta_rule":
                     res = ops.gated_delta_rule_bwd(f["q"], f["k"], f["v"], f["g"], f["beta"], f["initial_state"],
-                                                   None, None, f["do"], None, s)
+                                                   None, None, f["do"], None, s, False)
                 else:
                     res = ops.poly_bwd(f["q"], f["k"], f["v"], None, None, f["do"], s, 1.0, 1.0, 0.5, True)
         for name, fake in zip(outs, res):

@@ -167,11 +167,12 @@ class Model(torch.nn.Module):
             b.mixer.ops = ops
 
 
-def train(model, ops, state, data, args, device):
+def train(name, model, ops, state, data, args, device):
     model.load_state_dict(state)
     model.set_ops(ops)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     losses = []
+    t0 = time.time()
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if args.dtype == "bf16" else None
     for step in range(args.steps):
         tokens = data[step % len(data)].to(device)
@@ -186,6 +187,9 @@ def train(model, ops, state, data, args, device):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())
+        if step % 25 == 0 or step == args.steps - 1:
+            # Progress on stderr: a first step of fla autotunes for minutes on the GPU.
+            print(f"  {name} step {step} loss {losses[-1]:.4f} ({time.time() - t0:.1f} s)", file=sys.stderr, flush=True)
         if not math.isfinite(losses[-1]):
             break
     return losses
@@ -247,7 +251,7 @@ def main():
     curves, times = {}, {}
     for name, ops in (("linac", ours), (their_name, theirs)):
         t0 = time.time()
-        curves[name] = train(model, ops, state, data, args, device)
+        curves[name] = train(name, model, ops, state, data, args, device)
         times[name] = time.time() - t0
     a, b = curves["linac"], curves[their_name]
     print(f"{args.mixer} mixer, {args.layers} layers, d_model {args.d_model}, {args.heads} heads, B{args.batch} "

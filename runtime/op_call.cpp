@@ -262,6 +262,9 @@ std::shared_ptr<PreparedCall> prepare_call(const OpDef& op, const ops::Tensors& 
       s.kind = in_place ? SlotKind::input : SlotKind::converted, s.arg = t.input;
       if (s.kind == SlotKind::converted) converted.push_back(name);
     } else if (t.materialized() && t.nbytes() > 0) {
+      // Constants are shared by every call at the key (and every thread): no launch may write them.
+      if (written.count(name))
+        throw InternalError(fmt::format("{}: a launch writes {}, a table the plan made on the host", op.name, name));
       s.kind = SlotKind::constant, s.constant = &t;
     } else {
       s.kind = SlotKind::scratch, s.offset = call->workspace_bytes;
@@ -388,7 +391,11 @@ void run_prepared(const PreparedCall& call, const ops::Tensors& inputs, const op
     size_t bytes;
     ops::Stream stream;
     ~Release() {
-      if (p) alloc.deallocate(p, bytes, stream);
+      try {
+        if (p) alloc.deallocate(p, bytes, stream);
+      } catch (...) {
+        // A destructor may not throw; the allocator keeps (or leaks) the block.
+      }
     }
   } release{alloc, workspace, static_cast<size_t>(call.workspace_bytes), stream};
   const auto base = reinterpret_cast<cuda::DevicePtr>(workspace);

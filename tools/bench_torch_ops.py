@@ -3,7 +3,7 @@
 points 9 and 10).
 
 Per op and shape (B, T, H, D; K = V = D; bf16 q, k, v): forward and forward+backward times, the median of
-CUDA-event-timed calls after warm-up (fla's first call autotunes: minutes per op and shape). Inputs as
+CUDA-event-timed rounds of 5 back-to-back calls after warm-up (fla's first call autotunes: minutes per op and shape). Inputs as
 fla's benchmarks make them: g = logsigmoid(randn) ([B,T,H], or [B,T,H,K] clamped at -5 for GLA), beta =
 sigmoid(rand) [B,T,H], keys L2-normalized for the delta rules; gates and betas fp32.
 
@@ -85,18 +85,21 @@ def make_inputs(op, shape, grad, seed=0):
     return [a.requires_grad_(grad) for a in args]
 
 
-def time_cuda(fn, warmup, iters):
-    """Median ms of CUDA-event-timed calls."""
+def time_cuda(fn, warmup, iters, batch=5):
+    """Median ms per call over `iters` rounds of `batch` calls queued back to back between two CUDA
+    events: the host's cost of a call overlaps the GPU's work on the previous one, as in a model and in
+    `linac bench` (one call per event pair would add the host cost of each call to its time)."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(batch):
+            fn()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b))
+        times.append(a.elapsed_time(b) / batch)
     return statistics.median(times)
 
 
@@ -217,7 +220,7 @@ def main():
                     host_us, graph_us = None, f"{type(exc).__name__}: {exc}"
                 overheads.append(dict(op=op, who=who, host_us=host_us, graph_us=graph_us))
 
-    print(f"{env['device']}, torch {env['torch']}, Python {env['python']}; median ms of CUDA-event-timed calls; "
+    print(f"{env['device']}, torch {env['torch']}, Python {env['python']}; median ms per call (rounds of 5 calls between CUDA events); "
           f"speed = fla / linac")
     print(f"{'op':<17} {'B,T,H,D':<17} {'mode':<7} {'linac ms':>9} {'fla ms':>9} {'speed':>6}  notes")
     for r in results:

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <charconv>
 #include <cstring>
 #include <fmt/format.h>
 #include <mutex>
@@ -164,14 +163,6 @@ struct PreparedCall {
   std::vector<cuda::DeviceBuffer> constants;  // per slot; allocated for constant slots on the GPU
   int64_t workspace_bytes = 0;
 };
-
-OpOptions to_op_options(const ops::Options& o) {
-  OpOptions r;
-  r.backward = o.backward, r.recurrent = o.recurrent, r.normalize = o.normalize, r.no_normalize = o.no_normalize;
-  r.l2norm_qk = o.l2norm_qk, r.scale = o.scale, r.a = o.a, r.b = o.b, r.c = o.c;
-  r.noise_dropout = o.noise_dropout, r.seed = o.seed, r.chunk_size = o.chunk_size, r.config = o.config;
-  return r;
-}
 
 /// The kernels' dtype: q's (every op has q).
 DType kernel_dtype(const OpDef& op, const ops::Tensors& inputs) {
@@ -413,44 +404,6 @@ void run_prepared(const PreparedCall& call, const ops::Tensors& inputs, const op
   launch_on_gpu(call.resolved, slots, reinterpret_cast<cuda::Stream>(stream));
 }
 
-// ---------------------------------------------------------------------------------------------
-// The default allocator
-
-class CachingAllocator final : public ops::Allocator {
- public:
-  void* allocate(std::size_t bytes, ops::Stream stream) override {
-    {
-      std::lock_guard lock(mu_);
-      auto& pool = free_[stream];
-      if (auto it = pool.lower_bound(bytes); it != pool.end() && it->first <= 2 * bytes) {
-        cuda::DeviceBuffer b = std::move(it->second);
-        pool.erase(it);
-        void* p = reinterpret_cast<void*>(b.ptr());
-        used_.emplace(p, std::move(b));
-        return p;
-      }
-    }
-    cuda::DeviceBuffer b(bytes);  // outside the lock: cuMemAlloc may take a while
-    void* p = reinterpret_cast<void*>(b.ptr());
-    std::lock_guard lock(mu_);
-    used_.emplace(p, std::move(b));
-    return p;
-  }
-  void deallocate(void* p, std::size_t, ops::Stream stream) override {
-    std::lock_guard lock(mu_);
-    auto it = used_.find(p);
-    if (it == used_.end()) throw InternalError("default allocator: freeing memory it did not allocate");
-    const size_t bytes = it->second.bytes();
-    free_[stream].emplace(bytes, std::move(it->second));
-    used_.erase(it);
-  }
-
- private:
-  std::mutex mu_;
-  std::map<ops::Stream, std::multimap<size_t, cuda::DeviceBuffer>> free_;
-  std::map<void*, cuda::DeviceBuffer> used_;
-};
-
 }  // namespace
 
 namespace ops {
@@ -459,66 +412,6 @@ int64_t Tensor::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
-}
-
-Allocator& default_allocator() {
-  static CachingAllocator* a = new CachingAllocator;  // never destroyed: the driver may be gone at exit
-  return *a;
-}
-
-Options Options::parse(std::string_view text) {
-  Options o;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t end = text.find(',', pos);
-    if (end == std::string_view::npos) end = text.size();
-    const std::string_view item = text.substr(pos, end - pos);
-    pos = end + 1;
-    if (item.empty()) continue;
-    const size_t eq = item.find('=');
-    if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size())
-      throw UserError(fmt::format("options: '{}' is not key=value", item));
-    const std::string key(item.substr(0, eq));
-    const std::string value(item.substr(eq + 1));
-    auto number = [&]() {
-      size_t used = 0;
-      double x = 0;
-      try {
-        x = std::stod(value, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != value.size() || !std::isfinite(x))
-        throw UserError(fmt::format("options: {}={} is not a finite number", key, value));
-      return x;
-    };
-    auto integer = [&]() {
-      int64_t x = 0;
-      auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), x);
-      if (ec != std::errc() || p != value.data() + value.size())
-        throw UserError(fmt::format("options: {}={} is not an integer", key, value));
-      return x;
-    };
-    auto flag = [&]() {
-      const int64_t x = integer();
-      if (x != 0 && x != 1) throw UserError(fmt::format("options: {}={} must be 0 or 1", key, value));
-      return x == 1;
-    };
-    if (key == "backward") o.backward = flag();
-    else if (key == "recurrent") o.recurrent = flag();
-    else if (key == "normalize") o.normalize = flag();
-    else if (key == "no_normalize") o.no_normalize = flag();
-    else if (key == "l2norm_qk") o.l2norm_qk = flag();
-    else if (key == "scale") o.scale = number();
-    else if (key == "a") o.a = number();
-    else if (key == "b") o.b = number();
-    else if (key == "c") o.c = number();
-    else if (key == "noise_dropout") o.noise_dropout = number();
-    else if (key == "seed") o.seed = static_cast<uint64_t>(integer());
-    else if (key == "chunk_size") o.chunk_size = static_cast<int>(integer());
-    else o.config[key] = integer();
-  }
-  return o;
 }
 
 void run(std::string_view op_name, const Tensors& inputs, const Tensors& outputs, const Options& options,
@@ -603,14 +496,6 @@ std::vector<std::string> op_names() {
 int64_t prepared_calls() { return g_prepared.load(); }
 
 }  // namespace ops
-
-ops::Options to_ops_options(const OpOptions& o) {
-  ops::Options r;
-  r.backward = o.backward, r.recurrent = o.recurrent, r.normalize = o.normalize, r.no_normalize = o.no_normalize;
-  r.l2norm_qk = o.l2norm_qk, r.scale = o.scale, r.a = o.a, r.b = o.b, r.c = o.c;
-  r.noise_dropout = o.noise_dropout, r.seed = o.seed, r.chunk_size = o.chunk_size, r.config = o.config;
-  return r;
-}
 
 TensorMap run_op(const OpDef& op, const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
   check_op_options(op, opts);

@@ -25,7 +25,9 @@ namespace linac {
 /// and do are cast to opts.dtype first. Returns the wanted outputs.
 TensorMap run_op(const OpDef& op, const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted);
 
-/// opts as the ops API spells it (OpOptions::dtype and device are not part of it).
+/// opts as the ops API spells it (OpOptions::dtype and device are not part of it), and back (dtype and
+/// device left at their defaults: a call takes them from its tensors).
 ops::Options to_ops_options(const OpOptions& opts);
+OpOptions to_op_options(const ops::Options& options);
 
 }  // namespace linac

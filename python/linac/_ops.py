@@ -23,6 +23,7 @@ autograd wrapper cost tens of microseconds per call. Under torch.compile, and fo
 (fake, functional, meta...), the calls go through torch.ops.linac.*.
 """
 
+import threading
 from typing import List, Optional, Tuple
 
 import torch
@@ -39,6 +40,8 @@ except AttributeError:  # pragma: no cover
     _is_compiling = torch._dynamo.is_compiling
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+# torch.cuda.current_device() without its Python wrapper (a microsecond per call).
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 
 def eager(t):
@@ -65,7 +68,7 @@ def _options(pairs, config=""):
 
 def _run(op, options, in_names, inputs, out_names, outputs):
     dev = inputs[0].get_device()
-    if dev >= 0 and dev != torch.cuda.current_device():
+    if dev >= 0 and dev != _current_device():
         # Scratch comes from the current device's allocator, work goes on that device's current stream.
         with torch.cuda.device(dev):
             _lib.run(op, options, in_names, inputs, out_names, outputs)
@@ -103,8 +106,20 @@ def _state_like(q, v, cu_seqlens):
     return q.new_empty((N, H, K, V), dtype=_F32)
 
 
+# Set while an eager call without autograd runs an op's implementation directly (_Eager): its results go
+# straight back to the caller's function, which drops the placeholders, so one cached empty tensor per
+# device serves them all. Every other call (the dispatcher, autograd) makes fresh ones.
+_direct = threading.local()
+_placeholders = {}
+
+
 def _none_tensor(q):
     """The empty tensor that stands for an output a call does not produce."""
+    if getattr(_direct, "active", False):
+        t = _placeholders.get(q.device)
+        if t is None:
+            t = _placeholders[q.device] = q.new_empty((0,), dtype=_F32)
+        return t
     return q.new_empty((0,), dtype=_F32)
 
 
@@ -451,7 +466,11 @@ class _Eager:
                 t = args[i]
                 if t is not None and t.requires_grad:
                     return self.fn.apply(*args)
-        return self.impl(*args)
+        _direct.active = True
+        try:
+            return self.impl(*args)
+        finally:
+            _direct.active = False
 
 
 call_linear_attn = _Eager("LinearAttnFunction", linear_attn, _setup_linear_attn, _backward_linear_attn,

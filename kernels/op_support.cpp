@@ -33,8 +33,10 @@ SequenceLayout check_qkv_inputs(const std::string& op, const TensorMap& inputs) 
     throw UserError(fmt::format("q {} / v {}: B, H, K and V must be positive", q.shape_str(), v.shape_str()));
   if (s.K > 256 || s.V > 256)
     throw UserError(fmt::format("{}: head dims up to 256 are supported, got K={} V={}", op, s.K, s.V));
-  int64_t total = s.B * s.T * s.H * std::max(s.K, s.V);
-  if (total >= (int64_t{1} << 31))
+  int64_t total = 0;
+  const bool overflow = __builtin_mul_overflow(s.B, s.T, &total) || __builtin_mul_overflow(total, s.H, &total) ||
+                        __builtin_mul_overflow(total, std::max(s.K, s.V), &total);
+  if (overflow || total >= (int64_t{1} << 31))
     throw UserError(fmt::format("{}: tensors of 2^31 or more elements are not supported yet", op));
   s.N = s.B;
   if (auto it = inputs.find("cu_seqlens"); it != inputs.end()) {

@@ -433,7 +433,8 @@ void run(std::string_view op_name, const Tensors& inputs, const Tensors& outputs
         throw UserError(fmt::format("input '{}' is on CUDA device {}, but linac runs on device {} (LINAC_CUDA_DEVICE)",
                                     name, t.device, ordinal));
   }
-  if (options.scale && !std::isfinite(*options.scale)) throw UserError("scale must be a finite number");
+  if (options.scale && !(std::isfinite(*options.scale) && *options.scale > 0))
+    throw UserError(fmt::format("scale must be a finite positive number, got {}", *options.scale));
   const std::string key = call_key(op, inputs, outputs, options, memory);
   std::shared_ptr<PreparedCall> call = call_cache().find(key);
   if (!call) {

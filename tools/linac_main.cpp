@@ -317,6 +317,7 @@ struct KernelSelection {
 
 ProblemShape parse_shape(const std::string& spec);
 TensorMap synthetic_inputs(const OpDef& op, const ProblemShape& ps, bool backward);
+TensorMap shape_only_inputs(const OpDef& op, const ProblemShape& ps, bool backward);
 std::vector<std::string> synthetic_outputs(bool backward, bool gated);
 
 /// Consumes args[i] (and its value) if it is --dtype, --config, --target, --shape, --gated or --backward.
@@ -357,12 +358,10 @@ std::vector<std::shared_ptr<ir::Kernel>> load_kernels(const std::string& what, c
       usage_error(fmt::format("{} has no backward yet", op.name));
     ProblemShape ps = *sel.shape;
     ps.gated = sel.gated;
-    TensorMap inputs = synthetic_inputs(op, ps, sel.opts.backward);
     OpOptions opts = sel.opts;
     opts.device = Device::cpu;
     check_op_options(op, opts);
-    cast_qkv(inputs, opts.dtype);
-    OpPlan plan = op.prepare(inputs, opts, synthetic_outputs(opts.backward, sel.gated));
+    OpPlan plan = op.prepare(shape_only_inputs(op, ps, opts.backward), opts, synthetic_outputs(opts.backward, sel.gated));
     std::vector<std::shared_ptr<ir::Kernel>> kernels;
     for (const auto& l : plan.launches)
       if (std::find(kernels.begin(), kernels.end(), l.kernel) == kernels.end()) kernels.push_back(l.kernel);
@@ -422,6 +421,7 @@ ProblemShape parse_shape(const std::string& spec) {
     auto [key, val] = split_binding(item);
     if (key != "B" && key != "T" && key != "H" && key != "K" && key != "V")
       usage_error(fmt::format("--shape: unknown dimension '{}' (expected B, T, H, K, V)", key));
+    if (shape.count(key)) usage_error(fmt::format("--shape: {} given twice", key));
     shape[key] = parse_int("--shape " + key, val);
     if (shape[key] < 1) usage_error(fmt::format("--shape: {} must be positive", key));
     pos = comma == std::string::npos ? spec.size() : comma + 1;
@@ -600,6 +600,25 @@ TensorMap synthetic_inputs(const OpDef& op, const ProblemShape& ps, bool backwar
   return inputs;
 }
 
+/// The inputs of synthetic_inputs() as shapes alone (no data: HostTensor::zeros holds none), for what
+/// needs only a plan (`plan`, `compile --shape`): the names, dtypes and layouts come from the op's input
+/// generator at a probe size whose dims tell each other apart, so nothing of the call's size is allocated.
+TensorMap shape_only_inputs(const OpDef& op, const ProblemShape& ps, bool backward) {
+  const ProblemShape probe{2, 3, 5, 7, 11, ps.gated};
+  TensorMap shaped;
+  for (const auto& [name, t] : synthetic_inputs(op, probe, backward)) {
+    std::vector<int64_t> shape;
+    for (int64_t d : t.shape) {
+      const int64_t real = d == probe.B ? ps.B : d == probe.T ? ps.T : d == probe.H ? ps.H : d == probe.K ? ps.K
+                           : d == probe.V ? ps.V : -1;
+      if (real < 0) throw InternalError(fmt::format("{}'s input {} has a dimension {} at the probe size", op.name, name, d));
+      shape.push_back(real);
+    }
+    shaped[name] = HostTensor::zeros(t.dtype, std::move(shape));
+  }
+  return shaped;
+}
+
 /// The outputs a synthetic forward or backward call asks for.
 std::vector<std::string> synthetic_outputs(bool backward, bool gated) {
   if (!backward) return {"o"};
@@ -636,10 +655,8 @@ int cmd_plan(const std::vector<std::string>& args) {
   const OpOptions& opts = call.opts;
   ProblemShape ps = *call.shape;
   ps.gated = call.gated;
-  TensorMap inputs = synthetic_inputs(op, ps, opts.backward);
   check_op_options(op, opts);
-  cast_qkv(inputs, opts.dtype);
-  OpPlan plan = op.prepare(inputs, opts, synthetic_outputs(opts.backward, call.gated));
+  OpPlan plan = op.prepare(shape_only_inputs(op, ps, opts.backward), opts, synthetic_outputs(opts.backward, call.gated));
   int64_t total = 0;
   std::string tensors_json, launches_json;
   fmt::print("{} {}{}: {} launch(es)\n", op.name, ps.str(), opts.backward ? " backward" : "", plan.launches.size());

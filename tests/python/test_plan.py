@@ -155,3 +155,31 @@ def test_delta_walks_narrow_for_few_heads(linac, op, shape, blocks):
         p = plan(linac, op, shape, *options)
         walks = [l for l in p["launches"] if l["kernel"].endswith(("_fwd", "_bwd_states", "_bwd_dstates"))]
         assert walks and all(l["grid"][0] == blocks for l in walks), (options, p["launches"])
+
+
+def test_plan_of_a_huge_call_allocates_nothing(linac):
+    # Issue 23: `plan` made the call's random inputs to print sizes (killed by the OOM killer at 24 GB for
+    # T = 2^27), and B*T*H*K overflowed into negative sizes. Shapes alone now, and an overflow-safe limit.
+    import time
+    t0 = time.time()
+    proc = linac.run("plan", "linear_attn", "--shape", "B=1,T=134217728,H=1,K=16")
+    assert proc.returncode != 0 and "tensors of 2^31 or more elements are not supported" in proc.stderr, proc.stderr
+    proc = linac.run("plan", "linear_attn", "--shape", "B=1,T=2147483647,H=2147483647,K=16")
+    assert proc.returncode != 0 and "tensors of 2^31 or more elements are not supported" in proc.stderr, proc.stderr
+    assert time.time() - t0 < 5
+    proc = linac.run("compile", "linear_attn", "--shape", "B=1,T=134217728,H=1,K=16", "--emit", "tir")
+    assert proc.returncode != 0 and "2^31" in proc.stderr, proc.stderr
+    # Just under the limit (2^30 elements per input, 2 GB each in bf16, more in fp32 on the host):
+    # the plan's sizes, with no host tensor of the call's size behind them.
+    p = plan(linac, "gla", "B=1,T=4194304,H=2,K=128", "--backward")
+    assert p["device_bytes"] > 4194304 * 2 * 128 * 2 * 4
+    assert time.time() - t0 < 10
+
+
+def test_shape_and_scale_mistakes(linac):
+    proc = linac.run("plan", "linear_attn", "--shape", "B=1,B=2,T=4,H=1,K=16")
+    assert proc.returncode != 0 and "--shape: B given twice" in proc.stderr, proc.stderr
+    for bad in ("nan", "inf", "-0.5", "0"):
+        with pytest.raises(Exception, match="scale must be a finite positive number"):
+            linac.run_op("linear_attn", {n: __import__("numpy").ones((1, 4, 1, 8), "float32") for n in "qkv"},
+                         options=["--scale", bad])

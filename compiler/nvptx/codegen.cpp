@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 #include <llvm/AsmParser/Parser.h>
+#include <llvm/IR/AutoUpgrade.h>
+#include <llvm/IR/ModuleSummaryIndex.h>
 #include <llvm/Config/llvm-config.h>
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Verifier.h>
@@ -53,8 +55,12 @@ std::string to_string(const llvm::Module& m) {
 /// The override's LLVM IR as a module of `ctx`. It is the user's text, so every defect is a UserError
 /// naming the file: it does not parse, does not verify, or lacks the kernel's entry function.
 std::unique_ptr<llvm::Module> parse_override(const StageOverride& o, const std::string& entry, llvm::LLVMContext& ctx) {
+  // Parsed without the debug-info upgrade, which verifies the module and aborts the process when it is
+  // broken (LLVM's report_fatal_error): the verifier runs here first, reporting, and the upgrade after.
   llvm::SMDiagnostic diag;
-  std::unique_ptr<llvm::Module> m = llvm::parseAssemblyString(o.text, diag, ctx);
+  auto parsed = llvm::parseAssemblyFileWithIndexNoUpgradeDebugInfo(
+      o.path, diag, ctx, nullptr, [](llvm::StringRef, llvm::StringRef) { return std::nullopt; });
+  std::unique_ptr<llvm::Module> m = std::move(parsed.Mod);
   if (!m)
     throw UserError(fmt::format("kernel {}: {}:{}:{}: {}", entry, o.path, diag.getLineNo(), diag.getColumnNo() + 1,
                                 diag.getMessage().str()));
@@ -62,6 +68,7 @@ std::unique_ptr<llvm::Module> parse_override(const StageOverride& o, const std::
   llvm::raw_string_ostream es(err);
   if (llvm::verifyModule(*m, &es))
     throw UserError(fmt::format("kernel {}: {} is not valid LLVM IR: {}", entry, o.path, err));
+  llvm::UpgradeDebugInfo(*m);
   if (!m->getFunction(entry))
     throw UserError(fmt::format("kernel {}: {} defines no function @{}", entry, o.path, entry));
   return m;

@@ -86,6 +86,22 @@ def test_llvm_ir_that_does_not_parse_is_one_clear_error(linac_bin, dumped, tmp_p
     assert KERNEL in error and f"{kdir / '5-optimized.ll'}:1:" in error, error
 
 
+def test_llvm_ir_that_parses_but_does_not_verify_is_one_clear_error(linac_bin, dumped, tmp_path):
+    # Issue 23: an instruction using its own value parses, and LLVM's debug-info upgrade, which runs as
+    # it parses, aborted the process on the broken module ("LLVM ERROR: Broken module found").
+    import re
+    d = copy_of(dumped, tmp_path)
+    kdir = d / f"0-{KERNEL}"
+    (kdir / "6-kernel.ptx").unlink()
+    ll = kdir / "5-optimized.ll"
+    text = ll.read_text()
+    m = re.search(r"^  (%\d+) = add i32 (%\w+), ", text, re.M)
+    assert m, "no add to break in the dump"
+    ll.write_text(text.replace(m.group(0), f"  {m.group(1)} = add i32 {m.group(1)}, ", 1))
+    error = single_error(run(linac_bin, "compile", OP, "--emit", "ptx", override_dir=d))
+    assert f"{ll} is not valid LLVM IR: Only PHI nodes may reference their own value" in error, error
+
+
 def test_ptx_without_the_kernel_entry_is_one_clear_error(linac_bin, dumped, tmp_path):
     d = copy_of(dumped, tmp_path)
     ptx = d / f"0-{KERNEL}" / "6-kernel.ptx"

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <cstdlib>
@@ -282,6 +283,9 @@ int cmd_run(const std::vector<std::string>& args) {
     if (!known) usage_error(fmt::format("{} has no output named '{}'", op.name, name));
     for (const auto& w : wanted)
       if (w == name) usage_error(fmt::format("output '{}' requested twice", name));
+    for (const auto& [other, other_path] : output_files)
+      if (other != name && std::filesystem::path(other_path).lexically_normal() == std::filesystem::path(path).lexically_normal())
+        usage_error(fmt::format("outputs '{}' and '{}' would both be written to {}", other, name, path));
     wanted.push_back(name);
   }
 

@@ -176,10 +176,15 @@ def test_plan_of_a_huge_call_allocates_nothing(linac):
     assert time.time() - t0 < 10
 
 
-def test_shape_and_scale_mistakes(linac):
+def test_argument_mistakes(linac):
+    # Issue 23, point 6: accepted without a word before.
     proc = linac.run("plan", "linear_attn", "--shape", "B=1,B=2,T=4,H=1,K=16")
     assert proc.returncode != 0 and "--shape: B given twice" in proc.stderr, proc.stderr
     for bad in ("nan", "inf", "-0.5", "0"):
         with pytest.raises(Exception, match="scale must be a finite positive number"):
             linac.run_op("linear_attn", {n: __import__("numpy").ones((1, 4, 1, 8), "float32") for n in "qkv"},
                          options=["--scale", bad])
+    import numpy as np
+    files = [f"{n}={linac.write(n, np.ones((1, 4, 1, 8), np.float32))}" for n in "qkv"]
+    proc = linac.run("run", "linear_attn", *files, "-o", "o=x.npy", "-o", "final_state=./x.npy", "--device", "cpu")
+    assert proc.returncode != 0 and "outputs 'final_state' and 'o' would both be written to" in proc.stderr, proc.stderr

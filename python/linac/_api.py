@@ -245,12 +245,18 @@ def _delta(fn, q, k, v, g, beta, scale, initial_state, output_final_state, l2nor
                                                                 ("beta", beta, _gate_shape(q)))
     _check(fn, q, k, v, cu_seqlens, cu_seqlens_cpu, h0, gates)
     s = _scale(q, scale)
+    # The forward saves the tables its backward takes (the training pair) when gradients will be needed
+    # and the chunked form runs at its own chunk: not with l2norm_qk (normalized q, k are not kept), the
+    # token-by-token form, a chunk_size of the caller's, or varlen (the tables' length would depend on
+    # cu_seqlens' values, which a traced graph cannot know).
+    save = (torch.is_grad_enabled() and not l2norm_qk and not recurrent and not config and cu_seqlens is None and
+            any(t is not None and t.requires_grad for t in (q, k, v, g, beta, h0)))
     if g is None:
         o, ht = _ops.call_delta_rule(q, k, v, beta, h0, cu_seqlens, cu_seqlens_cpu, s, bool(output_final_state),
-                                     bool(l2norm_qk), recurrent, config)
+                                     bool(l2norm_qk), recurrent, config, save)[:2]
     else:
         o, ht = _ops.call_gated_delta_rule(q, k, v, g, beta, h0, cu_seqlens, cu_seqlens_cpu, s,
-                                           bool(output_final_state), bool(l2norm_qk), recurrent, config)
+                                           bool(output_final_state), bool(l2norm_qk), recurrent, config, save)[:2]
     return o, _state_out(ht, output_final_state, state_v_first)
 
 

@@ -269,7 +269,7 @@ def run(op, options, in_names, inputs, out_names, outputs):
 
 # --- queries --------------------------------------------------------------------------------------------
 
-def _named_array(inputs):
+def _named_array(inputs, shapes_only=False):
     """A ctypes linac_named_tensor[] for {name: tensor} (data may be absent: meta tensors pass NULL), and
     the objects that must stay alive while it is used."""
     arr = (_NamedTensor * max(len(inputs), 1))()
@@ -280,16 +280,16 @@ def _named_array(inputs):
         cname = name.encode()
         keep.append(cname)
         dev = -1 if t.device.type in ("cpu", "meta") else t.get_device()
-        data = t.data_ptr() if t.device.type != "meta" else None
+        data = None if shapes_only or t.device.type == "meta" else t.data_ptr()
         arr[i] = _NamedTensor(cname, _Tensor(data, _CUDA if dev >= 0 else _CPU, max(dev, 0), t.dim(),
                                              DTYPE_CODES[t.dtype], shape, None))
     return arr, keep
 
 
-def output_shape(op, output, inputs, options=""):
+def output_shape(op, output, inputs, options="", shapes_only=False):
     """(shape tuple, torch dtype) of output `output` of `op` for `inputs` ({name: tensor}; meta tensors
     are fine, except a host cu_seqlens whose values linac reads), as linac_op_output_shape says."""
-    arr, _keep = _named_array(inputs)
+    arr, _keep = _named_array(inputs, shapes_only)
     ndim = ctypes.c_int32()
     shape = (ctypes.c_int64 * 8)()
     dtype = ctypes.c_int32()

@@ -187,21 +187,77 @@ def _gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Optional[Ten
                     output_final_state)
 
 
+_SAVED = ("saved_w", "saved_t", "saved_h", "saved_v_new")
+_saved_specs_cache = {}
+
+
+def _saved_specs(op, q, v, gated, h0, options):
+    """(shape, dtype) of the delta rules' saved tables for a call of these shapes. linac_op_output_shape
+    is asked once per head dims, dtype and options, at B = T = 1, for the tables' chunk and dtypes; the
+    shapes follow from B and T (which may be symbolic under torch.compile):
+      saved_w [B,T,H,K], saved_t [B,T,H,C], saved_h [B*ceil(T/C),H,K,V], saved_v_new [B,T,H,V]."""
+    B, T, H, K = q.shape
+    V = v.shape[3]
+    key = (op, int(H), int(K), int(V), q.dtype, gated, h0 is not None, options)
+    template = _saved_specs_cache.get(key)
+    if template is None:
+        one = torch.empty((1, 1, int(H), int(K)), dtype=q.dtype, device="meta")
+        meta = {"q": one, "k": one, "v": torch.empty((1, 1, int(H), int(V)), dtype=q.dtype, device="meta"),
+                "beta": torch.empty((1, 1, int(H)), device="meta")}
+        if gated:
+            meta["g"] = meta["beta"]
+        if h0 is not None:
+            meta["initial_state"] = torch.empty((1, int(H), int(K), int(V)), device="meta")
+        template = _saved_specs_cache[key] = tuple(
+            _lib.output_shape(op.decode(), name, meta, options.decode(), shapes_only=True) for name in _SAVED)
+    (_, w_dtype), ((_, _, _, C), t_dtype), (_, h_dtype), (_, v_dtype) = template
+    return (((B, T, H, K), w_dtype), ((B, T, H, C), t_dtype), ((B * ((T + C - 1) // C), H, K, V), h_dtype),
+            ((B, T, H, V), v_dtype))
+
+
+def _delta_forward(op, opts, q, k, v, named, initial_state, output_final_state, save):
+    """The delta rules' forward without varlen when `save`: o, the final state and the tables the backward
+    takes (the training pair: the backward then skips recomputing them)."""
+    names, tensors = _inputs(q, k, v, named, initial_state, None, None)
+    o = q.new_empty((*q.shape[:3], v.shape[3]))
+    out_names, outs = ["o"], [o]
+    ht = _none_tensor(q)
+    if output_final_state:
+        ht = _state_like(q, v, None)
+        out_names.append("final_state")
+        outs.append(ht)
+    specs = _saved_specs(op, q, v, len(named) == 2, initial_state, opts)
+    saved = [q.new_empty(shape, dtype=dtype) for shape, dtype in specs]
+    _run(op, opts, tuple(names), tuple(tensors), tuple(out_names) + _SAVED, tuple(outs) + tuple(saved))
+    return (o, ht, *saved)
+
+
+def _no_saved(q):
+    return tuple(_none_tensor(q) for _ in _SAVED)
+
+
 def _delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, initial_state: Optional[Tensor],
                cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], scale: float,
-               output_final_state: bool, l2norm_qk: bool, recurrent: bool, config: str) -> Tuple[Tensor, Tensor]:
+               output_final_state: bool, l2norm_qk: bool, recurrent: bool, config: str,
+               save: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     opts = _options((("scale", scale), ("l2norm_qk", l2norm_qk), ("recurrent", recurrent)), config)
-    return _forward(b"delta_rule", opts, q, k, v, (("beta", beta),), initial_state, cu_seqlens, cu_seqlens_cpu,
-                    output_final_state)
+    if save:
+        return _delta_forward(b"delta_rule", opts, q, k, v, (("beta", beta),), initial_state, output_final_state,
+                              save)
+    return (*_forward(b"delta_rule", opts, q, k, v, (("beta", beta),), initial_state, cu_seqlens, cu_seqlens_cpu,
+                      output_final_state), *_no_saved(q))
 
 
 def _gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Optional[Tensor],
                      cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], scale: float,
-                     output_final_state: bool, l2norm_qk: bool, recurrent: bool,
-                     config: str) -> Tuple[Tensor, Tensor]:
+                     output_final_state: bool, l2norm_qk: bool, recurrent: bool, config: str,
+                     save: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     opts = _options((("scale", scale), ("l2norm_qk", l2norm_qk), ("recurrent", recurrent)), config)
-    return _forward(b"gated_delta_rule", opts, q, k, v, (("g", g), ("beta", beta)), initial_state, cu_seqlens,
-                    cu_seqlens_cpu, output_final_state)
+    if save:
+        return _delta_forward(b"gated_delta_rule", opts, q, k, v, (("g", g), ("beta", beta)), initial_state,
+                              output_final_state, save)
+    return (*_forward(b"gated_delta_rule", opts, q, k, v, (("g", g), ("beta", beta)), initial_state, cu_seqlens,
+                      cu_seqlens_cpu, output_final_state), *_no_saved(q))
 
 
 def _poly(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor],
@@ -233,16 +289,28 @@ def _(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final
     return _fake_forward(q, v, cu_seqlens, output_final_state)
 
 
+def _fake_delta(op, q, k, v, named, initial_state, cu_seqlens, scale, output_final_state, l2norm_qk, recurrent,
+                config, save):
+    o, ht = _fake_forward(q, v, cu_seqlens, output_final_state)
+    if not save:
+        return (o, ht, *(_none_tensor(q) for _ in _SAVED))
+    opts = _options((("scale", scale), ("l2norm_qk", l2norm_qk), ("recurrent", recurrent)), config)
+    specs = _saved_specs(op, q, v, len(named) == 2, initial_state, opts)
+    return (o, ht, *(q.new_empty(shape, dtype=dtype) for shape, dtype in specs))
+
+
 @delta_rule.register_fake
 def _(q, k, v, beta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, l2norm_qk, recurrent,
-      config):
-    return _fake_forward(q, v, cu_seqlens, output_final_state)
+      config, save):
+    return _fake_delta(b"delta_rule", q, k, v, (beta,), initial_state, cu_seqlens, scale, output_final_state,
+                       l2norm_qk, recurrent, config, save)
 
 
 @gated_delta_rule.register_fake
 def _(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state, l2norm_qk,
-      recurrent, config):
-    return _fake_forward(q, v, cu_seqlens, output_final_state)
+      recurrent, config, save):
+    return _fake_delta(b"gated_delta_rule", q, k, v, (g, beta), initial_state, cu_seqlens, scale,
+                       output_final_state, l2norm_qk, recurrent, config, save)
 
 
 @poly.register_fake
@@ -269,22 +337,31 @@ def _gla_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Optional
                      dfinal_state, (("dg", g), ("dinitial_state", initial_state)))
 
 
+def _saved_inputs(saved):
+    """(name, tensor) of the forward's saved tables given to a backward (none when it recomputes them)."""
+    return tuple(zip(_SAVED, saved)) if saved[0] is not None else ()
+
+
 def _delta_rule_bwd(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, initial_state: Optional[Tensor],
                    cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], do: Tensor,
-                   dfinal_state: Optional[Tensor], scale: float,
-                   l2norm_qk: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                   dfinal_state: Optional[Tensor], scale: float, l2norm_qk: bool, saved_w: Optional[Tensor],
+                   saved_t: Optional[Tensor], saved_h: Optional[Tensor],
+                   saved_v_new: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     opts = _options((("backward", True), ("scale", scale), ("l2norm_qk", l2norm_qk)))
-    return _backward(b"delta_rule", opts, q, k, v, (("beta", beta),), initial_state, cu_seqlens, cu_seqlens_cpu,
-                     do, dfinal_state, (("dbeta", beta), ("dinitial_state", initial_state)))
+    saved = _saved_inputs((saved_w, saved_t, saved_h, saved_v_new))
+    return _backward(b"delta_rule", opts, q, k, v, (("beta", beta), *saved), initial_state, cu_seqlens,
+                     cu_seqlens_cpu, do, dfinal_state, (("dbeta", beta), ("dinitial_state", initial_state)))
 
 
 def _gated_delta_rule_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Optional[Tensor],
                          cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], do: Tensor,
-                         dfinal_state: Optional[Tensor], scale: float,
-                         l2norm_qk: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                         dfinal_state: Optional[Tensor], scale: float, l2norm_qk: bool,
+                         saved_w: Optional[Tensor], saved_t: Optional[Tensor], saved_h: Optional[Tensor],
+                         saved_v_new: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     opts = _options((("backward", True), ("scale", scale), ("l2norm_qk", l2norm_qk)))
-    return _backward(b"gated_delta_rule", opts, q, k, v, (("g", g), ("beta", beta)), initial_state, cu_seqlens,
-                     cu_seqlens_cpu, do, dfinal_state,
+    saved = _saved_inputs((saved_w, saved_t, saved_h, saved_v_new))
+    return _backward(b"gated_delta_rule", opts, q, k, v, (("g", g), ("beta", beta), *saved), initial_state,
+                     cu_seqlens, cu_seqlens_cpu, do, dfinal_state,
                      (("dg", g), ("dbeta", beta), ("dinitial_state", initial_state)))
 
 
@@ -319,12 +396,14 @@ def _(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_cpu, do, dfinal_state, s
 
 
 @delta_rule_bwd.register_fake
-def _(q, k, v, beta, initial_state, cu_seqlens, cu_seqlens_cpu, do, dfinal_state, scale, l2norm_qk):
+def _(q, k, v, beta, initial_state, cu_seqlens, cu_seqlens_cpu, do, dfinal_state, scale, l2norm_qk, saved_w,
+      saved_t, saved_h, saved_v_new):
     return _fake_grads(q, k, v, (beta, initial_state))
 
 
 @gated_delta_rule_bwd.register_fake
-def _(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, do, dfinal_state, scale, l2norm_qk):
+def _(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, do, dfinal_state, scale, l2norm_qk, saved_w,
+      saved_t, saved_h, saved_v_new):
     return _fake_grads(q, k, v, (g, beta, initial_state))
 
 
@@ -390,29 +469,33 @@ def _backward_gla(ctx, do, dht):
 
 
 def _setup_delta(ctx, inputs, output):
-    gated = len(inputs) == 13
+    gated = len(inputs) == 14
     if gated:
-        q, k, v, g, beta, h0, cu, cu_cpu, scale, output_final_state, l2norm_qk, recurrent, config = inputs
+        q, k, v, g, beta, h0, cu, cu_cpu, scale, output_final_state, l2norm_qk, recurrent, config, save = inputs
     else:
-        q, k, v, beta, h0, cu, cu_cpu, scale, output_final_state, l2norm_qk, recurrent, config = inputs
+        q, k, v, beta, h0, cu, cu_cpu, scale, output_final_state, l2norm_qk, recurrent, config, save = inputs
         g = None
-    ctx.save_for_backward(q, k, v, g, beta, h0, cu, cu_cpu)
+    # The training pair: the forward's tables when it saved them (O(T*D) each but the per-chunk states,
+    # O(T/C * K*V)), else the backward recomputes them.
+    saved = tuple(output[2:]) if save else (None,) * len(_SAVED)
+    ctx.save_for_backward(q, k, v, g, beta, h0, cu, cu_cpu, *saved)
     ctx.gated, ctx.scale, ctx.output_final_state, ctx.l2norm_qk = gated, scale, output_final_state, l2norm_qk
     ctx.set_materialize_grads(False)
 
 
-def _backward_delta(ctx, do, dht):
-    q, k, v, g, beta, h0, cu, cu_cpu = ctx.saved_tensors
+def _backward_delta(ctx, do, dht, *_saved_grads):
+    q, k, v, g, beta, h0, cu, cu_cpu, *saved = ctx.saved_tensors
     do = _do(ctx, do, (q, v))
     # With l2norm_qk, linac's backward normalizes q and k itself and returns the raw inputs' gradients.
     if ctx.gated:
         dq, dk, dv, dg, dbeta, dh0 = _bwd_op(gated_delta_rule_bwd, q)(q, k, v, g, beta, h0, cu, cu_cpu, do,
-                                                                      _dfinal(ctx, dht), ctx.scale, ctx.l2norm_qk)
+                                                                      _dfinal(ctx, dht), ctx.scale, ctx.l2norm_qk,
+                                                                      *saved)
     else:
         dq, dk, dv, dbeta, dh0 = _bwd_op(delta_rule_bwd, q)(q, k, v, beta, h0, cu, cu_cpu, do, _dfinal(ctx, dht),
-                                                            ctx.scale, ctx.l2norm_qk)
+                                                            ctx.scale, ctx.l2norm_qk, *saved)
         dg = None
-    rest = (None if h0 is None else dh0, None, None, None, None, None, None, None)
+    rest = (None if h0 is None else dh0, None, None, None, None, None, None, None, None)
     if ctx.gated:
         return (dq, dk, dv, _cast(dg, g), _cast(dbeta, beta), *rest)
     return (dq, dk, dv, _cast(dbeta, beta), *rest)

@@ -31,9 +31,15 @@ def forward_cases(t):
         ("linear_attn normalize", ops.linear_attn, (q, k, v, None, None, c, cc, s, False, True, False, "")),
         ("linear_attn recurrent", ops.linear_attn, (q, k, v, None, h0, c, cc, s, True, False, True, "")),
         ("gla", ops.gla, (q, k, v, g, h0, c, cc, s, True, False, "")),
-        ("delta_rule", ops.delta_rule, (q, k, v, beta, h0, c, cc, s, True, False, False, "")),
-        ("delta_rule l2norm", ops.delta_rule, (q, k, v, beta, None, c, cc, s, False, True, False, "")),
-        ("gated_delta_rule", ops.gated_delta_rule, (q, k, v, gh, beta, h0, c, cc, s, True, False, False, "")),
+        ("delta_rule", ops.delta_rule, (q, k, v, beta, h0, c, cc, s, True, False, False, "", False)),
+        ("delta_rule l2norm", ops.delta_rule, (q, k, v, beta, None, c, cc, s, False, True, False, "", False)),
+        ("gated_delta_rule", ops.gated_delta_rule, (q, k, v, gh, beta, h0, c, cc, s, True, False, False, "", False)),
+        # The training pair: the forward saves the backward's tables (dense inputs only).
+        # (varlen samples hold one packed row: B = 1, no initial state of N = 2 then.)
+        ("delta_rule saving", ops.delta_rule,
+         (q, k, v, beta, h0 if c is None else None, None, None, s, True, False, False, "", True)),
+        ("gated_delta_rule saving", ops.gated_delta_rule,
+         (q, k, v, gh, beta, h0 if c is None else None, None, None, s, True, False, False, "", True)),
         ("poly", ops.poly, (q, k, v, c, cc, s, 1.0, 1.0, 0.5, False, "")),
     ]
 
@@ -46,15 +52,17 @@ def backward_cases(t):
         ("linear_attn_bwd", ops.linear_attn_bwd, (q, k, v, gh, h0, c, cc, do, dht, s, False)),
         ("linear_attn_bwd plain", ops.linear_attn_bwd, (q, k, v, None, None, c, cc, do, None, s, False)),
         ("gla_bwd", ops.gla_bwd, (q, k, v, g, h0, c, cc, do, dht, s)),
-        ("delta_rule_bwd", ops.delta_rule_bwd, (q, k, v, beta, h0, c, cc, do, dht, s, False)),
-        ("delta_rule_bwd_l2norm", ops.delta_rule_bwd, (q, k, v, beta, h0, c, cc, do, dht, s, True)),
-        ("gated_delta_rule_bwd", ops.gated_delta_rule_bwd, (q, k, v, gh, beta, h0, c, cc, do, None, s, False)),
+        ("delta_rule_bwd", ops.delta_rule_bwd, (q, k, v, beta, h0, c, cc, do, dht, s, False, None, None, None, None)),
+        ("delta_rule_bwd_l2norm", ops.delta_rule_bwd,
+         (q, k, v, beta, h0, c, cc, do, dht, s, True, None, None, None, None)),
+        ("gated_delta_rule_bwd", ops.gated_delta_rule_bwd,
+         (q, k, v, gh, beta, h0, c, cc, do, None, s, False, None, None, None, None)),
         ("poly_bwd", ops.poly_bwd, (q, k, v, c, cc, do, s, 1.0, 1.0, 0.5, True)),
     ]
 
 
 @pytest.mark.parametrize("varlen", [False, True])
-@pytest.mark.parametrize("case", range(8))
+@pytest.mark.parametrize("case", range(10))
 def test_opcheck_forward(case, varlen):
     name, op, args = forward_cases(sample(varlen=varlen, grad=True))[case]
     torch.library.opcheck(op, args)
@@ -107,10 +115,10 @@ def test_fake_outputs_match_c_abi(dtype):
                     res = ops.gla(f["q"], f["k"], f["v"], f["g"], f["initial_state"], None, None, s, True, False, "")
                 elif op == "delta_rule":
                     res = ops.delta_rule(f["q"], f["k"], f["v"], f["beta"], f["initial_state"], None, None, s, True,
-                                         False, False, "")
+                                         False, False, "", False)
                 elif op == "gated_delta_rule":
                     res = ops.gated_delta_rule(f["q"], f["k"], f["v"], f["g"], f["beta"], None, None, None, s, True,
-                                               False, False, "")
+                                               False, False, "", False)
                 else:
                     res = (ops.poly(f["q"], f["k"], f["v"], None, None, s, 1.0, 1.0, 0.5, True, ""),)
             else:
@@ -122,7 +130,7 @@ def test_fake_outputs_match_c_abi(dtype):
                                       s)
                 elif op == "gated_delta_rule":
                     res = ops.gated_delta_rule_bwd(f["q"], f["k"], f["v"], f["g"], f["beta"], f["initial_state"],
-                                                   None, None, f["do"], None, s, False)
+                                                   None, None, f["do"], None, s, False, None, None, None, None)
                 else:
                     res = ops.poly_bwd(f["q"], f["k"], f["v"], None, None, f["do"], s, 1.0, 1.0, 0.5, True)
         for name, fake in zip(outs, res):

@@ -236,13 +236,14 @@ TEST_SUITE("cuda_driver") {
   }
 
   // ---------------------------------------------------------------------------------------------
-  // On a GPU
+  // On a GPU: without one these cases are reported as skipped (doctest's count), never as passed.
 
-  TEST_CASE("gpu: device info is plausible") {
-    if (!driver_available()) {
-      MESSAGE("no GPU: skipped");
-      return;
-    }
+  bool no_gpu() {
+    static const bool none = !driver_available();
+    return none;
+  }
+
+  TEST_CASE("gpu: device info is plausible" * doctest::skip(no_gpu())) {
     const DeviceInfo& d = device_info();
     MESSAGE("device: " << d.summary() << ", driver " << Driver::get().version());
     CHECK_FALSE(d.name.empty());
@@ -265,11 +266,7 @@ TEST_SUITE("cuda_driver") {
     CHECK(m.free_bytes <= m.total_bytes);
   }
 
-  TEST_CASE("gpu: allocate, fill and copy round trip") {
-    if (!driver_available()) {
-      MESSAGE("no GPU: skipped");
-      return;
-    }
+  TEST_CASE("gpu: allocate, fill and copy round trip" * doctest::skip(no_gpu())) {
     std::vector<std::uint8_t> host(1 << 20);
     for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<std::uint8_t>(i * 131 + 7);
     DeviceBuffer buf(host.size());
@@ -290,11 +287,7 @@ TEST_SUITE("cuda_driver") {
     CHECK_THROWS_AS(moved.copy_to_host(back.data(), back.size() + 1), InternalError);
   }
 
-  TEST_CASE("gpu: another thread gets the context too") {
-    if (!driver_available()) {
-      MESSAGE("no GPU: skipped");
-      return;
-    }
+  TEST_CASE("gpu: another thread gets the context too" * doctest::skip(no_gpu())) {
     // A CUDA context is current per thread; without Driver::get() binding it, the copy below would
     // fail with CUDA_ERROR_INVALID_CONTEXT.
     std::vector<std::uint32_t> back(256, 0);
@@ -315,11 +308,7 @@ TEST_SUITE("cuda_driver") {
     for (size_t i = 0; i < back.size(); ++i) CHECK(back[i] == i * i);
   }
 
-  TEST_CASE("gpu: an allocation larger than the device is a UserError naming the size") {
-    if (!driver_available()) {
-      MESSAGE("no GPU: skipped");
-      return;
-    }
+  TEST_CASE("gpu: an allocation larger than the device is a UserError naming the size" * doctest::skip(no_gpu())) {
     try {
       DeviceBuffer huge(std::size_t{1} << 50);  // 1 PiB
       FAIL("a 1 PiB allocation succeeded");
@@ -329,11 +318,7 @@ TEST_SUITE("cuda_driver") {
     }
   }
 
-  TEST_CASE("gpu: link a PTX kernel, launch it, read the result and its attributes") {
-    if (!driver_available()) {
-      MESSAGE("no GPU: skipped");
-      return;
-    }
+  TEST_CASE("gpu: link a PTX kernel, launch it, read the result and its attributes" * doctest::skip(no_gpu())) {
     LinkedModule m = link_ptx(kTestPtx, "store_tid");
     CHECK(m.function() != Function::none);
     CHECK(m.kernel_name() == "store_tid");
@@ -372,11 +357,7 @@ TEST_SUITE("cuda_driver") {
     for (unsigned i = 0; i < host.size(); ++i) CHECK(host[i] == i % kThreads);
   }
 
-  TEST_CASE("gpu: dynamic shared memory above 48 KiB after opting in") {
-    if (!driver_available()) {
-      MESSAGE("no GPU: skipped");
-      return;
-    }
+  TEST_CASE("gpu: dynamic shared memory above 48 KiB after opting in" * doctest::skip(no_gpu())) {
     const DeviceInfo& d = device_info();
     constexpr unsigned kThreads = 128;
     const int shared = 48 * 1024 + kThreads * 4;
@@ -393,11 +374,7 @@ TEST_SUITE("cuda_driver") {
     for (unsigned i = 0; i < kThreads; ++i) CHECK(host[i] == i + 7);
   }
 
-  TEST_CASE("gpu: mistakes are errors, not crashes") {
-    if (!driver_available()) {
-      MESSAGE("no GPU: skipped");
-      return;
-    }
+  TEST_CASE("gpu: mistakes are errors, not crashes" * doctest::skip(no_gpu())) {
     // PTX ptxas rejects: a UserError carrying the linker's error log.
     std::string bad = std::string(kTestPtx) + "\n.visible .entry broken() { not_an_instruction; }\n";
     try {

@@ -1,4 +1,5 @@
 #include "runtime/npy.h"
+#include "runtime/output_files.h"
 
 #include "compiler/interp/number_formats.h"
 
@@ -303,15 +304,6 @@ void store_i64(DType t, uint8_t* base, int64_t i, int64_t v) {
   }
 }
 
-void write_all(std::FILE* f, const void* p, size_t n, const std::string& path, const std::string& tmp) {
-  if (n == 0) return;
-  if (std::fwrite(p, 1, n, f) != n) {
-    int err = errno;
-    std::remove(tmp.c_str());
-    fail(path, fmt::format("cannot write: {}", errno_str(err)));
-  }
-}
-
 }  // namespace
 
 int64_t NpyArray::numel() const {
@@ -415,7 +407,7 @@ NpyArray read_npy(const std::string& path) {
   return a;
 }
 
-void write_npy(const std::string& path, const NpyArray& a) {
+void write_npy_to(std::FILE* f, const NpyArray& a, const std::string& path) {
   if (a.dtype == DType::bf16) fail(path, "numpy has no bf16 dtype; convert the array to f32 before writing");
   int64_t numel = 0, nbytes = 0;
   LINAC_INTERNAL_CHECK(checked_size(a.shape, a.dtype, numel, nbytes), "write_npy: bad shape " + shape_str(a.shape));
@@ -443,21 +435,15 @@ void write_npy(const std::string& path, const NpyArray& a) {
   for (size_t i = 0; i < prefix - 8; ++i) out += static_cast<char>((hl >> (8 * i)) & 0xff);
   out += header;
 
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  File f{std::fopen(tmp.c_str(), "wb")};
-  if (!f) fail(path, fmt::format("cannot write: {}", errno_str(errno)));
-  write_all(f.get(), out.data(), out.size(), path, tmp);
-  write_all(f.get(), a.data.data(), a.data.size(), path, tmp);
-  if (std::fclose(f.release()) != 0) {
-    int err = errno;
-    std::remove(tmp.c_str());
-    fail(path, fmt::format("cannot write: {}", errno_str(err)));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    std::remove(tmp.c_str());
-    fail(path, fmt::format("cannot write: {}", errno_str(err)));
-  }
+  write_bytes(f, out.data(), out.size(), path);
+  write_bytes(f, a.data.data(), a.data.size(), path);
+}
+
+void write_npy(const std::string& path, const NpyArray& a) {
+  if (a.dtype == DType::bf16) fail(path, "numpy has no bf16 dtype; convert the array to f32 before writing");
+  OutputFiles out;
+  out.add(path, [&](std::FILE* f, const std::string& p) { write_npy_to(f, a, p); });
+  out.commit();
 }
 
 NpyArray make_npy(DType dtype, std::vector<int64_t> shape) {

@@ -2,6 +2,7 @@
 // supported (f16, f32, f64, i32, i64, bool), little-endian, C order. Every problem with a file is a
 // UserError whose one-line message starts with the file's path.
 #pragma once
+#include <cstdio>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -28,11 +29,15 @@ struct NpyArray {
 /// (big-endian, object, structured, ...), fortran_order=True, and truncated or trailing data.
 NpyArray read_npy(const std::string& path);
 
-/// Writes `a` as a version 1.0 .npy file (2.0 if the header is too long for 1.0). Writes to
-/// "<path>.tmp.<pid>" and renames it into place, so a failure never leaves a partial file at `path`.
+/// Writes `a` as a version 1.0 .npy file (2.0 if the header is too long for 1.0), through
+/// runtime/output_files.h: a temporary renamed into place, so a failure never leaves a partial file at
+/// `path`; symlinks are written through and special files written directly, never replaced.
 /// Throws UserError on I/O failure or for a bf16 array (numpy has no bf16); InternalError when
 /// `a.data` does not match its shape and dtype.
 void write_npy(const std::string& path, const NpyArray& a);
+/// The .npy bytes of `a` into an open file (for runtime/output_files.h's transactions); `path` names it
+/// in errors.
+void write_npy_to(std::FILE* f, const NpyArray& a, const std::string& path);
 
 /// A zero-filled array of the given dtype and shape.
 NpyArray make_npy(DType dtype, std::vector<int64_t> shape);

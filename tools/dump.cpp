@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "linac/error.h"
+#include "runtime/output_files.h"
 
 namespace linac {
 
@@ -17,11 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void write_file(const fs::path& p, const std::string& text) {
-  std::ofstream f(p, std::ios::binary);
-  f << text;
-  if (!f) throw UserError(fmt::format("cannot write {}", p.string()));
-}
+void write_file(const fs::path& p, const std::string& text) { write_file_atomically(p.string(), text); }
 
 std::vector<std::string> read_lines(const std::string& path) {
   std::vector<std::string> lines;

@@ -27,6 +27,7 @@
 #include "runtime/disk_cache.h"
 #include "runtime/executor.h"
 #include "runtime/op_call.h"
+#include "runtime/output_files.h"
 #include "runtime/npy.h"
 #include "tools/dump.h"
 
@@ -301,12 +302,18 @@ int cmd_run(const std::vector<std::string>& args) {
     inputs[name] = std::move(t);
   }
   TensorMap outputs = run_op(op, inputs, opts, wanted);
+  // Every output or none (runtime/output_files.h).
+  std::vector<NpyArray> arrays;  // alive until commit: special files are written then
+  arrays.reserve(output_files.size());
+  OutputFiles files;
   for (const auto& [name, path] : output_files) {
     auto it = outputs.find(name);
     if (it == outputs.end()) throw InternalError(fmt::format("op {} did not produce output {}", op.name, name));
     HostTensor f = it->second.cast(DType::f32);
-    write_npy(path, NpyArray{f.dtype, f.shape, std::move(f.data)});
+    const NpyArray& a = arrays.emplace_back(NpyArray{f.dtype, f.shape, std::move(f.data)});
+    files.add(path, [&a](std::FILE* file, const std::string& p) { write_npy_to(file, a, p); });
   }
+  files.commit();
   return 0;
 }
 
@@ -631,12 +638,7 @@ std::vector<std::string> synthetic_outputs(bool backward, bool gated) {
   return grads;
 }
 
-void write_text_file(const std::string& path, const std::string& text) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  const bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (f) std::fclose(f);
-  if (!ok) usage_error(fmt::format("{}: cannot write", path));
-}
+void write_text_file(const std::string& path, const std::string& text) { write_file_atomically(path, text); }
 
 int cmd_plan(const std::vector<std::string>& args) {
   if (args.empty() || is_help(args[0])) {
@@ -927,7 +929,13 @@ std::string first_line(const std::string& s) { return s.substr(0, s.find('\n'));
 
 int main(int argc, char** argv) {
   try {
-    return linac::main_impl(argc, argv);
+    const int rc = linac::main_impl(argc, argv);
+    // What went to standard output must have arrived (a full disk, a closed pipe).
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      fmt::print(stderr, "linac: error: cannot write to standard output: {}\n", std::strerror(errno));
+      return 1;
+    }
+    return rc;
   } catch (const linac::UserError& e) {
     // One line by contract; LINAC_DEBUG=1 shows the whole message (e.g. a linker's log).
     const char* debug = std::getenv("LINAC_DEBUG");

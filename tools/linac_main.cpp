@@ -76,7 +76,7 @@ Example:
   linac run linear_attn q=q.npy k=k.npy v=v.npy -o o=o.npy -o final_state=s.npy
 )";
 
-constexpr const char* kCompileUsage = R"(usage: linac compile OP|FILE.tir [--emit STAGE] [--dtype D] [--config K=V,...] [--target sm_80|sm_90a]
+constexpr const char* kCompileUsage = R"(usage: linac compile OP|FILE.tir [--emit STAGE] [--out DIR] [--dtype D] [--config K=V,...] [--target sm_80|sm_90a]
        [--shape B=..,T=..,H=..,K=..[,V=..] [--gated] [--normalize] [--backward]]
 
 Prints one stage of OP's kernels at their default configuration, or of a .tir file (parsed and
@@ -89,6 +89,9 @@ verified first). Needs no GPU.
   --dtype D             input dtype the op's kernels are specialized for (default bf16)
   --config K=V,...      tuning parameters of the op's kernels (see 'linac list')
   --target T            GPU architecture for the backend stages (default sm_90a)
+  --out DIR             one file per kernel, DIR/<i>-<kernel>.<stage> (each a module the parser or ptxas
+                        reads back; printed to stdout without it, the kernels follow one another and
+                        several do not make one valid module)
   --shape S             instead of the representative kernels, exactly those a call at shape S
                         launches (its plan, at the default or --config configuration)
   --gated, --normalize, --backward   with --shape: the gated call (linear_attn's g) / the normalized
@@ -391,6 +394,7 @@ int cmd_compile(const std::vector<std::string>& args) {
     return args.empty() ? 1 : 0;
   }
   std::string emit = "tir";
+  std::string out_dir;
   KernelSelection sel;
   for (size_t i = 1; i < args.size(); ++i) {
     if (is_help(args[i])) {
@@ -398,6 +402,8 @@ int cmd_compile(const std::vector<std::string>& args) {
       return 0;
     } else if (args[i] == "--emit") {
       emit = value_of(args, i);
+    } else if (args[i] == "--out") {
+      out_dir = value_of(args, i);
     } else if (!parse_selection_option(args, i, sel)) {
       usage_error(fmt::format("unknown option '{}' for 'compile' (see linac compile --help)", args[i]));
     }
@@ -405,20 +411,36 @@ int cmd_compile(const std::vector<std::string>& args) {
   static const char* kStages[] = {"tir", "layouts", "smem", "llvm", "llvm-opt", "ptx"};
   if (std::find(std::begin(kStages), std::end(kStages), emit) == std::end(kStages))
     usage_error(fmt::format("--emit {}: expected one of tir, layouts, smem, llvm, llvm-opt, ptx", emit));
-  auto print_stage = [&](const ir::Kernel& k) {
-    if (emit == "tir") {
-      fmt::print("{}", ir::print(k));
-      return;
-    }
+  auto stage_text = [&](const ir::Kernel& k) -> std::string {
+    if (emit == "tir") return ir::print(k);
     nvptx::CompiledKernel c = nvptx::compile_kernel(k, sel.target, nvptx::stage_override_from_env(k));
-    const std::string& text = emit == "layouts"  ? c.tir_layouts
-                              : emit == "smem"   ? c.smem_plan
-                              : emit == "llvm"   ? c.llvm_ir
-                              : emit == "llvm-opt" ? c.llvm_ir_opt
-                                                 : c.ptx;
-    fmt::print("{}", text);
+    return emit == "layouts"    ? c.tir_layouts
+           : emit == "smem"     ? c.smem_plan
+           : emit == "llvm"     ? c.llvm_ir
+           : emit == "llvm-opt" ? c.llvm_ir_opt
+                                : c.ptx;
   };
-  for (const auto& k : load_kernels(args[0], sel)) print_stage(*k);
+  const auto kernels = load_kernels(args[0], sel);
+  if (out_dir.empty()) {
+    for (const auto& k : kernels) fmt::print("{}", stage_text(*k));
+    return 0;
+  }
+  // One file per kernel: each a whole module that the parser (tir) or ptxas (ptx) reads back.
+  static const std::map<std::string, std::string> kExtension = {{"tir", "tir"},      {"layouts", "layouts.tir"},
+                                                                {"smem", "smem.txt"}, {"llvm", "ll"},
+                                                                {"llvm-opt", "opt.ll"}, {"ptx", "ptx"}};
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) usage_error(fmt::format("--out {}: cannot create the directory: {}", out_dir, ec.message()));
+  std::vector<std::string> texts;
+  for (const auto& k : kernels) texts.push_back(stage_text(*k));
+  OutputFiles files;
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const std::string path = fmt::format("{}/{}-{}.{}", out_dir, i, kernels[i]->name, kExtension.at(emit));
+    files.add(path, [&texts, i](std::FILE* f, const std::string& p) { write_bytes(f, texts[i].data(), texts[i].size(), p); });
+    fmt::print("{}\n", path);
+  }
+  files.commit();
   return 0;
 }
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from ptxas_util import find_ptxas
+
 REPO = Path(__file__).resolve().parents[2]
 
 DTYPES = ("bf16", "fp16", "fp32")
@@ -52,22 +54,6 @@ KNOWN_SPILLS = {
     # third block per SM. Not timed (fp32 path).
     "linear_attn_normalized_fwd": {"fp32": 8},
 }
-
-
-def find_ptxas():
-    """(path, None), or (None, why) when $PTXAS names no executable, or (None, None) when none is installed."""
-    env = os.environ.get("PTXAS")
-    if env:
-        if os.access(env, os.X_OK):
-            return env, None
-        return None, f"$PTXAS is set to {env}, which is not an executable"
-    found = shutil.which("ptxas")
-    if found:
-        return found, None
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root and os.access(Path(root) / "bin" / "ptxas", os.X_OK):
-            return str(Path(root) / "bin" / "ptxas"), None
-    return None, None
 
 
 PTXAS, PTXAS_ERROR = find_ptxas()

@@ -12,7 +12,6 @@ register counts of every kernel.
 
 import os
 import re
-import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path

@@ -523,10 +523,26 @@ std::vector<EntryInfo> DiskCache::list() const {
 
 size_t DiskCache::clear() {
   const fs::path vdir = version_dir();
-  size_t removed = 0;
-  for (const EntryInfo& e : list()) removed += discard(vdir, entry_dir(e.key), nullptr) ? 1 : 0;
+  size_t removed = 0, kept = 0;
+  std::string why;
+  for (const EntryInfo& e : list()) {
+    const fs::path dir = entry_dir(e.key);
+    if (discard(vdir, dir, nullptr)) {
+      ++removed;
+      continue;
+    }
+    const int err = errno;
+    std::error_code ec;
+    if (!fs::exists(dir, ec)) continue;  // another process removed it first
+    ++kept;
+    // A rename into trash/ that failed for want of trash/ itself: the cache directory is not writable.
+    if (why.empty()) why = ::access(vdir.c_str(), W_OK) != 0 ? errno_text(errno) : errno_text(err);
+  }
   remove_stale(vdir / "tmp");
   remove_stale(vdir / "trash");
+  if (kept > 0)
+    throw UserError(fmt::format("cache {}: removed {} entries, could not remove {}: {}", root_.string(), removed, kept,
+                                why));
   return removed;
 }
 

@@ -119,7 +119,8 @@ class DiskCache {
   std::vector<EntryInfo> list() const;
 
   /// Removes every entry (and leftovers of crashed processes older than an hour). Returns how many
-  /// entries were removed. Safe while other processes use the cache: they see misses.
+  /// entries were removed. Safe while other processes use the cache: they see misses. UserError naming
+  /// the cache and the reason when an entry that is still there could not be removed (no permission).
   size_t clear();
 
   /// Removes least-recently-used entries until the entries total at most `max_bytes`. Runs under a

@@ -486,6 +486,11 @@ void synchronize() {
   LINAC_CU_CHECK(a, cuCtxSynchronize, "waiting for the device");
 }
 
+void synchronize(Stream stream) {
+  const Api& a = detail::api();
+  LINAC_CU_CHECK(a, cuStreamSynchronize, "waiting for a stream", reinterpret_cast<CUstream>(stream));
+}
+
 // ---------------------------------------------------------------------------------------------
 // EventTimer
 

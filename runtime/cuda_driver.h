@@ -161,6 +161,8 @@ void launch(Function f, Dim3 grid, Dim3 block, unsigned shared_bytes, std::span<
 
 /// Waits for all work queued on the device (cuCtxSynchronize); throws if a kernel faulted.
 void synchronize();
+/// Waits for the work queued on `stream` (cuStreamSynchronize).
+void synchronize(Stream stream);
 
 /// Times work on the default stream with a pair of CUDA events. Move-only.
 ///   EventTimer t; t.start(); launch(...); t.stop(); float ms = t.elapsed_ms();

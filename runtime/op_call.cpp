@@ -108,8 +108,8 @@ void append_tensor(std::string& key, const std::string& name, const ops::Tensor&
 }
 
 /// The host values of cu_seqlens (int32 or int64): from cu_seqlens_cpu when given, else read from
-/// the caller's tensor (a copy and a wait when it is in device memory).
-HostTensor seqlens_values(const ops::Tensors& inputs) {
+/// the caller's tensor (in device memory: after the work queued on `stream`, which may be writing it).
+HostTensor seqlens_values(const ops::Tensors& inputs, ops::Stream stream = nullptr) {
   auto it = inputs.find(kHostSeqlens);
   const bool from_host_copy = it != inputs.end();
   if (!from_host_copy) it = inputs.find("cu_seqlens");
@@ -118,10 +118,12 @@ HostTensor seqlens_values(const ops::Tensors& inputs) {
     throw UserError(fmt::format("{} has dtype {}, expected int32 or int64", it->first, dtype_name(t.dtype)));
   HostTensor h = HostTensor::zeros(t.dtype, t.shape);
   if (h.nbytes() == 0) return h;
-  if (t.memory == ops::Memory::host)
+  if (t.memory == ops::Memory::host) {
     std::memcpy(h.materialize(), t.data, static_cast<size_t>(h.nbytes()));
-  else
+  } else {
+    cuda::synchronize(reinterpret_cast<cuda::Stream>(stream));
     cuda::copy_to_host(h.materialize(), reinterpret_cast<cuda::DevicePtr>(t.data), static_cast<size_t>(h.nbytes()));
+  }
   if (from_host_copy) {
     auto dev = inputs.find("cu_seqlens");
     if (dev == inputs.end()) throw UserError("cu_seqlens_cpu given without cu_seqlens");
@@ -328,7 +330,7 @@ CallCache& call_cache() {
 }
 
 std::string call_key(const OpDef& op, const ops::Tensors& inputs, const ops::Tensors& outputs,
-                     const ops::Options& options, ops::Memory memory) {
+                     const ops::Options& options, ops::Memory memory, ops::Stream stream) {
   std::string key;
   key.reserve(512);
   append_name(key, op.name);
@@ -339,7 +341,7 @@ std::string call_key(const OpDef& op, const ops::Tensors& inputs, const ops::Ten
   key.push_back('>');
   for (const auto& [name, t] : outputs) append_tensor(key, name, t);
   if (inputs.count("cu_seqlens")) {
-    HostTensor cu = seqlens_values(inputs);
+    HostTensor cu = seqlens_values(inputs, stream);
     key.push_back('#');
     append_raw(key, cu.data.data(), cu.data.size());
     append_value(key, static_cast<uint8_t>(cu.dtype));
@@ -435,7 +437,7 @@ void run(std::string_view op_name, const Tensors& inputs, const Tensors& outputs
   }
   if (options.scale && !(std::isfinite(*options.scale) && *options.scale > 0))
     throw UserError(fmt::format("scale must be a finite positive number, got {}", *options.scale));
-  const std::string key = call_key(op, inputs, outputs, options, memory);
+  const std::string key = call_key(op, inputs, outputs, options, memory, stream);
   std::shared_ptr<PreparedCall> call = call_cache().find(key);
   if (!call) {
     check_argument_names(op, inputs, outputs);

@@ -413,7 +413,12 @@ int cmd_compile(const std::vector<std::string>& args) {
     usage_error(fmt::format("--emit {}: expected one of tir, layouts, smem, llvm, llvm-opt, ptx", emit));
   auto stage_text = [&](const ir::Kernel& k) -> std::string {
     if (emit == "tir") return ir::print(k);
-    nvptx::CompiledKernel c = nvptx::compile_kernel(k, sel.target, nvptx::stage_override_from_env(k));
+    const nvptx::Stage last = emit == "layouts"    ? nvptx::Stage::layouts
+                              : emit == "smem"     ? nvptx::Stage::smem
+                              : emit == "llvm"     ? nvptx::Stage::llvm
+                              : emit == "llvm-opt" ? nvptx::Stage::llvm_opt
+                                                   : nvptx::Stage::ptx;
+    nvptx::CompiledKernel c = nvptx::compile_kernel(k, sel.target, nvptx::stage_override_from_env(k), last);
     return emit == "layouts"    ? c.tir_layouts
            : emit == "smem"     ? c.smem_plan
            : emit == "llvm"     ? c.llvm_ir

@@ -87,10 +87,32 @@ void check_ptx_override(const StageOverride& o, const std::string& entry) {
   throw UserError(fmt::format("kernel {}: {} defines no .entry {}", entry, o.path, entry));
 }
 
+/// 32-bit words of one tile value a thread may hold: four times the 255 registers a thread can have.
+/// Past it the lowering (every element of a thread's share is its own LLVM value) makes straight-line
+/// code that LLVM's optimizer and PTX emission take superlinear time over (a 512x512 fp32 tile on 128
+/// threads, 2048 words each: 20 s) for a kernel that could only run by spilling nearly all of it.
+constexpr int64_t kMaxWordsPerThread = 1024;
+
+/// UserError with the DSL line for the first tile value beyond kMaxWordsPerThread.
+void check_tile_sizes(const ir::Kernel& k) {
+  const int64_t threads = int64_t{k.num_warps} * 32;
+  ir::walk(const_cast<ir::Block&>(k.body), [&](ir::Op& op) {
+    for (const ir::Value* v : op.results) {
+      if (!v->type.is_tile()) continue;
+      const int64_t words = (v->type.numel() * dtype_bytes(v->type.dtype) + 3) / 4;
+      const int64_t per_thread = (words + threads - 1) / threads;
+      if (per_thread > kMaxWordsPerThread)
+        throw UserError(op.loc, fmt::format("{} needs {} registers per thread on {} threads; the GPU backend takes "
+                                            "at most {} per tile (a thread has 255): use smaller tiles or more warps",
+                                            v->type.str(), per_thread, threads, kMaxWordsPerThread));
+    }
+  });
+}
+
 }  // namespace
 
 CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
-                              const std::optional<StageOverride>& replaced) {
+                              const std::optional<StageOverride>& replaced, Stage last) {
   auto replaces = [&](OverrideStage s) { return replaced && replaced->stage == s; };
   init_nvptx();
   CompiledKernel out;
@@ -99,9 +121,12 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
   out.num_threads = k.num_warps * 32;
   passes::LayoutMap layouts = passes::assign_layouts(k);
   out.tir_layouts = passes::print_with_layouts(k, layouts);
+  if (last == Stage::layouts) return out;
   passes::SmemPlan plan = passes::plan_shared_memory(k, layouts, passes::plan_pipelining(k), target.max_smem_bytes());
   out.smem_plan = passes::print_smem_plan(k, plan);
   out.smem_bytes = plan.total_bytes;
+  if (last == Stage::smem) return out;
+  check_tile_sizes(k);  // what the lowering can hold (the earlier stages are for any size)
 
   llvm::LLVMContext ctx;
   auto m = std::make_unique<llvm::Module>(k.name, ctx);
@@ -116,6 +141,7 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
     throw InternalError(fmt::format("the lowering of {} produced invalid LLVM IR: {}", k.name, err));
   if (replaces(OverrideStage::llvm)) m = parse_override(*replaced, k.name, ctx);
   out.llvm_ir = to_string(*m);
+  if (last == Stage::llvm) return out;
 
   const llvm::Target* t = llvm::TargetRegistry::lookupTarget(triple, err);
   if (!t) throw InternalError("NVPTX target missing from this LLVM: " + err);
@@ -146,6 +172,7 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
     mpm.run(*m, mam);
   }
   out.llvm_ir_opt = to_string(*m);
+  if (last == Stage::llvm_opt) return out;
   if (replaces(OverrideStage::ptx)) {
     check_ptx_override(*replaced, k.name);
     out.ptx = replaced->text;

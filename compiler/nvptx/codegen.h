@@ -41,12 +41,16 @@ struct CompiledKernel {
   int64_t smem_bytes = 0;      // dynamic shared memory per program
 };
 
-/// Compiles `k` for `target`. UserError for programs the backend cannot lower (with the DSL line).
-/// With `replaced`, that stage's output is the override's text and the later stages start from it
-/// (the earlier ones are compiled as usual: the launch needs the lowering's parameter list); an
-/// override that does not parse or verify is a UserError naming its file.
+/// The stages of compile_kernel, in order: it can stop after any (`linac compile --emit smem` needs no LLVM).
+enum class Stage { layouts, smem, llvm, llvm_opt, ptx };
+
+/// Compiles `k` for `target` up to `last` (the later stages' fields stay empty). UserError for
+/// programs the backend cannot lower (with the DSL line). With `replaced`, that stage's output is the
+/// override's text and the later stages start from it (the earlier ones are compiled as usual: the
+/// launch needs the lowering's parameter list); an override that does not parse or verify is a
+/// UserError naming its file.
 CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
-                              const std::optional<StageOverride>& replaced = std::nullopt);
+                              const std::optional<StageOverride>& replaced = std::nullopt, Stage last = Stage::ptx);
 
 /// The LLVM version linked into linac ("22.1.8").
 std::string llvm_version();

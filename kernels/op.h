@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/host_tensor.h"
+#include "kernels/host_tensor.h"
 
 namespace linac::ir {
 struct Kernel;

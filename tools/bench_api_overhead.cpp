@@ -15,7 +15,7 @@
 
 #include "linac/ops.h"
 #include "runtime/cuda_driver.h"
-#include "runtime/host_tensor.h"
+#include "kernels/host_tensor.h"
 
 namespace ops = linac::ops;
 using linac::DType;

@@ -1,4 +1,4 @@
-// A dense, row-major tensor in host memory: what ops take and return, what .npy files hold.
+// A dense, row-major tensor in host memory: what op plans describe (kernels/op.h), what .npy files hold.
 #pragma once
 #include <cstdint>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "runtime/host_tensor.h"
+#include "kernels/host_tensor.h"
 
 #include "compiler/interp/number_formats.h"
 

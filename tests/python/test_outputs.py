@@ -47,3 +47,23 @@ def test_a_full_standard_output_or_json_file_is_an_error(linac):
     assert proc.returncode == 1 and "cannot write to standard output" in proc.stderr, proc.stderr
     proc = linac.run("plan", "linear_attn", "--shape", "B=1,T=64,H=1,K=16", "--json", "/dev/full")
     assert proc.returncode == 1 and "/dev/full: cannot write" in proc.stderr, proc.stderr
+
+
+def test_sigterm_removes_the_temporaries(linac):
+    # Outputs are committed in the order given: a FIFO first (written directly, its open blocks until a
+    # reader comes) holds the command while o's temporary is complete beside o.npy; SIGTERM then must
+    # leave neither o.npy nor a temporary behind.
+    import signal
+    import time
+    fifo = linac.workdir / "fifo"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([str(linac.binary), "run", "linear_attn", *qkv(linac), "-o", f"final_state={fifo}",
+                             "-o", "o=o.npy", "--device", "cpu"], cwd=linac.workdir, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 60
+    while not [p for p in os.listdir(linac.workdir) if p.startswith("o.npy.tmp.")]:
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else ""
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == -signal.SIGTERM
+    assert not [p for p in os.listdir(linac.workdir) if p.startswith("o.npy")]

@@ -216,7 +216,13 @@ std::shared_ptr<PreparedCall> prepare_call(const OpDef& op, const ops::Tensors& 
   check_op_options(op, opts);
   std::vector<std::string> wanted;
   for (const auto& [name, t] : outputs) wanted.push_back(name);
-  if (opts.device == Device::cuda) {
+  // The delta rules' training pair (saved_* outputs of the forward, inputs of the backward) runs at the
+  // op's defaults: the forward saves at the backward's chunk, which a configuration tuned on the plain
+  // forward (or on the recomputing backward) may not share.
+  auto saved = [](const ops::Tensors& ts) {
+    return std::any_of(ts.begin(), ts.end(), [](const auto& kv) { return kv.first.starts_with("saved_"); });
+  };
+  if (opts.device == Device::cuda && !saved(inputs) && !saved(outputs)) {
     TensorMap meta;
     for (const auto& [name, t] : inputs)
       if (name != kHostSeqlens) meta[name] = HostTensor::zeros(t.dtype, t.shape);

@@ -242,9 +242,14 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
   return result;
 }
 
-Config autotuned_config(const OpDef& op, const TensorMap& inputs, const OpOptions& opts) {
+Config autotuned_config(const OpDef& op, const TensorMap& inputs, const OpOptions& opts,
+                        const std::vector<std::string>& wanted) {
   if (!opts.config.empty()) return opts.config;
   if (opts.chunk_size || opts.recurrent || opts.normalize) return {};
+  auto saved = [](std::string_view name) { return name.starts_with("saved_"); };
+  if (std::any_of(inputs.begin(), inputs.end(), [&](const auto& kv) { return saved(kv.first); }) ||
+      std::any_of(wanted.begin(), wanted.end(), saved))
+    return {};
   if (opts.backward) {
     // Only what `linac tune OP --backward` stored: the backward is not tuned on first use.
     if (!op.bwd_tuning_space || !op.shape_of || !env_flag("LINAC_AUTOTUNE", true)) return {};

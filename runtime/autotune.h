@@ -54,9 +54,12 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
 /// The configuration run_op (and bench) use on the GPU: opts.config when given, else the tuning
 /// database's entry, else a fresh tuning (stored), unless LINAC_AUTOTUNE=0 (then the op's defaults).
 /// Forms with kernels of their own that the tuning space, timed on the forward, does not describe
-/// (--chunk-size given, --recurrent, --normalize) keep their defaults: {}. --backward uses the
+/// (--chunk-size given, --recurrent, --normalize) keep their defaults: {}; so does the delta rules'
+/// training pair (saved_* among the inputs or the `wanted` outputs), whose forward saves at the
+/// backward's chunk, which a configuration tuned on the plain forward may not share. --backward uses the
 /// database's backward entry when `linac tune OP --backward` made one, else its defaults: it never
 /// tunes on first use. Prints the choice when LINAC_PRINT_AUTOTUNING=1.
-Config autotuned_config(const OpDef& op, const TensorMap& inputs, const OpOptions& opts);
+Config autotuned_config(const OpDef& op, const TensorMap& inputs, const OpOptions& opts,
+                        const std::vector<std::string>& wanted = {});
 
 }  // namespace linac

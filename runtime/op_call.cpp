@@ -193,16 +193,16 @@ void check_argument_names(const OpDef& op, const ops::Tensors& inputs, const ops
       throw UserError(fmt::format("{} has no output '{}' (outputs: {})", op.name, name, names(op.outputs)));
 }
 
-/// The plan of a call on shape-only inputs (cu_seqlens with its values).
-OpPlan plan_call(const OpDef& op, const ops::Tensors& inputs, const OpOptions& opts,
-                 const std::vector<std::string>& wanted) {
+/// The call's inputs as a plan sees them: shapes alone (each tensor remembering the input it stands for),
+/// cu_seqlens with its values.
+TensorMap shape_only(const ops::Tensors& inputs) {
   TensorMap meta;
   for (const auto& [name, t] : inputs) {
     if (name == kHostSeqlens) continue;
     meta[name] = name == "cu_seqlens" ? seqlens_values(inputs) : HostTensor::zeros(t.dtype, t.shape);
     if (name != "cu_seqlens") meta[name].input = name;
   }
-  return op.prepare(meta, opts, wanted);
+  return meta;
 }
 
 std::shared_ptr<PreparedCall> prepare_call(const OpDef& op, const ops::Tensors& inputs, const ops::Tensors& outputs,
@@ -216,19 +216,9 @@ std::shared_ptr<PreparedCall> prepare_call(const OpDef& op, const ops::Tensors& 
   check_op_options(op, opts);
   std::vector<std::string> wanted;
   for (const auto& [name, t] : outputs) wanted.push_back(name);
-  // The delta rules' training pair (saved_* outputs of the forward, inputs of the backward) runs at the
-  // op's defaults: the forward saves at the backward's chunk, which a configuration tuned on the plain
-  // forward (or on the recomputing backward) may not share.
-  auto saved = [](const ops::Tensors& ts) {
-    return std::any_of(ts.begin(), ts.end(), [](const auto& kv) { return kv.first.starts_with("saved_"); });
-  };
-  if (opts.device == Device::cuda && !saved(inputs) && !saved(outputs)) {
-    TensorMap meta;
-    for (const auto& [name, t] : inputs)
-      if (name != kHostSeqlens) meta[name] = HostTensor::zeros(t.dtype, t.shape);
-    opts.config = autotuned_config(op, meta, opts);
-  }
-  call->plan = plan_call(op, inputs, opts, wanted);
+  const TensorMap meta = shape_only(inputs);
+  if (opts.device == Device::cuda) opts.config = autotuned_config(op, meta, opts, wanted);
+  call->plan = op.prepare(meta, opts, wanted);
   OpPlan& plan = call->plan;
 
   std::map<std::string, std::string> output_of;  // plan tensor -> the caller's output
@@ -488,7 +478,7 @@ OutputSpec output_spec(std::string_view op_name, const Tensors& inputs, std::str
   }
   const std::string name(output);
   check_argument_names(op, {}, {{name, Tensor{}}});
-  OpPlan plan = plan_call(op, shaped, opts, {name});
+  OpPlan plan = op.prepare(shape_only(shaped), opts, {name});
   auto it = plan.outputs.find(name);
   if (it == plan.outputs.end())
     throw UserError(fmt::format("{} does not produce '{}' with these options", op.name, name));

@@ -62,6 +62,11 @@ TEST_CASE("autotuned_config: forms the tuning space does not describe keep their
     CAPTURE(form);
     CHECK(autotuned_config(op, inputs, o).empty());
   }
+  // The delta rules' training pair: the forward asked for saved_* outputs, the backward given them.
+  CHECK(autotuned_config(op, inputs, base, {"o", "saved_w", "saved_t", "saved_h", "saved_v_new"}).empty());
+  TensorMap with_saved = inputs;
+  with_saved["saved_w"] = inputs.at("k");
+  CHECK(autotuned_config(op, with_saved, base).empty());
   OpOptions given = base;
   given.config = {{"bv", 32}};
   CHECK(config_str(autotuned_config(op, inputs, given)) == "bv=32");

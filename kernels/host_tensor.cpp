@@ -34,11 +34,13 @@ int64_t HostTensor::numel() const {
   return n;
 }
 
-std::vector<int64_t> HostTensor::strides() const {
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
   std::vector<int64_t> s(shape.size(), 1);
   for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * shape[i + 1];
   return s;
 }
+
+std::vector<int64_t> HostTensor::strides() const { return contiguous_strides(shape); }
 
 double HostTensor::get(int64_t i) const {
   if (!materialized()) return 0;

@@ -41,6 +41,9 @@ struct HostTensor {
   std::string shape_str() const;
 };
 
+/// The strides (in elements) of a contiguous, row-major tensor of `shape`.
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape);
+
 /// bf16/f16 <-> float conversions, round to nearest even, NaN preserved as a quiet NaN.
 uint16_t float_to_bf16_bits(float f);
 float bf16_bits_to_float(uint16_t b);

@@ -48,9 +48,7 @@ void run_on_cpu(const ResolvedPlan& plan, std::span<void* const> slots) {
     args.reserve(l.params.size());
     for (const auto& p : l.params) {
       if (const auto* t = std::get_if<ResolvedPlan::TensorParam>(&p)) {
-        std::vector<int64_t> strides(t->shape.size(), 1);
-        for (int i = static_cast<int>(t->shape.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * t->shape[i + 1];
-        args.emplace_back(interp::TensorArg{slots[t->slot], t->dtype, t->shape, std::move(strides)});
+        args.emplace_back(interp::TensorArg{slots[t->slot], t->dtype, t->shape, contiguous_strides(t->shape)});
       } else {
         args.emplace_back(std::get<double>(p));
       }

@@ -31,16 +31,6 @@ std::string param_list(const ir::Kernel& k) {
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> strides(shape.size());
-  int64_t s = 1;
-  for (size_t d = shape.size(); d-- > 0;) {
-    strides[d] = s;
-    s *= shape[d];
-  }
-  return strides;
-}
-
 /// The argument of each parameter in parameter order, after checking the whole binding: the interpreter
 /// and the GPU launcher check kinds/dtypes/ranks too, but only this layer knows the caller's names.
 std::vector<const Arg*> bind(const ir::Kernel& k, const Args& args) {

@@ -402,6 +402,38 @@ void run_prepared(const PreparedCall& call, const ops::Tensors& inputs, const op
   launch_on_gpu(call.resolved, slots, reinterpret_cast<cuda::Stream>(stream));
 }
 
+/// The dtype and shape of each of `wanted`, from one plan on shape-only inputs (ops::output_spec, run_op).
+std::map<std::string, ops::OutputSpec> output_specs(const OpDef& op, const ops::Tensors& inputs,
+                                                    const std::vector<std::string>& wanted, const ops::Options& options) {
+  check_argument_names(op, inputs, {});
+  for (const auto& name : wanted) check_argument_names(op, {}, {{name, ops::Tensor{}}});
+  OpOptions opts = to_op_options(options);
+  opts.dtype = kernel_dtype(op, inputs);
+  check_op_options(op, opts);
+  // Shapes do not depend on cu_seqlens' values, only on its length: without host values, stand in a
+  // valid layout of that length (every sequence but the first empty).
+  ops::Tensors shaped = inputs;
+  std::vector<int64_t> stand_in;
+  if (auto cu = inputs.find("cu_seqlens"); cu != inputs.end() && !inputs.count(kHostSeqlens) &&
+                                           (cu->second.memory != ops::Memory::host || cu->second.data == nullptr)) {
+    const auto q = inputs.find("q");
+    const int64_t T = q != inputs.end() && q->second.shape.size() >= 2 ? q->second.shape[1] : 0;
+    stand_in.assign(static_cast<size_t>(std::max<int64_t>(cu->second.numel(), 0)), T);
+    if (!stand_in.empty()) stand_in[0] = 0;
+    shaped["cu_seqlens"] = ops::Tensor::host(stand_in.data(), DType::i64, cu->second.shape);
+  }
+  const OpPlan plan = op.prepare(shape_only(shaped), opts, wanted);
+  std::map<std::string, ops::OutputSpec> specs;
+  for (const auto& name : wanted) {
+    auto it = plan.outputs.find(name);
+    if (it == plan.outputs.end())
+      throw UserError(fmt::format("{} does not produce '{}' with these options", op.name, name));
+    const HostTensor& t = plan.tensors.at(it->second);
+    specs[name] = {t.dtype, t.shape};
+  }
+  return specs;
+}
+
 }  // namespace
 
 namespace ops {
@@ -459,31 +491,8 @@ void run(std::string_view op_name, const Tensors& inputs, const Tensors& outputs
 }
 
 OutputSpec output_spec(std::string_view op_name, const Tensors& inputs, std::string_view output, const Options& options) {
-  const OpDef& op = find_op(std::string(op_name));
-  check_argument_names(op, inputs, {});
-  OpOptions opts = to_op_options(options);
-  opts.dtype = kernel_dtype(op, inputs);
-  check_op_options(op, opts);
-  // Shapes do not depend on cu_seqlens' values, only on its length: without host values, stand in a
-  // valid layout of that length (every sequence but the first empty).
-  Tensors shaped = inputs;
-  std::vector<int64_t> stand_in;
-  if (auto cu = inputs.find("cu_seqlens"); cu != inputs.end() && !inputs.count(kHostSeqlens) &&
-                                           (cu->second.memory != Memory::host || cu->second.data == nullptr)) {
-    const auto q = inputs.find("q");
-    const int64_t T = q != inputs.end() && q->second.shape.size() >= 2 ? q->second.shape[1] : 0;
-    stand_in.assign(static_cast<size_t>(std::max<int64_t>(cu->second.numel(), 0)), T);
-    if (!stand_in.empty()) stand_in[0] = 0;
-    shaped["cu_seqlens"] = Tensor::host(stand_in.data(), DType::i64, cu->second.shape);
-  }
   const std::string name(output);
-  check_argument_names(op, {}, {{name, Tensor{}}});
-  OpPlan plan = op.prepare(shape_only(shaped), opts, {name});
-  auto it = plan.outputs.find(name);
-  if (it == plan.outputs.end())
-    throw UserError(fmt::format("{} does not produce '{}' with these options", op.name, name));
-  const HostTensor& t = plan.tensors.at(it->second);
-  return {t.dtype, t.shape};
+  return output_specs(find_op(std::string(op_name)), inputs, {name}, options).at(name);
 }
 
 std::vector<std::string> op_names() {
@@ -508,8 +517,7 @@ TensorMap run_op(const OpDef& op, const TensorMap& inputs, const OpOptions& opts
   ops::Tensors in_refs;
   for (auto& [name, t] : in) in_refs[name] = ops::Tensor::host(t.materialize(), t.dtype, t.shape);
   TensorMap out;
-  for (const auto& name : wanted) {
-    ops::OutputSpec spec = ops::output_spec(op.name, in_refs, name, options);
+  for (const auto& [name, spec] : output_specs(op, in_refs, wanted, options)) {
     out[name] = HostTensor::zeros(spec.dtype, spec.shape);
     out[name].fill_bytes(0xFF);  // poisoned: an element the kernels fail to write cannot pass for a result
   }

@@ -408,22 +408,26 @@ int cmd_compile(const std::vector<std::string>& args) {
       usage_error(fmt::format("unknown option '{}' for 'compile' (see linac compile --help)", args[i]));
     }
   }
-  static const char* kStages[] = {"tir", "layouts", "smem", "llvm", "llvm-opt", "ptx"};
-  if (std::find(std::begin(kStages), std::end(kStages), emit) == std::end(kStages))
+  // Each --emit stage: where compile_kernel may stop for it, the field that holds it, its file extension.
+  struct EmitStage {
+    const char* name;
+    nvptx::Stage last;
+    std::string nvptx::CompiledKernel::*text;
+    const char* extension;
+  };
+  static const EmitStage kStages[] = {
+      {"tir", nvptx::Stage::layouts, &nvptx::CompiledKernel::tir, "tir"},
+      {"layouts", nvptx::Stage::layouts, &nvptx::CompiledKernel::tir_layouts, "layouts.tir"},
+      {"smem", nvptx::Stage::smem, &nvptx::CompiledKernel::smem_plan, "smem.txt"},
+      {"llvm", nvptx::Stage::llvm, &nvptx::CompiledKernel::llvm_ir, "ll"},
+      {"llvm-opt", nvptx::Stage::llvm_opt, &nvptx::CompiledKernel::llvm_ir_opt, "opt.ll"},
+      {"ptx", nvptx::Stage::ptx, &nvptx::CompiledKernel::ptx, "ptx"}};
+  const EmitStage* stage = std::find_if(std::begin(kStages), std::end(kStages), [&](const EmitStage& e) { return emit == e.name; });
+  if (stage == std::end(kStages))
     usage_error(fmt::format("--emit {}: expected one of tir, layouts, smem, llvm, llvm-opt, ptx", emit));
   auto stage_text = [&](const ir::Kernel& k) -> std::string {
-    if (emit == "tir") return ir::print(k);
-    const nvptx::Stage last = emit == "layouts"    ? nvptx::Stage::layouts
-                              : emit == "smem"     ? nvptx::Stage::smem
-                              : emit == "llvm"     ? nvptx::Stage::llvm
-                              : emit == "llvm-opt" ? nvptx::Stage::llvm_opt
-                                                   : nvptx::Stage::ptx;
-    nvptx::CompiledKernel c = nvptx::compile_kernel(k, sel.target, nvptx::stage_override_from_env(k), last);
-    return emit == "layouts"    ? c.tir_layouts
-           : emit == "smem"     ? c.smem_plan
-           : emit == "llvm"     ? c.llvm_ir
-           : emit == "llvm-opt" ? c.llvm_ir_opt
-                                : c.ptx;
+    if (emit == "tir") return ir::print(k);  // no backend stage at all: a .tir file of any size prints
+    return nvptx::compile_kernel(k, sel.target, nvptx::stage_override_from_env(k), stage->last).*(stage->text);
   };
   const auto kernels = load_kernels(args[0], sel);
   if (out_dir.empty()) {
@@ -431,9 +435,6 @@ int cmd_compile(const std::vector<std::string>& args) {
     return 0;
   }
   // One file per kernel: each a whole module that the parser (tir) or ptxas (ptx) reads back.
-  static const std::map<std::string, std::string> kExtension = {{"tir", "tir"},      {"layouts", "layouts.tir"},
-                                                                {"smem", "smem.txt"}, {"llvm", "ll"},
-                                                                {"llvm-opt", "opt.ll"}, {"ptx", "ptx"}};
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec) usage_error(fmt::format("--out {}: cannot create the directory: {}", out_dir, ec.message()));
@@ -441,7 +442,7 @@ int cmd_compile(const std::vector<std::string>& args) {
   for (const auto& k : kernels) texts.push_back(stage_text(*k));
   OutputFiles files;
   for (size_t i = 0; i < kernels.size(); ++i) {
-    const std::string path = fmt::format("{}/{}-{}.{}", out_dir, i, kernels[i]->name, kExtension.at(emit));
+    const std::string path = fmt::format("{}/{}-{}.{}", out_dir, i, kernels[i]->name, stage->extension);
     files.add(path, [&texts, i](std::FILE* f, const std::string& p) { write_bytes(f, texts[i].data(), texts[i].size(), p); });
     fmt::print("{}\n", path);
   }

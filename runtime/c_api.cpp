@@ -2,7 +2,9 @@
 // the per-thread last error. No exception crosses the boundary.
 #include "linac/linac.h"
 
+#include <array>
 #include <fmt/format.h>
+#include <memory>
 #include <new>
 #include <string>
 
@@ -142,6 +144,12 @@ std::string describe_op(const linac::OpDef& op) {
 
 }  // namespace
 
+/// ops::Call with the caller's argument order (linac_call_run's addresses) mapped to the call's.
+struct linac_call {
+  ops::Call call;
+  std::vector<int> input_from, output_from;  // the call's argument i is the caller's address [i]
+};
+
 extern "C" {
 
 int linac_abi_version(void) { return LINAC_ABI_VERSION; }
@@ -175,6 +183,52 @@ linac_status linac_op_run(const char* op, const char* options, const linac_named
     }
   });
 }
+
+linac_status linac_call_prepare(const char* op, const char* options, const linac_named_tensor* inputs, int n_inputs,
+                                const linac_named_tensor* outputs, int n_outputs, linac_call** call) {
+  return guarded([&] {
+    if (op == nullptr) throw linac::UserError("op name is null");
+    if (call == nullptr) throw linac::UserError("null result pointer");
+    *call = nullptr;
+    auto c = std::make_unique<linac_call>();
+    c->call = ops::Call::prepare(op, to_tensors(inputs, n_inputs, "inputs"), to_tensors(outputs, n_outputs, "outputs"),
+                                 ops::Options::parse(options ? options : ""));
+    auto position = [](const linac_named_tensor* ts, int n, const std::string& name) {
+      for (int i = 0; i < n; ++i)
+        if (name == ts[i].name) return i;
+      throw linac::InternalError(fmt::format("prepared argument '{}' is not among the caller's", name));
+    };
+    for (const auto& name : c->call.input_names()) c->input_from.push_back(position(inputs, n_inputs, name));
+    for (const auto& name : c->call.output_names())
+      c->output_from.push_back(n_inputs + position(outputs, n_outputs, name));
+    *call = c.release();
+  });
+}
+
+linac_status linac_call_run(const linac_call* call, void* const* data, void* stream, void* workspace,
+                            const linac_allocator* allocator) {
+  return guarded([&] {
+    if (call == nullptr || data == nullptr) throw linac::UserError("null call or address array");
+    if (allocator && (allocator->allocate == nullptr || allocator->deallocate == nullptr))
+      throw linac::UserError("the allocator lacks its allocate or deallocate function");
+    constexpr size_t kMax = 64;  // Call::prepare refuses more arguments
+    std::array<void*, kMax> in, out;
+    const size_t n_in = call->input_from.size(), n_out = call->output_from.size();
+    for (size_t i = 0; i < n_in; ++i) in[i] = data[call->input_from[i]];
+    for (size_t i = 0; i < n_out; ++i) out[i] = data[call->output_from[i]];
+    const std::span<void* const> ins(in.data(), n_in), outs(out.data(), n_out);
+    if (allocator) {
+      CAllocator a(*allocator);
+      call->call.run(ins, outs, stream, &a, workspace);
+    } else {
+      call->call.run(ins, outs, stream, nullptr, workspace);
+    }
+  });
+}
+
+size_t linac_call_workspace_bytes(const linac_call* call) { return call ? call->call.workspace_bytes() : 0; }
+
+void linac_call_destroy(linac_call* call) { delete call; }
 
 linac_status linac_op_output_shape(const char* op, const char* options, const linac_named_tensor* inputs, int n_inputs,
                                    const char* output, int32_t* ndim, int64_t shape[8], int32_t* dtype) {

@@ -39,7 +39,24 @@ void ResolvedPlan::prepare_gpu() {
   // Compile (or fetch) every kernel before touching device memory, so a compile error leaves nothing.
   std::vector<std::shared_ptr<GpuKernel>> kernels;
   for (const auto& l : launches) kernels.push_back(GpuKernel::get(*l.kernel));
-  for (size_t i = 0; i < launches.size(); ++i) launches[i].gpu = kernels[i];
+  for (size_t i = 0; i < launches.size(); ++i) {
+    Launch& l = launches[i];
+    l.gpu = kernels[i];
+    std::vector<GpuArg> args;
+    std::vector<int> tensor_slots;
+    for (const auto& p : l.params) {
+      if (const auto* t = std::get_if<TensorParam>(&p)) {
+        args.emplace_back(DeviceTensorRef{0, t->dtype, t->shape});
+        tensor_slots.push_back(t->slot);
+      } else {
+        args.emplace_back(std::get<double>(p));
+      }
+    }
+    GpuKernel::ParamValues encoded = l.gpu->encode(args);
+    l.values = std::move(encoded.values);
+    l.address_slots.clear();
+    for (size_t j = 0; j < tensor_slots.size(); ++j) l.address_slots.emplace_back(encoded.addresses[j], tensor_slots[j]);
+  }
 }
 
 void run_on_cpu(const ResolvedPlan& plan, std::span<void* const> slots) {
@@ -58,17 +75,16 @@ void run_on_cpu(const ResolvedPlan& plan, std::span<void* const> slots) {
 }
 
 void launch_on_gpu(const ResolvedPlan& plan, std::span<const cuda::DevicePtr> slots, cuda::Stream stream) {
-  std::vector<GpuArg> args;
+  std::array<uint64_t, GpuKernel::kMaxParamValues> values;
   for (const auto& l : plan.launches) {
     LINAC_INTERNAL_CHECK(l.gpu != nullptr, fmt::format("launch of {} before prepare_gpu()", l.kernel->name));
-    args.clear();
-    for (const auto& p : l.params) {
-      if (const auto* t = std::get_if<ResolvedPlan::TensorParam>(&p))
-        args.emplace_back(DeviceTensorRef{slots[t->slot], t->dtype, t->shape});
-      else
-        args.emplace_back(std::get<double>(p));
+    std::copy(l.values.begin(), l.values.end(), values.begin());
+    for (const auto& [at, slot] : l.address_slots) {
+      if (slots[slot] == 0 || slots[slot] % 16 != 0)
+        throw InternalError(fmt::format("{}: a tensor argument is null or not 16-byte aligned", l.kernel->name));
+      values[at] = slots[slot];
     }
-    l.gpu->launch(l.grid, args, stream);
+    l.gpu->launch_values(l.grid, std::span<const uint64_t>(values.data(), l.values.size()), stream);
   }
 }
 

@@ -26,6 +26,11 @@ struct ResolvedPlan {
     std::shared_ptr<GpuKernel> gpu;  // set by prepare_gpu()
     std::array<int64_t, 3> grid = {1, 1, 1};
     std::vector<Param> params;  // in the kernel's parameter order
+    // Set by prepare_gpu(): the encoded parameter values (sizes, strides, scalars; addresses zero) and,
+    // per tensor parameter, where its address goes and the slot it comes from. A call copies the values
+    // and patches the addresses: no per-call checks or encoding.
+    std::vector<uint64_t> values;
+    std::vector<std::pair<size_t, int>> address_slots;
   };
   std::vector<Launch> launches;
 

@@ -215,19 +215,20 @@ void GpuKernel::launch(const std::array<int64_t, 3>& grid, const std::map<std::s
 }
 
 void GpuKernel::launch(const std::array<int64_t, 3>& grid, std::span<const GpuArg> args, cuda::Stream stream) const {
-  // Parameter storage: one 8-byte slot per value (pointer, i32 size, i64 stride, scalar), each at a
-  // stable address; a kernel of rank-4 tensors has a few dozen. Fixed storage keeps the hot path free
-  // of heap allocation.
-  constexpr size_t kMaxValues = 512;
-  std::array<uint64_t, kMaxValues> slots;
-  std::array<void*, kMaxValues> params;
-  size_t n = 0;
+  for (size_t i = 0; i < args.size(); ++i)
+    if (const auto* t = std::get_if<DeviceTensorRef>(&args[i]); t && (t->ptr == 0 || t->ptr % 16 != 0))
+      throw InternalError(fmt::format("{}: tensor argument {} is null or not 16-byte aligned", compiled_.entry, i));
+  const ParamValues p = encode(args);
+  launch_values(grid, p.values, stream);
+}
+
+GpuKernel::ParamValues GpuKernel::encode(std::span<const GpuArg> args) const {
+  // One 8-byte value per scalar of the kernel's parameter list (pointer, i32 size, i64 stride, scalar).
+  ParamValues out;
   auto push = [&](const void* value, size_t bytes) {
-    if (n == kMaxValues) throw InternalError(fmt::format("{}: more than {} kernel parameter values", compiled_.entry, kMaxValues));
-    slots[n] = 0;
-    std::memcpy(&slots[n], value, bytes);
-    params[n] = &slots[n];
-    ++n;
+    uint64_t v = 0;
+    std::memcpy(&v, value, bytes);
+    out.values.push_back(v);
   };
   if (args.size() != compiled_.params.size())
     throw InternalError(fmt::format("{}: {} arguments for {} parameters", compiled_.entry, args.size(),
@@ -240,8 +241,7 @@ void GpuKernel::launch(const std::array<int64_t, 3>& grid, std::span<const GpuAr
       if (t->dtype != p.dtype || static_cast<int>(t->shape.size()) != p.rank)
         throw InternalError(fmt::format("{}: parameter {} is {} of rank {}, got {} of rank {}", compiled_.entry, p.name,
                                         dtype_name(p.dtype), p.rank, dtype_name(t->dtype), t->shape.size()));
-      if (t->ptr == 0 || t->ptr % 16 != 0)
-        throw InternalError(fmt::format("{}: parameter {} is null or not 16-byte aligned", compiled_.entry, p.name));
+      out.addresses.push_back(out.values.size());
       push(&t->ptr, 8);
       for (int d = 0; d < p.rank; ++d) {
         if (t->shape[d] > INT32_MAX) throw UserError(fmt::format("{}: dimension {} of {} is too large", compiled_.entry, d, p.name));
@@ -268,12 +268,24 @@ void GpuKernel::launch(const std::array<int64_t, 3>& grid, std::span<const GpuAr
       }
     }
   }
+  if (out.values.size() > kMaxParamValues)
+    throw InternalError(fmt::format("{}: {} kernel parameter values, more than {}", compiled_.entry, out.values.size(),
+                                    kMaxParamValues));
+  return out;
+}
+
+void GpuKernel::launch_values(const std::array<int64_t, 3>& grid, std::span<const uint64_t> values,
+                              cuda::Stream stream) const {
   for (int64_t g : grid)
     if (g <= 0) return;  // an empty grid launches nothing
+  // The driver reads each value through its own pointer; a fixed array keeps the hot path off the heap.
+  std::array<void*, kMaxParamValues> params;
+  LINAC_INTERNAL_CHECK(values.size() <= kMaxParamValues, "too many kernel parameter values");
+  for (size_t i = 0; i < values.size(); ++i) params[i] = const_cast<uint64_t*>(&values[i]);
   cuda::launch(module_->function(),
                cuda::Dim3{static_cast<unsigned>(grid[0]), static_cast<unsigned>(grid[1]), static_cast<unsigned>(grid[2])},
                cuda::Dim3{static_cast<unsigned>(compiled_.num_threads), 1, 1}, static_cast<unsigned>(compiled_.smem_bytes),
-               std::span<void*>(params.data(), n), stream);
+               std::span<void*>(params.data(), values.size()), stream);
 }
 
 }  // namespace linac

@@ -49,6 +49,21 @@ class GpuKernel {
   /// launch path of op calls, which resolve names once per plan.
   void launch(const std::array<int64_t, 3>& grid, std::span<const GpuArg> args, cuda::Stream stream = 0) const;
 
+  /// The most 8-byte values a launch passes (a rank-4 tensor takes 9: address, 4 sizes, 4 strides).
+  static constexpr size_t kMaxParamValues = 512;
+  /// A launch's parameters as the kernel reads them: one 8-byte value per address, size, stride and
+  /// scalar, in order. `addresses` are the positions of the tensors' addresses, one per tensor argument.
+  struct ParamValues {
+    std::vector<uint64_t> values;
+    std::vector<size_t> addresses;
+  };
+  /// Checks `args` against the parameters (kind, dtype, rank) and encodes them; addresses are not
+  /// checked (a plan encodes once with stand-in addresses and patches them per call).
+  ParamValues encode(std::span<const GpuArg> args) const;
+  /// Queues the kernel over `grid` with encoded parameter values (no checks: encode() made them).
+  void launch_values(const std::array<int64_t, 3>& grid, std::span<const uint64_t> values,
+                     cuda::Stream stream = 0) const;
+
   const nvptx::CompiledKernel& compiled() const { return compiled_; }
   const cuda::LinkedModule& module() const { return *module_; }
   /// Local-memory bytes the kernel uses for register spills (0 when it fits in registers).

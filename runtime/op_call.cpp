@@ -1,6 +1,7 @@
 #include "runtime/op_call.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <fmt/format.h>
@@ -16,7 +17,33 @@
 
 namespace linac {
 
+enum class SlotKind { input, converted, output, constant, scratch };
+
+struct Slot {
+  SlotKind kind = SlotKind::scratch;
+  int arg = -1;        // input / output: the caller's argument (index into PreparedCall::inputs / outputs)
+  int64_t offset = 0;  // converted / scratch: offset in the workspace
+  const HostTensor* constant = nullptr;  // constant: the plan's host data
+};
+
+/// A call prepared for one key. Its arguments are the caller's tensors in name order (cu_seqlens_cpu
+/// aside: a host copy of values the plan already holds); a call binds their addresses by position.
+struct PreparedCall {
+  const OpDef* op = nullptr;
+  ops::Memory memory = ops::Memory::host;
+  std::vector<std::string> inputs, outputs;
+  std::vector<int64_t> input_numel, output_numel;
+  OpPlan plan;
+  ResolvedPlan resolved;
+  std::vector<Slot> slots;
+  std::vector<cuda::DeviceBuffer> constants;  // per slot; allocated for constant slots on the GPU
+  int64_t workspace_bytes = 0;
+};
+
 namespace {
+
+// An op has a few dozen arguments at most; a call's addresses live on the stack.
+constexpr size_t kMaxArgs = 64;
 
 constexpr int64_t kAlign = 256;  // workspace slots start at this alignment (kernels need 16 bytes)
 constexpr const char* kHostSeqlens = "cu_seqlens_cpu";
@@ -147,25 +174,6 @@ std::set<std::string> written_tensors(const OpPlan& plan) {
   return written;
 }
 
-enum class SlotKind { input, converted, output, constant, scratch };
-
-struct Slot {
-  SlotKind kind = SlotKind::scratch;
-  std::string arg;     // input / output: the caller's argument name
-  int64_t offset = 0;  // converted / scratch: offset in the workspace
-  const HostTensor* constant = nullptr;  // constant: the plan's host data
-};
-
-struct PreparedCall {
-  const OpDef* op = nullptr;
-  ops::Memory memory = ops::Memory::host;
-  OpPlan plan;
-  ResolvedPlan resolved;
-  std::vector<Slot> slots;
-  std::vector<cuda::DeviceBuffer> constants;  // per slot; allocated for constant slots on the GPU
-  int64_t workspace_bytes = 0;
-};
-
 /// The kernels' dtype: q's (every op has q).
 DType kernel_dtype(const OpDef& op, const ops::Tensors& inputs) {
   auto q = inputs.find("q");
@@ -210,6 +218,20 @@ std::shared_ptr<PreparedCall> prepare_call(const OpDef& op, const ops::Tensors& 
   auto call = std::make_shared<PreparedCall>();
   call->op = &op;
   call->memory = memory;
+  for (const auto& [name, t] : inputs) {
+    if (name == kHostSeqlens) continue;
+    call->inputs.push_back(name);
+    call->input_numel.push_back(t.numel());
+  }
+  for (const auto& [name, t] : outputs) {
+    call->outputs.push_back(name);
+    call->output_numel.push_back(t.numel());
+  }
+  if (call->inputs.size() > kMaxArgs || call->outputs.size() > kMaxArgs)
+    throw UserError(fmt::format("{}: more than {} inputs or outputs", op.name, kMaxArgs));
+  auto index = [](const std::vector<std::string>& names, const std::string& name) {
+    return static_cast<int>(std::find(names.begin(), names.end(), name) - names.begin());
+  };
   OpOptions opts = to_op_options(options);
   opts.dtype = kernel_dtype(op, inputs);
   opts.device = memory == ops::Memory::cuda ? Device::cuda : Device::cpu;
@@ -241,14 +263,14 @@ std::shared_ptr<PreparedCall> prepare_call(const OpDef& op, const ops::Tensors& 
   for (const auto& [name, t] : plan.tensors) {
     Slot s;
     if (auto o = output_of.find(name); o != output_of.end()) {
-      s.kind = SlotKind::output, s.arg = o->second;
+      s.kind = SlotKind::output, s.arg = index(call->outputs, o->second);
     } else if (!t.input.empty() && !t.materialized()) {
       const ops::Tensor& in = inputs.at(t.input);
       if (in.shape != t.shape)
         throw InternalError(fmt::format("{} plans its input {} as {} ({}), given {}", op.name, t.input, t.shape_str(), name,
                                         shape_text(in.shape)));
       const bool in_place = in.dtype == t.dtype && !written.count(name);
-      s.kind = in_place ? SlotKind::input : SlotKind::converted, s.arg = t.input;
+      s.kind = in_place ? SlotKind::input : SlotKind::converted, s.arg = index(call->inputs, t.input);
       if (s.kind == SlotKind::converted) converted.push_back(name);
     } else if (t.materialized() && t.nbytes() > 0) {
       // Constants are shared by every call at the key (and every thread): no launch may write them.
@@ -274,7 +296,7 @@ std::shared_ptr<PreparedCall> prepare_call(const OpDef& op, const ops::Tensors& 
     const HostTensor& t = plan.tensors.at(name);
     const DType from = inputs.at(t.input).dtype;
     const int source = static_cast<int>(call->slots.size());
-    call->slots.push_back(Slot{SlotKind::input, t.input, 0, nullptr});
+    call->slots.push_back(Slot{SlotKind::input, index(call->inputs, t.input), 0, nullptr});
     const std::vector<int64_t> flat = {t.numel()};
     ResolvedPlan::Launch l;
     l.kernel = convert_kernel(from, t.dtype);
@@ -345,30 +367,32 @@ std::string call_key(const OpDef& op, const ops::Tensors& inputs, const ops::Ten
   return key;
 }
 
-void run_prepared(const PreparedCall& call, const ops::Tensors& inputs, const ops::Tensors& outputs, ops::Stream stream,
-                  ops::Allocator* allocator) {
+/// Runs a prepared call on the caller's addresses (`in`, `out`: in the call's argument order). GPU scratch
+/// is `workspace` when given (at least call.workspace_bytes), else from `allocator`.
+void run_prepared(const PreparedCall& call, std::span<void* const> in, std::span<void* const> out, ops::Stream stream,
+                  ops::Allocator* allocator, void* workspace = nullptr) {
   const size_t n = call.slots.size();
   if (call.memory == ops::Memory::host) {
     // Scratch holds whatever the allocator gives on the GPU; here it starts as NaN (all bytes 0xFF), so
     // that a kernel reading scratch it did not write fails the CPU tests rather than passing on zeros.
-    std::vector<uint8_t> workspace(static_cast<size_t>(call.workspace_bytes), 0xFF);
+    std::vector<uint8_t> host_workspace(static_cast<size_t>(call.workspace_bytes), 0xFF);
     std::vector<void*> slots(n);
     for (size_t i = 0; i < n; ++i) {
       const Slot& s = call.slots[i];
       switch (s.kind) {
-        case SlotKind::input: slots[i] = inputs.at(s.arg).data; break;
-        case SlotKind::output: slots[i] = outputs.at(s.arg).data; break;
+        case SlotKind::input: slots[i] = in[s.arg]; break;
+        case SlotKind::output: slots[i] = out[s.arg]; break;
         case SlotKind::constant: slots[i] = const_cast<uint8_t*>(s.constant->data.data()); break;
         case SlotKind::converted:
-        case SlotKind::scratch: slots[i] = workspace.data() + s.offset; break;
+        case SlotKind::scratch: slots[i] = host_workspace.data() + s.offset; break;
       }
     }
     run_on_cpu(call.resolved, slots);
     return;
   }
   ops::Allocator& alloc = allocator ? *allocator : ops::default_allocator();
-  void* workspace = nullptr;
-  if (call.workspace_bytes > 0) {
+  const bool allocate = workspace == nullptr && call.workspace_bytes > 0;
+  if (allocate) {
     workspace = alloc.allocate(static_cast<size_t>(call.workspace_bytes), stream);
     if (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
       throw UserError(fmt::format("the allocator returned {} for {} bytes of scratch; linac needs 16-byte aligned memory",
@@ -386,20 +410,69 @@ void run_prepared(const PreparedCall& call, const ops::Tensors& inputs, const op
         // A destructor may not throw; the allocator keeps (or leaks) the block.
       }
     }
-  } release{alloc, workspace, static_cast<size_t>(call.workspace_bytes), stream};
+  } release{alloc, allocate ? workspace : nullptr, static_cast<size_t>(call.workspace_bytes), stream};
   const auto base = reinterpret_cast<cuda::DevicePtr>(workspace);
-  std::vector<cuda::DevicePtr> slots(n);
+  std::array<cuda::DevicePtr, 256> stack_slots;
+  std::vector<cuda::DevicePtr> heap_slots;
+  cuda::DevicePtr* slots = stack_slots.data();
+  if (n > stack_slots.size()) heap_slots.resize(n), slots = heap_slots.data();
   for (size_t i = 0; i < n; ++i) {
     const Slot& s = call.slots[i];
     switch (s.kind) {
-      case SlotKind::input: slots[i] = reinterpret_cast<cuda::DevicePtr>(inputs.at(s.arg).data); break;
-      case SlotKind::output: slots[i] = reinterpret_cast<cuda::DevicePtr>(outputs.at(s.arg).data); break;
+      case SlotKind::input: slots[i] = reinterpret_cast<cuda::DevicePtr>(in[s.arg]); break;
+      case SlotKind::output: slots[i] = reinterpret_cast<cuda::DevicePtr>(out[s.arg]); break;
       case SlotKind::constant: slots[i] = call.constants[i].ptr(); break;
       case SlotKind::converted:
       case SlotKind::scratch: slots[i] = base + s.offset; break;
     }
   }
-  launch_on_gpu(call.resolved, slots, reinterpret_cast<cuda::Stream>(stream));
+  launch_on_gpu(call.resolved, std::span<const cuda::DevicePtr>(slots, n), reinterpret_cast<cuda::Stream>(stream));
+}
+
+/// The prepared call for these tensors: from the cache, or prepared now (every check of the call's
+/// arguments runs here; a cached call has passed them at its key).
+std::shared_ptr<PreparedCall> find_or_prepare(const OpDef& op, const ops::Tensors& inputs, const ops::Tensors& outputs,
+                                              const ops::Options& options, ops::Stream stream) {
+  for (const auto& [name, t] : inputs) check_tensor("input", name, t);
+  for (const auto& [name, t] : outputs) check_tensor("output", name, t);
+  const ops::Memory memory = call_memory(inputs, outputs);
+  if (memory == ops::Memory::cuda) {
+    std::string why;
+    if (!cuda::driver_available(&why)) {
+      const std::string cli_hint = "; run with --device cpu";  // the CLI's flag, not this API's
+      if (why.ends_with(cli_hint)) why.erase(why.size() - cli_hint.size());
+      throw UserError(fmt::format("CUDA tensors given, but {}", why));
+    }
+    const int ordinal = cuda::device_info().ordinal;
+    for (const auto& [name, t] : inputs)
+      if (name != kHostSeqlens && t.device != ordinal)
+        throw UserError(fmt::format("input '{}' is on CUDA device {}, but linac runs on device {} (LINAC_CUDA_DEVICE)",
+                                    name, t.device, ordinal));
+  }
+  if (options.scale && !(std::isfinite(*options.scale) && *options.scale > 0))
+    throw UserError(fmt::format("scale must be a finite positive number, got {}", *options.scale));
+  const std::string key = call_key(op, inputs, outputs, options, memory, stream);
+  std::shared_ptr<PreparedCall> call = call_cache().find(key);
+  if (call) return call;
+  check_argument_names(op, inputs, outputs);
+  if (memory == ops::Memory::cuda) {
+    for (const auto& [name, t] : inputs) {
+      int dev = -1;
+      if (name != kHostSeqlens && t.numel() > 0 && !cuda::is_device_pointer(t.data, &dev))
+        throw UserError(fmt::format("input '{}' is described as CUDA memory but {} is not a device address in "
+                                    "linac's CUDA context", name, t.data));
+    }
+    for (const auto& [name, t] : outputs) {
+      int dev = -1;
+      if (t.numel() > 0 && !cuda::is_device_pointer(t.data, &dev))
+        throw UserError(fmt::format("output '{}' is described as CUDA memory but {} is not a device address in "
+                                    "linac's CUDA context", name, t.data));
+    }
+  }
+  call = prepare_call(op, inputs, outputs, options, memory);
+  ++g_prepared;
+  call_cache().insert(key, call);
+  return call;
 }
 
 /// The dtype and shape of each of `wanted`, from one plan on shape-only inputs (ops::output_spec, run_op).
@@ -446,48 +519,56 @@ int64_t Tensor::numel() const {
 
 void run(std::string_view op_name, const Tensors& inputs, const Tensors& outputs, const Options& options,
          Stream stream, Allocator* allocator) {
-  const OpDef& op = find_op(std::string(op_name));
-  for (const auto& [name, t] : inputs) check_tensor("input", name, t);
-  for (const auto& [name, t] : outputs) check_tensor("output", name, t);
-  const Memory memory = call_memory(inputs, outputs);
-  if (memory == Memory::cuda) {
-    std::string why;
-    if (!cuda::driver_available(&why)) {
-      const std::string cli_hint = "; run with --device cpu";  // the CLI's flag, not this API's
-      if (why.ends_with(cli_hint)) why.erase(why.size() - cli_hint.size());
-      throw UserError(fmt::format("CUDA tensors given, but {}", why));
-    }
-    const int ordinal = cuda::device_info().ordinal;
-    for (const auto& [name, t] : inputs)
-      if (name != kHostSeqlens && t.device != ordinal)
-        throw UserError(fmt::format("input '{}' is on CUDA device {}, but linac runs on device {} (LINAC_CUDA_DEVICE)",
-                                    name, t.device, ordinal));
-  }
-  if (options.scale && !(std::isfinite(*options.scale) && *options.scale > 0))
-    throw UserError(fmt::format("scale must be a finite positive number, got {}", *options.scale));
-  const std::string key = call_key(op, inputs, outputs, options, memory, stream);
-  std::shared_ptr<PreparedCall> call = call_cache().find(key);
-  if (!call) {
-    check_argument_names(op, inputs, outputs);
-    if (memory == Memory::cuda) {
-      for (const auto& [name, t] : inputs) {
-        int dev = -1;
-        if (name != kHostSeqlens && t.numel() > 0 && !cuda::is_device_pointer(t.data, &dev))
-          throw UserError(fmt::format("input '{}' is described as CUDA memory but {} is not a device address in "
-                                      "linac's CUDA context", name, t.data));
-      }
-      for (const auto& [name, t] : outputs) {
-        int dev = -1;
-        if (t.numel() > 0 && !cuda::is_device_pointer(t.data, &dev))
-          throw UserError(fmt::format("output '{}' is described as CUDA memory but {} is not a device address in "
-                                      "linac's CUDA context", name, t.data));
-      }
-    }
-    call = prepare_call(op, inputs, outputs, options, memory);
-    ++g_prepared;
-    call_cache().insert(key, call);
-  }
-  run_prepared(*call, inputs, outputs, stream, allocator);
+  const std::shared_ptr<PreparedCall> call = find_or_prepare(find_op(std::string(op_name)), inputs, outputs, options, stream);
+  // The key holds the argument names: the maps' order is the call's argument order.
+  std::array<void*, kMaxArgs> in, out;
+  size_t n_in = 0, n_out = 0;
+  for (const auto& [name, t] : inputs)
+    if (name != kHostSeqlens) in[n_in++] = t.data;
+  for (const auto& [name, t] : outputs) out[n_out++] = t.data;
+  run_prepared(*call, std::span<void* const>(in.data(), n_in), std::span<void* const>(out.data(), n_out), stream,
+               allocator);
+}
+
+Call Call::prepare(std::string_view op_name, const Tensors& inputs, const Tensors& outputs, const Options& options) {
+  if (inputs.count("cu_seqlens"))
+    throw UserError(fmt::format("{}: a prepared call cannot take cu_seqlens (its values shape the plan, and a "
+                                "prepared call runs on new data); call ops::run for packed sequences",
+                                op_name));
+  Call c;
+  c.impl_ = find_or_prepare(find_op(std::string(op_name)), inputs, outputs, options, nullptr);
+  return c;
+}
+
+const std::vector<std::string>& Call::input_names() const { return impl().inputs; }
+const std::vector<std::string>& Call::output_names() const { return impl().outputs; }
+std::size_t Call::workspace_bytes() const {
+  return impl().memory == Memory::cuda ? static_cast<std::size_t>(impl().workspace_bytes) : 0;
+}
+Memory Call::memory() const { return impl().memory; }
+std::size_t Call::kernel_launches() const { return impl().resolved.launches.size(); }
+
+const PreparedCall& Call::impl() const {
+  if (!impl_) throw UserError("ops::Call used before Call::prepare()");
+  return *impl_;
+}
+
+void Call::run(std::span<void* const> inputs, std::span<void* const> outputs, Stream stream, Allocator* allocator,
+               void* workspace) const {
+  const PreparedCall& call = impl();
+  if (inputs.size() != call.inputs.size() || outputs.size() != call.outputs.size())
+    throw UserError(fmt::format("{}: the prepared call takes {} inputs and {} outputs, given {} and {}", call.op->name,
+                                call.inputs.size(), call.outputs.size(), inputs.size(), outputs.size()));
+  auto check = [&](const char* role, const std::string& name, const void* p, int64_t numel) {
+    if (p == nullptr && numel > 0) throw UserError(fmt::format("{} '{}' has no data (null pointer)", role, name));
+    if (call.memory == Memory::cuda && reinterpret_cast<uintptr_t>(p) % 16 != 0)
+      throw UserError(fmt::format("{} '{}' is not 16-byte aligned (address {})", role, name, p));
+  };
+  for (size_t i = 0; i < inputs.size(); ++i) check("input", call.inputs[i], inputs[i], call.input_numel[i]);
+  for (size_t i = 0; i < outputs.size(); ++i) check("output", call.outputs[i], outputs[i], call.output_numel[i]);
+  if (workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
+    throw UserError(fmt::format("the workspace at {} is not 16-byte aligned", workspace));
+  run_prepared(call, inputs, outputs, stream, allocator, workspace);
 }
 
 OutputSpec output_spec(std::string_view op_name, const Tensors& inputs, std::string_view output, const Options& options) {

@@ -43,7 +43,7 @@ case "${1:-}" in
     timeout 200 ./build/linac_bench_overhead --json "$OUT/overhead_cpp.json"
     stamp "Python ops: host us per call and graph replay, linac and fla (B1 T64 H1 D64)"
     timeout 300 python3 tools/bench_torch_ops.py --ops gla,gated_delta_rule,linear_attn,delta_rule --modes "" \
-      --json "$OUT/overhead_py.json" 2>&1 | tail -12
+      --profile --json "$OUT/overhead_py.json" 2>&1 | grep -v "^\[" | tail -150
     ;;
   shapes)
     stamp "Python ops at fla's shapes (linac alone, default configurations)"

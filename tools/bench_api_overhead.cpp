@@ -1,8 +1,9 @@
 // Host cost per op call of the C++ API (linac/ops.h) after warm-up, at a shape where the GPU's time is
 // negligible, and the same calls captured in a CUDA graph and replayed:
 //   linac_bench_overhead [--calls N] [--json FILE]
-// For each op and form: the host time to queue one call (median over rounds of N calls queued back to
-// back, the GPU drained between rounds), and, for a graph of 100 calls captured on a stream, its replay
+// For each op and form: the kernel launches of one call; the host time to queue one call through
+// ops::run and through a prepared ops::Call (median over rounds of N calls queued back to back, the GPU
+// drained between rounds); and, for a graph of 100 calls captured on a stream, its replay
 // time per call and whether the replay wrote the same bytes as the calls made directly. Needs a GPU.
 #include <algorithm>
 #include <chrono>
@@ -159,7 +160,8 @@ int main(int argc, char** argv) {
     using clock = std::chrono::steady_clock;
     std::string rows;
     fmt::print("B{} T{} H{} D{} bf16, {} calls queued per round\n", B, T, H, D, calls);
-    fmt::print("{:<28} {:>14} {:>18} {:>10}\n", "op", "host us/call", "graph us/call", "graph ok");
+    fmt::print("{:<28} {:>9} {:>14} {:>14} {:>16} {:>9}\n", "op", "launches", "run() us/call", "Call us/call",
+               "graph us/call", "graph ok");
     for (const Case& c : cases) {
       Buffers b = make_buffers(c, B, T, H, D);
       ops::run(c.op, b.in, b.out, c.options, stream);  // prepares: compiles or loads, tunes
@@ -175,6 +177,21 @@ int main(int argc, char** argv) {
       }
       std::sort(per_call.begin(), per_call.end());
       const double host_us = per_call[per_call.size() / 2];
+      // The same calls through a prepared ops::Call: addresses in its argument order.
+      const ops::Call prepared = ops::Call::prepare(c.op, b.in, b.out, c.options);
+      std::vector<void*> ins, outs;
+      for (const auto& name : prepared.input_names()) ins.push_back(b.in.at(name).data);
+      for (const auto& name : prepared.output_names()) outs.push_back(b.out.at(name).data);
+      std::vector<double> per_prepared;
+      for (int round = 0; round < 7; ++round) {
+        const auto t0 = clock::now();
+        for (int i = 0; i < calls; ++i) prepared.run(ins, outs, stream);
+        const auto t1 = clock::now();
+        check(g.stream_sync(stream), "cuStreamSynchronize");
+        per_prepared.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / calls);
+      }
+      std::sort(per_prepared.begin(), per_prepared.end());
+      const double prepared_us = per_prepared[per_prepared.size() / 2];
       // 100 calls captured in one graph (the default allocator's scratch is reused in stream order).
       check(g.begin_capture(stream, 2 /* relaxed */), "cuStreamBeginCapture");
       for (int i = 0; i < 100; ++i) ops::run(c.op, b.in, b.out, c.options, stream);
@@ -197,10 +214,12 @@ int main(int argc, char** argv) {
         replay.push_back(std::chrono::duration<double, std::micro>(clock::now() - t0).count() / 100);
       }
       std::sort(replay.begin(), replay.end());
-      fmt::print("{:<28} {:>14.2f} {:>18.2f} {:>10}\n", c.label, host_us, replay[2], same ? "yes" : "NO");
-      rows += fmt::format("{}{{\"op\": \"{}\", \"host_us_per_call\": {:.3f}, \"graph_us_per_call\": {:.3f}, "
-                          "\"graph_matches\": {}}}",
-                          rows.empty() ? "" : ", ", c.label, host_us, replay[2], same);
+      fmt::print("{:<28} {:>9} {:>14.2f} {:>14.2f} {:>16.2f} {:>9}\n", c.label, prepared.kernel_launches(), host_us,
+                 prepared_us, replay[2], same ? "yes" : "NO");
+      rows += fmt::format("{}{{\"op\": \"{}\", \"launches\": {}, \"host_us_per_call\": {:.3f}, "
+                          "\"prepared_us_per_call\": {:.3f}, \"graph_us_per_call\": {:.3f}, \"graph_matches\": {}}}",
+                          rows.empty() ? "" : ", ", c.label, prepared.kernel_launches(), host_us, prepared_us, replay[2],
+                          same);
     }
     if (!json.empty())
       std::ofstream(json) << fmt::format("{{\"device\": \"{}\", \"shape\": [{}, {}, {}, {}], \"rows\": [{}]}}\n",

@@ -124,19 +124,35 @@ def bench_case(fn, op, shape, mode, warmup, iters):
     return ms, first
 
 
-def overhead(fn, op, calls=2000):
-    """Host us per Python op call (forward, no grad) at B1 T64 H1 D64, and us per call of a replayed CUDA
-    graph of 100 calls."""
+def overhead(fn, op, rounds=15, calls=100, profile=False):
+    """Host us per Python op call (forward, no grad) at B1 T64 H1 D64: the median over `rounds` rounds of
+    the wall time of `calls` calls queued back to back / `calls`, the GPU drained between rounds (so that
+    the launch queue never fills and the GPU's time never shows); and us per call of a replayed CUDA graph
+    of 100 calls. `profile`: prints where the host time of linac's calls goes (cProfile)."""
     args = make_inputs(op, (1, 64, 1, 64), grad=False)
     with torch.no_grad():
         for _ in range(50):
             fn(*args)
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn(*args)
-        host_us = (time.perf_counter() - t0) / calls * 1e6
-        torch.cuda.synchronize()
+        per_round = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn(*args)
+            per_round.append((time.perf_counter() - t0) / calls * 1e6)
+            torch.cuda.synchronize()
+        host_us = statistics.median(per_round)
+        if profile:
+            import cProfile
+            import pstats
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(calls):
+                fn(*args)
+            prof.disable()
+            torch.cuda.synchronize()
+            print(f"--- where a call of {op} spends its host time ({calls} calls, cProfile's own cost included)")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(14)
         graph_us = None
         try:
             stream = torch.cuda.Stream()
@@ -170,6 +186,7 @@ def main():
     ap.add_argument("--fla-path", default=str(REPO / "third_party" / "fla"))
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--no-overhead", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="print cProfile's view of linac's per-call host cost")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json")
@@ -215,7 +232,7 @@ def main():
                 if fn is None or isinstance(fn, str):
                     continue
                 try:
-                    host_us, graph_us = overhead(fn, op)
+                    host_us, graph_us = overhead(fn, op, profile=args.profile and who == "linac")
                 except Exception as exc:  # noqa: BLE001
                     host_us, graph_us = None, f"{type(exc).__name__}: {exc}"
                 overheads.append(dict(op=op, who=who, host_us=host_us, graph_us=graph_us))

@@ -21,7 +21,7 @@ import torch
 
 from ._errors import InternalError, InvalidCallError, LibraryNotFoundError, NoGpuError
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # linac_status
 _OK, _INVALID, _NO_GPU, _INTERNAL = 0, 1, 2, 3
@@ -115,6 +115,15 @@ def _declare(lib):
     lib.linac_op_run.argtypes = [c.c_char_p, c.c_char_p, c.c_void_p, c.c_int, c.c_void_p, c.c_int, c.c_void_p,
                                  c.c_void_p]
     lib.linac_op_run.restype = c.c_int
+    lib.linac_call_prepare.argtypes = [c.c_char_p, c.c_char_p, c.c_void_p, c.c_int, c.c_void_p, c.c_int,
+                                       c.POINTER(c.c_void_p)]
+    lib.linac_call_prepare.restype = c.c_int
+    lib.linac_call_run.argtypes = [c.c_void_p, c.c_void_p, c.c_void_p, c.c_void_p, c.c_void_p]
+    lib.linac_call_run.restype = c.c_int
+    lib.linac_call_workspace_bytes.argtypes = [c.c_void_p]
+    lib.linac_call_workspace_bytes.restype = c.c_size_t
+    lib.linac_call_destroy.argtypes = [c.c_void_p]
+    lib.linac_call_destroy.restype = None
     lib.linac_op_output_shape.argtypes = [c.c_char_p, c.c_char_p, c.POINTER(_NamedTensor), c.c_int, c.c_char_p,
                                           c.POINTER(c.c_int32), c.POINTER(c.c_int64), c.POINTER(c.c_int32)]
     lib.linac_op_output_shape.restype = c.c_int
@@ -246,17 +255,80 @@ def _pack(b, tensors):
     b.struct.pack_into(b.buffer, 0, *head, *dims)
 
 
+class _Prepared:
+    """A linac_call: the call prepared once for a key (op, options, names, devices, dtypes, shapes) and run
+    on each call's addresses, with its GPU scratch as a torch tensor (from torch's caching allocator, on
+    the current stream)."""
+
+    def __init__(self, lib_, handle, n):
+        self.lib, self.handle, self.n = lib_, handle, n
+        self.array = ctypes.c_void_p * n
+        self.workspace = lib_.linac_call_workspace_bytes(handle)
+
+    def __del__(self):
+        try:
+            self.lib.linac_call_destroy(self.handle)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+# Prepared calls by key; None marks a key that cannot be prepared (varlen: the plan depends on the
+# offsets' values), which runs through linac_op_run. Bounded like linac's own table.
+_calls = {}
+_MAX_CALLS = 4096
+
+
+def _prepare(lib_, key, op, options, names, tensors, n_in):
+    if len(_calls) >= _MAX_CALLS:
+        _calls.clear()
+    if "cu_seqlens" in names:
+        _calls[key] = None
+        return None
+    b = _binding(names, tensors)
+    _pack(b, tensors)
+    handle = ctypes.c_void_p()
+    status = lib_.linac_call_prepare(op, options, b.addr, n_in, b.addr + _NAMED_SIZE * n_in, len(tensors) - n_in,
+                                     ctypes.byref(handle))
+    if status != _OK:
+        _raise(status, op.decode())
+    p = _calls[key] = _Prepared(lib_, handle.value, len(tensors))
+    return p
+
+
 def run(op, options, in_names, inputs, out_names, outputs):
     """Runs op `op` (bytes) with `options` (bytes, "key=value,...") on contiguous torch tensors matched
     to the op's inputs and outputs by name (tuples of str). CUDA tensors run on torch's current stream
     of their device with scratch from torch's caching allocator; host tensors on the CPU interpreter.
     The caller makes the device current (see _ops.device_guard)."""
     lib_ = _lib or lib()
+    tensors = inputs + outputs
+    # The outputs are not in the key: linac's Python layer makes them from the inputs, options and names.
+    key = (op, options, in_names, out_names, *[(t.shape, t.dtype, t.get_device()) for t in inputs])
+    try:
+        p = _calls[key]
+    except KeyError:
+        p = _prepare(lib_, key, op, options, in_names + out_names, tensors, len(inputs))
+    dev = inputs[0].get_device()
+    if p is None:
+        _run_unprepared(lib_, op, options, in_names, inputs, out_names, outputs, dev)
+        return
+    data = p.array(*[t.data_ptr() for t in tensors])
+    if dev >= 0:
+        workspace = torch.empty(p.workspace, dtype=torch.uint8, device=inputs[0].device) if p.workspace else None
+        status = lib_.linac_call_run(p.handle, data, _current_stream(dev),
+                                     None if workspace is None else workspace.data_ptr(), None)
+    else:
+        status = lib_.linac_call_run(p.handle, data, None, None, None)
+    if status != _OK:
+        _raise(status, op.decode())
+
+
+def _run_unprepared(lib_, op, options, in_names, inputs, out_names, outputs, dev):
+    """linac_op_run: the call keyed and found inside linac on every call."""
     names = in_names + out_names
     tensors = inputs + outputs
     b = _binding(names, tensors)
     _pack(b, tensors)
-    dev = inputs[0].get_device()
     if dev >= 0:
         stream, allocator = _current_stream(dev), _ALLOCATOR_ADDR
     else:

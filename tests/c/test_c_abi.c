@@ -88,6 +88,35 @@ int main(void) {
   memset(o, 0, sizeof o);
   check(run_linear_attn(host(k, qk_shape), "scale=0.25") == LINAC_OK && o[17] == first, "a repeated call");
 
+  /* A prepared call, run on the addresses given in the caller's order (o before final_state, v before q:
+   * not the names' order), gives what linac_op_run gave. */
+  {
+    linac_named_tensor in[3] = {{"v", host(v, v_shape)}, {"q", host(q, qk_shape)}, {"k", host(k, qk_shape)}};
+    linac_named_tensor out[2] = {{"o", host(o, v_shape)}, {"final_state", host(state, s_shape)}};
+    linac_call* call = NULL;
+    check(linac_call_prepare("linear_attn", "scale=0.25", in, 3, out, 2, &call) == LINAC_OK && call != NULL,
+          "linac_call_prepare");
+    check(linac_call_workspace_bytes(call) == 0, "no GPU scratch on host memory");
+    static float o2[B * T * H * V], state2[B * H * K * V];
+    void* data[5] = {v, q, k, o2, state2};
+    check(linac_call_run(call, data, NULL, NULL, NULL) == LINAC_OK && memcmp(o, o2, sizeof o) == 0 &&
+              memcmp(state, state2, sizeof state) == 0,
+          "linac_call_run equals linac_op_run");
+    data[1] = NULL;
+    check_error(linac_call_run(call, data, NULL, NULL, NULL), LINAC_ERROR_INVALID, "input 'q' has no data",
+                "a prepared call on a null address");
+    check_error(linac_call_run(NULL, data, NULL, NULL, NULL), LINAC_ERROR_INVALID, "null call", "null call");
+    linac_call_destroy(call);
+    linac_call_destroy(NULL);
+    int64_t cu[2] = {0, T};
+    static const int64_t cu_shape[1] = {2};
+    linac_named_tensor varlen[4] = {{"q", host(q, qk_shape)}, {"k", host(k, qk_shape)}, {"v", host(v, v_shape)},
+                                    {"cu_seqlens", {cu, LINAC_DEVICE_CPU, 0, 1, LINAC_I64, cu_shape, NULL}}};
+    check_error(linac_call_prepare("linear_attn", "", varlen, 4, out, 1, &call), LINAC_ERROR_INVALID,
+                "cannot take cu_seqlens", "a prepared varlen call");
+    check(call == NULL, "no call after a failed prepare");
+  }
+
   /* Output shapes. */
   {
     linac_named_tensor in[4] = {{"q", host(NULL, qk_shape)}, {"k", host(NULL, qk_shape)}, {"v", host(NULL, v_shape)},

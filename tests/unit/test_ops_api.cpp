@@ -129,6 +129,36 @@ TEST_CASE("ops::output_spec and the checks of outputs") {
         "q has dtype f64; linac's kernels run in float32, bfloat16 or float16");
 }
 
+TEST_CASE("ops::Call runs a prepared call on new addresses as ops::run does") {
+  Inputs x, y;
+  for (auto& v : y.v) v = -v;  // other data, same shapes
+  const ops::Call call = ops::Call::prepare("gla", x.gla(), x.out());
+  CHECK(call.input_names() == std::vector<std::string>{"g", "k", "q", "v"});
+  CHECK(call.output_names() == std::vector<std::string>{"o"});
+  CHECK(call.memory() == ops::Memory::host);
+  CHECK(call.workspace_bytes() == 0);
+  const int64_t prepared = ops::prepared_calls();
+  void* ins[] = {y.g.data(), y.k.data(), y.q.data(), y.v.data()};
+  void* outs[] = {y.o.data()};
+  call.run(ins, outs);
+  ops::run("gla", y.gla(), x.out());  // the same key: no new preparation
+  CHECK(ops::prepared_calls() == prepared);
+  CHECK(y.o == x.o);
+  CHECK(std::isfinite(y.o[0]));
+
+  void* too_few[] = {y.g.data(), y.k.data(), y.q.data()};
+  CHECK(error_of([&] { call.run(too_few, outs); }) ==
+        "gla: the prepared call takes 4 inputs and 1 outputs, given 3 and 1");
+  void* null_q[] = {y.g.data(), y.k.data(), nullptr, y.v.data()};
+  CHECK(error_of([&] { call.run(null_q, outs); }) == "input 'q' has no data (null pointer)");
+  ops::Tensors varlen = x.gla();
+  int64_t cu[] = {0, T};
+  varlen["cu_seqlens"] = ops::Tensor::host(cu, DType::i64, {2});
+  CHECK(error_of([&] { ops::Call::prepare("gla", varlen, x.out()); }).starts_with(
+      "gla: a prepared call cannot take cu_seqlens"));
+  CHECK(error_of([&] { ops::Call().run(ins, outs); }) == "ops::Call used before Call::prepare()");
+}
+
 TEST_CASE("ops::Options::parse") {
   ops::Options o = ops::Options::parse("backward=1,scale=0.125,chunk_size=32,bv=64,,seed=9");
   CHECK(o.backward);

@@ -36,7 +36,7 @@ extern "C" {
 #endif
 
 /** The version of this ABI. A library whose linac_abi_version() differs must not be used. */
-#define LINAC_ABI_VERSION 1
+#define LINAC_ABI_VERSION 2
 
 typedef enum {
   LINAC_OK = 0,
@@ -112,6 +112,29 @@ int linac_gpu_available(void);
 linac_status linac_op_run(const char* op, const char* options, const linac_named_tensor* inputs, int n_inputs,
                           const linac_named_tensor* outputs, int n_outputs, void* stream,
                           const linac_allocator* allocator);
+
+/** A call prepared once and run many times on new addresses (the leanest path: no per-call checks of
+ *  shapes, names or options). Not for varlen calls (cu_seqlens), whose plan depends on the offsets. */
+typedef struct linac_call linac_call;
+
+/** Prepares `op` for tensors like these (dtypes, shapes, memory; data is not read): what the first
+ *  linac_op_run at these shapes does (compiles, tunes). On success *call must be freed with
+ *  linac_call_destroy. */
+linac_status linac_call_prepare(const char* op, const char* options, const linac_named_tensor* inputs, int n_inputs,
+                                const linac_named_tensor* outputs, int n_outputs, linac_call** call);
+
+/** Runs a prepared call. `data`: the addresses of the inputs then the outputs, in the order given to
+ *  linac_call_prepare, each in the memory (and on the device) the call was prepared for. GPU scratch is
+ *  `workspace` when not NULL (linac_call_workspace_bytes() bytes, 16-byte aligned, usable by work on
+ *  `stream`), else from `allocator` (NULL: linac's own). */
+linac_status linac_call_run(const linac_call* call, void* const* data, void* stream, void* workspace,
+                            const linac_allocator* allocator);
+
+/** The GPU scratch bytes one run of `call` needs (0 for host memory). */
+size_t linac_call_workspace_bytes(const linac_call* call);
+
+/** Frees a prepared call (NULL is fine). */
+void linac_call_destroy(linac_call* call);
 
 /** The shape (up to 8 dims) and dtype of output `output` of `op` for these inputs (their data may be NULL,
  *  except a host cu_seqlens). */

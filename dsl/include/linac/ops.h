@@ -31,13 +31,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "linac/dtype.h"
 #include "linac/error.h"
+
+namespace linac {
+struct PreparedCall;  // runtime/op_call.cpp
+}
 
 namespace linac::ops {
 
@@ -109,6 +115,43 @@ struct Options {
 /// host tensors run on the CPU interpreter before the call returns. `allocator` null: default_allocator().
 void run(std::string_view op, const Tensors& inputs, const Tensors& outputs, const Options& options = {},
          Stream stream = nullptr, Allocator* allocator = nullptr);
+
+/// A call prepared once for an op, options, memory space, dtypes and shapes, then run on new addresses:
+/// the leanest path, for an engine's loop or a binding that caches its calls (linac's Python package).
+/// It skips what run() does per call (checking the tensors, building the call's key, finding it): run()
+/// with the same tensors does the same work. Addresses must be in the memory space (and on the CUDA
+/// device) the call was prepared for; each is checked only for null and alignment.
+///
+///   ops::Call call = ops::Call::prepare("gla", in, out);  // compiles, tunes, as run()'s first call
+///   void* ins[] = {g, k, q, v};  // in call.input_names() order: the names sorted
+///   void* outs[] = {o};
+///   call.run(ins, outs, stream);
+class Call {
+ public:
+  Call() = default;
+  /// Prepares `op` for tensors like these (their data is not read). Varlen calls (cu_seqlens) cannot be
+  /// prepared: their plan depends on the offsets' values; ops::run handles them.
+  static Call prepare(std::string_view op, const Tensors& inputs, const Tensors& outputs, const Options& options = {});
+
+  /// Queues the call on `stream` (host memory: runs on the CPU interpreter before returning) with the
+  /// inputs' and outputs' addresses in the order of input_names() and output_names(). GPU scratch is
+  /// `workspace` when given (workspace_bytes() bytes, 16-byte aligned, usable by work on `stream`),
+  /// else from `allocator` (null: default_allocator()).
+  void run(std::span<void* const> inputs, std::span<void* const> outputs, Stream stream = nullptr,
+           Allocator* allocator = nullptr, void* workspace = nullptr) const;
+
+  const std::vector<std::string>& input_names() const;
+  const std::vector<std::string>& output_names() const;
+  /// GPU scratch bytes a run needs (0 for host memory, whose scratch linac allocates itself).
+  std::size_t workspace_bytes() const;
+  Memory memory() const;
+  /// Kernels one run launches (dtype conversions of inputs included).
+  std::size_t kernel_launches() const;
+
+ private:
+  const PreparedCall& impl() const;
+  std::shared_ptr<const PreparedCall> impl_;
+};
 
 /// The dtype and shape of one output of `op` for these inputs (their data is not read, except a
 /// host cu_seqlens).

@@ -10,6 +10,7 @@
 #include "kernels/gla_bwd.h"
 #include "kernels/gla_chunked_bwd.h"
 #include "kernels/gla_split_bwd.h"
+#include "kernels/log_decay.h"
 #include "kernels/op_support.h"
 #include "kernels/sequence_bounds.h"
 #include "kernels/recurrent.h"
@@ -56,7 +57,9 @@ std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg) {
 
   Tile Qf = load(q, {b, ti, i_h, 0}, {kIndex, BC, kIndex, BK}, in_seq).to(f32);
   Tile Kf = load(k, {b, ti, i_h, 0}, {kIndex, BC, kIndex, BK}, in_seq).to(f32);
-  Tile L = cumsum(load(g, {b, ti, i_h, 0}, {kIndex, BC, kIndex, BK}, in_seq), 0);
+  // Gates floored (kernels/log_decay.h), here and in the elementwise form's rows: the spread and
+  // L_r - L_c of -inf gates are NaN.
+  Tile L = cumsum(floor_log_decay(load(g, {b, ti, i_h, 0}, {kIndex, BC, kIndex, BK}, in_seq)), 0);
   Tile rows = expand_dims(iota(BC), 1), cols = expand_dims(iota(BC), 0);
   Tile L_hi = max(L, 0), L_lo = min(L, 0);
   Tile spread = max(L_hi - L_lo, 0);  // NaN gates compare false: the elementwise way
@@ -71,9 +74,9 @@ std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg) {
     auto row_of = [&](const Tensor& t, const Operand& r) {
       return load(t, {b, ti + r, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
     };
-    Tile k_row = row_of(k, 0), g_row = row_of(g, 0);
+    Tile k_row = row_of(k, 0), g_row = floor_log_decay(row_of(g, 0));
     for_range(0, BC, [&](Tile c) {
-      Tile k_ahead = row_of(k, c + 1), g_ahead = row_of(g, c + 1);  // row 16 at the last step: unused
+      Tile k_ahead = row_of(k, c + 1), g_ahead = floor_log_decay(row_of(g, c + 1));  // row 16 at the last step: unused
       Tile kc = k_row.to(f32);
       Lc = Lc + g_row;
       k_row = k_ahead;
@@ -133,10 +136,10 @@ GlaChunkTerms gla_chunk_outputs(const GlaConfig& cfg, const GlaChunk& c, const T
     Tile Qf = load(q, {c.b, ti, c.i_h, 0}, {kIndex, BC, kIndex, BK}, c.in_seq).to(f32);
     Tile Kf = load(k, {c.b, ti, c.i_h, 0}, {kIndex, BC, kIndex, BK}, c.in_seq).to(f32);
     r.V[i] = load(v, {c.b, ti, c.i_h, c.v0}, {kIndex, BC, kIndex, BV}, c.in_seq);
-    Tile gi = load(g, {c.b, ti, c.i_h, 0}, {kIndex, BC, kIndex, BK}, c.in_seq);
+    Tile gi = floor_log_decay(load(g, {c.b, ti, c.i_h, 0}, {kIndex, BC, kIndex, BK}, c.in_seq));
     Tile L = cumsum(gi, 0);
     r.tot[i] = sum(gi, 0);  // the cumsum's last row, summed in the same order
-    Tile g0 = load(g, {c.b, ti, c.i_h, 0}, {kIndex, kIndex, kIndex, BK}, c.in_seq);
+    Tile g0 = floor_log_decay(load(g, {c.b, ti, c.i_h, 0}, {kIndex, kIndex, kIndex, BK}, c.in_seq));
     Tile A = diagonal_block(i);  // A_ii
 
     // Q_i .* exp(G_i - G_n) and K_i .* exp(R_i); the other decays multiply these (factors <= 1).
@@ -438,8 +441,8 @@ OpDef gla_op() {
   op.inputs = {
       {"q", true, "[B,T,H,K]", "queries"},
       {"k", true, "[B,T,H,K]", "keys"},
-      {"v", true, "[B,T,H,V]", "values"},
-      {"g", true, "[B,T,H,K]", "log-decay per token, head and key channel (<= 0; fp32)"},
+      {"v", true, "[B,T,H,V]", "values (a non-finite one makes all of its 16-row sub-chunk's outputs non-finite)"},
+      {"g", true, "[B,T,H,K]", "log-decay per token, head and key channel (<= 0, -inf drops the state; fp32)"},
       {"initial_state", false, "[N,H,K,V]", "state before the first token of each sequence (fp32)"},
       {"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"},
       {"do", false, "[B,T,H,V]", "--backward: gradient of the loss w.r.t. o"},

@@ -5,6 +5,7 @@
 
 #include "kernels/gla.h"
 #include "kernels/gla_split_bwd.h"
+#include "kernels/log_decay.h"
 #include "kernels/op_support.h"
 #include "kernels/sequence_bounds.h"
 #include "linac/dsl.h"
@@ -101,7 +102,9 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
     Kf[i] = load(k, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq).to(f32);
     V[i] = load(v, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BV}, in_seq);
     dO[i] = load(dout, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BV}, in_seq);
-    Tile G = load(g, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq);  // the sub-chunk's gates
+    // The sub-chunk's gates, floored for the factored form (kernels/log_decay.h): its spread
+    // L_hi - L_lo and exp(L - m) are NaN for -inf gates. Every other decay here is a sum of gates.
+    Tile G = floor_log_decay(load(g, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq));
     if (i > 0) {
       if (i < NC - 1) tot[i] = sum(G, 0);
       g0[i] = load(g, {b, ti, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);

@@ -10,6 +10,7 @@
 #include "kernels/linear_attn_bwd.h"
 #include "kernels/linear_attn_normalized_bwd.h"
 #include "kernels/linear_attn_normalized.h"
+#include "kernels/log_decay.h"
 #include "kernels/noise_dropout.h"
 #include "kernels/op_support.h"
 #include "kernels/recurrent.h"
@@ -67,7 +68,8 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
     Tile O;
     if (cfg.gated) {
       // Rows past the sequence end load g = 0, so b stops growing there and b_C = b at the last row.
-      Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+      // Gates of -inf are floored (kernels/log_decay.h): b_r - b_c would be -inf - -inf.
+      Tile gc = floor_log_decay(load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq));
       Tile bg = cumsum(gc, 0);
       Tile b_last = sum(gc, 0);
       Tile br = expand_dims(bg, 1), bc = expand_dims(bg, 0);
@@ -180,8 +182,8 @@ OpDef linear_attn_op() {
   op.inputs = {
       {"q", true, "[B,T,H,K]", "queries"},
       {"k", true, "[B,T,H,K]", "keys"},
-      {"v", true, "[B,T,H,V]", "values"},
-      {"g", false, "[B,T,H]", "log-decay per token and head (<= 0)"},
+      {"v", true, "[B,T,H,V]", "values (a non-finite one makes all of its chunk's outputs non-finite)"},
+      {"g", false, "[B,T,H]", "log-decay per token and head (<= 0; -inf drops the state)"},
       {"initial_state", false, "[N,H,K,V]", "state before the first token of each sequence (fp32)"},
       {"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"},
       {"do", false, "[B,T,H,V]", "--backward: gradient of the loss w.r.t. o"},

@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 
+#include "kernels/log_decay.h"
 #include "kernels/op_support.h"
 #include "kernels/sequence_bounds.h"
 #include "linac/dsl.h"
@@ -56,7 +57,8 @@ std::shared_ptr<ir::Kernel> build_linear_attn_normalized_fwd(const LinearAttnNor
     Tile O, den_inter;
     if (cfg.gated) {
       // Rows past the sequence end load g = 0, so b stops growing there and b_C = b at the last row.
-      Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+      // Gates of -inf are floored (kernels/log_decay.h): b_r - b_c would be -inf - -inf.
+      Tile gc = floor_log_decay(load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq));
       Tile bg = cumsum(gc, 0);
       Tile b_last = sum(gc, 0);
       Tile br = expand_dims(bg, 1), bc = expand_dims(bg, 0);

@@ -153,11 +153,14 @@ def test_gate_strength(linac, gate_bias):
 
 
 @pytest.mark.parametrize("chunk", [16, 64])
-def test_very_negative_gates_inside_a_chunk(linac, chunk):
+@pytest.mark.parametrize("stop", [-1e4, -3e38, -np.inf])
+def test_very_negative_gates_inside_a_chunk(linac, chunk, stop):
     # A stretch of -1e4 gates that starts and ends inside chunks: the decays between rows are summed
-    # directly (chunk_decays), so the small gates next to the -1e4 ones keep full precision.
+    # directly (chunk_decays), so the small gates next to the -1e4 ones keep full precision. -inf (in
+    # the gates' domain: the state is dropped) and -3e38 (sums overflow to -inf) likewise: no decay is
+    # a difference, so none is -inf - -inf.
     inputs = make_inputs(710 + chunk, "gated_delta_rule", B=1, T=100, H=2, K=32, V=32, init=True)
-    inputs["g"][:, 21:37] = -1e4
+    inputs["g"][:, 21:37] = stop
     run_and_check(linac, "gated_delta_rule", inputs, options=["--chunk-size", str(chunk)])
 
 

@@ -168,13 +168,14 @@ def test_chunked_head_dim_256(linac, op):
     check(linac, op, make_inputs(86 + OPS.index(op), op, B=1, T=40, H=1, K=256, V=256, init=True, dfinal=True))
 
 
-def test_very_negative_gates(linac):
+@pytest.mark.parametrize("stop", [-1e4, -3e38, -np.inf])
+def test_very_negative_gates(linac, stop):
     # Gates of -1e4 for a stretch (the state forgets), inside and across chunks of 16, both forms. The
     # chunked one sums the decays between rows directly (chunk_decays): taken as differences of the
     # chunk's cumulative log-decays they lost the small gates next to the -1e4 ones (2.6e-4 relative
-    # difference from the exact token-by-token gradients; now 1e-7).
+    # difference from the exact token-by-token gradients; now 1e-7). -inf and -3e38 likewise.
     x = make_inputs(86, "gated_delta_rule", B=1, T=60, H=2, K=16, V=16, init=True, dfinal=True)
-    x["g"][:, 20:35] = -1e4
+    x["g"][:, 20:35] = stop
     check(linac, "gated_delta_rule", x, options=["--config", "tokenwise=1"])
     check(linac, "gated_delta_rule", x, options=["--config", "chunk=16"])
     check(linac, "gated_delta_rule", x)

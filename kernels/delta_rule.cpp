@@ -609,10 +609,10 @@ OpDef delta_rule_op_def(bool gated) {
                      : "chunked DeltaNet forward (UT transform + WY recurrence, KERNELS.md 3)";
   op.inputs = {
       {"q", true, "[B,T,H,K]", "queries"},
-      {"k", true, "[B,T,H,K]", "keys (L2-normalized, or pass --l2norm-qk)"},
-      {"v", true, "[B,T,H,V]", "values"},
+      {"k", true, "[B,T,H,K]", "keys (L2-normalized, not checked, or pass --l2norm-qk)"},
+      {"v", true, "[B,T,H,V]", "values (a non-finite v, k or beta makes all of its chunk's outputs non-finite)"},
   };
-  if (gated) op.inputs.push_back({"g", true, "[B,T,H]", "log-decay per token and head (<= 0)"});
+  if (gated) op.inputs.push_back({"g", true, "[B,T,H]", "log-decay per token and head (<= 0; -inf drops the state)"});
   op.inputs.push_back({"beta", true, "[B,T,H]", "delta-rule step size per token and head, in (0, 1)"});
   op.inputs.push_back({"initial_state", false, "[N,H,K,V]", "state before the first token of each sequence (fp32)"});
   op.inputs.push_back({"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"});

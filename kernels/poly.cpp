@@ -443,7 +443,7 @@ OpDef poly_op() {
   op.inputs = {
       {"q", true, "[B,T,H,K]", "queries (K <= 128)"},
       {"k", true, "[B,T,H,K]", "keys"},
-      {"v", true, "[B,T,H,V]", "values"},
+      {"v", true, "[B,T,H,V]", "values (a non-finite one makes all of its chunk's outputs non-finite)"},
       {"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"},
       {"do", false, "[B,T,H,V]", "--backward: gradient of the loss w.r.t. o"},
   };

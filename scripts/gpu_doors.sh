@@ -18,7 +18,7 @@ mkdir -p "$OUT"
 # have: scripts/gpu_validate.sh shows how to split it).
 [ -f .carry/triton_cache.tar.gz ] && tar -xzf .carry/triton_cache.tar.gz -C /tmp
 export TRITON_CACHE_DIR=/tmp/triton_cache
-export LD_LIBRARY_PATH=$PWD/build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} LINAC_CACHE_DIR=${LINAC_CACHE_DIR:-/tmp/linac_cache}
+export LD_LIBRARY_PATH=$PWD/build:$PWD/build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} LINAC_CACHE_DIR=${LINAC_CACHE_DIR:-/tmp/linac_cache}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 T0=$SECONDS
 stamp() { echo "[$((SECONDS - T0)) s] $*"; }
@@ -43,7 +43,7 @@ case "${1:-}" in
     timeout 200 ./build/linac_bench_overhead --json "$OUT/overhead_cpp.json"
     stamp "Python ops: host us per call and graph replay, linac and fla (B1 T64 H1 D64)"
     timeout 300 python3 tools/bench_torch_ops.py --ops gla,gated_delta_rule,linear_attn,delta_rule --modes "" \
-      --profile --json "$OUT/overhead_py.json" 2>&1 | grep -v "^\[" | tail -150
+      --profile --json "$OUT/overhead_py.json" 2>&1 | grep -v "^\[" | tail -90
     ;;
   shapes)
     stamp "Python ops at fla's shapes (linac alone, default configurations)"

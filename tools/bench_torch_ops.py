@@ -147,12 +147,18 @@ def overhead(fn, op, rounds=15, calls=100, profile=False):
             import pstats
             prof = cProfile.Profile()
             prof.enable()
-            for _ in range(calls):
-                fn(*args)
+            for _ in range(10):
+                for _ in range(calls):
+                    fn(*args)
+                torch.cuda.synchronize()  # the launch queue never fills
             prof.disable()
             torch.cuda.synchronize()
-            print(f"--- where a call of {op} spends its host time ({calls} calls, cProfile's own cost included)")
-            pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+            rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:14]
+            print(f"--- where a call of {op} spends its host time: us per call, own and with callees "
+                  f"({calls * 10} calls; cProfile's own cost included)")
+            for (path, line, name), (_, ncalls, tottime, cumtime, _) in rows:
+                print(f"  {tottime / calls / 10 * 1e6:7.2f} {cumtime / calls / 10 * 1e6:7.2f}  x{ncalls // (calls * 10):<2} "
+                      f"{Path(path).name}:{line}({name})")
         graph_us = None
         try:
             stream = torch.cuda.Stream()

@@ -116,9 +116,10 @@ _placeholders = {}
 def _none_tensor(q):
     """The empty tensor that stands for an output a call does not produce."""
     if getattr(_direct, "active", False):
-        t = _placeholders.get(q.device)
+        dev = q.get_device()  # eager calls have host or CUDA tensors: the ordinal names the device
+        t = _placeholders.get(dev)
         if t is None:
-            t = _placeholders[q.device] = q.new_empty((0,), dtype=_F32)
+            t = _placeholders[dev] = q.new_empty((0,), dtype=_F32)
         return t
     return q.new_empty((0,), dtype=_F32)
 
@@ -233,7 +234,7 @@ def _delta_forward(op, opts, q, k, v, named, initial_state, output_final_state, 
 
 
 def _no_saved(q):
-    return tuple(_none_tensor(q) for _ in _SAVED)
+    return (_none_tensor(q),) * len(_SAVED)
 
 
 def _delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, initial_state: Optional[Tensor],

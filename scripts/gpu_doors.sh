@@ -4,9 +4,11 @@
 # third_party/fla (fla's fla/ folder from its repository):
 #   bash scripts/gpu_doors.sh tests      # torch tests on CUDA, the C ABI test, the CLI numeric tests (~4 min)
 #   bash scripts/gpu_doors.sh overhead   # host cost per call: C++ API, Python ops next to fla's (~3 min)
-#   bash scripts/gpu_doors.sh shapes     # Python ops at fla's shapes next to `linac bench` (linac alone, ~3 min)
+#   bash scripts/gpu_doors.sh shapes     # Python ops at fla's shapes next to `linac bench` (linac alone, ~3 min;
+#                                        # SHAPES=8x4096x16x128,... for fewer)
 #   bash scripts/gpu_doors.sh fla OPS    # Python ops against fla at fla's shapes (fla autotunes: minutes per op)
-#   bash scripts/gpu_doors.sh train      # 200 bf16 steps of a GLA model, linac vs fla (fla autotunes first)
+#   bash scripts/gpu_doors.sh train      # 200 bf16 steps of a GLA model (MIXER=gdn: Gated DeltaNet), linac vs fla
+#                                        # and a noise-floor run of linac (fla autotunes first: ~2 min)
 # Logs go to $OUT (or ./gpu_out); a short summary is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +49,8 @@ case "${1:-}" in
     ;;
   shapes)
     stamp "Python ops at fla's shapes (linac alone, default configurations)"
-    LINAC_AUTOTUNE=0 timeout 300 python3 tools/bench_torch_ops.py --no-fla --no-overhead --json "$OUT/shapes_py.json" 2>&1 |
+    LINAC_AUTOTUNE=0 timeout 300 python3 tools/bench_torch_ops.py --no-fla --no-overhead ${SHAPES:+--shapes $SHAPES} \
+      --json "$OUT/shapes_py.json" 2>&1 |
       grep -v "^\[" | tail -60
     stamp "linac bench at two of them"
     for op in linear_attn gla delta_rule gated_delta_rule; do
@@ -64,8 +67,8 @@ case "${1:-}" in
     [ -d /tmp/triton_cache ] && tar -czf "$OUT/triton_cache.tar.gz" -C /tmp triton_cache
     ;;
   train)
-    stamp "training: GLA mixer, 200 bf16 steps, linac vs fla"
-    timeout 580 python3 tools/train_compare.py --mixer gla --json "$OUT/train_gla.json" 2>&1 | tail -30
+    stamp "training: ${MIXER:-gla} mixer, 200 bf16 steps, linac vs fla"
+    timeout ${TRAIN_TIMEOUT:-580} python3 tools/train_compare.py --mixer ${MIXER:-gla} --json "$OUT/train_${MIXER:-gla}.json" 2>&1 | tail -30
     [ -d /tmp/triton_cache ] && tar -czf "$OUT/triton_cache.tar.gz" -C /tmp triton_cache
     ;;
   *)

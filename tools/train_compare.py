@@ -12,11 +12,19 @@ through a module handle, so the two runs differ only by the import (linac.ops.gl
                                                                    # linac against a naive PyTorch mixer
 
 --cpu needs no fla: the second run uses a token-by-token PyTorch implementation of the same recurrence
-(autograd through plain torch ops), so the curves must agree to fp32 rounding. Exits 1 when the loss of
-either run does not go down or the curves differ by more than --tol. Writes JSON with --json.
+(autograd through plain torch ops), so the curves must agree to fp32 rounding.
+
+On the GPU, "agree within bf16 noise" is measured, not assumed: a third run trains with linac's ops at
+another chunk size (--noise-chunk, default 32 against the default 64): the same math rounded in another
+order. Its gap to the first run is the noise floor of this model and optimizer; the linac-fla gap must not
+exceed twice that floor (or --tol, whichever is larger). AdamW's near-sign first updates amplify rounding
+differences for a few dozen steps before the curves meet again, so the floor is far above bf16's ulp.
+Exits 1 when the loss of a run does not go down or the curves differ by more than allowed. Writes JSON
+with --json.
 """
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -210,6 +218,8 @@ def main():
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tol", type=float, help="largest allowed |loss difference| (default: 1e-4 fp32; 0.1 bf16)")
+    ap.add_argument("--noise-chunk", type=int, help="chunk size of the noise-floor run of linac (GPU default 32; "
+                                                     "0: no such run)")
     ap.add_argument("--json", help="write the curves here")
     args = ap.parse_args()
     # 12 steps on the CPU: the two fp32 runs agree to about 1e-5 there; past about 15 steps on random
@@ -223,6 +233,8 @@ def main():
     args.dtype = "fp32" if args.cpu else "bf16"
     if args.tol is None:
         args.tol = 1e-4 if args.cpu else 0.1
+    if args.noise_chunk is None:
+        args.noise_chunk = 0 if args.cpu else 32
     device = torch.device("cpu" if args.cpu else "cuda")
 
     ours = linac_ops()
@@ -248,8 +260,14 @@ def main():
             seq[:, t] = torch.where(keep[:, t], perm[seq[:, t - 1]], noise[:, t])
         data.append(seq)
 
+    runs = [("linac", ours), (their_name, theirs)]
+    noise_name = f"linac_chunk{args.noise_chunk}"
+    if args.noise_chunk:
+        runs.append((noise_name, types.SimpleNamespace(
+            chunk_gla=functools.partial(ours.chunk_gla, chunk_size=args.noise_chunk),
+            chunk_gated_delta_rule=functools.partial(ours.chunk_gated_delta_rule, chunk_size=args.noise_chunk))))
     curves, times = {}, {}
-    for name, ops in (("linac", ours), (their_name, theirs)):
+    for name, ops in runs:
         t0 = time.time()
         curves[name] = train(name, model, ops, state, data, args, device)
         times[name] = time.time() - t0
@@ -261,7 +279,17 @@ def main():
         if i < 10 or i % 10 == 0 or i == len(a) - 1:
             print(f"{i:>5} {x:>10.5f} {y:>10.5f} {x - y:>10.2e}")
     max_diff = max(abs(x - y) for x, y in zip(a, b))
-    print(f"max |loss difference| {max_diff:.3g} (tolerance {args.tol:g}); time linac {times['linac']:.1f} s, "
+    allowed = args.tol
+    noise = None
+    if args.noise_chunk:
+        noise = max(abs(x - y) for x, y in zip(a, curves[noise_name]))
+        allowed = max(args.tol, 2 * noise)
+        print(f"noise floor: max |linac - linac at chunk {args.noise_chunk}| {noise:.3g}; allowed {allowed:.3g}")
+        tail = slice(len(a) // 2, None)
+        for label, c in ((their_name, b), (noise_name, curves[noise_name])):
+            gap = [abs(x - y) for x, y in zip(a[tail], c[tail])]
+            print(f"  mean |linac - {label}| over the second half: {sum(gap) / max(len(gap), 1):.3g}")
+    print(f"max |loss difference| {max_diff:.3g} (allowed {allowed:.3g}); time linac {times['linac']:.1f} s, "
           f"{their_name} {times[their_name]:.1f} s")
     ok = True
     for name, c in curves.items():
@@ -271,12 +299,12 @@ def main():
         elif not c[-1] < c[0] - 0.1:
             print(f"error: {name}'s loss did not go down ({c[0]:.4f} -> {c[-1]:.4f})")
             ok = False
-    if max_diff > args.tol:
-        print(f"error: the curves differ by {max_diff:.3g} > {args.tol:g}")
+    if max_diff > allowed:
+        print(f"error: the curves differ by {max_diff:.3g} > {allowed:.3g}")
         ok = False
     if args.json:
         Path(args.json).write_text(json.dumps(dict(args=vars(args), curves=curves, max_diff=max_diff,
-                                                   seconds=times), indent=1))
+                                                   noise_floor=noise, allowed=allowed, seconds=times), indent=1))
     print("ok" if ok else "FAILED")
     return 0 if ok else 1
 

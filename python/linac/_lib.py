@@ -313,12 +313,19 @@ def run(op, options, in_names, inputs, out_names, outputs):
         _run_unprepared(lib_, op, options, in_names, inputs, out_names, outputs, dev)
         return
     data = p.array(*[t.data_ptr() for t in tensors])
-    if dev >= 0:
-        workspace = torch.empty(p.workspace, dtype=torch.uint8, device=inputs[0].device) if p.workspace else None
-        status = lib_.linac_call_run(p.handle, data, _current_stream(dev),
-                                     None if workspace is None else workspace.data_ptr(), None)
-    else:
+    if dev < 0:
         status = lib_.linac_call_run(p.handle, data, None, None, None)
+    elif not p.workspace:
+        status = lib_.linac_call_run(p.handle, data, _current_stream(dev), None, None)
+    else:
+        # Scratch from torch's caching allocator, on the current stream (capture-aware under CUDA graphs),
+        # freed when the call is queued: stream order keeps it from being reused before the call is done.
+        stream = _current_stream(dev)
+        workspace = _raw_alloc(p.workspace, stream)
+        try:
+            status = lib_.linac_call_run(p.handle, data, stream, workspace, None)
+        finally:
+            _raw_delete(workspace)
     if status != _OK:
         _raise(status, op.decode())
 

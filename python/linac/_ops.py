@@ -234,6 +234,8 @@ def _delta_forward(op, opts, q, k, v, named, initial_state, output_final_state, 
 
 
 def _no_saved(q):
+    if getattr(_direct, "active", False):
+        return (_none_tensor(q),) * len(_SAVED)
     # Distinct tensors outside eager calls: a custom op's outputs may not alias each other.
     return tuple(_none_tensor(q) for _ in _SAVED)
 

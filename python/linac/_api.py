@@ -24,11 +24,10 @@ def _fail(fn, msg):
     raise InvalidCallError(f"{fn}: {msg}")
 
 
-def _same_device(a, b):
-    # CUDA ordinals first: making a torch.device per tensor costs a microsecond of every call. Host and
-    # meta tensors both have ordinal -1 and compare as devices.
-    d = a.get_device()
-    return d == b.get_device() and (d >= 0 or a.device == b.device)
+def _same_device(a, b, d):
+    """a is on b's device, whose ordinal is d (b.get_device()). Ordinals first: making a torch.device per
+    tensor costs a microsecond of every call. Host and meta tensors both have ordinal -1."""
+    return a.get_device() == d and (d >= 0 or a.device == b.device)
 
 
 def _check(fn, q, k, v, cu_seqlens=None, cu_seqlens_cpu=None, initial_state=None, gates=()):
@@ -46,10 +45,11 @@ def _check(fn, q, k, v, cu_seqlens=None, cu_seqlens_cpu=None, initial_state=None
         _fail(fn, f"q must be float32, float16 or bfloat16; got {q.dtype}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         _fail(fn, f"q, k and v must have one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (_same_device(k, q) and _same_device(v, q)):
+    d = q.get_device()
+    if not (_same_device(k, q, d) and _same_device(v, q, d)):
         _fail(fn, f"q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
     for name, t, shape in gates:
-        if not _same_device(t, q):
+        if not _same_device(t, q, d):
             _fail(fn, f"{name} is on {t.device}, q on {q.device}; every tensor must be on q's device")
         if t.dtype != torch.float32 and t.dtype != q.dtype:
             _fail(fn, f"{name} must be float32 or q's dtype {q.dtype}; got {t.dtype}")
@@ -60,7 +60,7 @@ def _check(fn, q, k, v, cu_seqlens=None, cu_seqlens_cpu=None, initial_state=None
         if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in _INTS or cu_seqlens.shape[0] < 2:
             _fail(fn, f"cu_seqlens must be a 1-D int32/int64 tensor of N+1 offsets; got {cu_seqlens.dtype} "
                       f"of shape {tuple(cu_seqlens.shape)}")
-        if not _same_device(cu_seqlens, q):
+        if not _same_device(cu_seqlens, q, d):
             _fail(fn, f"cu_seqlens is on {cu_seqlens.device}, q on {q.device}; pass it on q's device "
                       f"(and a host copy as cu_seqlens_cpu)")
         if q.shape[0] != 1:
@@ -76,7 +76,7 @@ def _check(fn, q, k, v, cu_seqlens=None, cu_seqlens_cpu=None, initial_state=None
         _fail(fn, "cu_seqlens_cpu without cu_seqlens")
     if initial_state is not None:
         shape = (N, q.shape[2], q.shape[3], v.shape[3])
-        if not _same_device(initial_state, q):
+        if not _same_device(initial_state, q, d):
             _fail(fn, f"initial_state is on {initial_state.device}, q on {q.device}")
         if initial_state.shape != shape:
             n = "len(cu_seqlens) - 1" if cu_seqlens is not None else "B"

@@ -198,6 +198,9 @@ if not hasattr(torch._C, "_cuda_cudaCachingAllocator_raw_alloc"):  # CPU-only to
 _ALLOCATOR = _Allocator(_Allocator._fields_[0][1](_allocate), _Allocator._fields_[1][1](_deallocate), None)
 _ALLOCATOR_ADDR = ctypes.addressof(_ALLOCATOR)
 
+# torch.cuda.current_device() without its Python wrapper (a microsecond per call).
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
 if hasattr(torch._C, "_cuda_getCurrentRawStream"):
     _current_stream = torch._C._cuda_getCurrentRawStream
 else:  # pragma: no cover - older or CPU-only builds
@@ -298,8 +301,17 @@ def _prepare(lib_, key, op, options, names, tensors, n_in):
 def run(op, options, in_names, inputs, out_names, outputs):
     """Runs op `op` (bytes) with `options` (bytes, "key=value,...") on contiguous torch tensors matched
     to the op's inputs and outputs by name (tuples of str). CUDA tensors run on torch's current stream
-    of their device with scratch from torch's caching allocator; host tensors on the CPU interpreter.
-    The caller makes the device current (see _ops.device_guard)."""
+    of their device with scratch from torch's caching allocator; host tensors on the CPU interpreter."""
+    dev = inputs[0].get_device()
+    if dev >= 0 and dev != _current_device():
+        # Scratch comes from the current device's allocator, work goes on that device's current stream.
+        with torch.cuda.device(dev):
+            _run(op, options, in_names, inputs, out_names, outputs, dev)
+    else:
+        _run(op, options, in_names, inputs, out_names, outputs, dev)
+
+
+def _run(op, options, in_names, inputs, out_names, outputs, dev):
     lib_ = _lib or lib()
     tensors = inputs + outputs
     # The outputs are not in the key: linac's Python layer makes them from the inputs, options and names.
@@ -308,7 +320,6 @@ def run(op, options, in_names, inputs, out_names, outputs):
         p = _calls[key]
     except KeyError:
         p = _prepare(lib_, key, op, options, in_names + out_names, tensors, len(inputs))
-    dev = inputs[0].get_device()
     if p is None:
         _run_unprepared(lib_, op, options, in_names, inputs, out_names, outputs, dev)
         return

@@ -40,8 +40,6 @@ except AttributeError:  # pragma: no cover
     _is_compiling = torch._dynamo.is_compiling
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-# torch.cuda.current_device() without its Python wrapper (a microsecond per call).
-_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 
 def eager(t):
@@ -64,16 +62,6 @@ def _options(pairs, config=""):
             parts.append(config)
         s = _options_cache[key] = ",".join(parts).encode()
     return s
-
-
-def _run(op, options, in_names, inputs, out_names, outputs):
-    dev = inputs[0].get_device()
-    if dev >= 0 and dev != _current_device():
-        # Scratch comes from the current device's allocator, work goes on that device's current stream.
-        with torch.cuda.device(dev):
-            _lib.run(op, options, in_names, inputs, out_names, outputs)
-    else:
-        _lib.run(op, options, in_names, inputs, out_names, outputs)
 
 
 def _inputs(q, k, v, named, initial_state, cu_seqlens, cu_seqlens_cpu):
@@ -129,10 +117,10 @@ def _forward(op, options, q, k, v, named, initial_state, cu_seqlens, cu_seqlens_
     o = q.new_empty((*q.shape[:3], v.shape[3]))
     if output_final_state:
         ht = _state_like(q, v, cu_seqlens)
-        _run(op, options, tuple(names), tuple(tensors), ("o", "final_state"), (o, ht))
+        _lib.run(op, options, tuple(names), tuple(tensors), ("o", "final_state"), (o, ht))
     else:
         ht = _none_tensor(q)
-        _run(op, options, tuple(names), tuple(tensors), ("o",), (o,))
+        _lib.run(op, options, tuple(names), tuple(tensors), ("o",), (o,))
     return o, ht
 
 
@@ -156,7 +144,7 @@ def _backward(op, options, q, k, v, named, initial_state, cu_seqlens, cu_seqlens
             out_names.append(name)
             outs.append(t)
             result.append(t)
-    _run(op, options, tuple(names), tuple(tensors), tuple(out_names), tuple(outs))
+    _lib.run(op, options, tuple(names), tuple(tensors), tuple(out_names), tuple(outs))
     return tuple(result)
 
 
@@ -229,7 +217,7 @@ def _delta_forward(op, opts, q, k, v, named, initial_state, output_final_state, 
         outs.append(ht)
     specs = _saved_specs(op, q, v, len(named) == 2, initial_state, opts)
     saved = [q.new_empty(shape, dtype=dtype) for shape, dtype in specs]
-    _run(op, opts, tuple(names), tuple(tensors), tuple(out_names) + _SAVED, tuple(outs) + tuple(saved))
+    _lib.run(op, opts, tuple(names), tuple(tensors), tuple(out_names) + _SAVED, tuple(outs) + tuple(saved))
     return (o, ht, *saved)
 
 

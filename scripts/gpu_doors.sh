@@ -9,6 +9,7 @@
 #   bash scripts/gpu_doors.sh fla OPS    # Python ops against fla at fla's shapes (fla autotunes: minutes per op)
 #   bash scripts/gpu_doors.sh train      # 200 bf16 steps of a GLA model (MIXER=gdn: Gated DeltaNet), linac vs fla
 #                                        # and a noise-floor run of linac (fla autotunes first: ~2 min)
+#   bash scripts/gpu_doors.sh sanitize   # compute-sanitizer memcheck and racecheck over every op and form
 # Logs go to $OUT (or ./gpu_out); a short summary is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,8 +72,17 @@ case "${1:-}" in
     timeout ${TRAIN_TIMEOUT:-580} python3 tools/train_compare.py --mixer ${MIXER:-gla} --json "$OUT/train_${MIXER:-gla}.json" 2>&1 | tail -30
     [ -d /tmp/triton_cache ] && tar -czf "$OUT/triton_cache.tar.gz" -C /tmp triton_cache
     ;;
+  sanitize)
+    stamp "compute-sanitizer memcheck and racecheck over every op and form (tools/sanitize_ops.py)"
+    for tool in memcheck racecheck; do
+      timeout ${SANITIZE_TIMEOUT:-280} compute-sanitizer --tool $tool --error-exitcode 9 \
+        python3 tools/sanitize_ops.py > "$OUT/sanitize_$tool.txt" 2>&1
+      echo "  $tool rc=$? $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY' "$OUT/sanitize_$tool.txt" | tail -1)"
+      tail -3 "$OUT/sanitize_$tool.txt"
+    done
+    ;;
   *)
-    echo "usage: bash scripts/gpu_doors.sh tests|overhead|shapes|fla OPS|train" >&2
+    echo "usage: bash scripts/gpu_doors.sh tests|overhead|shapes|fla OPS|train|sanitize" >&2
     exit 2
     ;;
 esac

@@ -2,10 +2,10 @@
 
 #include <fmt/format.h>
 
-#include "kernels/delta_rule.h"
-#include "kernels/gla.h"
-#include "kernels/linear_attn.h"
-#include "kernels/poly.h"
+#include "kernels/delta_rule/fwd.h"
+#include "kernels/gla/fwd.h"
+#include "kernels/linear_attn/fwd.h"
+#include "kernels/poly/fwd.h"
 #include "linac/error.h"
 
 namespace linac {

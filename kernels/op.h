@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/host_tensor.h"
+#include "kernels/common/host_tensor.h"
 
 namespace linac::ir {
 struct Kernel;
@@ -32,7 +32,7 @@ struct OpOptions {
   bool no_normalize = false;          // --no-normalize (poly): the unnormalized kernel sum
   bool l2norm_qk = false;             // --l2norm-qk (delta rules): L2-normalize q and k in the kernel
   std::optional<double> a, b, c;      // --a/--b/--c (poly): f(x) = a + b x + c x^2
-  std::optional<double> noise_dropout;  // --noise-dropout P (linear_attn, poly): see kernels/noise_dropout.h
+  std::optional<double> noise_dropout;  // --noise-dropout P (linear_attn, poly): see kernels/common/noise_dropout.h
   uint64_t seed = 0;                    // --seed: of the noise-dropout generator
   /// Tuning parameters by name (e.g. {"bv": 128, "warps": 8}); see OpDef::config_keys. They change
   /// speed, never results beyond rounding.

@@ -14,7 +14,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "kernels/op_support.h"
+#include "kernels/common/op_support.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/disk_cache.h"
 #include "runtime/executor.h"

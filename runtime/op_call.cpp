@@ -10,7 +10,7 @@
 #include <unordered_map>
 
 #include "compiler/ir/ir.h"
-#include "kernels/elementwise.h"
+#include "kernels/common/elementwise.h"
 #include "runtime/autotune.h"
 #include "runtime/executor.h"
 #include "runtime/gpu_kernel.h"

@@ -15,7 +15,7 @@
 #include "compiler/nvptx/codegen.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/gpu_kernel.h"
-#include "kernels/host_tensor.h"
+#include "kernels/common/host_tensor.h"
 
 namespace linac::runtime {
 

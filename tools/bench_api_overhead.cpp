@@ -16,8 +16,8 @@
 
 #include "linac/ops.h"
 #include "runtime/cuda_driver.h"
-#include "kernels/elementwise.h"
-#include "kernels/host_tensor.h"
+#include "kernels/common/elementwise.h"
+#include "kernels/common/host_tensor.h"
 #include "runtime/gpu_kernel.h"
 
 namespace ops = linac::ops;

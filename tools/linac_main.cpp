@@ -20,7 +20,7 @@
 #include "compiler/ir/printer.h"
 #include "compiler/nvptx/codegen.h"
 #include "kernels/op.h"
-#include "kernels/op_support.h"
+#include "kernels/common/op_support.h"
 #include "linac/error.h"
 #include "runtime/autotune.h"
 #include "runtime/cuda_driver.h"
@@ -68,7 +68,7 @@ Runs OP on the named inputs and writes the named outputs as float32 .npy files.
   --l2norm-qk           (delta_rule, gated_delta_rule) L2-normalize q and k inside the kernel
   --a A --b B --c C     (poly) coefficients of f(x) = a + b x + c x^2 (default 1, 1, 0.5)
   --noise-dropout P     (linear_attn, poly) o <- (1-P) o (1+psi), psi ~ N(0, P) per element, from a
-                        counter-based generator (kernels/noise_dropout.h); with --backward, the gradients
+                        counter-based generator (kernels/common/noise_dropout.h); with --backward, the gradients
                         of the same noisy output (the same --seed regenerates the same noise)
   --seed S              seed of the noise-dropout generator (default 0)
 An option the op does not use is an error.

@@ -207,7 +207,7 @@ def test_split_schedule_very_negative_gates(linac, rows):
     # The state pass sums the decay after each row directly; -1e4 gates early in a chunk must not
     # cancel the precision of the decays after them. (Blocks of -1e4 that start or end inside a
     # 16-row sub-chunk lose precision in every schedule: the diagonal blocks take exp(L_r - L_c) of
-    # cumulative sums, as fla does, of the gates floored at -128 (kernels/log_decay.h): ~2e-5, ~1e-3
+    # cumulative sums, as fla does, of the gates floored at -128 (kernels/common/log_decay.h): ~2e-5, ~1e-3
     # before the floor; fla clamps gates at -5, where this does not arise.)
     inputs = make_inputs(980 + rows[0], B=1, T=160, H=1, K=32, V=16, gate_bias=2.0, init=True)
     inputs["g"][:, rows[0]:rows[1]] = -1e4

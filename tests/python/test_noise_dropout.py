@@ -2,7 +2,7 @@
 linear_attn (forward, backward, normalized) and poly (forward).
 
 The multipliers are regenerated here from the documented counter-based generator
-(kernels/noise_dropout.h) in numpy, so the tests check the exact noise, its statistics, that the
+(kernels/common/noise_dropout.h) in numpy, so the tests check the exact noise, its statistics, that the
 backward sees the same noise, and that a seed reproduces it bit for bit."""
 import numpy as np
 import pytest

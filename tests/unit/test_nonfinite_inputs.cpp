@@ -164,7 +164,7 @@ const std::vector<std::vector<int64_t>> kStopRows = {{10}, {10, 32, 47, 60, 61, 
 
 // Forward and gradients of the chunked forms within these relative errors of the float64 recurrence.
 // Rows after a stopped one in the same chunk take decays as differences of cumulative gates that
-// include the floor of -128 (kernels/log_decay.h), rounded to ulp(128) ~ 1.5e-5.
+// include the floor of -128 (kernels/common/log_decay.h), rounded to ulp(128) ~ 1.5e-5.
 constexpr double kTol = 1e-4;
 
 void check_gates_that_stop_the_state(const std::string& op, bool per_channel, const ops::Options& options,

@@ -1,0 +1,856 @@
+#include "kernels/delta_rule/bwd.h"
+
+#include <cmath>
+#include <map>
+#include <fmt/format.h>
+
+#include "kernels/delta_rule/fwd.h"
+#include "kernels/common/op_support.h"
+#include "kernels/common/sequence_bounds.h"
+#include "linac/dsl.h"
+#include "linac/error.h"
+
+namespace linac {
+
+using namespace dsl;
+
+// DeltaNet backward in chunks (keys as given; the gate's additions below). Per chunk, with S the state
+// before it, S' after it, M the causal mask (r >= c), strict the mask r > c, and from the forward
+// (KERNELS.md 3):
+//   A = strict(diag(beta) K K^T),  T = (I + A)^-1,  W = T diag(beta) K,  U = T diag(beta) V
+//   Vn = U - W S,   O = scale (Q S + ((Q K^T) .* M) Vn),   S' = S + K^T Vn
+// the reverse mode, with dS' = dL/dS' (dfinal_state after the last chunk):
+//   dVn = scale ((Q K^T) .* M)^T dO + K dS'            dS = dS' + scale Q^T dO - W^T dVn
+//   dQ  = scale (dO S^T + ((dO Vn^T) .* M) K)
+//   dK  = scale ((dO Vn^T) .* M)^T Q + Vn dS'^T        (+ the UT terms below)
+//   dW  = -dVn S^T,  dU = dVn
+//   dKb = T^T dW,  dVb = T^T dU,  dT = dW (beta K)^T + dU (beta V)^T,  dA = -strict(T^T dT T^T)
+//   dV  = beta dVb,   dbeta = rowsum(dVb V) + rowsum(dKb K) + rowsum(dA .* K K^T)
+//   dK += beta dKb + (beta dA) K + (beta dA)^T K
+// Three kernels after delta_rule_wy recomputes W and U (and stores T, so that the per-chunk kernel does
+// not invert again: 3.70 -> 2.65 ms on an H200 at B8 T4096 H16 D128): a forward walk stores S per chunk
+// and Vn; a reverse walk stores dS' per chunk and dVn (and dinitial_state); then every chunk is
+// independent.
+// The per-chunk states are [chunks, H, K, V] in the input dtype: T*K*V/chunk elements each, linear in T.
+//
+// Gated (gated_delta_rule), with b the chunk-local cumulative log-decay, b_C its last row and
+// Gam[r, c] = exp(b_r - b_c): the forward multiplies Q K^T and K K^T by Gam, W = T diag(beta exp(b)) K,
+// O's state term by exp(b), S' = exp(b_C) S + (exp(b_C - b) .* K)^T Vn. The same reverse mode with those
+// factors (dVn = P^T dO + (exp(b_C - b) .* K) dS', dS = exp(b_C) dS' + scale (exp(b) .* Q)^T dO - W^T dVn,
+// ...), and the gate's gradient per chunk from every place b enters: with P = scale (Q K^T) .* Gam .* M,
+//   db_r += sum_c Z[r, c] - sum_c Z[c, r]  for Z = dP .* P and for Z = dA .* A   (the Gam factors)
+//   db_r += rowsum(dQ_state .* Q) + beta_r exp(b_r) dKb_r . k_r - Y_r,  Y_r = exp(b_C - b_r) k_r . (Vn dS'^T)_r
+//   db_C += exp(b_C) <dS', S> + sum_r Y_r
+// then dg_t = sum_{r >= t in the chunk} db_r + db_C (b is a chunk-local cumulative sum and b_C the sum of
+// all the chunk's gates; earlier chunks' gates reach this one only through S, whose gradient the walks
+// carry). The exponents b_r - b_c and b_C - b_r are summed over the rows they span (chunk_decays).
+
+std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb(cfg.gated ? "gated_delta_rule_bwd_states" : "delta_rule_bwd_states");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_min_ctas_per_sm(1);
+  Tensor q = kb.tensor("q", dt, 4);  // for the sequence bounds (B, T, H)
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor w = kb.tensor("w", dt, 4);
+  Tensor u = kb.tensor("u", dt, 5);
+  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
+  Tensor ht = cfg.final_state ? kb.tensor("final_state", f32, 4) : Tensor();
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_offsets = kb.tensor("chunk_offsets", DType::i32, 1);
+  Tensor h = kb.tensor("h", dt, 4);      // [chunks, H, K, V]: S before each chunk
+  Tensor vn = kb.tensor("v_new", dt, 4);  // [B, T, H, V]
+
+  Tile i_v = program_id(0), i_nh = program_id(1);
+  Tile H = q.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
+  Tile first_chunk = load(chunk_offsets, {i_n}, {kIndex});
+  Tile v0 = i_v * BV;
+  AccessOptions in_seq{.limits = {{1, seq.eos}}};
+
+  Tile S = zeros({BK, BV}, f32);
+  if (cfg.initial_state) S = load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
+  // The gates an iteration ahead (as delta_rule_fwd loads them: too small for the pipeliner).
+  Tile gc_next;
+  if (cfg.gated) gc_next = load(g, {seq.b, seq.bos, i_h}, {kIndex, BT, kIndex}, in_seq);
+  auto body = [&](Tile i) {
+    Tile t0 = seq.bos + i * BT;
+    Tile K = load(k, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile W = load(w, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile U = load(u, {seq.b, t0, i_h, i_v, 0}, {kIndex, BT, kIndex, kIndex, BV}, in_seq);
+    Tile S_dt = S.to(dt);
+    store(h, {first_chunk + i, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S_dt);
+    Tile Vn32 = U.to(f32) - dot(W, S_dt);
+    Tile Vn = Vn32.to(dt);
+    store(vn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, Vn, in_seq);
+    if (cfg.gated) {
+      // As delta_rule_fwd rounds it: the decay goes on the fp32 V_new before the product.
+      Tile gc = gc_next;
+      gc_next = load(g, {seq.b, t0 + BT, i_h}, {kIndex, BT, kIndex}, in_seq);
+      Tile b_last = sum(gc, 0);
+      Tile decay = exp(decays_to_chunk_end(gc, BT));
+      S = S * exp(b_last) + dot(K.T(), (Vn32 * expand_dims(decay, 1)).to(dt));
+    } else {
+      S = S + dot(K.T(), Vn);
+    }
+  };
+  if (cfg.gated) {
+    for_range(0, num_chunks, body, S, gc_next);
+  } else {
+    for_range(0, num_chunks, body, S);
+  }
+  if (cfg.final_state) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
+  return kb.finish();
+}
+
+std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb(cfg.gated ? "gated_delta_rule_bwd_dstates" : "delta_rule_bwd_dstates");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_min_ctas_per_sm(1);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor w = kb.tensor("w", dt, 4);
+  Tensor dout = kb.tensor("do", dt, 4);
+  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  Tensor dht = cfg.final_state_grad ? kb.tensor("dfinal_state", f32, 4) : Tensor();
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_offsets = kb.tensor("chunk_offsets", DType::i32, 1);
+  Tensor dh = kb.tensor("dh", dt, 4);        // [chunks, H, K, V]: dL/dS' after each chunk
+  Tensor dvn = kb.tensor("dv_new", dt, 4);   // [B, T, H, V]
+  Tensor dh0 = cfg.initial_state_grad ? kb.tensor("dinitial_state", f32, 4) : Tensor();
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile i_v = program_id(0), i_nh = program_id(1);
+  Tile H = q.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
+  Tile first_chunk = load(chunk_offsets, {i_n}, {kIndex});
+  Tile v0 = i_v * BV;
+  AccessOptions in_seq{.limits = {{1, seq.eos}}};
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+
+  Tile dS = zeros({BK, BV}, f32);
+  if (cfg.final_state_grad) dS = load(dht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
+  // The gates an iteration ahead (the chunk before; the first chunk's again at the end, unused).
+  Tile gc_next;
+  if (cfg.gated) gc_next = load(g, {seq.b, seq.bos + maximum(num_chunks - 1, 0) * BT, i_h}, {kIndex, BT, kIndex}, in_seq);
+  auto body = [&](Tile j) {
+    Tile i = num_chunks - 1 - j;
+    Tile t0 = seq.bos + i * BT;
+    Tile Q = load(q, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile K = load(k, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile W = load(w, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile dO = load(dout, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
+    Tile dS_dt = dS.to(dt);
+    store(dh, {first_chunk + i, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, dS_dt);
+    // (Q K^T .* M)^T as K Q^T masked to r <= c: the transpose is taken before the mask.
+    Tile Pt = where(row <= col, dot(K, Q.T()) * scale, 0.0f);
+    if (cfg.gated) {
+      Tile gc = gc_next;
+      gc_next = load(g, {seq.b, seq.bos + maximum(i - 1, 0) * BT, i_h}, {kIndex, BT, kIndex}, in_seq);
+      Tile bg = cumsum(gc, 0);
+      Tile b_last = sum(gc, 0);
+      // Pt[r, c] carries Gam[c, r] = exp(b_c - b_r), c >= r (D^T: 0 below the diagonal).
+      const ChunkDecays dec = chunk_decays(gc, BT);
+      Pt = Pt * exp(dec.D.T());
+      Tile Kd = (K.to(f32) * expand_dims(exp(dec.R), 1)).to(dt);
+      Tile dVn = (dot(Pt.to(dt), dO) + dot(Kd, dS_dt)).to(dt);
+      store(dvn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, dVn, in_seq);
+      Tile Qd = (Q.to(f32) * expand_dims(exp(bg), 1)).to(dt);
+      dS = dS * exp(b_last) + dot(Qd.T(), dO) * scale - dot(W.T(), dVn);
+    } else {
+      Tile dVn = (dot(Pt.to(dt), dO) + dot(K, dS_dt)).to(dt);
+      store(dvn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, dVn, in_seq);
+      dS = dS + dot(Q.T(), dO) * scale - dot(W.T(), dVn);
+    }
+  };
+  if (cfg.gated) {
+    for_range(0, num_chunks, body, dS, gc_next);
+  } else {
+    for_range(0, num_chunks, body, dS);
+  }
+  if (cfg.initial_state_grad) store(dh0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, dS);
+  return kb.finish();
+}
+
+namespace {
+
+/// The terms of one chunk's gradients that sum over the value columns, accumulated over column steps of
+/// the per-chunk kernel (one step when all of V fits its shared memory): with Vb = V diag(beta),
+///   dP = dO Vn^T, dQs = dO S^T, VdS = Vn dS'^T, dW = -dVn S^T, dTv = dVn Vb^T,
+///   dBv = rowsum(dVb .* V) with dVb = T^T dVn (whose columns, times beta, are dv's: stored per step).
+/// S and dS' are [K, columns] blocks of the state and its gradient; sSdS = sum(dS' .* S) (the gate's).
+struct ValueSums {
+  Tile dP, dQs, VdS, dW, dTv, dBv, sSdS;
+};
+
+/// acc += x, where an invalid acc (no step yet, straight-line code) takes x as it is.
+void accumulate(Tile& acc, const Tile& x) { acc = acc.valid() ? acc + x : x; }
+
+/// An fp32 sum carried over the value steps and its shape ({} for a scalar).
+struct StepSum {
+  Tile* sum;
+  std::vector<int64_t> shape;
+};
+
+/// Runs step(v0) over the value columns in `steps` steps of CV columns: straight-line code for one step (the
+/// sums, left invalid, take the step's terms through accumulate), else a loop carrying `sums`, each set to
+/// zeros first.
+void over_value_steps(int64_t steps, int64_t CV, const std::vector<StepSum>& sums,
+                      const std::function<void(const Tile&)>& step) {
+  if (steps == 1) {
+    step(constant(0, DType::i32));
+    return;
+  }
+  std::vector<Tile*> carried;
+  for (const StepSum& s : sums) {
+    *s.sum = s.shape.empty() ? constant(0, DType::f32) : zeros(s.shape, DType::f32);
+    carried.push_back(s.sum);
+  }
+  for_range_carrying(0, steps, [&](Tile i) { step(i * CV); }, carried);
+}
+
+/// Through the UT transform of one chunk of BT rows, the adjoint (see the top of this file) given the value
+/// sums. Tt = T^T as delta_rule_wy stored it (rounded to the input dtype, as the products use it; rows past
+/// the sequence end load 0 and meet only zero rows of dT and dW); dW in the input dtype; G = K K^T;
+/// k_factor the row factor of K in W (beta, gated beta exp(b)); Gam and b the gate's (invalid: ungated);
+/// strict the mask r > c. dK = dK_in + dK's UT terms.
+struct UtAdjoint {
+  Tile dKb, Kb32, dA, dK, dBeta;
+};
+
+UtAdjoint ut_adjoint(const Tile& Tt, const Tile& dW, const ValueSums& vs, const Tile& K, const Tile& G,
+                     const Tile& beta_r, const Tile& k_factor, const Tile& Gam, const Tile& bg, const Tile& dK_in,
+                     const Tile& strict, DType dt) {
+  const DType f32 = DType::f32;
+  UtAdjoint r;
+  r.Kb32 = K.to(f32) * k_factor;
+  Tile Kb = r.Kb32.to(dt);
+  r.dKb = dot(Tt, dW);
+  Tile dT = dot(dW, Kb.T()) + vs.dTv;
+  r.dA = where(strict, dot(dot(Tt, dT.to(dt)).to(dt), Tt) * -1.0f, 0.0f);
+  Tile dA_gam = Gam.valid() ? r.dA * Gam : r.dA;  // dL/d(beta_r G_rc)
+  Tile dG = dA_gam * beta_r;
+  r.dK = dK_in + r.dKb * k_factor + dot(dG.to(dt), K) + dot(dG.T().to(dt), K);
+  Tile kdkb = sum(r.dKb * K.to(f32), 1);
+  if (bg.valid()) kdkb = kdkb * exp(bg);
+  r.dBeta = vs.dBv + kdkb + sum(dA_gam * G, 1);
+  return r;
+}
+
+/// The output's terms of one chunk from the value sums: dPm = dP .* Gam .* M * scale, dQ's state term dQs
+/// (gated: times exp(b)), dQ and dK's output terms. Gam, e_b = exp(b) and to_end = exp(b_C - b) are the
+/// gate's (invalid: ungated).
+struct OutputTerms {
+  Tile dPm, dQs, dQ, dK;
+};
+
+OutputTerms output_terms(const Tile& Q, const Tile& K, const ValueSums& vs, const Tile& scale, const Tile& causal,
+                         const Tile& Gam, const Tile& e_b, const Tile& to_end, DType dt) {
+  OutputTerms r;
+  r.dPm = vs.dP * scale;
+  if (Gam.valid()) r.dPm = r.dPm * Gam;
+  r.dPm = where(causal, r.dPm, 0.0f);
+  r.dQs = vs.dQs * scale;
+  if (e_b.valid()) r.dQs = r.dQs * e_b;
+  r.dQ = r.dQs + dot(r.dPm.to(dt), K);
+  r.dK = dot(r.dPm.T().to(dt), Q) + (to_end.valid() ? vs.VdS * to_end : vs.VdS);
+  return r;
+}
+
+}  // namespace
+
+int64_t delta_bwd_chunk_columns(DType dtype, int64_t full_v) {
+  // The per-chunk kernel holds S and dS' blocks [K, columns] beside the chunk's tiles: all of V up to 128
+  // (one step, straight-line code); above that steps of 64 (head dim 256, bf16: 360 KB of shared memory
+  // in one step, more than an sm_90 block's 227 KB). fp32 takes steps of 32 there.
+  if (full_v <= 128) return full_v;
+  return dtype == DType::f32 ? 32 : 64;
+}
+
+int64_t delta_bwd_chunk_key_columns(int64_t block_k, bool /*gated*/) {
+  // H200, B8 T2048 H32 K = V = 256 bf16, per-chunk work in ms (the backward from the saved tensors):
+  //   delta_rule        one kernel 6.67 (8.86)    ck 128: 7.62 + 2.60 (12.38)    ck 64: 10.18 + 2.60 (14.97)
+  //   gated_delta_rule  one kernel 14.25 (16.67)  ck 128: 7.79 + 4.46 (14.68)    ck 64: 11.85 + 4.57 (18.84)
+  // With the key-block kernel's next value step prefetched (delta_bwd_keys_stages; session 10):
+  //   delta_rule        ck 128: 2.75 + 2.6 (7.54)   ck 64 kwarps 4: 2.88 + 2.6 (7.68)
+  //   gated_delta_rule  ck 128: 4.57 + 4.5 (11.44)  ck 64 kwarps 4: 4.27 + 4.5 (11.22)
+  // so blocks of 128 above head dim 128 for both forms (the one kernel spills: 255 registers).
+  return block_k > 128 ? 128 : block_k;
+}
+
+int delta_bwd_keys_stages(DType dtype) {
+  // Prefetching the next value step's loads took the key-block kernel from 7.63 to 2.75 ms (delta_rule)
+  // and 7.80 to 4.57 (gated) at the shape above; fp32 keeps one stage (its tiles are twice the bytes).
+  return dtype == DType::f32 ? 1 : 2;
+}
+
+std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, CV = cfg.chunk_v;
+  if (CV <= 0 || cfg.full_v % CV != 0)
+    throw InternalError(fmt::format("delta_bwd_chunk: {} value columns per step do not divide {}", CV, cfg.full_v));
+  const int64_t steps = cfg.full_v / CV;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb(cfg.gated ? "gated_delta_rule_bwd_chunk" : "delta_rule_bwd_chunk");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_min_ctas_per_sm(1);
+  kb.set_num_stages(1);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor v = kb.tensor("v", dt, 4);
+  Tensor beta = kb.tensor("beta", f32, 3);
+  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  Tensor dout = kb.tensor("do", dt, 4);
+  Tensor vn = kb.tensor("v_new", dt, 4);
+  Tensor dvn = kb.tensor("dv_new", dt, 4);
+  Tensor h = kb.tensor("h", dt, 4);
+  Tensor dh = kb.tensor("dh", dt, 4);
+  Tensor t_mat = kb.tensor("t_mat", dt, 4);  // T by rows, from delta_rule_wy
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  Tensor dq = kb.tensor("dq", dt, 4);
+  Tensor dk = kb.tensor("dk", dt, 4);
+  Tensor dv = kb.tensor("dv", dt, 4);
+  Tensor dbeta = kb.tensor("dbeta", f32, 3);
+  Tensor dg = cfg.gated ? kb.tensor("dg", f32, 3) : Tensor();
+  Tile scale = kb.scalar("scale", f32);
+
+  // Which chunk: (sequence, chunk of it) from chunk_indices with varlen, else (batch row, program).
+  Tile i_c = program_id(0), i_x = program_id(1);
+  const ChunkBounds cb = chunk_bounds(q, cu, chunk_indices, cfg.varlen, i_c, i_x, BT);
+  const Tile b = cb.b, i_h = cb.i_h, global_chunk = cb.global_chunk, t0 = cb.t0;
+  const AccessOptions& in_seq = cb.in_seq;
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+  Tile causal = row >= col, strict = row > col;
+
+  Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile beta_c = load(beta, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+  Tile beta_r = expand_dims(beta_c, 1);
+  Tile Tt = load(t_mat, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BT}, in_seq).T();
+
+  // The value sums (ValueSums), over column steps of CV: each step's dv columns are stored as they come.
+  ValueSums vs;
+  auto value_step = [&](const Tile& v0) {
+    Tile V = load(v, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+    Tile dO = load(dout, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+    Tile Vn = load(vn, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+    Tile dVn = load(dvn, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+    Tile S = load(h, {global_chunk, i_h, 0, v0}, {kIndex, kIndex, BK, CV});
+    Tile dS1 = load(dh, {global_chunk, i_h, 0, v0}, {kIndex, kIndex, BK, CV});
+    Tile Vb = (V.to(f32) * beta_r).to(dt);
+    accumulate(vs.dP, dot(dO, Vn.T()));
+    accumulate(vs.dQs, dot(dO, S.T()));
+    accumulate(vs.VdS, dot(Vn, dS1.T()));
+    accumulate(vs.dW, dot(dVn, S.T()) * -1.0f);
+    accumulate(vs.dTv, dot(dVn, Vb.T()));
+    Tile dVb = dot(Tt, dVn);
+    accumulate(vs.dBv, sum(dVb * V.to(f32), 1));
+    if (cfg.gated) accumulate(vs.sSdS, sum(sum(dS1.to(f32) * S.to(f32), 1), 0));
+    store(dv, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, (dVb * beta_r).to(dt), in_seq);
+  };
+  std::vector<StepSum> sums = {{&vs.dP, {BT, BT}}, {&vs.dQs, {BT, BK}}, {&vs.VdS, {BT, BK}},
+                                {&vs.dW, {BT, BK}},  {&vs.dTv, {BT, BT}}, {&vs.dBv, {BT}}};
+  if (cfg.gated) sums.push_back({&vs.sSdS, {}});
+  over_value_steps(steps, CV, sums, value_step);
+
+  // The gate: b (chunk-local cumulative log-decay), b_C, Gam = exp(b_r - b_c) where r >= c.
+  Tile bg, b_last, Gam, e_b, to_end, dec_R;
+  if (cfg.gated) {
+    Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+    bg = cumsum(gc, 0);
+    b_last = sum(gc, 0);
+    const ChunkDecays dec = chunk_decays(gc, BT);
+    Gam = exp(dec.D);  // exp(b_r - b_c) for r > c; 1 elsewhere (every use is masked)
+    e_b = expand_dims(exp(bg), 1);
+    to_end = expand_dims(exp(dec.R), 1);
+    dec_R = dec.R;
+  }
+
+  const OutputTerms out = output_terms(Q, K, vs, scale, causal, Gam, e_b, to_end, dt);
+  const Tile &dPm = out.dPm, &dQs = out.dQs, &dQ = out.dQ;
+  Tile dK = out.dK;
+
+  // Through the UT transform (ut_adjoint). A is only needed for the gate's terms; G for dbeta.
+  Tile G = dot(K, K.T());
+  Tile A;
+  if (cfg.gated) A = where(strict, G * beta_r * Gam, 0.0f);
+  Tile k_factor = cfg.gated ? beta_r * e_b : beta_r;  // W = T diag(beta exp(b)) K
+  const UtAdjoint ut = ut_adjoint(Tt, vs.dW.to(dt), vs, K, G, beta_r, k_factor, Gam, bg, dK, strict, dt);
+  dK = ut.dK;
+
+  if (cfg.gated) {
+    // db per row from every place b enters (see the top of this file), then dg = suffix sums + db_C.
+    Tile Z1 = dPm * dot(Q, K.T());  // dP .* P
+    Tile Z2 = ut.dA * A;
+    Tile Y = sum(vs.VdS * K.to(f32), 1) * exp(dec_R);
+    Tile db = sum(Z1, 1) - sum(Z1, 0) + sum(Z2, 1) - sum(Z2, 0) + sum(dQs * Q.to(f32), 1) + sum(ut.dKb * ut.Kb32, 1) - Y;
+    Tile db_C = sum(Y, 0) + exp(b_last) * vs.sSdS;
+    store(dg, {b, t0, i_h}, {kIndex, BT, kIndex}, cumsum(db, 0, true) + db_C, in_seq);
+  }
+
+  store(dq, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dQ.to(dt), in_seq);
+  store(dk, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dK.to(dt), in_seq);
+  store(dbeta, {b, t0, i_h}, {kIndex, BT, kIndex}, ut.dBeta, in_seq);
+  return kb.finish();
+}
+
+// ---- The per-chunk work in key blocks (gated_delta_rule above head dim 128) ----------------------------
+// At K = V = 256 the one per-chunk kernel holds [BT, K] accumulators (dQs, VdS, dW) beside Q, K, the UT
+// transform's tiles and (gated) the gate's: 255 registers with spills, one program per SM. Split in two:
+// delta_bwd_chunk_keys, one program per (chunk, key block of CK columns), computes every term whose sum
+// runs over V (value_step's, for its key columns) and what follows from them column by column: dq
+// (final), dK's output terms and dW (to scratch), and the gate's row sums per key block (to scratch,
+// summed in block order by the next kernel: no atomics); then delta_bwd_chunk_ut, one program per
+// chunk, the terms that need every key column: the UT adjoint (dT = dW Kb^T + dVn Vb^T, dA, dK's UT
+// terms, dbeta), dv, and the gate's dg. Measured faster for the gated form only
+// (delta_bwd_chunk_key_columns).
+
+std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_keys(const DeltaChunkedBwdConfig& cfg) {
+  const int64_t BT = cfg.chunk, CK = cfg.chunk_k, CV = cfg.chunk_v;
+  if (CV <= 0 || cfg.full_v % CV != 0 || CK <= 0 || cfg.block_k % CK != 0)
+    throw InternalError(fmt::format("delta_bwd_chunk_keys: steps {}x{} do not divide {}x{}", CK, CV, cfg.block_k, cfg.full_v));
+  const int64_t steps = cfg.full_v / CV;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb(cfg.gated ? "gated_delta_rule_bwd_chunk_keys" : "delta_rule_bwd_chunk_keys");
+  kb.set_num_warps(cfg.keys_warps);
+  kb.set_min_ctas_per_sm(1);
+  kb.set_num_stages(cfg.keys_stages);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  Tensor dout = kb.tensor("do", dt, 4);
+  Tensor vn = kb.tensor("v_new", dt, 4);
+  Tensor dvn = kb.tensor("dv_new", dt, 4);
+  Tensor h = kb.tensor("h", dt, 4);
+  Tensor dh = kb.tensor("dh", dt, 4);
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  Tensor dq = kb.tensor("dq", dt, 4);
+  Tensor dk_out = kb.tensor("dk_out", f32, 4);  // [B, T, H, K]: dK's output terms
+  Tensor dw = kb.tensor("dw", dt, 4);           // [B, T, H, K]: dW, rounded as ut_adjoint takes it
+  // The gate's per-key-block sums: rowsum(dQs .* Q), rowsum(VdS .* K) ([blocks, B, T, H]) and
+  // sum(dS' .* S) ([blocks, chunks, H]).
+  Tensor dqs_q = cfg.gated ? kb.tensor("dqs_q", f32, 4) : Tensor();
+  Tensor vds_k = cfg.gated ? kb.tensor("vds_k", f32, 4) : Tensor();
+  Tensor ssds = cfg.gated ? kb.tensor("ssds", f32, 3) : Tensor();
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile i_c = program_id(0), i_x = program_id(1), i_k = program_id(2);
+  const ChunkBounds cb = chunk_bounds(q, cu, chunk_indices, cfg.varlen, i_c, i_x, BT);
+  const Tile b = cb.b, i_h = cb.i_h, global_chunk = cb.global_chunk, t0 = cb.t0;
+  const AccessOptions& in_seq = cb.in_seq;
+  const AccessOptions in_parts{.limits = {{2, cb.eos}}};  // the [blocks, B, T, H] sums: T is dim 2
+  Tile k0 = i_k * CK;
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+  Tile causal = row >= col;
+
+  Tile Q = load(q, {b, t0, i_h, k0}, {kIndex, BT, kIndex, CK}, in_seq);
+  Tile K = load(k, {b, t0, i_h, k0}, {kIndex, BT, kIndex, CK}, in_seq);
+
+  // value_step's sums for this program's key columns (dP over all of V, the same in every key block).
+  Tile dP, dQs, VdS, dW, sSdS;
+  auto value_step = [&](const Tile& v0) {
+    Tile dO = load(dout, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+    Tile Vn = load(vn, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+    Tile dVn = load(dvn, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+    Tile S = load(h, {global_chunk, i_h, k0, v0}, {kIndex, kIndex, CK, CV});
+    Tile dS1 = load(dh, {global_chunk, i_h, k0, v0}, {kIndex, kIndex, CK, CV});
+    accumulate(dP, dot(dO, Vn.T()));
+    accumulate(dQs, dot(dO, S.T()));
+    accumulate(VdS, dot(Vn, dS1.T()));
+    accumulate(dW, dot(dVn, S.T()) * -1.0f);
+    if (cfg.gated) accumulate(sSdS, sum(sum(dS1.to(f32) * S.to(f32), 1), 0));
+  };
+  std::vector<StepSum> sums = {{&dP, {BT, BT}}, {&dQs, {BT, CK}}, {&VdS, {BT, CK}}, {&dW, {BT, CK}}};
+  if (cfg.gated) sums.push_back({&sSdS, {}});
+  over_value_steps(steps, CV, sums, value_step);
+
+  Tile dPm = dP * scale;
+  dQs = dQs * scale;
+  Tile to_end_VdS = VdS;
+  if (cfg.gated) {
+    Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+    const ChunkDecays dec = chunk_decays(gc, BT);
+    dPm = dPm * exp(dec.D);
+    dQs = dQs * expand_dims(exp(cumsum(gc, 0)), 1);
+    to_end_VdS = VdS * expand_dims(exp(dec.R), 1);
+  }
+  dPm = where(causal, dPm, 0.0f);
+  store(dq, {b, t0, i_h, k0}, {kIndex, BT, kIndex, CK}, (dQs + dot(dPm.to(dt), K)).to(dt), in_seq);
+  store(dk_out, {b, t0, i_h, k0}, {kIndex, BT, kIndex, CK}, dot(dPm.T().to(dt), Q) + to_end_VdS, in_seq);
+  store(dw, {b, t0, i_h, k0}, {kIndex, BT, kIndex, CK}, dW.to(dt), in_seq);
+  if (cfg.gated) {
+    store(dqs_q, {i_k, b, t0, i_h}, {kIndex, kIndex, BT, kIndex}, sum(dQs * Q.to(f32), 1), in_parts);
+    store(vds_k, {i_k, b, t0, i_h}, {kIndex, kIndex, BT, kIndex}, sum(VdS * K.to(f32), 1), in_parts);
+    store(ssds, {i_k, global_chunk, i_h}, {kIndex, kIndex, kIndex}, sSdS);
+  }
+  return kb.finish();
+}
+
+std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_ut(const DeltaChunkedBwdConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, CV = cfg.chunk_v;
+  const int64_t steps = cfg.full_v / CV, key_blocks = cfg.block_k / cfg.chunk_k;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb(cfg.gated ? "gated_delta_rule_bwd_chunk_ut" : "delta_rule_bwd_chunk_ut");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_min_ctas_per_sm(1);
+  kb.set_num_stages(1);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor v = kb.tensor("v", dt, 4);
+  Tensor beta = kb.tensor("beta", f32, 3);
+  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  Tensor dout = cfg.gated ? kb.tensor("do", dt, 4) : Tensor();
+  Tensor vn = cfg.gated ? kb.tensor("v_new", dt, 4) : Tensor();
+  Tensor dvn = kb.tensor("dv_new", dt, 4);
+  Tensor t_mat = kb.tensor("t_mat", dt, 4);
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  Tensor dk_out = kb.tensor("dk_out", f32, 4);
+  Tensor dw = kb.tensor("dw", dt, 4);
+  Tensor dqs_q = cfg.gated ? kb.tensor("dqs_q", f32, 4) : Tensor();
+  Tensor vds_k = cfg.gated ? kb.tensor("vds_k", f32, 4) : Tensor();
+  Tensor ssds = cfg.gated ? kb.tensor("ssds", f32, 3) : Tensor();
+  Tensor dk = kb.tensor("dk", dt, 4);
+  Tensor dv = kb.tensor("dv", dt, 4);
+  Tensor dbeta = kb.tensor("dbeta", f32, 3);
+  Tensor dg = cfg.gated ? kb.tensor("dg", f32, 3) : Tensor();
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile i_c = program_id(0), i_x = program_id(1);
+  const ChunkBounds cb = chunk_bounds(q, cu, chunk_indices, cfg.varlen, i_c, i_x, BT);
+  const Tile b = cb.b, i_h = cb.i_h, global_chunk = cb.global_chunk, t0 = cb.t0;
+  const AccessOptions& in_seq = cb.in_seq;
+  const AccessOptions in_parts{.limits = {{2, cb.eos}}};
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+  Tile causal = row >= col, strict = row > col;
+
+  Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile beta_c = load(beta, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+  Tile beta_r = expand_dims(beta_c, 1);
+  Tile Tt = load(t_mat, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BT}, in_seq).T();
+
+  // The value sums the UT adjoint needs (dTv, dBv; the gate's dP), dv stored per step.
+  ValueSums vs;
+  auto value_step = [&](const Tile& v0) {
+    Tile V = load(v, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+    Tile dVn = load(dvn, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+    Tile Vb = (V.to(f32) * beta_r).to(dt);
+    accumulate(vs.dTv, dot(dVn, Vb.T()));
+    Tile dVb = dot(Tt, dVn);
+    accumulate(vs.dBv, sum(dVb * V.to(f32), 1));
+    if (cfg.gated) {
+      Tile dO = load(dout, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+      Tile Vn = load(vn, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
+      accumulate(vs.dP, dot(dO, Vn.T()));
+    }
+    store(dv, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, (dVb * beta_r).to(dt), in_seq);
+  };
+  std::vector<StepSum> sums = {{&vs.dTv, {BT, BT}}, {&vs.dBv, {BT}}};
+  if (cfg.gated) sums.push_back({&vs.dP, {BT, BT}});
+  over_value_steps(steps, CV, sums, value_step);
+
+  Tile bg, b_last, Gam, e_b, dec_R;
+  if (cfg.gated) {
+    Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+    bg = cumsum(gc, 0);
+    b_last = sum(gc, 0);
+    const ChunkDecays dec = chunk_decays(gc, BT);
+    Gam = exp(dec.D);
+    e_b = expand_dims(exp(bg), 1);
+    dec_R = dec.R;
+  }
+  Tile G = dot(K, K.T());
+  Tile dW = load(dw, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile dK_out = load(dk_out, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile k_factor = cfg.gated ? beta_r * e_b : beta_r;
+  const UtAdjoint ut = ut_adjoint(Tt, dW, vs, K, G, beta_r, k_factor, Gam, bg, dK_out, strict, dt);
+
+  if (cfg.gated) {
+    // As build_delta_bwd_chunk's db, with the key-block sums of the first kernel added in block order.
+    Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile dPm = where(causal, vs.dP * scale * Gam, 0.0f);
+    Tile Z1 = dPm * dot(Q, K.T());
+    Tile Z2 = ut.dA * where(strict, G * beta_r * Gam, 0.0f);
+    Tile dqsq, vdsk, sds;
+    for (int64_t c = 0; c < key_blocks; ++c) {
+      accumulate(dqsq, load(dqs_q, {c, b, t0, i_h}, {kIndex, kIndex, BT, kIndex}, in_parts));
+      accumulate(vdsk, load(vds_k, {c, b, t0, i_h}, {kIndex, kIndex, BT, kIndex}, in_parts));
+      accumulate(sds, load(ssds, {c, global_chunk, i_h}, {kIndex, kIndex, kIndex}));
+    }
+    Tile Y = vdsk * exp(dec_R);
+    Tile db = sum(Z1, 1) - sum(Z1, 0) + sum(Z2, 1) - sum(Z2, 0) + dqsq + sum(ut.dKb * ut.Kb32, 1) - Y;
+    Tile db_C = sum(Y, 0) + exp(b_last) * sds;
+    store(dg, {b, t0, i_h}, {kIndex, BT, kIndex}, cumsum(db, 0, true) + db_C, in_seq);
+  }
+  store(dk, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, ut.dK.to(dt), in_seq);
+  store(dbeta, {b, t0, i_h}, {kIndex, BT, kIndex}, ut.dBeta, in_seq);
+  return kb.finish();
+}
+
+namespace {
+
+enum class DeltaBwdKernel { wy, states, dstates, chunk, chunk_keys, chunk_ut };
+
+std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, DeltaBwdKernel which) {
+  static KernelMemo memo;
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}/{}/{}", static_cast<int>(which),
+                                dtype_name(cfg.dtype), cfg.chunk, cfg.block_k, cfg.block_v, cfg.full_v, cfg.chunk_v,
+                                cfg.chunk_k, cfg.gated, cfg.initial_state, cfg.final_state, cfg.final_state_grad,
+                                cfg.initial_state_grad, cfg.varlen, cfg.num_warps, cfg.keys_warps, cfg.keys_stages);
+  return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
+    switch (which) {
+      case DeltaBwdKernel::wy: {
+        DeltaRuleConfig wy;
+        wy.dtype = cfg.dtype;
+        wy.chunk = cfg.chunk;
+        wy.block_k = static_cast<int>(cfg.block_k);
+        wy.block_v = static_cast<int>(cfg.block_v);
+        wy.varlen = cfg.varlen;
+        wy.gated = cfg.gated;
+        wy.store_t = true;  // build_delta_bwd_chunk loads T instead of inverting again
+        wy.v_blocks = static_cast<int>((cfg.full_v + cfg.block_v - 1) / cfg.block_v);
+        return build_delta_rule_wy(wy);
+      }
+      case DeltaBwdKernel::states: return build_delta_bwd_states(cfg);
+      case DeltaBwdKernel::dstates: return build_delta_bwd_dstates(cfg);
+      case DeltaBwdKernel::chunk: return build_delta_bwd_chunk(cfg);
+      case DeltaBwdKernel::chunk_keys: return build_delta_bwd_chunk_keys(cfg);
+      case DeltaBwdKernel::chunk_ut: return build_delta_bwd_chunk_ut(cfg);
+    }
+    throw InternalError("bad delta-rule backward kernel");
+  });
+}
+
+}  // namespace
+
+int64_t delta_chunk_tables(const SequenceLayout& seq, int64_t BT, HostTensor* offsets, HostTensor* indices) {
+  *offsets = HostTensor::zeros(DType::i32, {seq.N + 1});
+  std::vector<int32_t> pairs;
+  int64_t total = 0;
+  for (int64_t n = 0; n < seq.N; ++n) {
+    offsets->set(n, static_cast<double>(total));
+    const int64_t len = seq.varlen ? static_cast<int64_t>(seq.cu_seqlens.get(n + 1) - seq.cu_seqlens.get(n)) : seq.T;
+    const int64_t chunks = (len + BT - 1) / BT;
+    for (int64_t c = 0; c < chunks; ++c) pairs.push_back(static_cast<int32_t>(n)), pairs.push_back(static_cast<int32_t>(c));
+    total += chunks;
+  }
+  offsets->set(seq.N, static_cast<double>(total));
+  *indices = HostTensor::zeros(DType::i32, {total, 2});
+  for (size_t i = 0; i < pairs.size(); ++i) indices->set(static_cast<int64_t>(i), pairs[i]);
+  return total;
+}
+
+std::shared_ptr<ir::Kernel> delta_state_pass_kernel(const DeltaChunkedBwdConfig& cfg) {
+  return cached(cfg, DeltaBwdKernel::states);
+}
+
+const std::vector<DeltaSavedTensor>& delta_saved_tensors() {
+  static const std::vector<DeltaSavedTensor> saved = {
+      {"saved_w", "w", "[B,T,H,K]", "W of the UT transform"},
+      {"saved_t", "t_mat", "[B,T,H,chunk]", "T = (I + A)^-1 by rows"},
+      {"saved_h", "h", "[chunks,H,K,V]", "the state before each chunk"},
+      {"saved_v_new", "v_new", "[B,T,H,V]", "V_new = U - W S"}};
+  return saved;
+}
+
+int delta_bwd_default_chunk(DType dtype, int64_t K, int64_t V) {
+  // Chunk 16 for fp32 above head dim 64: at chunk 32 (K = V = 128) the per-chunk kernel plans 241 KB of
+  // shared memory (gated 289 KB), more than an H100/H200 block has; at 16, 187 KB (gated 208 KB).
+  return dtype == DType::f32 && std::max(padded_head_dim(K), padded_head_dim(V)) > 64 ? 16 : 32;
+}
+
+const std::vector<std::pair<std::string, std::string>>& delta_chunked_bwd_config_keys() {
+  static const std::vector<std::pair<std::string, std::string>> keys = {
+      {"chunk", "--backward: rows per chunk (16, 32, 64)"},
+      {"bv", "--backward: value columns per program of the state walks (16..128)"},
+      {"warps", "warps per program (2, 4, 8)"},
+      {"cv", "--backward: value columns per step of the per-chunk kernel (16..256; default all of V up to 128)"},
+      {"ck", "--backward: key columns per program of the per-chunk work, in two kernels under the padded K "
+             "(16..256; default all of K up to 128, else 128)"},
+      {"kwarps", "--backward: warps of the key-block kernel where ck splits K (2, 4, 8; default warps)"},
+      {"kstages", "--backward: 2 = the key-block kernel prefetches its next value step's loads (default 2, fp32 1)"},
+  };
+  return keys;
+}
+
+OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const OpOptions& opts,
+                                   const std::vector<std::string>& wanted) {
+  const char* name = gated ? "gated_delta_rule" : "delta_rule";
+  SequenceLayout seq = check_qkv_inputs(name, inputs);
+  if (gated) check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H});
+  check_shape("beta", inputs.at("beta"), {seq.B, seq.T, seq.H});
+  check_shape("do", inputs.at("do"), {seq.B, seq.T, seq.H, seq.V});
+  const bool has_h0 = inputs.count("initial_state") > 0;
+  if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
+  const bool has_dht = inputs.count("dfinal_state") > 0;
+  if (has_dht) check_shape("dfinal_state", inputs.at("dfinal_state"), {seq.N, seq.H, seq.K, seq.V});
+  check_config_keys(fmt::format("{} --backward", name), opts, delta_chunked_bwd_config_keys());
+
+  DeltaChunkedBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = padded_head_dim(seq.K);
+  cfg.full_v = padded_head_dim(seq.V);
+  cfg.chunk_v = std::min<int64_t>(
+      config_value(opts, "cv", delta_bwd_chunk_columns(cfg.dtype, cfg.full_v), {16, 32, 64, 128, 256}), cfg.full_v);
+  if (cfg.full_v % cfg.chunk_v != 0)
+    throw UserError(fmt::format("{} --backward: --config cv={} does not divide the padded value dim {}", name,
+                                cfg.chunk_v, cfg.full_v));
+  cfg.chunk_k = std::min<int64_t>(
+      config_value(opts, "ck", delta_bwd_chunk_key_columns(cfg.block_k, gated), {16, 32, 64, 128, 256}), cfg.block_k);
+  if (cfg.block_k % cfg.chunk_k != 0)
+    throw UserError(fmt::format("{} --backward: --config ck={} does not divide the padded key dim {}", name,
+                                cfg.chunk_k, cfg.block_k));
+  // What the forward saved for the backward (all of saved_w, saved_t, saved_h, saved_v_new, or none): the
+  // UT transform's W and T, the state before each chunk and V_new. With them the backward skips its
+  // recomputing kernels (delta_rule_wy, the state walk) and runs at the forward's chunk.
+  std::vector<std::string> saved_names;
+  size_t saved_count = 0;
+  for (const auto& t : delta_saved_tensors()) {
+    saved_names.push_back(t.name);
+    saved_count += inputs.count(t.name);
+  }
+  const bool saved = saved_count == saved_names.size();
+  if (saved_count > 0 && !saved)
+    throw UserError(fmt::format("{} --backward: give all of {} (the forward's, with -o) or none of them", name,
+                                fmt::join(saved_names, ", ")));
+  const int dflt_chunk = delta_bwd_default_chunk(cfg.dtype, seq.K, seq.V);
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, dflt_chunk), {16, 32, 64}));
+  if (saved) {
+    const HostTensor& t_saved = inputs.at("saved_t");
+    if (t_saved.rank() != 4 || (t_saved.shape[3] != 16 && t_saved.shape[3] != 32 && t_saved.shape[3] != 64))
+      throw UserError(fmt::format("{} --backward: saved_t has shape {}, expected [B,T,H,chunk] with chunk 16, 32 "
+                                  "or 64 (the forward's chunk)", name, t_saved.shape_str()));
+    const int saved_chunk = static_cast<int>(t_saved.shape[3]);
+    if ((opts.chunk_size || opts.config.count("chunk")) && cfg.chunk != saved_chunk)
+      throw UserError(fmt::format("{} --backward: chunk {} asked for, but the saved tensors are in chunks of {}", name,
+                                  cfg.chunk, saved_chunk));
+    if (saved_chunk > dflt_chunk && dflt_chunk == 16)
+      throw UserError(fmt::format("{} --backward: the saved tensors are in chunks of {}; in fp32 above head dim 64 the "
+                                  "backward needs chunks of 16 (run the forward with --chunk-size 16)", name, saved_chunk));
+    cfg.chunk = saved_chunk;
+  }
+  // V blocks of 128 in the walks: the fastest of `linac tune --backward` on an H200 at B8 H16 D128 bf16
+  // (delta_rule 1.45 ms vs 1.51 at 64, gated 2.69 vs 2.92, T = 1024).
+  // fp32 above head dim 128: 64 (the reverse walk plans 260 KB of shared memory at 128, K = V = 256).
+  // At most 64 sequences x heads: 64 (more programs per walk; H200 B2 T16384 H16 D128 bf16, backward from
+  // the saved tensors 3.19 -> 2.52 ms, dstates 1.80 -> 1.15; gated 5.04 -> 3.98; 32 columns 2.62).
+  const bool few_heads = seq.N * seq.H <= kDeltaFewHeads;
+  const int64_t dflt_bv = (cfg.dtype == DType::f32 && std::max(cfg.block_k, cfg.full_v) > 128) || few_heads ? 64 : 128;
+  cfg.block_v = std::min<int64_t>(config_value(opts, "bv", dflt_bv, {16, 32, 64, 128}), cfg.full_v);
+  // 8 warps: at 4 the per-chunk kernel (K = V = 128, chunk 32) spills 1004 bytes, at 8 it spills 8
+  // (ptxas, sm_90a); 4 warps were also 1.7x slower on the H200.
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
+  // The key-block kernel's own (untimed: session 9 ran it at 8 warps and 1 stage only).
+  cfg.keys_warps = static_cast<int>(config_value(opts, "kwarps", cfg.num_warps, {2, 4, 8}));
+  cfg.keys_stages = static_cast<int>(config_value(opts, "kstages", delta_bwd_keys_stages(cfg.dtype), {1, 2}));
+  cfg.gated = gated;
+  cfg.initial_state = has_h0;
+  cfg.final_state_grad = has_dht;
+  cfg.initial_state_grad = wants(wanted, "dinitial_state");
+  cfg.varlen = seq.varlen;
+  const int64_t BT = cfg.chunk;
+  const int64_t v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
+
+  OpPlan plan;
+  add_backward_inputs(plan, inputs, seq, cfg.dtype, {"beta", "g", "initial_state", "dfinal_state"});
+  if (gated) plan.tensors["dg"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
+  HostTensor offsets, indices;
+  const int64_t chunks = delta_chunk_tables(seq, BT, &offsets, &indices);
+  plan.tensors["chunk_offsets"] = offsets;
+  if (seq.varlen) plan.tensors["chunk_indices"] = indices;
+  // W, T, the states before each chunk ([chunks, H, K, V]) and Vn: the forward's when saved, else
+  // recomputed into scratch (with U) by delta_rule_wy and the state walk. Scratch: the state gradients
+  // after each chunk and dVn.
+  const std::vector<int64_t> w_shape{seq.B, seq.T, seq.H, seq.K}, t_shape{seq.B, seq.T, seq.H, BT},
+      h_shape{std::max<int64_t>(chunks, 1), seq.H, seq.K, seq.V}, vn_shape{seq.B, seq.T, seq.H, seq.V};
+  if (saved) {
+    const std::map<std::string, std::vector<int64_t>> shapes{
+        {"w", w_shape}, {"t_mat", t_shape}, {"h", h_shape}, {"v_new", vn_shape}};
+    for (const auto& t : delta_saved_tensors()) {
+      check_shape(t.name, inputs.at(t.name), shapes.at(t.tensor));
+      plan.tensors[t.tensor] = inputs.at(t.name).cast(cfg.dtype);
+    }
+  } else {
+    plan.tensors["w"] = HostTensor::zeros(cfg.dtype, w_shape);
+    plan.tensors["u"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, v_blocks, cfg.block_v});
+    plan.tensors["t_mat"] = HostTensor::zeros(cfg.dtype, t_shape);
+    plan.tensors["h"] = HostTensor::zeros(cfg.dtype, h_shape);
+    plan.tensors["v_new"] = HostTensor::zeros(cfg.dtype, vn_shape);
+  }
+  plan.tensors["dh"] = HostTensor::zeros(cfg.dtype, {std::max<int64_t>(chunks, 1), seq.H, seq.K, seq.V});
+  plan.tensors["dv_new"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  plan.tensors["dq"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dk"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dv"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  plan.tensors["dbeta"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
+  if (cfg.initial_state_grad) plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
+
+  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  auto launch = [&](DeltaBwdKernel which, std::array<int64_t, 3> grid) {
+    plan.launches.push_back(plan_launch(plan, cached(cfg, which), grid, {{"scale", scale}}));
+  };
+  const std::array<int64_t, 3> per_chunk =
+      seq.varlen ? std::array<int64_t, 3>{chunks, seq.H, 1} : std::array<int64_t, 3>{(seq.T + BT - 1) / BT, seq.B * seq.H, 1};
+  if (!saved) {
+    if (chunks > 0) launch(DeltaBwdKernel::wy, per_chunk);
+    launch(DeltaBwdKernel::states, {v_blocks, seq.N * seq.H, 1});
+  }
+  launch(DeltaBwdKernel::dstates, {v_blocks, seq.N * seq.H, 1});
+  if (chunks > 0 && cfg.chunk_k < cfg.block_k) {
+    // The per-chunk work in key blocks (build_delta_bwd_chunk_keys): O(T*K) scratch between the two.
+    const int64_t key_blocks = cfg.block_k / cfg.chunk_k;
+    plan.tensors["dk_out"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
+    plan.tensors["dw"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+    if (gated) {
+      plan.tensors["dqs_q"] = HostTensor::zeros(DType::f32, {key_blocks, seq.B, seq.T, seq.H});
+      plan.tensors["vds_k"] = HostTensor::zeros(DType::f32, {key_blocks, seq.B, seq.T, seq.H});
+      plan.tensors["ssds"] = HostTensor::zeros(DType::f32, {key_blocks, chunks, seq.H});
+    }
+    launch(DeltaBwdKernel::chunk_keys, {per_chunk[0], per_chunk[1], key_blocks});
+    launch(DeltaBwdKernel::chunk_ut, per_chunk);
+  } else if (chunks > 0) {
+    launch(DeltaBwdKernel::chunk, per_chunk);
+  }
+  for (const char* n : {"dq", "dk", "dv", "dbeta", "dg", "dinitial_state"})
+    if (wants(wanted, n) && plan.tensors.count(n)) plan.outputs[n] = n;
+  return plan;
+}
+
+std::vector<std::shared_ptr<ir::Kernel>> delta_chunked_bwd_kernels(bool gated, const OpOptions& opts) {
+  DeltaChunkedBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.gated = gated;
+  cfg.block_k = cfg.full_v = 64;
+  cfg.block_v = 64;
+  cfg.chunk = 32;
+  cfg.num_warps = 8;
+  DeltaChunkedBwdConfig full = cfg;
+  // (final_state: the state pass as the forward's split schedule runs it.)
+  full.initial_state = full.final_state = full.final_state_grad = full.initial_state_grad = full.varlen = true;
+  std::vector<std::shared_ptr<ir::Kernel>> out;
+  for (const auto* c : {&cfg, &full})
+    for (auto which : {DeltaBwdKernel::states, DeltaBwdKernel::dstates, DeltaBwdKernel::chunk})
+      out.push_back(cached(*c, which));
+  // The per-chunk kernel in value-column steps (as head dims over 128 run it).
+  DeltaChunkedBwdConfig stepped = cfg;
+  stepped.full_v = 128;
+  stepped.chunk_v = 32;
+  out.push_back(cached(stepped, DeltaBwdKernel::chunk));
+  // ... and in key blocks (as head dims over 128 run it), with every option.
+  DeltaChunkedBwdConfig keyed = full;
+  keyed.block_k = keyed.full_v = 128;
+  keyed.chunk_v = keyed.chunk_k = 64;
+  for (auto which : {DeltaBwdKernel::chunk_keys, DeltaBwdKernel::chunk_ut}) out.push_back(cached(keyed, which));
+  return out;
+}
+
+}  // namespace linac

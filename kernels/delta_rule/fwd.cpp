@@ -1,0 +1,701 @@
+#include "kernels/delta_rule/fwd.h"
+
+#include <cmath>
+#include <fmt/format.h>
+#include <map>
+#include <mutex>
+
+#include "kernels/delta_rule/bwd_tokenwise.h"
+#include "kernels/delta_rule/bwd.h"
+#include "kernels/common/op_support.h"
+#include "kernels/common/sequence_bounds.h"
+#include "linac/dsl.h"
+
+namespace linac {
+
+using namespace dsl;
+
+namespace {
+
+/// 1 / sqrt(sum x^2 + eps) of each row of a [rows, BK] tile, f32 [rows].
+Tile inverse_row_norms(const Tile& x) {
+  Tile xf = x.to(DType::f32);
+  return rsqrt(sum(xf * xf, 1) + kDeltaL2NormEps);
+}
+
+}  // namespace
+
+/// T = (I + A)^-1 for a strictly lower triangular f32 [BT, BT] tile A (BT a power of two >= 2), in fp32,
+/// by doubling the inverted diagonal blocks: T starts as the inverses of the 2x2 diagonal blocks of
+/// I + A ([[1, 0], [a, 1]]^-1 = [[1, 0], [-a, 1]]); with T holding the inverses D1^-1, D2^-1 of the two
+/// s x s halves of every 2s x 2s diagonal block [[D1, 0], [C, D2]], that block's inverse is
+///   [[D1^-1, 0], [-D2^-1 C D1^-1, D2^-1]] = T - T C T    (C: the blocks' lower-left quadrants of A),
+/// exactly: T C T has its entries where T has none. log2(BT) - 1 levels of two products each (BT = 32:
+/// 8 fp32 products), the block substitution of the triangular inverse (no power series).
+Tile unit_lower_inverse(const Tile& A, int64_t BT) {
+  if (BT < 2 || (BT & (BT - 1)) != 0) throw InternalError(fmt::format("unit_lower_inverse: {} is not a power of two", BT));
+  const DType f32 = DType::f32;
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+  Tile eye = where(row == col, full({BT, BT}, 1.0, f32), 0.0f);
+  Tile T = eye - where(row / 2 == col / 2, A, 0.0f);
+  for (int64_t s = 2; s < BT; s *= 2) {
+    Tile C = where((row / (2 * s) == col / (2 * s)) & (row / s != col / s), A, 0.0f);
+    T = T - dot(T, dot(C, T));
+  }
+  return T;
+}
+
+namespace {
+
+/// [t, c]: g_t where t > c, else 0 (the gates after column c, by row).
+Tile gates_below(const Tile& gc, int64_t BT) {
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+  return where(row > col, expand_dims(gc, 1), 0.0f);
+}
+
+}  // namespace
+
+ChunkDecays chunk_decays(const Tile& gc, int64_t BT) {
+  Tile below = gates_below(gc, BT);
+  return {cumsum(below, 0), sum(below, 0)};
+}
+
+Tile decays_between_rows(const Tile& gc, int64_t BT) { return cumsum(gates_below(gc, BT), 0); }
+
+Tile decays_to_chunk_end(const Tile& gc, int64_t BT) { return sum(gates_below(gc, BT), 0); }
+
+// One program per chunk. With b the chunk-local cumulative log-decay (zero without a gate) and
+// r = 1/||k|| with --l2norm-qk (else 1):
+//   A = strictly_lower(diag(beta r) (K K^T) diag(r) .* exp(b_r - b_c))
+//   T = (I + A)^-1                                  (fp32 throughout)
+//   W = T diag(beta exp(b) r) K,   U = T diag(beta) V
+// by blocks of 16 rows (NS = BT / 16 of them; chunk 16: one): T's diagonal blocks T_ii are inverted
+// alone (unit_lower_inverse), those below by block substitution,
+//   T_ij = -T_ii (A_ij T_jj + A_i,j+1 T_j+1,j + ... + A_i,i-1 T_i-1,j)      (i > j)
+// and W_i = sum_{j <= i} T_ij diag(..)_j K_j (likewise U). Inverting the whole [BT, BT] matrix by
+// doubling spent dense [BT, BT] products on blocks known to be zero: at chunk 32, 8 fp32 products of
+// 32x32x32 against 14 of 16x16x16 here (H200 B8 T4096 H16 D128 bf16: wy 0.445 -> 0.349 ms).
+// The decays of A's blocks are sums of gates over the rows in between, never differences of cumulative
+// sums: in the diagonal blocks chunk_decays' D, below them exp(L_i) exp(mid) exp(R_j) with L_i the
+// cumulative gates of block i from its first row, R_j those after row c to the end of block j and mid
+// the totals of the blocks in between (every factor <= 1). W and U are products on the tensor cores in
+// the input dtype (each T_ij rounded to it once, as the state products use it).
+std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
+  const int64_t BS = std::min<int64_t>(BT, 16);
+  const int NS = static_cast<int>(BT / BS);
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb(cfg.gated ? "gated_delta_rule_wy" : "delta_rule_wy");
+  kb.set_num_warps(cfg.wy_warps);
+  kb.set_num_stages(1);
+  // The inverse's fp32 products on the tensor cores (3xTF32): H200 wy 0.595 -> 0.408 ms at B8 T4096
+  // H16 D128 bf16. Left to itself ptxas capped the 256-thread form at 48 registers and spilled.
+  kb.set_tensor_core_f32(true);
+  kb.set_min_ctas_per_sm(2);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor v = kb.tensor("v", dt, 4);
+  Tensor beta = kb.tensor("beta", f32, 3);
+  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  Tensor w = kb.tensor("w", dt, 4);
+  Tensor u = kb.tensor("u", dt, 5);
+  Tensor t_mat = cfg.store_t ? kb.tensor("t_mat", dt, 4) : Tensor();
+
+  Tile i_c = program_id(0), i_nh = program_id(1);
+  const ChunkBounds cb = chunk_bounds(k, cu, chunk_indices, cfg.varlen, i_c, i_nh, BT);
+  const Tile b = cb.b, i_h = cb.i_h, t0 = cb.t0;
+  const AccessOptions& in_seq = cb.in_seq;
+  Tile row = expand_dims(iota(BS), 1), col = expand_dims(iota(BS), 0);
+
+  // Per block of rows: K, beta, the row factor of A (beta r), the column factors of A (r) and of W
+  // (beta exp(b) r), and the gates' L (exp), R (exp), tot. Rows past the sequence end load zeros (k,
+  // beta, g): their rows of A vanish and b stops growing.
+  std::vector<Tile> K(NS), beta_s(NS), a_row(NS), a_col(NS), w_col(NS), eL(NS), eR(NS), tot(NS), D(NS);
+  Tile before;  // the gates of the blocks before this one, summed
+  for (int s = 0; s < NS; ++s) {
+    Tile ts = t0 + s * BS;
+    K[s] = load(k, {b, ts, i_h, 0}, {kIndex, BS, kIndex, BK}, in_seq);
+    beta_s[s] = load(beta, {b, ts, i_h}, {kIndex, BS, kIndex}, in_seq);
+    a_row[s] = beta_s[s];
+    w_col[s] = beta_s[s];
+    if (cfg.l2norm_qk) {
+      a_col[s] = inverse_row_norms(K[s]);
+      a_row[s] = a_row[s] * a_col[s];
+      w_col[s] = w_col[s] * a_col[s];
+    }
+    if (cfg.gated) {
+      Tile gc = load(g, {b, ts, i_h}, {kIndex, BS, kIndex}, in_seq);
+      const ChunkDecays dec = chunk_decays(gc, BS);
+      Tile L = cumsum(gc, 0);
+      D[s] = dec.D;
+      eL[s] = exp(L);
+      eR[s] = exp(dec.R);
+      tot[s] = sum(gc, 0);
+      w_col[s] = w_col[s] * exp(s == 0 ? L : L + before);
+      before = s == 0 ? tot[0] : before + tot[s];
+    }
+  }
+  // A's block (i, j), i >= j, masked to r > c on the diagonal.
+  auto a_block = [&](int i, int j) {
+    Tile A = dot(K[i], K[j].T()) * expand_dims(a_row[i], 1);
+    if (cfg.l2norm_qk) A = A * expand_dims(a_col[j], 0);
+    if (cfg.gated) {
+      if (i == j) {
+        A = A * exp(D[i]);  // exp(b_r - b_c), summed directly (1 where r <= c: masked below)
+      } else {
+        Tile mid;  // tot_{j+1} + ... + tot_{i-1}
+        for (int m = j + 1; m < i; ++m) mid = m == j + 1 ? tot[m] : mid + tot[m];
+        Tile row_f = mid.valid() ? eL[i] * exp(mid) : eL[i];
+        A = A * expand_dims(row_f, 1) * expand_dims(eR[j], 0);
+      }
+    }
+    return i == j ? where(row > col, A, 0.0f) : A;
+  };
+  std::vector<std::vector<Tile>> A(NS, std::vector<Tile>(NS)), T(NS, std::vector<Tile>(NS));
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j <= i; ++j) A[i][j] = a_block(i, j);
+  for (int i = 0; i < NS; ++i) T[i][i] = unit_lower_inverse(A[i][i], BS);
+  for (int d = 1; d < NS; ++d)
+    for (int j = 0; j + d < NS; ++j) {
+      const int i = j + d;
+      Tile X = dot(A[i][j], T[j][j]);
+      for (int m = j + 1; m < i; ++m) X = X + dot(A[i][m], T[m][j]);
+      T[i][j] = dot(T[i][i], X) * -1.0f;
+    }
+  if (cfg.store_t)
+    for (int i = 0; i < NS; ++i)
+      for (int j = 0; j < NS; ++j)
+        store(t_mat, {b, t0 + i * BS, i_h, j * BS}, {kIndex, BS, kIndex, BS},
+              j <= i ? T[i][j].to(dt) : zeros({BS, BS}, dt), in_seq);
+  // The column factors go on T's blocks, so that the loaded K and V feed the tensor cores as they are.
+  for (int i = 0; i < NS; ++i) {
+    Tile W;
+    for (int j = 0; j <= i; ++j) {
+      Tile term = dot((T[i][j] * expand_dims(w_col[j], 0)).to(dt), K[j]);
+      W = j == 0 ? term : W + term;
+    }
+    store(w, {b, t0 + i * BS, i_h, 0}, {kIndex, BS, kIndex, BK}, W.to(dt), in_seq);
+  }
+  std::vector<std::vector<Tile>> T_beta(NS, std::vector<Tile>(NS));
+  for (int i = 0; i < NS; ++i)
+    for (int j = 0; j <= i; ++j) T_beta[i][j] = (T[i][j] * expand_dims(beta_s[j], 0)).to(dt);
+  // U in blocks of BV value columns: unrolled when the plan knows how many (V's loads then stand at the
+  // top level and are prefetched while T is computed: waiting on them in the loop was the gated wy's
+  // hottest stall in ncu), else a loop.
+  auto u_block = [&](const Tile& iv) {
+    Tile v0 = iv * BV;
+    std::vector<Tile> V(NS);
+    for (int j = 0; j < NS; ++j) V[j] = load(v, {b, t0 + j * BS, i_h, v0}, {kIndex, BS, kIndex, BV}, in_seq);
+    for (int i = 0; i < NS; ++i) {
+      Tile U;
+      for (int j = 0; j <= i; ++j) U = j == 0 ? dot(T_beta[i][j], V[j]) : U + dot(T_beta[i][j], V[j]);
+      store(u, {b, t0 + i * BS, i_h, iv, 0}, {kIndex, BS, kIndex, kIndex, BV}, U.to(dt), in_seq);
+    }
+  };
+  if (cfg.v_blocks > 0) {
+    for (int iv = 0; iv < cfg.v_blocks; ++iv) u_block(constant(iv, DType::i32));
+  } else {
+    for_range(0, (v.dim(3) + (BV - 1)) / BV, u_block);
+  }
+  return kb.finish();
+}
+
+namespace {
+
+/// A chunk's output, in fp32, from the state before it (S_dt, in the input dtype) and V_new:
+///   scale ((q_factor .* Q) S + ((Q K^T) .* (q_norm k_norm^T) .* gam .* M) V_new)
+/// with q_factor the state term's row factor, q_norm and k_norm the scores' (--l2norm-qk), gam the
+/// decays exp(b_r - b_c); invalid tiles stand for ones. The row factors go on fp32 products, so that Q
+/// and K feed the tensor cores as loaded. Used by the fused walk and by the split schedule's outputs.
+Tile chunk_output(const Tile& Q, const Tile& K, const Tile& S_dt, const Tile& V_new, const Tile& scale,
+                  const Tile& q_factor, const Tile& q_norm, const Tile& k_norm, const Tile& gam, const Tile& causal,
+                  DType dt) {
+  Tile A = dot(Q, K.T()) * scale;
+  if (q_norm.valid()) A = A * expand_dims(q_norm, 1) * expand_dims(k_norm, 0);
+  if (gam.valid()) A = A * gam;
+  A = where(causal, A, 0.0f);
+  Tile O = dot(Q, S_dt);
+  O = q_factor.valid() ? O * expand_dims(q_factor * scale, 1) : O * scale;
+  return O + dot(A.to(dt), V_new);
+}
+
+}  // namespace
+
+// One program per (V block, sequence x head) walks the chunks of its sequence in order, carrying the
+// state S [BK, BV] in registers. Per chunk, with b the chunk-local cumulative log-decay (zero without
+// a gate), r_q, r_k the inverse row norms with --l2norm-qk (else 1) and W, U from delta_rule_wy:
+//   V_new = U - W S
+//   O     = scale * ((exp(b) r_q .* Q) S + ((Q K^T) .* (r_q r_k^T) .* exp(b_r - b_c) .* M) V_new)
+//   S     = exp(b_C) S + (exp(b_C - b) r_k .* K)^T V_new
+// The row factors are applied to fp32 products so that Q and K feed the tensor cores as loaded.
+std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb(cfg.gated ? "gated_delta_rule_fwd" : "delta_rule_fwd");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(cfg.num_stages);
+  // The gated walk at two blocks per SM (ptxas: 128 registers, 8 bytes spilled at K = V = 128, chunk 32,
+  // 8 warps) rather than one (156 registers): H200 B8 T4096 H16 D128 bf16 walk 0.99 -> 0.69 ms. The
+  // ungated walk gets there by itself (127 registers). Not for value blocks of 128 (one program per
+  // head holds the whole state: 171 registers ungated).
+  if (cfg.gated && BV <= 64) kb.set_min_ctas_per_sm(2);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor w = kb.tensor("w", dt, 4);
+  Tensor u = kb.tensor("u", dt, 5);
+  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
+  Tensor ht = cfg.final_state ? kb.tensor("final_state", f32, 4) : Tensor();
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_offsets = cfg.save_states ? kb.tensor("chunk_offsets", DType::i32, 1) : Tensor();
+  Tensor h = cfg.save_states ? kb.tensor("h", dt, 4) : Tensor();
+  Tensor vn = cfg.save_states ? kb.tensor("v_new", dt, 4) : Tensor();
+  Tensor o = kb.tensor("o", dt, 4);
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile i_v = program_id(0);
+  Tile i_nh = program_id(1);
+  Tile H = q.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  const SequenceBounds seq_rows = sequence_bounds(q, cu, cfg.varlen, i_n);
+  const Tile b = seq_rows.b, bos = seq_rows.bos, eos = seq_rows.eos;
+  Tile num_chunks = (eos - bos + (BT - 1)) / BT;
+  Tile v0 = i_v * BV;
+
+  Tile S = zeros({BK, BV}, f32);
+  if (cfg.initial_state) S = load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
+  Tile first_chunk = cfg.save_states ? load(chunk_offsets, {i_n}, {kIndex}) : Tile();
+
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+  Tile causal = row >= col;
+  AccessOptions in_seq{.limits = {{1, eos}}};
+
+  // The gates, loaded an iteration ahead: a [BT] fp32 tile is too small for the pipeliner's 16-byte
+  // copies per thread, and loaded in its own iteration it held up the state update (exp(b_C - b)
+  // scales V_new before K^T V_new): H200 B8 T4096 H16 D128 bf16 gated walk 0.62 -> 0.57 ms. (Forming
+  // the next chunk's gate terms at the end of the iteration as well was slower: 0.61 ms.)
+  Tile gc_next;
+  if (cfg.gated) gc_next = load(g, {b, bos, i_h}, {kIndex, BT, kIndex}, in_seq);
+
+  auto body = [&](Tile i) {
+    Tile t0 = bos + i * BT;
+    Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile W = load(w, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile U = load(u, {b, t0, i_h, i_v, 0}, {kIndex, BT, kIndex, kIndex, BV}, in_seq);
+    // Per-row factors of Q S and of K in the state update; invalid tiles stand for all ones.
+    Tile q_norm, k_norm, q_factor, k_factor, b_last, gam;
+    if (cfg.l2norm_qk) {
+      q_factor = q_norm = inverse_row_norms(Q);
+      k_factor = k_norm = inverse_row_norms(K);
+    }
+    if (cfg.gated) {
+      Tile gc = gc_next;
+      gc_next = load(g, {b, t0 + BT, i_h}, {kIndex, BT, kIndex}, in_seq);
+      // Rows past the sequence end load g = 0, so b stops growing there and b_C = b at the last row.
+      const ChunkDecays dec = chunk_decays(gc, BT);
+      Tile e_b = exp(cumsum(gc, 0)), decay = exp(dec.R);  // exp(b), exp(b_C - b_r)
+      b_last = sum(gc, 0);
+      gam = exp(dec.D);  // exp(b_r - b_c) for r > c, summed directly; 1 on and above the diagonal
+      q_factor = q_factor.valid() ? q_factor * e_b : e_b;
+      k_factor = k_factor.valid() ? k_factor * decay : decay;
+    }
+    Tile S_dt = S.to(dt);
+    Tile V_new32 = U.to(f32) - dot(W, S_dt);
+    Tile V_new = V_new32.to(dt);
+    if (cfg.save_states) {
+      store(h, {first_chunk + i, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S_dt);
+      store(vn, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, V_new, in_seq);
+    }
+    // (diag(f) K)^T V_new = K^T (diag(f) V_new): the factor goes on the smaller fp32 tile. Formed here,
+    // right after V_new, so that the fp32 V_new is dead before O's products (gated bv-128 walk: ptxas
+    // 255 -> 212 registers).
+    Tile V_state = k_factor.valid() ? (V_new32 * expand_dims(k_factor, 1)).to(dt) : V_new;
+
+    Tile O = chunk_output(Q, K, S_dt, V_new, scale, q_factor, q_norm, k_norm, gam, causal, dt);
+    store(o, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), in_seq);
+
+    if (cfg.gated) S = S * exp(b_last);
+    S = S + dot(K.T(), V_state);
+  };
+  if (cfg.gated) {
+    for_range(0, num_chunks, body, S, gc_next);
+  } else {
+    for_range(0, num_chunks, body, S);
+  }
+
+  if (cfg.final_state) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
+  return kb.finish();
+}
+
+// The split schedule's outputs (config split=1): one program per (chunk, sequence x head, V block), all
+// in parallel, from the state before the chunk (h) and V_new that the state pass
+// (build_delta_bwd_states) stored:
+//   O = scale ((exp(b) .* Q) S + ((Q K^T) .* exp(b_r - b_c) .* M) V_new)
+// The walk then carries only V_new and the state update from chunk to chunk: where few (sequence, head)
+// pairs leave most SMs idle, its chunks go faster than the fused walk's.
+std::shared_ptr<ir::Kernel> build_delta_rule_out(const DeltaRuleConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb(cfg.gated ? "gated_delta_rule_out" : "delta_rule_out");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(1);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  Tensor h = kb.tensor("h", dt, 4);
+  Tensor vn = kb.tensor("v_new", dt, 4);
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  Tensor o = kb.tensor("o", dt, 4);
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile i_c = program_id(0), i_x = program_id(1), i_v = program_id(2);
+  const ChunkBounds cb = chunk_bounds(q, cu, chunk_indices, cfg.varlen, i_c, i_x, BT);
+  const Tile b = cb.b, i_h = cb.i_h, t0 = cb.t0;
+  const AccessOptions& in_seq = cb.in_seq;
+  Tile v0 = i_v * BV;
+  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+
+  Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile S = load(h, {cb.global_chunk, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
+  Tile V_new = load(vn, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
+  Tile e_b, gam;  // exp(b) and exp(b_r - b_c), the decays summed directly
+  if (cfg.gated) {
+    Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
+    e_b = exp(cumsum(gc, 0));
+    gam = exp(decays_between_rows(gc, BT));
+  }
+  Tile O = chunk_output(Q, K, S, V_new, scale, e_b, Tile(), Tile(), gam, row >= col, dt);
+  store(o, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), in_seq);
+  return kb.finish();
+}
+
+namespace {
+
+const std::vector<std::pair<std::string, std::string>>& delta_rule_config_keys() {
+  static const std::vector<std::pair<std::string, std::string>> keys = [] {
+    auto k = chunked_config_keys();
+    k.push_back({"split", "1: a state pass storing the state before every chunk, then every chunk's outputs in "
+                          "parallel (not with --l2norm-qk); 0: the fused walk"});
+    return k;
+  }();
+  return keys;
+}
+
+enum class DeltaKernel { wy, fwd, out, recurrent };
+
+/// Kernels are recorded once per configuration and shared (the IR is immutable once built).
+std::shared_ptr<ir::Kernel> cached_delta_kernel(DeltaKernel which, const DeltaRuleConfig& cfg) {
+  static KernelMemo memo;
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
+                                cfg.chunk, cfg.block_k, cfg.block_v, cfg.gated, cfg.l2norm_qk, cfg.initial_state,
+                                cfg.final_state, cfg.varlen, cfg.store_t, cfg.num_warps, cfg.num_stages, cfg.wy_warps) +
+                    fmt::format("/{}/{}/{}", cfg.v_blocks, cfg.save_states, cfg.split);
+  return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
+    switch (which) {
+      case DeltaKernel::wy: return build_delta_rule_wy(cfg);
+      case DeltaKernel::fwd: return build_delta_rule_fwd(cfg);
+      case DeltaKernel::out: return build_delta_rule_out(cfg);
+      case DeltaKernel::recurrent: return build_delta_rule_recurrent(cfg);
+    }
+    throw InternalError("bad delta-rule kernel");
+  });
+}
+
+/// The configuration for head dims K, V: defaults, then opts.config on top.
+/// `heads`: sequences x heads of the call (0: unknown), for the few-heads value blocks.
+DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t V, const OpOptions& opts,
+                                  int64_t heads = 0) {
+  check_config_keys(op, opts, delta_rule_config_keys());
+  DeltaRuleConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.gated = gated;
+  cfg.l2norm_qk = opts.l2norm_qk;
+  cfg.block_k = padded_head_dim(K);
+  // Defaults, each for a reason:
+  //  - chunks of 64 with 4 warps for head dims up to 64; chunks of 32 above, with 8 warps (bf16/fp16)
+  //    or 4 warps and 32 value columns (fp32): spill-free at K = V = 128 under ptxas (sm_80, sm_90a).
+  //    (Chunks of 64 with 8 warps once gave wrong outputs on an H200: that was the shared-memory
+  //    barrier bug of tests/regress/dot_operand_reuse.tir, fixed; the tuner may pick them now.)
+  //  - shared memory (227 KB on Hopper): delta_rule_fwd holds Q, K and W [BT, BK] blocks, twice when
+  //    pipelined; fp32 blocks and K = 256 leave no room for the second stage.
+  const bool small = K <= 64 && V <= 64, fp32 = dtype_bytes(cfg.dtype) == 4;
+  cfg.chunk = checked_chunk_size(opts.chunk_size, small ? 64 : 32);
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
+  //  - value blocks of 128 for the 16-bit walk above head dim 64 (one program holds the whole state; no
+  //    program redoes another's W S): H200 B8 T4096 H16 D128 bf16 walk 0.56 -> 0.42 ms, gated 0.68 ->
+  //    0.63 ms.
+  //    With at most 64 sequences x heads, 64 columns (more programs): H200 B2 T16384 H16 D128 bf16, the
+  //    forward saving the backward's tensors 2.45 -> 1.61 ms (gated 3.19 -> 2.13; 32 columns 1.79).
+  const int64_t wide_v = !small && !fp32 && !(heads > 0 && heads <= kDeltaFewHeads) ? 128 : 64;
+  const int64_t bv = std::min<int64_t>(padded_head_dim(V), opts.recurrent || (fp32 && !small) ? 32 : wide_v);
+  cfg.block_v = static_cast<int>(config_value(opts, "bv", bv, {16, 32, 64, 128, 256}));
+  cfg.v_blocks = static_cast<int>((padded_head_dim(V) + cfg.block_v - 1) / cfg.block_v);
+  const int64_t warps = small || (fp32 && !opts.recurrent) ? 4 : 8;
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", warps, {2, 4, 8}));
+  cfg.num_stages = static_cast<int>(config_value(opts, "stages", fp32 || cfg.block_k > 128 ? 1 : 2, {1, 2}));
+  cfg.split = config_value(opts, "split", 0, {0, 1}) == 1;
+  if (cfg.split && opts.l2norm_qk) throw UserError(fmt::format("{}: --config split=1 does not take --l2norm-qk", op));
+  if (cfg.split && opts.recurrent) throw UserError(fmt::format("{}: --config split=1 is for the chunked form, not --recurrent", op));
+  return cfg;
+}
+
+OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+  const char* name = gated ? "gated_delta_rule" : "delta_rule";
+  if (opts.backward) return plan_delta_rule_bwd(gated, inputs, opts, wanted);
+  for (const char* grad : {"do", "dfinal_state"})
+    if (inputs.count(grad)) throw UserError(fmt::format("{}: input '{}' is a gradient; it needs --backward", name, grad));
+  SequenceLayout seq = check_qkv_inputs(name, inputs);
+  if (!inputs.count("beta")) throw UserError(fmt::format("{}: missing input 'beta'", name));
+  check_shape("beta", inputs.at("beta"), {seq.B, seq.T, seq.H});
+  if (gated) {
+    if (!inputs.count("g")) throw UserError(fmt::format("{}: missing input 'g'", name));
+    check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H});
+  }
+  const bool has_h0 = inputs.count("initial_state") > 0;
+  if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
+
+  // Saving for the backward (any saved_* output wanted): delta_rule_wy also stores T and the walk the
+  // state before each chunk and V_new; with W these are what the backward would recompute
+  // (delta_rule_chunked_bwd.h). At the backward's chunk unless one is asked for.
+  bool save = false;
+  for (const auto& t : delta_saved_tensors()) save = save || wants(wanted, t.name);
+  if (save && opts.recurrent) throw UserError(fmt::format("{}: saved_* outputs come from the chunked form, not --recurrent", name));
+  if (save && opts.l2norm_qk)
+    throw UserError(fmt::format("{}: saved_* outputs are not made with --l2norm-qk (its backward recomputes them)", name));
+  OpOptions fwd_opts = opts;
+  const bool chunk_asked = opts.chunk_size || opts.config.count("chunk");
+  if (save && !chunk_asked) fwd_opts.chunk_size = delta_bwd_default_chunk(opts.dtype, seq.K, seq.V);
+  DeltaRuleConfig cfg = delta_rule_config(name, gated, seq.K, seq.V, fwd_opts, seq.N * seq.H);
+  if (save && cfg.chunk > 64)
+    throw UserError(fmt::format("{}: saved_* outputs need chunks of 16, 32 or 64 (the backward's), not {}", name, cfg.chunk));
+  cfg.store_t = cfg.save_states = save;
+  cfg.initial_state = has_h0;
+  cfg.final_state = wants(wanted, "final_state");
+  cfg.varlen = seq.varlen;
+
+  OpPlan plan;
+  for (const char* t : {"q", "k", "v"}) plan.tensors[t] = inputs.at(t).cast(cfg.dtype);
+  plan.tensors["beta"] = inputs.at("beta").cast(DType::f32);
+  if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32);
+  if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
+  if (cfg.final_state) plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
+  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+  plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+
+  // The launch that walks each (sequence, head, V block): the recurrent kernel or the chunk kernel.
+  const int64_t num_v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
+  KernelLaunch walk;
+  walk.grid = {num_v_blocks, seq.N * seq.H, 1};
+  walk.scalars["scale"] = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  for (const char* t : {"q", "k", "o"}) walk.tensors[t] = t;
+  if (gated) walk.tensors["g"] = "g";
+  if (has_h0) walk.tensors["initial_state"] = "initial_state";
+  if (cfg.final_state) walk.tensors["final_state"] = "final_state";
+  if (seq.varlen) walk.tensors["cu_seqlens"] = "cu_seqlens";
+
+  if (opts.recurrent) {
+    walk.kernel = cached_delta_kernel(DeltaKernel::recurrent, cfg);
+    walk.tensors["v"] = "v";
+    walk.tensors["beta"] = "beta";
+  } else {
+    // w and u are scratch: every row of every sequence is written by delta_rule_wy before
+    // delta_rule_fwd reads it. u is split in V blocks ([.., V blocks, BV], zero past V) so that
+    // delta_rule_fwd reads whole rows of it.
+    plan.tensors["w"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+    plan.tensors["u"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, num_v_blocks, cfg.block_v});
+    KernelLaunch wy;
+    wy.kernel = cached_delta_kernel(DeltaKernel::wy, cfg);
+    for (const char* t : {"k", "v", "beta", "w", "u"}) wy.tensors[t] = t;
+    if (gated) wy.tensors["g"] = "g";
+    // The chunk tables: (sequence, chunk of it) per program with varlen, and the first global chunk of
+    // every sequence (the rows of the per-chunk state table).
+    HostTensor offsets, indices;
+    const int64_t total_chunks = delta_chunk_tables(seq, cfg.chunk, &offsets, &indices);
+    int64_t chunks = 0;
+    if (seq.varlen) {
+      plan.tensors["chunk_indices"] = indices;
+      chunks = total_chunks;
+      wy.tensors["cu_seqlens"] = "cu_seqlens";
+      wy.tensors["chunk_indices"] = "chunk_indices";
+      wy.grid = {chunks, seq.H, 1};
+    } else {
+      chunks = (seq.T + cfg.chunk - 1) / cfg.chunk;
+      wy.grid = {chunks, seq.B * seq.H, 1};
+    }
+    if (save || cfg.split) {
+      // The state before each chunk ([chunks, H, K, V], indexed by global chunk) and V_new.
+      plan.tensors["chunk_offsets"] = offsets;
+      plan.tensors["h"] = HostTensor::zeros(cfg.dtype, {std::max<int64_t>(total_chunks, 1), seq.H, seq.K, seq.V});
+      plan.tensors["v_new"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+      for (const char* t : {"chunk_offsets", "h", "v_new"}) walk.tensors[t] = t;
+    }
+    if (save) {
+      plan.tensors["t_mat"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, cfg.chunk});
+      wy.tensors["t_mat"] = "t_mat";
+      for (const auto& t : delta_saved_tensors()) plan.outputs[t.name] = t.tensor;
+    }
+    if (chunks > 0) plan.launches.push_back(std::move(wy));
+    if (cfg.split) {
+      DeltaChunkedBwdConfig pass;
+      pass.dtype = cfg.dtype;
+      pass.chunk = cfg.chunk;
+      pass.block_k = cfg.block_k;
+      pass.block_v = cfg.block_v;
+      pass.full_v = padded_head_dim(seq.V);
+      pass.gated = gated;
+      pass.initial_state = has_h0;
+      pass.final_state = cfg.final_state;
+      pass.varlen = seq.varlen;
+      pass.num_warps = cfg.num_warps;
+      plan.launches.push_back(
+          plan_launch(plan, delta_state_pass_kernel(pass), {num_v_blocks, seq.N * seq.H, 1}, std::map<std::string, double>{}));
+      const int64_t per_seq = seq.varlen ? chunks : (seq.T + cfg.chunk - 1) / cfg.chunk;
+      if (chunks > 0)
+        plan.launches.push_back(plan_launch(plan, cached_delta_kernel(DeltaKernel::out, cfg),
+                                            {per_seq, seq.varlen ? seq.H : seq.B * seq.H, num_v_blocks},
+                                            {{"scale", walk.scalars["scale"]}}));
+    } else {
+      walk.kernel = cached_delta_kernel(DeltaKernel::fwd, cfg);
+      walk.tensors["w"] = "w";
+      walk.tensors["u"] = "u";
+    }
+  }
+  if (walk.kernel) plan.launches.push_back(std::move(walk));
+  if (wants(wanted, "o")) plan.outputs["o"] = "o";
+  if (cfg.final_state) plan.outputs["final_state"] = "final_state";
+  return plan;
+}
+
+/// A representative set of kernels at the default configuration of K = V = 128 (fla's DeltaNet
+/// head size): each kernel plain, and with every option on.
+std::vector<std::shared_ptr<ir::Kernel>> delta_rule_kernels(bool gated, const OpOptions& opts) {
+  const char* name = gated ? "gated_delta_rule" : "delta_rule";
+  std::vector<std::shared_ptr<ir::Kernel>> out;
+  for (bool recurrent : {false, true}) {
+    OpOptions o = opts;
+    o.recurrent = recurrent;
+    DeltaRuleConfig plain = delta_rule_config(name, gated, 128, 128, o);
+    plain.l2norm_qk = false;
+    DeltaRuleConfig full = plain;
+    full.l2norm_qk = full.initial_state = full.final_state = full.varlen = true;
+    if (recurrent) {
+      out.push_back(cached_delta_kernel(DeltaKernel::recurrent, plain));
+      out.push_back(cached_delta_kernel(DeltaKernel::recurrent, full));
+    } else {
+      for (const auto* c : {&plain, &full}) {
+        out.push_back(cached_delta_kernel(DeltaKernel::wy, *c));
+        out.push_back(cached_delta_kernel(DeltaKernel::fwd, *c));
+      }
+      // The split schedule's output kernel (its state pass is the backward's, listed with it).
+      DeltaRuleConfig split = plain;
+      split.split = true;
+      out.push_back(cached_delta_kernel(DeltaKernel::out, split));
+      split.varlen = true;
+      out.push_back(cached_delta_kernel(DeltaKernel::out, split));
+    }
+  }
+  for (auto& k : delta_rule_bwd_kernels(gated, opts)) out.push_back(k);
+  return out;
+}
+
+OpDef delta_rule_op_def(bool gated) {
+  OpDef op;
+  op.name = gated ? "gated_delta_rule" : "delta_rule";
+  op.summary = gated ? "chunked Gated DeltaNet forward (UT transform + WY recurrence, KERNELS.md 3)"
+                     : "chunked DeltaNet forward (UT transform + WY recurrence, KERNELS.md 3)";
+  op.inputs = {
+      {"q", true, "[B,T,H,K]", "queries"},
+      {"k", true, "[B,T,H,K]", "keys (L2-normalized, not checked, or pass --l2norm-qk)"},
+      {"v", true, "[B,T,H,V]", "values (a non-finite v, k or beta makes all of its chunk's outputs non-finite)"},
+  };
+  if (gated) op.inputs.push_back({"g", true, "[B,T,H]", "log-decay per token and head (<= 0; -inf drops the state)"});
+  op.inputs.push_back({"beta", true, "[B,T,H]", "delta-rule step size per token and head, in (0, 1)"});
+  op.inputs.push_back({"initial_state", false, "[N,H,K,V]", "state before the first token of each sequence (fp32)"});
+  op.inputs.push_back({"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"});
+  op.inputs.push_back({"do", false, "[B,T,H,V]", "--backward: gradient of the loss w.r.t. o"});
+  op.inputs.push_back({"dfinal_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. final_state (fp32)"});
+  for (const auto& t : delta_saved_tensors())
+    op.inputs.push_back({t.name, false, t.shape, "--backward: the forward's output of that name (all four or none)"});
+  op.outputs = {
+      {"o", true, "[B,T,H,V]", "outputs"},
+      {"final_state", false, "[N,H,K,V]", "state after the last token of each sequence (fp32)"},
+      {"dq", false, "[B,T,H,K]", "--backward: gradient w.r.t. q"},
+      {"dk", false, "[B,T,H,K]", "--backward: gradient w.r.t. k"},
+      {"dv", false, "[B,T,H,V]", "--backward: gradient w.r.t. v"},
+      {"dbeta", false, "[B,T,H]", "--backward: gradient w.r.t. beta (fp32)"},
+  };
+  if (gated) op.outputs.push_back({"dg", false, "[B,T,H]", "--backward: gradient w.r.t. g (fp32)"});
+  op.outputs.push_back({"dinitial_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. initial_state (fp32)"});
+  // The forward's intermediates for a later --backward (the training pair: see docs/ops/delta_rule.md).
+  for (const auto& t : delta_saved_tensors())
+    op.outputs.push_back({t.name, false, t.shape, fmt::format("{}, for --backward (inputs saved_*)", t.what)});
+  op.flags = {"recurrent", "l2norm_qk", "backward"};
+  op.bwd_tuning_space = [](const ProblemShape&, DType) {
+    // The chunked backward's chunk and walk width. On an H200 (B8 H16 D128 bf16, timed at T = 1024) the
+    // default (chunk 32, bv 128, 8 warps) was fastest; 4 warps were 1.7x slower and chunk 64 spilled
+    // 3.2 KB (gated: more shared memory than a block has), so neither is offered.
+    return std::vector<Config>{{}, {{"chunk", 16}}, {{"bv", 64}}};
+  };
+  op.config_keys = delta_rule_config_keys();
+  op.config_keys.push_back({"tokenwise", "--backward: 1 = the token-by-token reference form"});
+  op.prepare = [gated](const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+    return plan_delta_rule(gated, inputs, opts, wanted);
+  };
+  op.kernels = [gated](const OpOptions& opts) { return delta_rule_kernels(gated, opts); };
+  op.random_inputs = [gated](const ProblemShape& s, uint64_t seed) {
+    TensorMap in;
+    in["q"] = random_uniform({s.B, s.T, s.H, s.K}, seed);
+    // Unit keys and beta in (0.27, 0.73) keep the recurrence contractive, as in real models.
+    HostTensor k = random_uniform({s.B, s.T, s.H, s.K}, seed + 1);
+    float* p = reinterpret_cast<float*>(k.materialize());
+    for (int64_t r = 0; r < s.B * s.T * s.H; ++r) {
+      double norm = 0;
+      for (int64_t d = 0; d < s.K; ++d) norm += double(p[r * s.K + d]) * p[r * s.K + d];
+      for (int64_t d = 0; d < s.K; ++d) p[r * s.K + d] = static_cast<float>(p[r * s.K + d] / std::sqrt(norm + 1e-6));
+    }
+    in["k"] = std::move(k);
+    in["v"] = random_uniform({s.B, s.T, s.H, s.V}, seed + 2);
+    HostTensor beta = random_uniform({s.B, s.T, s.H}, seed + 3);
+    float* bp = reinterpret_cast<float*>(beta.materialize());
+    for (int64_t i = 0; i < beta.numel(); ++i) bp[i] = static_cast<float>(1.0 / (1.0 + std::exp(-bp[i])));
+    in["beta"] = std::move(beta);
+    if (gated) in["g"] = random_log_decay({s.B, s.T, s.H}, seed + 4);
+    return in;
+  };
+  op.shape_of = [gated](const TensorMap& in) {
+    const HostTensor& q = in.at("q");
+    return ProblemShape{q.shape[0], q.shape[1], q.shape[2], q.shape[3], in.at("v").shape[3], gated};
+  };
+  op.tuning_space = [](const ProblemShape& s, DType) {
+    // The defaults first. Every candidate must match the interpreter before it is timed, which also
+    // guards against the chunk-64/8-warp GPU results seen during development (see the issue notes).
+    std::vector<Config> space{{},
+                              {{"chunk", 32}, {"warps", 8}, {"bv", 64}},
+                              {{"chunk", 32}, {"warps", 8}, {"bv", 128}},
+                              {{"chunk", 16}, {"warps", 8}, {"bv", 64}},
+                              {{"chunk", 32}, {"warps", 4}, {"bv", 32}}};
+    // Chunks of 64 only for head dims up to 64: at 128 on an H200 they were the slowest candidate
+    // (0.656 ms at B8 T1024 H16 vs 0.340 for the winner) and the slowest to compile (the fp32
+    // inverse at 64 rows: 1.4 s of a 3.3 s cold tuning's critical path).
+    if (std::max(s.K, s.V) <= 64) space.insert(space.begin() + 2, {{"chunk", 64}, {"warps", 4}, {"bv", 64}});
+    // Few walks (sequences x heads): the split schedule, whose walk carries only the state from chunk to
+    // chunk and leaves the outputs to a kernel over every chunk in parallel.
+    if (s.B * s.H <= 64) {
+      space.push_back({{"split", 1}, {"chunk", 32}, {"warps", 4}, {"bv", 32}});
+      space.push_back({{"split", 1}, {"chunk", 32}, {"warps", 8}, {"bv", 64}});
+    }
+    return space;
+  };
+  return op;
+}
+
+}  // namespace
+
+OpDef delta_rule_op() { return delta_rule_op_def(false); }
+OpDef gated_delta_rule_op() { return delta_rule_op_def(true); }
+
+}  // namespace linac

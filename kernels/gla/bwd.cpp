@@ -1,0 +1,574 @@
+#include "kernels/gla/bwd.h"
+
+#include <cmath>
+#include <fmt/format.h>
+
+#include "kernels/gla/fwd.h"
+#include "kernels/gla/split_bwd.h"
+#include "kernels/common/log_decay.h"
+#include "kernels/common/op_support.h"
+#include "kernels/common/sequence_bounds.h"
+#include "linac/dsl.h"
+#include "linac/error.h"
+
+namespace linac {
+
+using namespace dsl;
+
+// GLA backward in chunks of BT rows (16, 32 or 64), with per-channel log-gates g. Per chunk:
+// L = cumsum(g) from its first row (inclusive), tot = L's last row, R_r = g_{r+1} + ... + g_{BT-1} (the
+// decay from row r to the chunk's end, summed directly, not as tot - L: see build_gla_fwd),
+// A[r, c] = scale sum_d q_rd k_cd exp(L_rd - L_cd) (r >= c), S the state before the chunk, S' after:
+//   O = scale (Q .* exp(L)) S + A V,    S' = diag(exp(tot)) S + (K .* exp(R))^T V
+// Reverse mode, with dS' = dL/dS' (dfinal_state after the last chunk) and dA = scale (dO V^T) .* M:
+//   dQ = scale (dO S^T) .* exp(L) + dQi,   dQi[r, d] = sum_{c <= r} dA[r, c] k_cd exp(L_rd - L_cd)
+//   dK = (V dS'^T) .* exp(R) + dKi,        dKi[c, d] = sum_{r >= c} dA[r, c] q_rd exp(L_rd - L_cd)
+//   dV = (K .* exp(R)) dS' + A^T dO
+//   dS = diag(exp(tot)) dS' + scale (Q .* exp(L))^T dO
+//   dg_t = sum_{s >= t} (q_s .* dq_s - k_s .* dk_s) + rowsum(dfinal_state .* S_T)   (per channel)
+// Kernels: gla_bwd_intra (every chunk in parallel: dQi, dKi and A^T dO; its 16x16 diagonal blocks
+// elementwise in fp32 like gla_intra, the blocks below them as products of decayed 16-row tiles, every
+// exp(L_r - L_c) split at a 16-row boundary into two sums of gates), then walks shaped like the
+// forward — dq forward in time over X = S^T [V, K] (key columns split in blocks), dk backward over
+// X = dS^T [V, K], dv backward over X = dS [K, V] (value columns split), or where one program holds
+// the whole state, dk and dv in one backward walk over X = dS (gla_bwd_dkdv: dS is built once) — and
+// gla_bwd_dg, a reverse walk taking the suffix sums. No state is stored: memory O(T*D).
+
+namespace {
+
+constexpr int64_t kSub = 16;  // rows of the diagonal blocks computed elementwise
+
+/// L, tot and R of the chunk of BT rows at t0.. (f32 [BT, BK], [BK], [BT, BK]), each a sum of gates
+/// over the rows it spans (no differences of cumulative sums).
+struct ChunkGates {
+  Tile L, tot, R;
+};
+
+ChunkGates chunk_gates(const Tensor& g, const Tile& b, const Tile& t0, const Tile& i_h, const Tile& k0, int64_t BT,
+                       int64_t BK, const Tile& eos) {
+  AccessOptions in_seq{.limits = {{1, eos}}};
+  Tile gc = load(g, {b, t0, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq);
+  // The gates of rows r+1.., the last row's replaced by 0 (it belongs to the next chunk), summed from the end.
+  Tile next = load(g, {b, t0 + 1, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq);
+  Tile last_row = expand_dims(iota(BT), 1) == BT - 1;
+  ChunkGates r;
+  r.L = cumsum(gc, 0);
+  r.tot = sum(gc, 0);
+  r.R = cumsum(where(last_row, 0.0f, next), 0, true);
+  return r;
+}
+
+}  // namespace
+
+std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) {
+  const int64_t BK = cfg.block_k, BV = cfg.block_v, BT = cfg.chunk;
+  const int NC = static_cast<int>(BT / kSub);
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb("gla_bwd_intra");
+  kb.set_num_warps(cfg.intra_warps);
+  // All registers: ptxas, keeping room for more blocks per SM, capped it at 128 and it spilled (fp32 at
+  // head dim 64: 4 bytes; at 8 warps 140 bytes in bf16 at 128).
+  kb.set_min_ctas_per_sm(1);
+  kb.set_num_stages(1);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor v = kb.tensor("v", dt, 4);
+  Tensor g = kb.tensor("g", f32, 4);
+  Tensor dout = kb.tensor("do", dt, 4);
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor dq_intra = kb.tensor("dq_intra", f32, 4);
+  Tensor dk_intra = kb.tensor("dk_intra", f32, 4);
+  Tensor dv_intra = kb.tensor("dv_intra", f32, 4);
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile i_s = program_id(0), i_nh = program_id(1);
+  Tile H = q.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  Tile b = seq.b;
+  Tile t0 = seq.bos + i_s * BT;  // at or past eos for the chunks of the longest sequence only
+  AccessOptions in_seq{.limits = {{1, seq.eos}}};
+  Tile rows = expand_dims(iota(kSub), 1), cols = expand_dims(iota(kSub), 0);
+
+  // Per 16-row sub-chunk i: its rows and, only where a block below the diagonal uses them (the IR
+  // keeps what is recorded, used or not: at chunk 16 none is), Qd_i = Q_i .* exp(g_{first+1} + ... +
+  // g_r) and g0_i (first row) for i > 0, Rs_i = g_{c+1} + ... + g_{last} (to its end) for i < NC - 1,
+  // tot_i for the sub-chunks in between.
+  std::vector<Tile> Qf(NC), Kf(NC), V(NC), dO(NC), Qexp(NC), Qd(NC), Rs(NC), tot(NC), g0(NC);
+  std::vector<Tile> dQi(NC), dKi(NC), dVi(NC);
+  for (int i = 0; i < NC; ++i) {
+    Tile ti = t0 + i * kSub;
+    Qf[i] = load(q, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq).to(f32);
+    Kf[i] = load(k, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq).to(f32);
+    V[i] = load(v, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BV}, in_seq);
+    dO[i] = load(dout, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BV}, in_seq);
+    // The sub-chunk's gates, floored for the factored form (kernels/common/log_decay.h): its spread
+    // L_hi - L_lo and exp(L - m) are NaN for -inf gates. Every other decay here is a sum of gates.
+    Tile G = floor_log_decay(load(g, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq));
+    if (i > 0) {
+      if (i < NC - 1) tot[i] = sum(G, 0);
+      g0[i] = load(g, {b, ti, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
+      Qexp[i] = exp(cumsum(where(rows > 0, G, 0.0f), 0));  // exp(g_{first+1} + ... + g_r)
+      Qd[i] = Qf[i] * Qexp[i];
+    }
+    if (i < NC - 1) {
+      Tile next = load(g, {b, ti + 1, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq);
+      Rs[i] = cumsum(where(rows == kSub - 1, 0.0f, next), 0, true);  // g_{c+1} + ... + g_{last}
+    }
+
+    // The diagonal block, in fp32, two ways as gla_intra chooses (see build_gla_intra):
+    //  - factored where the sub-chunk's gates spread at most kGlaFactorSpread: with Qn = Q .* exp(L - m),
+    //    Kn = K .* exp(m - L) (m midway between each channel's extremes, every factor within exp(+-30)),
+    //      A = Qn Kn^T,  dQi = (dA Kn) .* exp(L - m),  dKi = (dA^T Qn) .* exp(m - L)   (masked dA);
+    //  - elementwise otherwise, in two passes over its 16 rows so that every sum is a row sum (warp
+    //    shuffles) and none runs down a column (a shared-memory walk per step). The entries of dA each
+    //    step needs are read from dA's shared-memory copy with take (no reduction; --config take=0
+    //    picks them by masked row sums instead, 0.34 ms slower on the H200):
+    //    - column c at a time (row c of K, column c of dA), as gla_intra builds A:
+    //        dQi[r] += dA[r, c] k_c .* exp(L_r - L_c) (r >= c),  A[r, c] = rowsum(q_r .* k_c .* exp(..))
+    //    - row r at a time (row r of Q, row r of dA):
+    //        dKi[c] += dA[r, c] q_r .* exp(L_r - L_c) (c <= r)
+    //    L_r - L_c is summed directly as g_{c+1} + ... + g_r, carried from step to step (each adds one
+    //    row of gates, in a fixed order): the difference of two cumulative sums loses the small gates
+    //    after a very negative one (-1e4 gates inside the chunk: 6e-4 relative error in dq).
+    Tile dA = where(rows >= cols, dot(dO[i], V[i].T()) * scale, 0.0f);
+    Tile dAt = cfg.take ? Tile() : where(rows <= cols, dot(V[i], dO[i].T()) * scale, 0.0f);  // dA^T
+    Tile dQ = zeros({kSub, BK}, f32), dK = zeros({kSub, BK}, f32), A = zeros({kSub, kSub}, f32);
+    Tile L = cumsum(G, 0);
+    Tile L_hi = max(L, 0), L_lo = min(L, 0);
+    if_then_else(max(L_hi - L_lo, 0) <= kGlaFactorSpread, [&] {
+      Tile m = expand_dims((L_hi + L_lo) * 0.5f, 0);
+      Tile up = exp(L - m), down = exp(m - L);
+      Tile Qn = Qf[i] * up, Kn = Kf[i] * down;
+      A = where(rows >= cols, dot(Qn, Kn.T()), 0.0f);
+      dQ = dot(dA, Kn) * up;
+      dK = dot(dA.T(), Qn) * down;
+    }, [&] {
+      const Tile& Qi = Qf[i];
+      // Columns from last to first, carrying E[r] = g_{c+1} + ... + g_r (r > c). The rows each step
+      // needs from memory are loaded one step ahead (carried), so that their latency overlaps a step.
+      auto row_of = [&](const Tensor& t, const Operand& r) {
+        return load(t, {b, ti + r, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
+      };
+      Tile E = zeros({kSub, BK}, f32);
+      // Row c+1 of the gates; at c = 15 it lies past the block, and every row it reaches is masked.
+      Tile kc = row_of(k, kSub - 1), g_next = row_of(g, kSub);
+      for_range(0, kSub, [&](Tile step) {
+        Tile c = kSub - 1 - step;
+        Tile c_ahead = where(c > 0, c - 1, 0);  // the next step's column (a harmless reload at the end)
+        Tile kc_ahead = row_of(k, c_ahead), g_ahead = row_of(g, c);
+        E = where(rows > c, E + expand_dims(g_next, 0), 0.0f);
+        Tile below = rows >= c;
+        Tile e = exp(E);  // exp(L_r - L_c) for r >= c (1 at r = c); rows above c are masked below
+        // Column c of dA, [16, 1].
+        Tile dA_c = expand_dims(cfg.take ? take(dA, c, 1) : sum(where(cols == c, dA, 0.0f), 1), 1);
+        Tile kc32 = kc.to(f32);
+        dQ = dQ + where(below, e * dA_c, 0.0f) * expand_dims(kc32, 0);
+        A = A + where((cols == c) & below, expand_dims(sum(e * Qi * expand_dims(kc32, 0), 1), 1), 0.0f);
+        kc = kc_ahead;
+        g_next = g_ahead;
+      }, dQ, A, E, kc, g_next);
+      // Rows from first to last, carrying F[c] = g_{c+1} + ... + g_r (c < r).
+      Tile F = zeros({kSub, BK}, f32);
+      Tile qr = row_of(q, 0), g_r = row_of(g, 0);
+      for_range(0, kSub, [&](Tile r) {
+        Tile qr_ahead = row_of(q, r + 1), g_ahead = row_of(g, r + 1);  // row 16 past the end: unused
+        F = where(rows < r, F + expand_dims(g_r, 0), 0.0f);
+        // Row r of dA (over c), as a column [16, 1].
+        Tile dA_r = expand_dims(cfg.take ? take(dA, r, 0) : sum(where(cols == r, dAt, 0.0f), 1), 1);
+        dK = dK + where(rows <= r, exp(F) * dA_r, 0.0f) * expand_dims(qr.to(f32), 0);
+        qr = qr_ahead;
+        g_r = g_ahead;
+      }, dK, F, qr, g_r);
+    }, dQ, dK, A);
+    dQi[i] = dQ;
+    dKi[i] = dK;
+    dVi[i] = dot((A * scale).T().to(dt), dO[i]);
+  }
+
+  // Blocks below the diagonal (sub-chunk i after j): exp(L_r - L_c) = exp(Qd exponent of r in i) *
+  // exp(decay of c from its row to the first row of i), the latter Rs_j + tot_{j+1} + ... + tot_{i-1}
+  // + g0_i: every exponent a sum of gates (<= 0), none a difference.
+  for (int i = 1; i < NC; ++i) {
+    Tile decay = g0[i];  // from the end of sub-chunk j to the first row of sub-chunk i
+    for (int j = i - 1; j >= 0; --j) {
+      Tile Kn = Kf[j] * exp(Rs[j] + expand_dims(decay, 0));  // k_c .* exp(decay from c to i's first row)
+      Tile dA = dot(dO[i], V[j].T()) * scale;                 // every r in i is after every c in j
+      dQi[i] = dQi[i] + dot(dA.to(dt), Kn.to(dt)) * Qexp[i];
+      dKi[j] = dKi[j] + dot(dA.T().to(dt), Qd[i].to(dt)) * exp(Rs[j] + expand_dims(decay, 0));
+      Tile Aij = dot(Qd[i].to(dt), Kn.to(dt).T()) * scale;
+      dVi[j] = dVi[j] + dot(Aij.T().to(dt), dO[i]);
+      if (j > 0) decay = decay + tot[j];
+    }
+  }
+  for (int i = 0; i < NC; ++i) {
+    Tile ti = t0 + i * kSub;
+    store(dq_intra, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, dQi[i], in_seq);
+    store(dk_intra, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, dKi[i], in_seq);
+    store(dv_intra, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BV}, dVi[i], in_seq);
+  }
+  return kb.finish();
+}
+
+std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, GlaBwdWalk which) {
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  const int64_t BT = cfg.chunk;
+  const bool is_dq = which == GlaBwdWalk::dq, is_dk = which == GlaBwdWalk::dk, is_dv = which == GlaBwdWalk::dv;
+  const bool is_dkdv = which == GlaBwdWalk::dkdv;
+  if (is_dkdv && (cfg.split_k != cfg.block_k || cfg.split_v != cfg.block_v))
+    throw InternalError("gla_bwd_dkdv walks the whole state: it needs whole key and value blocks");
+  const bool reverse = !is_dq;
+  const bool writes_dk = is_dk || is_dkdv, writes_dv = is_dv || is_dkdv;
+  // X is [V, BC] over key columns (dq: S^T, dk: dS^T) or [K, BC] over value columns (dv and dkdv: dS).
+  const bool value_columns = is_dv || is_dkdv;
+  const int64_t W = value_columns ? cfg.block_k : cfg.block_v;
+  const int64_t BC = value_columns ? cfg.split_v : cfg.split_k;
+  KernelBuilder kb(is_dq ? "gla_bwd_dq" : is_dk ? "gla_bwd_dk" : is_dv ? "gla_bwd_dv" : "gla_bwd_dkdv");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_min_ctas_per_sm(1);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor v = kb.tensor("v", dt, 4);
+  Tensor g = kb.tensor("g", f32, 4);
+  Tensor dout = kb.tensor("do", dt, 4);
+  Tensor h0 = is_dq && cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
+  Tensor dht = cfg.final_state_grad ? kb.tensor("dfinal_state", f32, 4) : Tensor();
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor dq_in = is_dq ? kb.tensor("dq_intra", f32, 4) : Tensor();
+  Tensor dk_in = writes_dk ? kb.tensor("dk_intra", f32, 4) : Tensor();
+  Tensor dv_in = writes_dv ? kb.tensor("dv_intra", f32, 4) : Tensor();
+  Tensor dq_out = is_dq ? kb.tensor("dq", dt, 4) : Tensor();
+  Tensor dk_out = writes_dk ? kb.tensor("dk", dt, 4) : Tensor();
+  Tensor dv_out = writes_dv ? kb.tensor("dv", dt, 4) : Tensor();
+  Tensor part = is_dv ? Tensor() : kb.tensor(is_dq ? "qdq" : "kdk", f32, 4);  // q .* dq, k .* dk in fp32
+  Tensor dg_s = is_dq && cfg.final_state_grad ? kb.tensor("dg_state", f32, 3) : Tensor();
+  Tensor dh0 = value_columns && cfg.initial_state_grad ? kb.tensor("dinitial_state", f32, 4) : Tensor();
+  Tile scale = kb.scalar("scale", f32);
+
+  Tile i_c = program_id(0), i_nh = program_id(1);
+  Tile H = q.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  const Tile b = seq.b;
+  Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
+  Tile c0 = i_c * BC;
+  Tile k0 = value_columns ? constant(0, DType::i32) : c0;  // the key columns this program's gates cover
+  const int64_t GK = value_columns ? cfg.block_k : BC;
+  AccessOptions in_seq{.limits = {{1, seq.eos}}};
+  const AccessOptions transposed{.limits = {}, .transpose = true};
+
+  Tile X = zeros({W, BC}, f32);
+  if (h0.value()) X = load(h0, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, transposed);
+  if (!is_dq && dht.value())
+    X = value_columns ? load(dht, {i_n, i_h, 0, c0}, {kIndex, kIndex, W, BC})
+                      : load(dht, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, transposed);
+
+  auto rows_of = [&](const Tensor& t, const Tile& t0, const Operand& col0, int64_t width) {
+    return load(t, {b, t0, i_h, col0}, {kIndex, BT, kIndex, width}, in_seq);
+  };
+  auto store_rows = [&](const Tensor& t, const Tile& t0, const Operand& col0, int64_t width, const Tile& x) {
+    store(t, {b, t0, i_h, col0}, {kIndex, BT, kIndex, width}, x, in_seq);
+  };
+  for_range(0, num_chunks, [&](Tile j) {
+    Tile i = reverse ? num_chunks - 1 - j : j;
+    Tile t0 = seq.bos + i * BT;
+    ChunkGates gt = chunk_gates(g, b, t0, i_h, k0, BT, GK, seq.eos);
+    Tile eL = exp(gt.L), eR = exp(gt.R), etot = exp(gt.tot);
+    if (is_dq) {
+      Tile dO = rows_of(dout, t0, 0, W), V = rows_of(v, t0, 0, W);
+      Tile Kc = rows_of(k, t0, c0, BC), Qc = rows_of(q, t0, c0, BC);
+      Tile dQ = dot(dO, X.to(dt)) * eL * scale + rows_of(dq_in, t0, c0, BC);
+      store_rows(dq_out, t0, c0, BC, dQ.to(dt));
+      store_rows(part, t0, c0, BC, Qc.to(f32) * dQ);
+      X = X * expand_dims(etot, 0) + dot(V.T(), (Kc.to(f32) * eR).to(dt));
+    } else if (is_dk) {
+      Tile V = rows_of(v, t0, 0, W), dO = rows_of(dout, t0, 0, W);
+      Tile Qc = rows_of(q, t0, c0, BC), Kc = rows_of(k, t0, c0, BC);
+      Tile dK = dot(V, X.to(dt)) * eR + rows_of(dk_in, t0, c0, BC);
+      store_rows(dk_out, t0, c0, BC, dK.to(dt));
+      store_rows(part, t0, c0, BC, Kc.to(f32) * dK);
+      X = X * expand_dims(etot, 0) + dot(dO.T(), (Qc.to(f32) * eL).to(dt)) * scale;
+    } else {
+      // dv, or dkdv: X = dS [K, V] whole, and dK = (V dS'^T) .* exp(R) comes from the same X.
+      Tile K = rows_of(k, t0, 0, W), Q = rows_of(q, t0, 0, W), dOc = rows_of(dout, t0, c0, BC);
+      Tile Xd = X.to(dt);
+      Tile dV = dot((K.to(f32) * eR).to(dt), Xd) + rows_of(dv_in, t0, c0, BC);
+      store_rows(dv_out, t0, c0, BC, dV.to(dt));
+      if (is_dkdv) {
+        Tile V = rows_of(v, t0, 0, BC);
+        Tile dK = dot(V, Xd.T()) * eR + rows_of(dk_in, t0, 0, W);
+        store_rows(dk_out, t0, 0, W, dK.to(dt));
+        store_rows(part, t0, 0, W, K.to(f32) * dK);
+      }
+      X = X * expand_dims(etot, 1) + dot((Q.to(f32) * eL).to(dt).T(), dOc) * scale;
+    }
+  }, X);
+
+  if (dg_s.value()) {
+    // rowsum(dfinal_state .* S_T) for this program's key columns: X is S_T^T.
+    Tile dS = load(dht, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, transposed);
+    store(dg_s, {i_n, i_h, c0}, {kIndex, kIndex, BC}, sum(dS * X, 0));
+  }
+  if (dh0.value()) store(dh0, {i_n, i_h, 0, c0}, {kIndex, kIndex, W, BC}, X);
+  return kb.finish();
+}
+
+std::shared_ptr<ir::Kernel> build_gla_bwd_dg(const GlaChunkedBwdConfig& cfg) {
+  const int64_t BK = cfg.block_k;
+  const DType f32 = DType::f32;
+  KernelBuilder kb("gla_bwd_dg");
+  kb.set_num_warps(4);
+  Tensor q = kb.tensor("q", cfg.dtype, 4);  // for the sequence bounds
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor qdq = kb.tensor("qdq", f32, 4);
+  Tensor kdk = kb.tensor("kdk", f32, 4);
+  Tensor dg_s = cfg.final_state_grad ? kb.tensor("dg_state", f32, 3) : Tensor();
+  Tensor dg = kb.tensor("dg", f32, 4);
+
+  Tile i_nh = program_id(0);
+  Tile H = q.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  const int64_t BT = 32;  // rows per step of this walk (any: it only sums; at 64 its reverse cumsum planned 169 KB)
+  Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
+  AccessOptions in_seq{.limits = {{1, seq.eos}}};
+  Tile acc = zeros({BK}, f32);
+  if (cfg.final_state_grad) acc = load(dg_s, {i_n, i_h, 0}, {kIndex, kIndex, BK});
+  for_range(0, num_chunks, [&](Tile j) {
+    Tile t0 = seq.bos + (num_chunks - 1 - j) * BT;
+    Tile x = load(qdq, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq) -
+             load(kdk, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    store(dg, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, cumsum(x, 0, true) + expand_dims(acc, 0), in_seq);
+    acc = acc + sum(x, 0);
+  }, acc);
+  return kb.finish();
+}
+
+namespace {
+
+enum class GlaBwdKernel { intra, dq, dk, dv, dkdv, dg, gates, states, dstates, inter, dg_offsets, dg_add };
+
+GlaSplitBwdConfig split_config(const GlaChunkedBwdConfig& cfg);
+
+std::shared_ptr<ir::Kernel> cached(const GlaChunkedBwdConfig& cfg, GlaBwdKernel which) {
+  static KernelMemo memo;
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}{}{}{}/{}/{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype), cfg.chunk,
+                                cfg.block_k, cfg.block_v, cfg.split_k, cfg.split_v, cfg.intra_warps, cfg.take, cfg.fuse_dkdv,
+                                cfg.initial_state, cfg.final_state_grad,
+                                cfg.initial_state_grad, cfg.varlen, cfg.num_warps, cfg.split, cfg.state_block_k,
+                                cfg.state_block_v);
+  return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
+    switch (which) {
+      case GlaBwdKernel::intra: return build_gla_bwd_intra(cfg);
+      case GlaBwdKernel::dq: return build_gla_bwd_walk(cfg, GlaBwdWalk::dq);
+      case GlaBwdKernel::dk: return build_gla_bwd_walk(cfg, GlaBwdWalk::dk);
+      case GlaBwdKernel::dv: return build_gla_bwd_walk(cfg, GlaBwdWalk::dv);
+      case GlaBwdKernel::dkdv: return build_gla_bwd_walk(cfg, GlaBwdWalk::dkdv);
+      case GlaBwdKernel::dg: return build_gla_bwd_dg(cfg);
+      case GlaBwdKernel::gates: return build_gla_bwd_gates(split_config(cfg));
+      case GlaBwdKernel::states: return build_gla_bwd_states(split_config(cfg));
+      case GlaBwdKernel::dstates: return build_gla_bwd_dstates(split_config(cfg));
+      case GlaBwdKernel::inter: return build_gla_bwd_inter(split_config(cfg));
+      case GlaBwdKernel::dg_offsets: return build_gla_bwd_dg_offsets(split_config(cfg));
+      case GlaBwdKernel::dg_add: return build_gla_bwd_dg_add(split_config(cfg));
+    }
+    throw InternalError("bad gla backward kernel");
+  });
+}
+
+GlaSplitBwdConfig split_config(const GlaChunkedBwdConfig& cfg) {
+  GlaSplitBwdConfig s;
+  s.dtype = cfg.dtype;
+  s.chunk = cfg.chunk;
+  s.block_k = cfg.block_k;
+  s.block_v = cfg.block_v;
+  s.state_block_k = cfg.state_block_k;
+  s.state_block_v = cfg.state_block_v;
+  // The forward's best split configuration on an H200 (B2 T16384 H16 D128 bf16: 4 warps, 2 stages).
+  s.state_warps = 4;
+  s.state_stages = cfg.dtype == DType::f32 ? 1 : 2;
+  s.num_warps = cfg.num_warps;
+  s.initial_state = cfg.initial_state;
+  s.final_state = cfg.final_state_grad;  // S_T, for dg's final-state term
+  s.final_state_grad = cfg.final_state_grad;
+  s.initial_state_grad = cfg.initial_state_grad;
+  return s;
+}
+
+int split_default_chunk(DType dtype, int64_t block_k, int64_t block_v) {
+  // H200, B2 T16384 H16 D128 bf16, backward ms: chunk 32 5.62 (intra 1.37, state passes 0.80 + 0.95,
+  // inter 1.57, dg 0.95); chunk 64 16.39 (intra 6.68 and inter 7.16: the intra kernel spills 1.5 KB,
+  // inter takes 237 registers and 206 KB of shared memory). At head dim 64 chunk 64 ran (B8 T1024 H8:
+  // 0.44 ms against the walks' 0.62). fp32 halves them (gla_bwd_inter holds a chunk's state and its
+  // gradient whole: 202 KB at head dim 128, chunk 16).
+  const int64_t d = std::max(block_k, block_v);
+  if (dtype != DType::f32) return d > 64 ? 32 : 64;
+  return d > 64 ? 16 : 32;
+}
+
+/// Whether the split schedule is the default for these inputs: 16-bit, dense, head dims up to 128 and
+/// at most 64 sequences x heads over at least 1024 tokens. H200 bf16 D128 backward ms, split vs walks:
+/// B2 T16384 H16 5.22 vs 9.23, B4 T2048 H16 1.17 vs 1.27, B8 T1024 H8 D64 0.43 vs 0.62; with more
+/// heads the walks win (B8 T4096 H16 4.28 vs 2.90, B1 T8192 H96 6.62 vs 5.33).
+bool split_by_default(const GlaChunkedBwdConfig& cfg, const SequenceLayout* seq) {
+  return seq && cfg.dtype != DType::f32 && !seq->varlen && std::max(cfg.block_k, cfg.block_v) <= 128 &&
+         seq->N * seq->H <= kGlaBwdSplitHeads && seq->T >= 1024;
+}
+
+/// seq: the call's inputs (nullptr: the representative kernels).
+void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts, const SequenceLayout* seq) {
+  // Defaults from the H200 at B8 T4096 H16 D128 bf16 (backward ms): chunk 16 with whole 128-column
+  // blocks and 8 warps 5.09 (intra 2.46, walks 0.84/0.86/0.71); chunk 32 with 64-column blocks 6.68
+  // (intra 3.47, walks ~1.0 each); chunk 32 with 128-column key blocks does not fit (239 KB of shared
+  // memory); chunk 64 plans 247-294 KB. fp32 keeps 64-column blocks (128 would plan 203 KB, more than
+  // an sm_80 block has).
+  const bool half_width = cfg.dtype != DType::f32;  // bf16 or fp16 tiles
+  // Varlen inputs take the walks even when split=1 is asked (the state passes are dense only), at the
+  // walks' chunk.
+  cfg.split = config_value(opts, "split", split_by_default(cfg, seq) ? 1 : 0, {0, 1}) == 1 && !(seq && seq->varlen);
+  // The split schedule's chunk: its walks carry one product per chunk, so fewer, longer chunks.
+  const int dflt_chunk = cfg.split ? split_default_chunk(cfg.dtype, cfg.block_k, cfg.block_v) : 16;
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, dflt_chunk), {16, 32, 64}));
+  if (cfg.chunk > 64)
+    throw UserError(fmt::format("--chunk-size {}: gla --backward takes chunks of 16, 32 or 64 rows", cfg.chunk));
+  cfg.split_k = std::min<int64_t>(config_value(opts, "bk", half_width ? 128 : 64, {16, 32, 64, 128, 256}), cfg.block_k);
+  // fp32 above head dim 128: 32 value columns (the dv walk plans 238 KB of shared memory at 64, K = V = 256).
+  const int64_t dflt_bv = half_width ? 128 : std::max(cfg.block_k, cfg.block_v) > 128 ? 32 : 64;
+  cfg.split_v = std::min<int64_t>(config_value(opts, "bv", dflt_bv, {16, 32, 64, 128, 256}), cfg.block_v);
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", half_width ? 8 : 4, {2, 4, 8}));
+  cfg.intra_warps = static_cast<int>(config_value(opts, "iwarps", 4, {2, 4, 8}));
+  // take=1: H200 backward 4.70 ms (intra 2.04) vs 5.03 (intra 2.38) with masked row sums.
+  cfg.take = config_value(opts, "take", 1, {0, 1}) == 1;
+  cfg.fuse_dkdv = config_value(opts, "fuse", 1, {0, 1}) == 1;
+  cfg.state_block_k = std::min<int64_t>(config_value(opts, "sbk", 32, {16, 32, 64, 128, 256}), cfg.block_k);
+  // H200 B2 T16384 H16 D128 bf16, split backward: sbk x sbv 32 x 32 4.48 ms, 32 x 64 4.59, 64 x 64 4.75,
+  // 32 x 128 4.78, 16 x 64 5.05 (the state passes 0.53 ms each at 32 x 32).
+  cfg.state_block_v = std::min<int64_t>(config_value(opts, "sbv", 32, {16, 32, 64, 128, 256}), cfg.block_v);
+}
+
+/// Whether dk and dv are one walk: asked for, and both column blocks whole (one program holds dS).
+bool fused_dkdv(const GlaChunkedBwdConfig& cfg) {
+  return cfg.fuse_dkdv && cfg.split_k == cfg.block_k && cfg.split_v == cfg.block_v;
+}
+
+}  // namespace
+
+const std::vector<std::pair<std::string, std::string>>& gla_chunked_bwd_config_keys() {
+  static const std::vector<std::pair<std::string, std::string>> keys = {
+      {"chunk", "--backward: rows per chunk of the walks (16, 32, 64; 16-row diagonal blocks)"},
+      {"bk", "--backward: key columns per program of the dq and dk walks (16..256)"},
+      {"bv", "--backward: value columns per program of the dv walk (16..256)"},
+      {"warps", "warps per program of the walks (2, 4, 8)"},
+      {"iwarps", "--backward: warps per program of gla_bwd_intra (2, 4, 8)"},
+      {"take", "--backward: 1 (default) = gla_bwd_intra reads dA's entries with take, 0 = masked row sums"},
+      {"fuse", "--backward: 1 (default) = dk and dv in one walk where bk and bv cover the head dims, 0 = two walks"},
+      {"split", "--backward: 1 = the split schedule (dense inputs; varlen walks): state passes storing the state "
+                "before and its gradient after every chunk, then every chunk's gradients in parallel"},
+      {"sbk", "--backward split=1: key columns per program of the state passes (16..256, default 32)"},
+      {"sbv", "--backward split=1: value columns per program of the state passes (16..256, default 32)"},
+      {"tokenwise", "--backward: 1 = the token-by-token form (the reference)"},
+  };
+  return keys;
+}
+
+OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+  SequenceLayout seq = check_qkv_inputs("gla", inputs);
+  const bool has_h0 = inputs.count("initial_state") > 0;
+  const bool has_dht = inputs.count("dfinal_state") > 0;
+  GlaChunkedBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = padded_head_dim(seq.K);
+  cfg.block_v = padded_head_dim(seq.V);
+  configure(cfg, opts, &seq);
+  cfg.initial_state = has_h0;
+  cfg.final_state_grad = has_dht;
+  cfg.initial_state_grad = wants(wanted, "dinitial_state");
+  cfg.varlen = seq.varlen;
+  if (cfg.split && std::max(cfg.block_k, cfg.block_v) > 128)
+    throw UserError(fmt::format("gla --backward --config split=1 takes head dims up to 128 (K={}, V={}): its "
+                                "per-chunk kernel holds a chunk's state whole; use the walks (split=0)", seq.K, seq.V));
+  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+
+  OpPlan plan;
+  add_backward_inputs(plan, inputs, seq, cfg.dtype, {"g", "initial_state", "dfinal_state"});
+  const int64_t state_v_blocks = (seq.V + cfg.state_block_v - 1) / cfg.state_block_v;
+  if (has_dht && cfg.split) {
+    plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});  // S_T, for dg
+  } else if (has_dht) {
+    plan.tensors["dg_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K});
+  }
+  // O(T*D) scratch: the intra-chunk parts of the gradients and (the walks) the fp32 products for dg.
+  for (const char* name : {"dq_intra", "dk_intra"})
+    plan.tensors[name] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
+  if (!cfg.split)
+    for (const char* name : {"qdq", "kdk"}) plan.tensors[name] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dv_intra"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.V});
+  for (const char* name : {"dq", "dk"}) plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dv"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  plan.tensors["dg"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
+  if (cfg.initial_state_grad) plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
+
+  const int64_t longest = seq.longest_sequence();
+  auto launch = [&](GlaBwdKernel which, std::array<int64_t, 3> grid) {
+    plan.launches.push_back(plan_launch(plan, cached(cfg, which), grid, {{"scale", scale}}));
+  };
+  if (longest > 0) launch(GlaBwdKernel::intra, {(longest + cfg.chunk - 1) / cfg.chunk, seq.N * seq.H, 1});
+  if (cfg.split) {
+    // The decayed operands (O(T*D)), the state before and its gradient after every chunk ([B, NT, H, K,
+    // V], input dtype), then the chunks' gradients in parallel and dg's per-chunk totals and offsets.
+    const int64_t chunks = (seq.T + cfg.chunk - 1) / cfg.chunk, table_rows = std::max<int64_t>(chunks, 1);
+    for (const char* name : {"qd", "kd"}) plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+    for (const char* name : {"h", "dh"})
+      plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, table_rows, seq.H, seq.K, seq.V});
+    for (const char* name : {"etot", "dg_chunk", "dg_offset"})
+      plan.tensors[name] = HostTensor::zeros(DType::f32, {seq.B, table_rows, seq.H, seq.K});
+    const std::array<int64_t, 3> state_grid{state_v_blocks, seq.N * seq.H,
+                                            (cfg.block_k + cfg.state_block_k - 1) / cfg.state_block_k};
+    if (chunks > 0) launch(GlaBwdKernel::gates, {chunks, seq.N * seq.H, 1});
+    launch(GlaBwdKernel::states, state_grid);
+    launch(GlaBwdKernel::dstates, state_grid);
+    if (chunks > 0) launch(GlaBwdKernel::inter, {chunks, seq.N * seq.H, 1});
+    launch(GlaBwdKernel::dg_offsets, {seq.N * seq.H, 1, 1});
+    if (chunks > 0) launch(GlaBwdKernel::dg_add, {chunks, seq.N * seq.H, 1});
+  } else {
+    launch(GlaBwdKernel::dq, {cfg.block_k / cfg.split_k, seq.N * seq.H, 1});
+    if (fused_dkdv(cfg)) {
+      launch(GlaBwdKernel::dkdv, {1, seq.N * seq.H, 1});
+    } else {
+      launch(GlaBwdKernel::dk, {cfg.block_k / cfg.split_k, seq.N * seq.H, 1});
+      launch(GlaBwdKernel::dv, {cfg.block_v / cfg.split_v, seq.N * seq.H, 1});
+    }
+    launch(GlaBwdKernel::dg, {seq.N * seq.H, 1, 1});
+  }
+  for (const char* name : {"dq", "dk", "dv", "dg", "dinitial_state"})
+    if (wants(wanted, name)) plan.outputs[name] = name;
+  return plan;
+}
+
+std::vector<std::shared_ptr<ir::Kernel>> gla_chunked_bwd_kernels(const OpOptions& opts) {
+  GlaChunkedBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = cfg.block_v = 64;
+  configure(cfg, opts, nullptr);
+  GlaChunkedBwdConfig full = cfg;
+  full.initial_state = full.final_state_grad = full.initial_state_grad = full.varlen = true;
+  std::vector<std::shared_ptr<ir::Kernel>> out;
+  for (const auto* c : {&cfg, &full})
+    for (auto which : {GlaBwdKernel::intra, GlaBwdKernel::dq, GlaBwdKernel::dk, GlaBwdKernel::dv, GlaBwdKernel::dg})
+      out.push_back(cached(*c, which));
+  GlaChunkedBwdConfig whole = cfg;
+  whole.split_k = whole.block_k;
+  whole.split_v = whole.block_v;
+  out.push_back(cached(whole, GlaBwdKernel::dkdv));
+  // The split schedule at its defaults, with both states.
+  GlaChunkedBwdConfig split = full;
+  split.varlen = false;
+  split.split = true;
+  split.chunk = split_default_chunk(split.dtype, split.block_k, split.block_v);
+  for (auto which : {GlaBwdKernel::gates, GlaBwdKernel::states, GlaBwdKernel::dstates, GlaBwdKernel::inter,
+                     GlaBwdKernel::dg_offsets, GlaBwdKernel::dg_add})
+    out.push_back(cached(split, which));
+  return out;
+}
+
+}  // namespace linac

@@ -1,0 +1,52 @@
+// Gated linear attention forward (KERNELS.md section 2) with a per-channel log-decay g [B,T,H,K]:
+//   S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t ;  o_t = scale q_t S_t
+// chunked with decay-aware secondary chunking (16-row sub-chunks): the kernels in the DSL and the op.
+// gla_intra computes the diagonal 16x16 blocks of the attention (elementwise in fp32, parallel over
+// all sub-chunks); then either gla_fwd walks the chunks with the state in registers, the off-diagonal
+// sub-chunk blocks on tensor cores (the default), or (config split=1, dense inputs) a state pass stores
+// the state before every chunk (kernels/gla/split_bwd.h) and gla_out computes all chunks' outputs in
+// parallel. The backward (--backward) is in gla_bwd.h.
+#pragma once
+#include <memory>
+
+#include "kernels/op.h"
+
+namespace linac {
+
+/// Rows per sub-chunk: the diagonal blocks of the intra-chunk attention are this size.
+inline constexpr int kGlaSubChunk = 16;
+/// The largest spread of a sub-chunk's cumulative gates (per channel, over its 16 rows) for which
+/// gla_intra computes the diagonal block as a product of factors within exp(+-30) (see build_gla_intra).
+inline constexpr double kGlaFactorSpread = 60.0;
+
+/// Compile-time configuration of the chunked forward kernels. Every field specializes the kernel.
+/// (The op's defaults depend on the head dims: see gla_config in gla.cpp.)
+struct GlaConfig {
+  DType dtype = DType::f32;  // q, k, v and o (g and the states are fp32)
+  int chunk = 16;            // BT: rows per chunk, a multiple of kGlaSubChunk (16: no off-diagonal blocks)
+  int block_k = 64;          // BK >= K (the whole key dim lives in one program; masked past K)
+  int block_v = 32;          // BV: value columns per program
+  bool initial_state = false;
+  bool final_state = false;
+  bool varlen = false;  // cu_seqlens [N+1] present, B == 1
+  int num_warps = 8;
+  int num_stages = 1;
+  bool split = false;  // the split schedule (a state pass + gla_out; dense inputs only)
+  int state_block_k = 0;  // the split schedule's state pass: key columns per program (0: block_k)
+};
+
+/// Records the kernel of the diagonal 16x16 blocks of the intra-chunk attention (in fp32: a product of
+/// bounded factors where the gates allow, else elementwise; one program per sub-chunk; uses dtype,
+/// block_k and varlen). Parameters: q k g [cu_seqlens] a_diag scale.
+std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg);
+/// Records the chunk loop that consumes a_diag [B,T,H,16]. Parameters: q k v g a_diag [initial_state]
+/// [final_state] [cu_seqlens] o scale.
+std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg);
+
+/// The split schedule's outputs, one program per (chunk, sequence x head, V block) from h.
+/// Parameters: q k v g a_diag h o scale.
+std::shared_ptr<ir::Kernel> build_gla_out(const GlaConfig& cfg);
+/// The op "gla" for the registry (--recurrent runs kernels/common/recurrent.h's token-by-token form).
+OpDef gla_op();
+
+}  // namespace linac

@@ -1,0 +1,185 @@
+#include "kernels/poly/bwd.h"
+
+#include <cmath>
+#include <fmt/format.h>
+
+#include "kernels/common/op_support.h"
+#include "kernels/poly/fwd.h"
+#include "kernels/common/sequence_bounds.h"
+#include "linac/dsl.h"
+#include "linac/error.h"
+
+namespace linac {
+
+using namespace dsl;
+
+namespace {
+
+/// Rows of the inner (pair) loops.
+constexpr int64_t kPairRows = 16;
+
+struct PolyBwdConfig {
+  DType dtype = DType::f32;
+  int block_k = 64, block_v = 64;
+  bool normalize = true, varlen = false;
+};
+
+struct Coefficients {
+  Tile a, b, c, scale;
+};
+
+Coefficients declare_coefficients(KernelBuilder& kb) {
+  return {kb.scalar("a", DType::f32), kb.scalar("b", DType::f32), kb.scalar("c", DType::f32),
+          kb.scalar("scale", DType::f32)};
+}
+
+/// One program per (sequence, head) walks its queries t: N_t and D_t over the keys s <= t (blocks of
+/// 16 rows, masked to s <= t), then dN_t, dD_t (stored for the key walk) and dq_t.
+std::shared_ptr<ir::Kernel> build_poly_bwd_q(const PolyBwdConfig& cfg) {
+  const int64_t BK = cfg.block_k, BV = cfg.block_v, R = kPairRows;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb("poly_bwd_q");
+  kb.set_num_warps(4);
+  kb.set_num_stages(1);
+  Tensor q = kb.tensor("q", dt, 4), k = kb.tensor("k", dt, 4), v = kb.tensor("v", dt, 4), d_o = kb.tensor("do", dt, 4);
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor dn = kb.tensor("dn", f32, 4), dd = kb.tensor("dd", f32, 3), dq = kb.tensor("dq", dt, 4);
+  Coefficients co = declare_coefficients(kb);
+  Tile i_nh = program_id(0), H = q.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  Tile rows = iota(R);
+  for_range(seq.bos, seq.eos, [&](Tile t) {
+    Tile qt = load(q, {seq.b, t, i_h, 0}, {kIndex, kIndex, kIndex, BK}).to(f32);
+    Tile blocks = (t - seq.bos) / R + 1;
+    // Keys s in [bos, t]: block j covers bos + jR .. bos + jR + R - 1, masked past t.
+    auto pairs = [&](const Tile& j, auto&& body) {
+      Tile s0 = seq.bos + j * R;
+      AccessOptions upto_t{.limits = {{1, t + 1}}};
+      Tile Kb = load(k, {seq.b, s0, i_h, 0}, {kIndex, R, kIndex, BK}, upto_t).to(f32);
+      Tile Vb = load(v, {seq.b, s0, i_h, 0}, {kIndex, R, kIndex, BV}, upto_t).to(f32);
+      Tile valid = (s0 + rows) <= t;
+      Tile x = sum(Kb * expand_dims(qt, 0), 1) * co.scale;
+      Tile f = where(valid, co.a + x * co.b + x * x * co.c, 0.0f);
+      body(Kb, Vb, valid, x, f);
+    };
+    Tile N = zeros({BV}, f32), D = constant(0.0, f32);
+    for_range(0, blocks, [&](Tile j) {
+      pairs(j, [&](const Tile&, const Tile& Vb, const Tile&, const Tile&, const Tile& f) {
+        N = N + sum(expand_dims(f, 1) * Vb, 0);
+        D = D + sum(f, 0);
+      });
+    }, N, D);
+    Tile dot_ = load(d_o, {seq.b, t, i_h, 0}, {kIndex, kIndex, kIndex, BV}).to(f32);
+    Tile dN = dot_, dD = constant(0.0, f32);
+    if (cfg.normalize) {
+      Tile inv = 1.0f / (D + kPolyEps);
+      dN = dot_ * inv;
+      dD = -(sum(dot_ * (N * inv), 0) * inv);
+    }
+    store(dn, {seq.b, t, i_h, 0}, {kIndex, kIndex, kIndex, BV}, dN);
+    store(dd, {seq.b, t, i_h}, {kIndex, kIndex, kIndex}, dD);
+    Tile dqt = zeros({BK}, f32);
+    for_range(0, blocks, [&](Tile j) {
+      pairs(j, [&](const Tile& Kb, const Tile& Vb, const Tile& valid, const Tile& x, const Tile&) {
+        Tile g = where(valid, (sum(Vb * expand_dims(dN, 0), 1) + dD) * (co.b + x * (co.c * 2.0f)), 0.0f);
+        dqt = dqt + sum(expand_dims(g, 1) * Kb, 0);
+      });
+    }, dqt);
+    store(dq, {seq.b, t, i_h, 0}, {kIndex, kIndex, kIndex, BK}, (dqt * co.scale).to(dt));
+  });
+  return kb.finish();
+}
+
+/// One program per (sequence, head) walks its keys s: the queries t >= s in blocks of 16 rows.
+std::shared_ptr<ir::Kernel> build_poly_bwd_kv(const PolyBwdConfig& cfg) {
+  const int64_t BK = cfg.block_k, BV = cfg.block_v, R = kPairRows;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb("poly_bwd_kv");
+  kb.set_num_warps(4);
+  kb.set_num_stages(1);
+  Tensor q = kb.tensor("q", dt, 4), k = kb.tensor("k", dt, 4), v = kb.tensor("v", dt, 4);
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor dn = kb.tensor("dn", f32, 4), dd = kb.tensor("dd", f32, 3);
+  Tensor dk = kb.tensor("dk", dt, 4), dv = kb.tensor("dv", dt, 4);
+  Coefficients co = declare_coefficients(kb);
+  Tile i_nh = program_id(0), H = q.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  Tile rows = iota(R);
+  AccessOptions in_seq{.limits = {{1, seq.eos}}};
+  for_range(seq.bos, seq.eos, [&](Tile s) {
+    Tile ks = load(k, {seq.b, s, i_h, 0}, {kIndex, kIndex, kIndex, BK}).to(f32);
+    Tile vs = load(v, {seq.b, s, i_h, 0}, {kIndex, kIndex, kIndex, BV}).to(f32);
+    Tile dks = zeros({BK}, f32), dvs = zeros({BV}, f32);
+    Tile blocks = (seq.eos - s + (R - 1)) / R;
+    for_range(0, blocks, [&](Tile j) {
+      Tile t0 = s + j * R;  // queries t0 .. t0 + R - 1, masked past the sequence end
+      Tile Qb = load(q, {seq.b, t0, i_h, 0}, {kIndex, R, kIndex, BK}, in_seq).to(f32);
+      Tile dNb = load(dn, {seq.b, t0, i_h, 0}, {kIndex, R, kIndex, BV}, in_seq);
+      Tile dDb = load(dd, {seq.b, t0, i_h}, {kIndex, R, kIndex}, in_seq);
+      Tile valid = (t0 + rows) < seq.eos;
+      Tile x = sum(Qb * expand_dims(ks, 0), 1) * co.scale;
+      Tile f = where(valid, co.a + x * co.b + x * x * co.c, 0.0f);
+      Tile g = where(valid, (sum(dNb * expand_dims(vs, 0), 1) + dDb) * (co.b + x * (co.c * 2.0f)), 0.0f);
+      dks = dks + sum(expand_dims(g, 1) * Qb, 0);
+      dvs = dvs + sum(expand_dims(f, 1) * dNb, 0);
+    }, dks, dvs);
+    store(dk, {seq.b, s, i_h, 0}, {kIndex, kIndex, kIndex, BK}, (dks * co.scale).to(dt));
+    store(dv, {seq.b, s, i_h, 0}, {kIndex, kIndex, kIndex, BV}, dvs.to(dt));
+  });
+  return kb.finish();
+}
+
+std::shared_ptr<ir::Kernel> cached_poly_bwd(const PolyBwdConfig& cfg, bool q_kernel) {
+  static KernelMemo memo;
+  return memo.get(fmt::format("{}/{}/{}/{}/{}{}", q_kernel, dtype_name(cfg.dtype), cfg.block_k, cfg.block_v,
+                              cfg.normalize, cfg.varlen),
+                  [&] { return q_kernel ? build_poly_bwd_q(cfg) : build_poly_bwd_kv(cfg); });
+}
+
+}  // namespace
+
+OpPlan plan_poly_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted, double a,
+                     double b, double c) {
+  if (opts.recurrent) throw UserError("poly: --backward is not implemented with --recurrent");
+  if (opts.chunk_size || !opts.config.empty())
+    throw UserError("poly --backward runs the pairwise form: --chunk-size and --config do not apply");
+  SequenceLayout seq = check_qkv_inputs("poly", inputs);
+  if (!inputs.count("do")) throw UserError("poly --backward: missing input 'do' (dL/do, [B,T,H,V])");
+  check_shape("do", inputs.at("do"), {seq.B, seq.T, seq.H, seq.V});
+  for (const auto& w : wanted)
+    if (w != "dq" && w != "dk" && w != "dv") throw UserError(fmt::format("poly --backward produces dq, dk and dv, not '{}'", w));
+  PolyBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = padded_head_dim(seq.K);
+  cfg.block_v = padded_head_dim(seq.V);
+  cfg.normalize = !opts.no_normalize;
+  cfg.varlen = seq.varlen;
+
+  OpPlan plan;
+  add_backward_inputs(plan, inputs, seq, cfg.dtype, {});
+  plan.tensors["dn"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.V});
+  plan.tensors["dd"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
+  plan.tensors["dq"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dk"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dv"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  const std::array<int64_t, 3> grid = {seq.N * seq.H, 1, 1};
+  const std::map<std::string, double> scalars = {{"a", a}, {"b", b}, {"c", c}, {"scale", scale}};
+  plan.launches.push_back(plan_launch(plan, cached_poly_bwd(cfg, true), grid,
+                                      {"q", "k", "v", "do", "cu_seqlens", "dn", "dd", "dq"}, scalars));
+  plan.launches.push_back(plan_launch(plan, cached_poly_bwd(cfg, false), grid,
+                                      {"q", "k", "v", "cu_seqlens", "dn", "dd", "dk", "dv"}, scalars));
+  for (const char* n : {"dq", "dk", "dv"})
+    if (wants(wanted, n)) plan.outputs[n] = n;
+  return plan;
+}
+
+std::vector<std::shared_ptr<ir::Kernel>> poly_bwd_kernels(const OpOptions& opts) {
+  PolyBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  return {cached_poly_bwd(cfg, true), cached_poly_bwd(cfg, false)};
+}
+
+}  // namespace linac

@@ -4,7 +4,7 @@
 
 #include "kernels/delta_rule/fwd.h"
 #include "kernels/gla/fwd.h"
-#include "kernels/linear_attn/fwd.h"
+#include "kernels/linear_attn/op.h"
 #include "kernels/poly/fwd.h"
 #include "linac/error.h"
 

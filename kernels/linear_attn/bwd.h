@@ -1,16 +1,17 @@
-// Linear attention backward (KERNELS.md section 1, "Backward"), plain or gated by a per-head scalar
+// Linear attention backward (docs/ops/linear_attn.md, "Backward"), plain or gated by a per-head scalar
 // log-decay g: three walks with the shape of the forward (dq forward in time; dk and dv backward in
-// time), a small dg kernel for the gate, and the plan that runs them. Memory stays O(T*D): chunk
-// states are recomputed by the walks, none is stored per chunk.
+// time) and a small dg kernel for the gate, in the DSL (their plan is in op_bwd.cpp). Memory stays
+// O(T*D): chunk states are recomputed by the walks, none is stored per chunk.
 #pragma once
 #include <memory>
-#include <string>
-#include <utility>
-#include <vector>
 
-#include "kernels/op.h"
+#include "linac/dtype.h"
 
 namespace linac {
+
+namespace ir {
+struct Kernel;
+}
 
 /// Compile-time configuration of the backward kernels. Every field specializes them.
 struct LinearAttnBwdConfig {
@@ -42,20 +43,5 @@ enum class LinearAttnBwdKernel {
 /// One backward kernel. Parameters (each only when the configuration uses it):
 /// q k v do g initial_state dfinal_state cu_seqlens [den_do ones], its output, dg_q|dg_k|dg_s|dinitial_state, scale.
 std::shared_ptr<ir::Kernel> build_linear_attn_bwd(const LinearAttnBwdConfig& cfg, LinearAttnBwdKernel which);
-
-/// Tuning keys of the backward (chunk, bk, bv, warps).
-const std::vector<std::pair<std::string, std::string>>& linear_attn_bwd_config_keys();
-
-/// The plan of `linac run linear_attn --backward`.
-OpPlan plan_linear_attn_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted);
-
-/// The same with the denominator folded in (LinearAttnBwdConfig::denominator): inputs also hold
-/// den_do (dL/dD, [B,T,H,1]) and ones ([B,T,H,1]); dq, dk (and dg) are the sums of the numerator's and
-/// the denominator's gradients, dv the numerator's. No states. For the normalized backward's plan.
-OpPlan plan_linear_attn_bwd_with_denominator(const TensorMap& inputs, const OpOptions& opts,
-                                             const std::vector<std::string>& wanted);
-
-/// Representative backward kernels for dump/compile (opts.dtype, head dim 64; plain and gated).
-std::vector<std::shared_ptr<ir::Kernel>> linear_attn_bwd_kernels(const OpOptions& opts);
 
 }  // namespace linac

@@ -1,11 +1,15 @@
-// Linear attention forward (FlashLinearAttention, KERNELS.md section 1), optionally gated by a
-// per-head scalar log-decay g: the kernel in the DSL and the op that runs it.
+// Linear attention forward (FlashLinearAttention, docs/ops/linear_attn.md), optionally gated by a
+// per-head scalar log-decay g: the kernel in the DSL. The op that runs it is in op.h.
 #pragma once
 #include <memory>
 
-#include "kernels/op.h"
+#include "linac/dtype.h"
 
 namespace linac {
+
+namespace ir {
+struct Kernel;
+}
 
 /// Compile-time configuration of the forward kernel. Every field specializes the kernel.
 struct LinearAttnConfig {
@@ -23,8 +27,5 @@ struct LinearAttnConfig {
 
 /// Records the forward kernel for `cfg`. Parameters: q k v [g] [h0] [ht] [cu_seqlens] o scale.
 std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg);
-
-/// The op "linear_attn" for the registry.
-OpDef linear_attn_op();
 
 }  // namespace linac

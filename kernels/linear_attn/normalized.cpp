@@ -1,13 +1,6 @@
 #include "kernels/linear_attn/normalized.h"
 
-#include <algorithm>
-#include <cmath>
-#include <fmt/format.h>
-#include <map>
-#include <mutex>
-
 #include "kernels/common/log_decay.h"
-#include "kernels/common/op_support.h"
 #include "kernels/common/sequence_bounds.h"
 #include "linac/dsl.h"
 
@@ -81,83 +74,6 @@ std::shared_ptr<ir::Kernel> build_linear_attn_normalized_fwd(const LinearAttnNor
     store(o, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, (O / expand_dims(den, 1)).to(dt), in_seq);
   }, S, z);
   return kb.finish();
-}
-
-namespace {
-
-// The tuning parameters of linear_attn (its non-normalized kernel takes the same).
-const std::vector<std::pair<std::string, std::string>>& normalized_config_keys() { return chunked_config_keys(); }
-
-/// Kernels are recorded once per configuration and shared (the IR is immutable once built).
-std::shared_ptr<ir::Kernel> cached_normalized_fwd(const LinearAttnNormalizedConfig& cfg) {
-  static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}{}/{}/{}", dtype_name(cfg.dtype), cfg.chunk, cfg.block_k, cfg.block_v,
-                                cfg.gated, cfg.varlen, cfg.num_warps, cfg.num_stages);
-  return memo.get(key, [&] { return build_linear_attn_normalized_fwd(cfg); });
-}
-
-/// The configuration for the given head dims and `heads` = sequences x heads (0: unknown); opts.config and
-/// --chunk-size override the defaults.
-LinearAttnNormalizedConfig normalized_config(const OpOptions& opts, int64_t K, int64_t V, int64_t heads) {
-  check_config_keys("linear_attn", opts, normalized_config_keys());
-  LinearAttnNormalizedConfig cfg;
-  cfg.dtype = opts.dtype;
-  cfg.block_k = padded_head_dim(K);
-  // Until the normalized form is tuned on its own, the defaults are what ptxas assembles without
-  // spills for sm_80 and sm_90a in every dtype (tests/python/test_ptxas.py): z and the row sums cost
-  // registers that linear_attn's 64-row chunks with 4 warps do not have. fp32 above head dim 128:
-  // chunk 16 (259 KB of shared memory at 32 with K = 256; 164 KB at 16).
-  // In 16-bit with 128-column value blocks filling the GPU (as linear_attn's forward chooses them),
-  // chunk 64 with whole 128-column blocks and 8 warps: H200, B8 T4096 H16 D128 bf16, 0.707 -> 0.536 ms
-  // (ptxas spills 64 bytes at 255 registers there, sm_90a; measured faster anyway). At B2 T16384 H16
-  // the defaults below were within 1% of the best of 7 configurations (1.396 ms).
-  const bool wide = opts.dtype != DType::f32 && K <= 128 && V > 64 && heads * ((V + 127) / 128) >= 120;
-  const int dflt_chunk = wide ? 64 : opts.dtype == DType::f32 && cfg.block_k > 128 ? 16 : 32;
-  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, dflt_chunk), {16, 32, 64, 128}));
-  cfg.block_v = static_cast<int>(
-      config_value(opts, "bv", wide ? 128 : std::min(64, padded_head_dim(V)), {16, 32, 64, 128, 256}));
-  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
-  cfg.num_stages = static_cast<int>(config_value(opts, "stages", 2, {1, 2}));
-  return cfg;
-}
-
-}  // namespace
-
-OpPlan plan_linear_attn_normalized(const TensorMap& inputs, const OpOptions& opts,
-                                   const std::vector<std::string>& wanted) {
-  SequenceLayout seq = check_qkv_inputs("linear_attn", inputs);
-  if (opts.recurrent) throw UserError("linear_attn: --normalize has no --recurrent form");
-  if (inputs.count("initial_state"))
-    throw UserError("linear_attn --normalize takes no initial_state (the normalizer state would be needed too)");
-  if (wants(wanted, "final_state"))
-    throw UserError("linear_attn --normalize gives no final_state (the normalizer state would be needed too)");
-  const bool gated = inputs.count("g") > 0;
-  if (gated) check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H});
-
-  LinearAttnNormalizedConfig cfg = normalized_config(opts, seq.K, seq.V, seq.N * seq.H);
-  cfg.gated = gated;
-  cfg.varlen = seq.varlen;
-
-  OpPlan plan;
-  for (const char* name : {"q", "k", "v"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
-  plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
-  KernelLaunch launch;
-  launch.kernel = cached_normalized_fwd(cfg);
-  launch.grid = {(seq.V + cfg.block_v - 1) / cfg.block_v, seq.N * seq.H, 1};
-  for (const char* name : {"q", "k", "v", "o"}) launch.tensors[name] = name;
-  launch.scalars["scale"] = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
-  if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32), launch.tensors["g"] = "g";
-  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens, launch.tensors["cu_seqlens"] = "cu_seqlens";
-  plan.launches.push_back(std::move(launch));
-  if (wants(wanted, "o")) plan.outputs["o"] = "o";
-  return plan;
-}
-
-std::vector<std::shared_ptr<ir::Kernel>> linear_attn_normalized_kernels(const OpOptions& opts) {
-  LinearAttnNormalizedConfig cfg = normalized_config(opts, 64, 64, 0);
-  LinearAttnNormalizedConfig gated = cfg;
-  gated.gated = gated.varlen = true;
-  return {cached_normalized_fwd(cfg), cached_normalized_fwd(gated)};
 }
 
 }  // namespace linac

@@ -1,4 +1,4 @@
-// Normalized linear attention (KERNELS.md section 1), `linac run linear_attn --normalize`:
+// Normalized linear attention (docs/ops/linear_attn.md), `linac run linear_attn --normalize`:
 //   o_t = scale q_t S_t / (scale q_t z_t + eps),  z_t = exp(g_t) z_{t-1} + k_t  (g = 0 without a gate)
 // with S_t as in linear attention and eps = kNormalizedLinearAttnEps. The denominator is fp32. It can
 // be near zero or negative unless q . k > 0 (e.g. positive feature maps such as elu + 1): the kernel
@@ -6,12 +6,14 @@
 // op rejects them with --normalize.
 #pragma once
 #include <memory>
-#include <string>
-#include <vector>
 
-#include "kernels/op.h"
+#include "linac/dtype.h"
 
 namespace linac {
+
+namespace ir {
+struct Kernel;
+}
 
 /// Added to the denominator scale q_t . z_t.
 inline constexpr double kNormalizedLinearAttnEps = 1e-6;
@@ -30,13 +32,5 @@ struct LinearAttnNormalizedConfig {
 
 /// Records the normalized forward kernel. Parameters: q k v [g] [cu_seqlens] o scale.
 std::shared_ptr<ir::Kernel> build_linear_attn_normalized_fwd(const LinearAttnNormalizedConfig& cfg);
-
-/// linear_attn's prepare() with opts.normalize: checks the inputs (UserError for an initial state, a
-/// final state or --recurrent) and plans one launch of the normalized kernel.
-OpPlan plan_linear_attn_normalized(const TensorMap& inputs, const OpOptions& opts,
-                                   const std::vector<std::string>& wanted);
-
-/// The normalized kernels at their default configuration for opts (for linear_attn's OpDef::kernels).
-std::vector<std::shared_ptr<ir::Kernel>> linear_attn_normalized_kernels(const OpOptions& opts);
 
 }  // namespace linac

@@ -8,7 +8,7 @@
 
 #include <fstream>
 
-#include "kernels/linear_attn/fwd.h"
+#include "kernels/linear_attn/op.h"
 #include "kernels/op.h"
 #include "runtime/autotune.h"
 #include "runtime/cuda_driver.h"

@@ -1,0 +1,286 @@
+// The op "linear_attn" (docs/ops/linear_attn.md): its registry entry and the forward's plans and
+// defaults, the plain or gated chunked kernel (fwd.h) and the normalized one (normalized.h), and the
+// dispatch to the recurrent (kernels/common/recurrent.h) and backward (op_bwd.cpp) forms.
+#include "kernels/linear_attn/op.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+
+#include "kernels/common/elementwise.h"
+#include "kernels/common/noise_dropout.h"
+#include "kernels/common/op_support.h"
+#include "kernels/common/recurrent.h"
+#include "kernels/linear_attn/fwd.h"
+#include "kernels/linear_attn/normalized.h"
+#include "linac/error.h"
+
+namespace linac {
+
+namespace {
+
+// The tuning parameters of linear_attn (its non-normalized kernel takes the same).
+const std::vector<std::pair<std::string, std::string>>& normalized_config_keys() { return chunked_config_keys(); }
+
+/// Kernels are recorded once per configuration and shared (the IR is immutable once built).
+std::shared_ptr<ir::Kernel> cached_normalized_fwd(const LinearAttnNormalizedConfig& cfg) {
+  static KernelMemo memo;
+  std::string key = fmt::format("{}/{}/{}/{}/{}{}/{}/{}", dtype_name(cfg.dtype), cfg.chunk, cfg.block_k, cfg.block_v,
+                                cfg.gated, cfg.varlen, cfg.num_warps, cfg.num_stages);
+  return memo.get(key, [&] { return build_linear_attn_normalized_fwd(cfg); });
+}
+
+/// The configuration for the given head dims and `heads` = sequences x heads (0: unknown); opts.config and
+/// --chunk-size override the defaults.
+LinearAttnNormalizedConfig normalized_config(const OpOptions& opts, int64_t K, int64_t V, int64_t heads) {
+  check_config_keys("linear_attn", opts, normalized_config_keys());
+  LinearAttnNormalizedConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = padded_head_dim(K);
+  // Until the normalized form is tuned on its own, the defaults are what ptxas assembles without
+  // spills for sm_80 and sm_90a in every dtype (tests/python/test_ptxas.py): z and the row sums cost
+  // registers that linear_attn's 64-row chunks with 4 warps do not have. fp32 above head dim 128:
+  // chunk 16 (259 KB of shared memory at 32 with K = 256; 164 KB at 16).
+  // In 16-bit with 128-column value blocks filling the GPU (as linear_attn's forward chooses them),
+  // chunk 64 with whole 128-column blocks and 8 warps: H200, B8 T4096 H16 D128 bf16, 0.707 -> 0.536 ms
+  // (ptxas spills 64 bytes at 255 registers there, sm_90a; measured faster anyway). At B2 T16384 H16
+  // the defaults below were within 1% of the best of 7 configurations (1.396 ms).
+  const bool wide = opts.dtype != DType::f32 && K <= 128 && V > 64 && heads * ((V + 127) / 128) >= 120;
+  const int dflt_chunk = wide ? 64 : opts.dtype == DType::f32 && cfg.block_k > 128 ? 16 : 32;
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, dflt_chunk), {16, 32, 64, 128}));
+  cfg.block_v = static_cast<int>(
+      config_value(opts, "bv", wide ? 128 : std::min(64, padded_head_dim(V)), {16, 32, 64, 128, 256}));
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
+  cfg.num_stages = static_cast<int>(config_value(opts, "stages", 2, {1, 2}));
+  return cfg;
+}
+
+/// linear_attn's prepare() with opts.normalize: checks the inputs (UserError for an initial state, a
+/// final state or --recurrent) and plans one launch of the normalized kernel.
+OpPlan plan_linear_attn_normalized(const TensorMap& inputs, const OpOptions& opts,
+                                   const std::vector<std::string>& wanted) {
+  SequenceLayout seq = check_qkv_inputs("linear_attn", inputs);
+  if (opts.recurrent) throw UserError("linear_attn: --normalize has no --recurrent form");
+  if (inputs.count("initial_state"))
+    throw UserError("linear_attn --normalize takes no initial_state (the normalizer state would be needed too)");
+  if (wants(wanted, "final_state"))
+    throw UserError("linear_attn --normalize gives no final_state (the normalizer state would be needed too)");
+  const bool gated = inputs.count("g") > 0;
+  if (gated) check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H});
+
+  LinearAttnNormalizedConfig cfg = normalized_config(opts, seq.K, seq.V, seq.N * seq.H);
+  cfg.gated = gated;
+  cfg.varlen = seq.varlen;
+
+  OpPlan plan;
+  for (const char* name : {"q", "k", "v"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
+  plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  KernelLaunch launch;
+  launch.kernel = cached_normalized_fwd(cfg);
+  launch.grid = {(seq.V + cfg.block_v - 1) / cfg.block_v, seq.N * seq.H, 1};
+  for (const char* name : {"q", "k", "v", "o"}) launch.tensors[name] = name;
+  launch.scalars["scale"] = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32), launch.tensors["g"] = "g";
+  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens, launch.tensors["cu_seqlens"] = "cu_seqlens";
+  plan.launches.push_back(std::move(launch));
+  if (wants(wanted, "o")) plan.outputs["o"] = "o";
+  return plan;
+}
+
+/// The normalized kernels at their default configuration for opts (for linear_attn's OpDef::kernels).
+std::vector<std::shared_ptr<ir::Kernel>> linear_attn_normalized_kernels(const OpOptions& opts) {
+  LinearAttnNormalizedConfig cfg = normalized_config(opts, 64, 64, 0);
+  LinearAttnNormalizedConfig gated = cfg;
+  gated.gated = gated.varlen = true;
+  return {cached_normalized_fwd(cfg), cached_normalized_fwd(gated)};
+}
+
+const std::vector<std::pair<std::string, std::string>>& linear_attn_config_keys() { return chunked_config_keys(); }
+
+/// Kernels are recorded once per configuration and shared (the IR is immutable once built).
+std::shared_ptr<ir::Kernel> cached_linear_attn_fwd(const LinearAttnConfig& cfg) {
+  static KernelMemo memo;
+  std::string key = fmt::format("{}/{}/{}/{}/{}{}{}{}/{}/{}", dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
+                                cfg.block_v, cfg.gated, cfg.initial_state, cfg.final_state, cfg.varlen,
+                                cfg.num_warps, cfg.num_stages);
+  return memo.get(key, [&] { return build_linear_attn_fwd(cfg); });
+}
+
+OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+  if (opts.backward)
+    return opts.normalize ? plan_linear_attn_normalized_bwd(inputs, opts, wanted) : plan_linear_attn_bwd(inputs, opts, wanted);
+  for (const char* name : {"do", "dfinal_state"})
+    if (inputs.count(name)) throw UserError(fmt::format("linear_attn: input '{}' is a gradient; it needs --backward", name));
+  if (opts.normalize) return plan_linear_attn_normalized(inputs, opts, wanted);
+  if (opts.recurrent)
+    return plan_recurrent("linear_attn", RecurrentGate::scalar, false, linear_attn_config_keys(), inputs, opts, wanted);
+  SequenceLayout seq = check_qkv_inputs("linear_attn", inputs);
+  const bool gated = inputs.count("g") > 0;
+  if (gated) check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H});
+  const bool has_h0 = inputs.count("initial_state") > 0;
+  if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
+
+  check_config_keys("linear_attn", opts, linear_attn_config_keys());
+  LinearAttnConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = padded_head_dim(seq.K);
+  // Chunk 32 for fp32 above head dim 64: at 64 the gated kernel plans 257 KB (64 value columns) to
+  // 323 KB (128) of shared memory, more than an sm_90 block has (test_default_plans_fit.py); at 32,
+  // 142-191 KB. Above head dim 128 chunk 16 (the gated kernel plans 259 KB at 32 with K = 256; 163 KB at 16).
+  const int default_chunk = cfg.dtype != DType::f32 ? 64 : cfg.block_k > 128 ? 16 : cfg.block_k > 64 ? 32 : 64;
+  cfg.chunk = checked_chunk_size(opts.chunk_size, default_chunk);
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
+  // The defaults the tuner starts from (and what runs without it), from measurements on an H200 (see
+  // the issue notes): one program per head and 128 value columns when that fills the GPU, else 64
+  // columns (more programs), 8 warps for wide heads.
+  int64_t bv = 64, warps = 8;
+  if (seq.V <= 64) {
+    bv = padded_head_dim(seq.V), warps = 4;
+  } else if (seq.K <= 128 && seq.N * seq.H * ((seq.V + 127) / 128) >= 120) {
+    bv = 128;
+  }
+  cfg.block_v = static_cast<int>(config_value(opts, "bv", bv, {16, 32, 64, 128, 256}));
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", warps, {2, 4, 8}));
+  cfg.num_stages = static_cast<int>(config_value(opts, "stages", 2, {1, 2}));
+  cfg.gated = gated;
+  cfg.initial_state = has_h0;
+  cfg.final_state = wants(wanted, "final_state");
+  cfg.varlen = seq.varlen;
+  auto kernel = cached_linear_attn_fwd(cfg);
+
+  OpPlan plan;
+  for (const char* name : {"q", "k", "v"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
+  plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  KernelLaunch launch;
+  launch.kernel = kernel;
+  launch.grid = {(seq.V + cfg.block_v - 1) / cfg.block_v, seq.N * seq.H, 1};
+  for (const char* name : {"q", "k", "v", "o"}) launch.tensors[name] = name;
+  launch.scalars["scale"] = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32), launch.tensors["g"] = "g";
+  if (has_h0)
+    plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32), launch.tensors["initial_state"] = "initial_state";
+  if (cfg.final_state)
+    plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V}),
+    launch.tensors["final_state"] = "final_state";
+  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens, launch.tensors["cu_seqlens"] = "cu_seqlens";
+  plan.launches.push_back(std::move(launch));
+  if (wants(wanted, "o")) plan.outputs["o"] = "o";
+  if (cfg.final_state) plan.outputs["final_state"] = "final_state";
+  return plan;
+}
+
+/// Every form, then the noise-dropout multipliers when asked for (on o, or on do for the backward).
+OpPlan plan_linear_attn(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+  OpPlan plan = plan_linear_attn_form(inputs, opts, wanted);
+  apply_noise_dropout(plan, opts, inputs);
+  return plan;
+}
+
+}  // namespace
+
+OpDef linear_attn_op() {
+  OpDef op;
+  op.name = "linear_attn";
+  op.summary = "chunked linear attention forward, optional per-head scalar log-decay gate (KERNELS.md 1)";
+  op.inputs = {
+      {"q", true, "[B,T,H,K]", "queries"},
+      {"k", true, "[B,T,H,K]", "keys"},
+      {"v", true, "[B,T,H,V]", "values (a non-finite one makes all of its chunk's outputs non-finite)"},
+      {"g", false, "[B,T,H]", "log-decay per token and head (<= 0; -inf drops the state)"},
+      {"initial_state", false, "[N,H,K,V]", "state before the first token of each sequence (fp32)"},
+      {"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"},
+      {"do", false, "[B,T,H,V]", "--backward: gradient of the loss w.r.t. o"},
+      {"dfinal_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. final_state (fp32)"},
+  };
+  op.outputs = {
+      {"o", true, "[B,T,H,V]", "outputs"},
+      {"final_state", false, "[N,H,K,V]", "state after the last token of each sequence (fp32)"},
+      {"dq", false, "[B,T,H,K]", "--backward: gradient w.r.t. q"},
+      {"dk", false, "[B,T,H,K]", "--backward: gradient w.r.t. k"},
+      {"dv", false, "[B,T,H,V]", "--backward: gradient w.r.t. v"},
+      {"dg", false, "[B,T,H]", "--backward: gradient w.r.t. g (fp32)"},
+      {"dinitial_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. initial_state (fp32)"},
+  };
+  op.prepare = plan_linear_attn;
+  op.flags.push_back("normalize");
+  op.flags.push_back("recurrent");
+  op.flags.push_back("backward");
+  op.flags.push_back("noise_dropout");
+  op.random_inputs = [](const ProblemShape& s, uint64_t seed) {
+    TensorMap in;
+    in["q"] = random_uniform({s.B, s.T, s.H, s.K}, seed);
+    in["k"] = random_uniform({s.B, s.T, s.H, s.K}, seed + 1);
+    in["v"] = random_uniform({s.B, s.T, s.H, s.V}, seed + 2);
+    if (s.gated) in["g"] = random_log_decay({s.B, s.T, s.H}, seed + 3);
+    return in;
+  };
+  op.shape_of = [](const TensorMap& in) {
+    const HostTensor& q = in.at("q");
+    return ProblemShape{q.shape[0], q.shape[1], q.shape[2], q.shape[3], in.at("v").shape[3], in.count("g") > 0};
+  };
+  op.tuning_space = [](const ProblemShape& s, DType) {
+    // Chunk 64 with 64 or 128 value columns and 4 or 8 warps covers what wins on an H200 (see the
+    // issue notes); chunks of 32 and 128 as outliers. Configs that do not fit are skipped.
+    std::vector<Config> space = {{},  // the shape-based defaults
+                                 {{"bv", 64}, {"warps", 4}}, {{"bv", 64}, {"warps", 8}}, {{"bv", 128}, {"warps", 8}},
+                                 {{"bv", 32}, {"warps", 4}}, {{"chunk", 32}, {"bv", 64}, {"warps", 4}},
+                                 {{"chunk", 128}, {"bv", 64}, {"warps", 8}}};
+    if (s.V <= 64) space.push_back({{"bv", 64}, {"warps", 2}});
+    return space;
+  };
+  op.bwd_tuning_space = [](const ProblemShape& s, DType dt) {
+    // The default first (from the H200 sweep in linear_attn_bwd.cpp), then that sweep's other
+    // contenders; fp32 tiles are twice as large, so only its smaller configurations fit. Column blocks
+    // are capped at the padded head dims (candidates that become equal are listed once).
+    std::vector<Config> wanted =
+        dt == DType::f32
+            ? std::vector<Config>{{{"chunk", 32}, {"bk", 64}, {"bv", 64}, {"warps", 4}},
+                                  {{"chunk", 16}, {"bk", 128}, {"bv", 128}, {"warps", 8}}}
+            : std::vector<Config>{{{"chunk", 64}, {"bk", 128}, {"bv", 128}, {"warps", 8}},
+                                  {{"chunk", 32}, {"bk", 128}, {"bv", 128}, {"warps", 8}},
+                                  {{"chunk", 32}, {"bk", 64}, {"bv", 64}, {"warps", 4}},
+                                  {{"chunk", 64}, {"bk", 64}, {"bv", 64}, {"warps", 4}},
+                                  {{"chunk", 64}, {"bk", 128}, {"bv", 64}, {"warps", 8}}};
+    // Few heads leave most SMs idle (one program per column block and head, each walking every chunk):
+    // there 32-column blocks put four programs on each head.
+    if (s.B * s.H <= 64) {
+      wanted.push_back({{"chunk", dt == DType::f32 ? 32 : 64}, {"bk", 32}, {"bv", 32}, {"warps", 4}});
+      wanted.push_back({{"chunk", 32}, {"bk", 32}, {"bv", 32}, {"warps", 4}});
+    }
+    std::vector<Config> space{{}};
+    for (Config c : wanted) {
+      c["bk"] = std::min<int64_t>(c["bk"], padded_head_dim(s.K));
+      c["bv"] = std::min<int64_t>(c["bv"], padded_head_dim(s.V));
+      if (std::find(space.begin(), space.end(), c) == space.end()) space.push_back(c);
+    }
+    // The split schedule (plain form, head dims up to 128): the state passes in blocks, every chunk's
+    // gradients in parallel (linear_attn_split_bwd.h).
+    if (!s.gated && s.B * s.H <= 64 && std::max(s.K, s.V) <= 128) space.push_back({{"split", 1}});
+    return space;
+  };
+  op.config_keys = linear_attn_config_keys();
+  for (const auto& key : linear_attn_bwd_config_keys())
+    if (key.first == "bk") op.config_keys.push_back(key);  // the backward's only key the forward lacks
+  op.kernels = [](const OpOptions& opts) {
+    check_config_keys("linear_attn", opts, linear_attn_config_keys());
+    LinearAttnConfig cfg;
+    cfg.dtype = opts.dtype;
+    cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, 64), {16, 32, 64, 128}));
+    cfg.block_k = 64;
+    cfg.block_v = static_cast<int>(config_value(opts, "bv", 64, {16, 32, 64, 128, 256}));
+    cfg.num_warps = static_cast<int>(config_value(opts, "warps", 4, {2, 4, 8}));
+    cfg.num_stages = static_cast<int>(config_value(opts, "stages", 2, {1, 2}));
+    LinearAttnConfig gated = cfg;
+    gated.gated = gated.initial_state = gated.final_state = true;
+    std::vector<std::shared_ptr<ir::Kernel>> out{cached_linear_attn_fwd(cfg), cached_linear_attn_fwd(gated)};
+    for (auto& k : linear_attn_normalized_kernels(opts)) out.push_back(k);
+    for (auto& k : recurrent_kernels(opts, RecurrentGate::scalar)) out.push_back(k);
+    for (auto& k : linear_attn_bwd_kernels(opts)) out.push_back(k);
+    for (auto& k : linear_attn_normalized_bwd_kernels(opts)) out.push_back(k);
+    out.push_back(elementwise_update_kernel(ElementwiseUpdate::mul, opts.dtype, DType::f32, 4, 64));  // noise-dropout
+    return out;
+  };
+  return op;
+}
+
+}  // namespace linac

@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include "kernels/delta_rule/fwd.h"
-#include "kernels/gla/fwd.h"
+#include "kernels/gla/op.h"
 #include "kernels/linear_attn/op.h"
 #include "kernels/poly/fwd.h"
 #include "linac/error.h"

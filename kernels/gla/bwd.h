@@ -2,18 +2,16 @@
 // kernel over every chunk in parallel, walks shaped like the forward (dq forward in time; dk and dv
 // backward, in one walk where the state is whole) that recompute the state rather than store it, and a dg walk. Memory O(T*D).
 #pragma once
+#include <cstdint>
 #include <memory>
-#include <string>
-#include <utility>
-#include <vector>
 
-#include "kernels/op.h"
+#include "linac/dtype.h"
 
 namespace linac {
 
-/// Sequences x heads up to which gla's backward defaults to the split schedule (16-bit, dense, head dims
-/// up to 128, T >= 1024) and its tuner offers it.
-inline constexpr int64_t kGlaBwdSplitHeads = 64;
+namespace ir {
+struct Kernel;
+}
 
 struct GlaChunkedBwdConfig {
   DType dtype = DType::f32;
@@ -44,14 +42,5 @@ enum class GlaBwdWalk { dq, dk, dv, dkdv };
 std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg);
 std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, GlaBwdWalk which);
 std::shared_ptr<ir::Kernel> build_gla_bwd_dg(const GlaChunkedBwdConfig& cfg);
-
-/// Tuning keys of gla's backward (chunk, bk, bv, warps, iwarps, take, fuse, split, sbk, sbv, tokenwise).
-const std::vector<std::pair<std::string, std::string>>& gla_chunked_bwd_config_keys();
-
-/// The plan (inputs checked by plan_gla_bwd).
-OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted);
-
-/// Representative kernels (head dim 64, plain and with every option).
-std::vector<std::shared_ptr<ir::Kernel>> gla_chunked_bwd_kernels(const OpOptions& opts);
 
 }  // namespace linac

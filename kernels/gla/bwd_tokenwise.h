@@ -1,5 +1,5 @@
 // Backward of gla (`linac run gla ... do=do.npy [dfinal_state=..] --backward`). By default in chunks
-// (gla_chunked_bwd.h); with --config tokenwise=1 token by token, as here: the slow-but-correct
+// (bwd.h); with --config tokenwise=1 token by token, as here: the slow-but-correct
 // reference form (a sequential walk per sequence and head, like --recurrent), with memory
 // O(T*D): states are recomputed, never stored per token. With S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t
 // and o_t = scale q_t S_t:
@@ -11,17 +11,27 @@
 // final state's term at the last token).
 #pragma once
 #include <memory>
-#include <string>
-#include <vector>
 
-#include "kernels/op.h"
+#include "linac/dtype.h"
 
 namespace linac {
 
-/// The plan of gla's backward. Inputs q k v g [initial_state] [cu_seqlens] do [dfinal_state];
-/// outputs dq dk dv dg [dinitial_state].
-OpPlan plan_gla_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted);
-/// Its kernels at head dim 64 with every option (for the ptxas check).
-std::vector<std::shared_ptr<ir::Kernel>> gla_bwd_kernels(const OpOptions& opts);
+namespace ir {
+struct Kernel;
+}
+
+/// Compile-time configuration of the token-by-token backward kernels.
+struct GlaBwdConfig {
+  DType dtype = DType::f32;
+  int block_k = 64, block_v = 64;  // the whole head: dq and dk sum over V, dv over K
+  bool initial_state = false, final_state_grad = false, initial_state_grad = false, varlen = false;
+  int num_warps = 8;
+};
+
+/// The forward walk. Parameters: q k v g do [initial_state] [dfinal_state] [cu_seqlens] dq [dg_final] scale.
+std::shared_ptr<ir::Kernel> build_gla_bwd_tokenwise_dq(const GlaBwdConfig& cfg);
+/// The reverse walk. Parameters: q k v g do dq [dfinal_state dg_final] [cu_seqlens] dk dv dg
+/// [dinitial_state] scale.
+std::shared_ptr<ir::Kernel> build_gla_bwd_tokenwise_dkv(const GlaBwdConfig& cfg);
 
 }  // namespace linac

@@ -9,9 +9,13 @@
 #pragma once
 #include <memory>
 
-#include "kernels/op.h"
+#include "linac/dtype.h"
 
 namespace linac {
+
+namespace ir {
+struct Kernel;
+}
 
 /// Rows per sub-chunk: the diagonal blocks of the intra-chunk attention are this size.
 inline constexpr int kGlaSubChunk = 16;
@@ -46,7 +50,5 @@ std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg);
 /// The split schedule's outputs, one program per (chunk, sequence x head, V block) from h.
 /// Parameters: q k v g a_diag h o scale.
 std::shared_ptr<ir::Kernel> build_gla_out(const GlaConfig& cfg);
-/// The op "gla" for the registry (--recurrent runs kernels/common/recurrent.h's token-by-token form).
-OpDef gla_op();
 
 }  // namespace linac

@@ -1,0 +1,287 @@
+// The op "gla" (docs/ops/gla.md): its registry entry and the forward's plans and defaults: gla_intra
+// and the fused walk gla_fwd, or the split schedule (a state pass, then gla_out) (fwd.h, split_bwd.h);
+// --recurrent runs kernels/common/recurrent.h's token-by-token form, --backward op_bwd.cpp's plans.
+#include "kernels/gla/op.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+
+#include "kernels/common/op_support.h"
+#include "kernels/common/recurrent.h"
+#include "kernels/gla/fwd.h"
+#include "kernels/gla/split_bwd.h"
+#include "linac/error.h"
+
+namespace linac {
+
+namespace {
+
+/// Sequences x heads below which the tuner also times the split schedule (fewer fused walks than an
+/// H100/H200 has SMs, with room for them to be starved).
+constexpr int64_t kSplitCandidatesBelowHeads = 64;
+
+const std::vector<std::pair<std::string, std::string>>& gla_config_keys() {
+  static const std::vector<std::pair<std::string, std::string>> keys = {
+      {"chunk", "rows per chunk (16, 32, 64, 128; sub-chunks of 16)"},
+      {"bv", "value columns per program (16..128)"},
+      {"warps", "warps per program (2, 4, 8)"},
+      {"stages", "pipeline stages of the chunk loads (1 or 2)"},
+      {"split", "1: state pass + parallel outputs (dense inputs; varlen runs fused), 0: fused chunk loop; "
+                "--backward: state passes (states and their gradients per chunk), then per-chunk gradients"},
+      {"sbk", "split=1: key columns per program of the state pass (16..128; default all; --backward 32)"},
+  };
+  return keys;
+}
+
+enum class GlaKernel { intra, fused, gates, state, out };
+
+/// The split schedule's state pass (and its decayed keys) as the backward's kernels take it.
+GlaSplitBwdConfig split_state_config(const GlaConfig& cfg) {
+  GlaSplitBwdConfig s;
+  s.dtype = cfg.dtype;
+  s.chunk = cfg.chunk;
+  s.block_k = cfg.block_k;
+  s.block_v = cfg.block_v;
+  s.state_block_k = cfg.state_block_k > 0 ? cfg.state_block_k : cfg.block_k;
+  s.state_block_v = cfg.block_v;
+  s.state_warps = cfg.num_warps;
+  s.state_stages = cfg.num_stages;
+  s.initial_state = cfg.initial_state;
+  s.final_state = cfg.final_state;
+  s.decay_queries = false;
+  return s;
+}
+
+/// Kernels are recorded once per configuration and shared (the IR is immutable once built).
+std::shared_ptr<ir::Kernel> cached_gla_kernel(const GlaConfig& cfg, GlaKernel which) {
+  static KernelMemo memo;
+  std::string key = which == GlaKernel::intra
+                        ? fmt::format("intra/{}/{}/{}", dtype_name(cfg.dtype), cfg.block_k, cfg.varlen)
+                        : fmt::format("{}/{}/{}/{}/{}/{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
+                                      cfg.chunk, cfg.block_k, cfg.block_v, cfg.initial_state, cfg.final_state,
+                                      cfg.varlen, cfg.num_warps, cfg.num_stages) +
+                              (which == GlaKernel::state ? fmt::format("/{}", cfg.state_block_k) : "");
+  return memo.get(key, [&] {
+    switch (which) {
+      case GlaKernel::intra: return build_gla_intra(cfg);
+      case GlaKernel::fused: return build_gla_fwd(cfg);
+      case GlaKernel::gates: return build_gla_bwd_gates(split_state_config(cfg));
+      case GlaKernel::state: return build_gla_bwd_states(split_state_config(cfg));
+      case GlaKernel::out: return build_gla_out(cfg);
+    }
+    throw InternalError("bad gla kernel");
+  });
+}
+
+/// The configuration for head dims K and V (opts.config and --chunk-size override the defaults).
+GlaConfig gla_config(const OpOptions& opts, int64_t K, int64_t V) {
+  check_config_keys("gla", opts, gla_config_keys());
+  GlaConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = padded_head_dim(K);
+  // Until the autotuner covers gla, defaults measured on an H200 (bf16, B=8, H=16, T=2048..4096):
+  // chunks of 16 (the state absorbs the off-diagonal blocks) beat chunks of 32 and 64 in every
+  // configuration measured; one program per 128 value columns for K = 128 (each program redoes the key-side
+  // decay math), 32 columns otherwise. These are spill-free for K = V = 64 and 128 (test_ptxas).
+  const int64_t bv = std::min<int64_t>(padded_head_dim(V), cfg.block_k == 128 ? 128 : 32);
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, 16), {16, 32, 64, 128}));
+  cfg.block_v = static_cast<int>(config_value(opts, "bv", bv, {16, 32, 64, 128}));
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
+  // The chunk loads pipelined (cp.async one chunk ahead) for 16-bit tiles: H200 B8 T4096 H16 D128 bf16
+  // forward 1.42 ms vs 1.91 with stages=1 (gla_fwd 0.70 vs 1.19; the tuner had been picking it).
+  // fp32 blocks keep one stage (twice the shared memory).
+  cfg.num_stages = static_cast<int>(config_value(opts, "stages", dtype_bytes(cfg.dtype) == 2 ? 2 : 1, {1, 2}));
+  cfg.split = config_value(opts, "split", 0, {0, 1}) == 1;
+  cfg.state_block_k = static_cast<int>(std::min<int64_t>(config_value(opts, "sbk", cfg.block_k, {16, 32, 64, 128}), cfg.block_k));
+  return cfg;
+}
+
+OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+  if (opts.backward) return plan_gla_bwd(inputs, opts, wanted);
+  for (const char* name : {"do", "dfinal_state"})
+    if (inputs.count(name)) throw UserError(fmt::format("gla: input '{}' is a gradient; it needs --backward", name));
+  if (opts.recurrent)
+    return plan_recurrent("gla", RecurrentGate::channel, true, gla_config_keys(), inputs, opts, wanted);
+  SequenceLayout seq = check_qkv_inputs("gla", inputs);
+  if (!inputs.count("g")) throw UserError("gla: missing input 'g'");
+  check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H, seq.K});
+  const bool has_h0 = inputs.count("initial_state") > 0;
+  if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
+
+  GlaConfig cfg = gla_config(opts, seq.K, seq.V);
+  cfg.initial_state = has_h0;
+  cfg.final_state = wants(wanted, "final_state");
+  cfg.varlen = seq.varlen;
+
+  OpPlan plan;
+  for (const char* name : {"q", "k", "v"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
+  plan.tensors["g"] = inputs.at("g").cast(DType::f32);
+  plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  plan.tensors["a_diag"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, kGlaSubChunk});
+  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+
+  // The diagonal blocks: one program per sub-chunk of the longest sequence (shorter ones mask).
+  const int64_t longest = seq.longest_sequence();
+  KernelLaunch intra;
+  intra.kernel = cached_gla_kernel(cfg, GlaKernel::intra);
+  intra.grid = {std::max<int64_t>(1, (longest + kGlaSubChunk - 1) / kGlaSubChunk), seq.N * seq.H, 1};
+  for (const char* name : {"q", "k", "g", "a_diag"}) intra.tensors[name] = name;
+  if (seq.varlen) intra.tensors["cu_seqlens"] = "cu_seqlens";
+  intra.scalars["scale"] = scale;
+  plan.launches.push_back(std::move(intra));
+
+  if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
+  if (cfg.final_state) plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
+  const int64_t num_v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
+  if (cfg.split && !seq.varlen) {
+    const int64_t num_chunks = (seq.T + cfg.chunk - 1) / cfg.chunk;
+    plan.tensors["h"] = HostTensor::zeros(cfg.dtype, {seq.B, num_chunks, seq.H, seq.K, seq.V});
+    plan.tensors["kd"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+    plan.tensors["etot"] = HostTensor::zeros(DType::f32, {seq.B, std::max<int64_t>(num_chunks, 1), seq.H, seq.K});
+    if (num_chunks > 0) {
+      KernelLaunch gates;
+      gates.kernel = cached_gla_kernel(cfg, GlaKernel::gates);
+      gates.grid = {num_chunks, seq.N * seq.H, 1};
+      for (const char* name : {"q", "k", "g", "kd", "etot"}) gates.tensors[name] = name;
+      plan.launches.push_back(std::move(gates));
+    }
+    KernelLaunch state;
+    state.kernel = cached_gla_kernel(cfg, GlaKernel::state);
+    state.grid = {num_v_blocks, seq.N * seq.H, (cfg.block_k + cfg.state_block_k - 1) / cfg.state_block_k};
+    for (const char* name : {"kd", "v", "etot", "h"}) state.tensors[name] = name;
+    if (has_h0) state.tensors["initial_state"] = "initial_state";
+    if (cfg.final_state) state.tensors["final_state"] = "final_state";
+    plan.launches.push_back(std::move(state));
+    KernelLaunch out;
+    out.kernel = cached_gla_kernel(cfg, GlaKernel::out);
+    out.grid = {std::max<int64_t>(num_chunks, 1), seq.N * seq.H, num_v_blocks};
+    for (const char* name : {"q", "k", "v", "g", "a_diag", "h", "o"}) out.tensors[name] = name;
+    out.scalars["scale"] = scale;
+    plan.launches.push_back(std::move(out));
+  } else {
+    KernelLaunch launch;
+    launch.kernel = cached_gla_kernel(cfg, GlaKernel::fused);
+    launch.grid = {num_v_blocks, seq.N * seq.H, 1};
+    for (const char* name : {"q", "k", "v", "g", "a_diag", "o"}) launch.tensors[name] = name;
+    launch.scalars["scale"] = scale;
+    if (has_h0) launch.tensors["initial_state"] = "initial_state";
+    if (cfg.final_state) launch.tensors["final_state"] = "final_state";
+    if (seq.varlen) launch.tensors["cu_seqlens"] = "cu_seqlens";
+    plan.launches.push_back(std::move(launch));
+  }
+  if (wants(wanted, "o")) plan.outputs["o"] = "o";
+  if (cfg.final_state) plan.outputs["final_state"] = "final_state";
+  return plan;
+}
+
+}  // namespace
+
+OpDef gla_op() {
+  OpDef op;
+  op.name = "gla";
+  op.summary = "gated linear attention forward, per-channel log-decay gate, decay-aware sub-chunks (KERNELS.md 2)";
+  op.inputs = {
+      {"q", true, "[B,T,H,K]", "queries"},
+      {"k", true, "[B,T,H,K]", "keys"},
+      {"v", true, "[B,T,H,V]", "values (a non-finite one makes all of its 16-row sub-chunk's outputs non-finite)"},
+      {"g", true, "[B,T,H,K]", "log-decay per token, head and key channel (<= 0, -inf drops the state; fp32)"},
+      {"initial_state", false, "[N,H,K,V]", "state before the first token of each sequence (fp32)"},
+      {"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"},
+      {"do", false, "[B,T,H,V]", "--backward: gradient of the loss w.r.t. o"},
+      {"dfinal_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. final_state (fp32)"},
+  };
+  op.outputs = {
+      {"o", true, "[B,T,H,V]", "outputs"},
+      {"final_state", false, "[N,H,K,V]", "state after the last token of each sequence (fp32)"},
+      {"dq", false, "[B,T,H,K]", "--backward: gradient w.r.t. q"},
+      {"dk", false, "[B,T,H,K]", "--backward: gradient w.r.t. k"},
+      {"dv", false, "[B,T,H,V]", "--backward: gradient w.r.t. v"},
+      {"dg", false, "[B,T,H,K]", "--backward: gradient w.r.t. g (fp32)"},
+      {"dinitial_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. initial_state (fp32)"},
+  };
+  op.flags = {"recurrent", "backward"};
+  op.prepare = plan_gla;
+  op.bwd_tuning_space = [](const ProblemShape& s, DType) {
+    // The chunked backward's chunk, column blocks and warps: the default (16-bit: chunk 16, whole
+    // 128-column blocks, 8 warps) and the runners-up on an H200 at B8 T4096 H16 D128 (see configure in
+    // gla_chunked_bwd.cpp); intra with 8 warps was slower there (4.03 vs 2.96 ms).
+    // take=0 (masked row sums in gla_bwd_intra) was 0.34 ms slower, so it is not offered.
+    std::vector<Config> space{{},
+                              {{"chunk", 16}, {"bk", 64}, {"bv", 64}, {"warps", 4}},
+                              {{"chunk", 32}, {"bk", 64}, {"bv", 64}, {"warps", 8}}};
+    // Both schedules where few walks leave SMs idle (head dims up to 128; the default picks by shape,
+    // see split_by_default in gla_chunked_bwd.cpp). gla_bwd_inter at 4 warps was 2.7x slower.
+    if (s.B * s.H <= kGlaBwdSplitHeads && std::max(s.K, s.V) <= 128) {
+      space.push_back({{"split", 1}});
+      space.push_back({{"split", 0}});
+    }
+    return space;
+  };
+  op.config_keys = gla_config_keys();
+  for (const auto& key : gla_chunked_bwd_config_keys())
+    for (const char* name : {"bk", "iwarps", "take", "fuse", "sbv", "tokenwise"})
+      if (key.first == name) op.config_keys.push_back(key);
+  op.random_inputs = [](const ProblemShape& s, uint64_t seed) {
+    TensorMap in;
+    in["q"] = random_uniform({s.B, s.T, s.H, s.K}, seed);
+    in["k"] = random_uniform({s.B, s.T, s.H, s.K}, seed + 1);
+    in["v"] = random_uniform({s.B, s.T, s.H, s.V}, seed + 2);
+    in["g"] = random_log_decay({s.B, s.T, s.H, s.K}, seed + 3);
+    return in;
+  };
+  op.shape_of = [](const TensorMap& in) {
+    const HostTensor& q = in.at("q");
+    return ProblemShape{q.shape[0], q.shape[1], q.shape[2], q.shape[3], in.at("v").shape[3], true};
+  };
+  op.tuning_space = [](const ProblemShape& s, DType) {
+    // The defaults first; then what won in measurements on an H200 at other sizes (see gla_config).
+    std::vector<Config> space{{},
+                              {{"chunk", 16}, {"bv", 128}, {"warps", 8}, {"stages", 2}},
+                              {{"chunk", 16}, {"bv", 64}, {"warps", 4}, {"stages", 2}},
+                              {{"chunk", 32}, {"bv", 128}, {"warps", 8}, {"stages", 2}},
+                              {{"chunk", 64}, {"bv", 128}, {"warps", 8}, {"stages", 1}}};
+    // The split schedule (a state pass, then every chunk's outputs in parallel) pays for its state
+    // round trip through memory with parallelism over chunks: only when the fused walk leaves SMs idle.
+    // With 128 heads (B8 H16) it never won on an H200 (5.89 ms at best vs 2.25) and cost 4 of 9
+    // candidates' compile and timing in every cold start.
+    if (s.B * s.H < kSplitCandidatesBelowHeads) {
+      // Key blocks in the state pass (sbk) for more programs: at B2 T16384 H16 D128 bf16 on an H200
+      // the forward took 2.28 ms with sbk=32 (chunk 64), 2.72 with sbk=64, 9.92 without, fused 3.08.
+      space.push_back({{"split", 1}, {"chunk", 64}, {"bv", 128}, {"warps", 8}});
+      space.push_back({{"split", 1}, {"chunk", 32}, {"bv", 64}, {"warps", 4}});
+      space.push_back({{"split", 1}, {"chunk", 64}, {"bv", 64}, {"sbk", 64}, {"warps", 4}, {"stages", 2}});
+      space.push_back({{"split", 1}, {"chunk", 64}, {"bv", 64}, {"sbk", 32}, {"warps", 4}, {"stages", 2}});
+      space.push_back({{"split", 1}, {"chunk", 32}, {"bv", 64}, {"sbk", 32}, {"warps", 4}, {"stages", 2}});
+    }
+    return space;
+  };
+  op.kernels = [](const OpOptions& opts) {
+    // The chunked form (diagonal blocks, then the chunk loop) for K = V = 64 and K = V = 128 with
+    // both states, and the recurrent form.
+    std::vector<std::shared_ptr<ir::Kernel>> out;
+    for (int64_t d : {64, 128}) {
+      GlaConfig cfg = gla_config(opts, d, d);
+      cfg.initial_state = cfg.final_state = true;
+      out.push_back(cached_gla_kernel(cfg, GlaKernel::intra));
+      out.push_back(cached_gla_kernel(cfg, GlaKernel::fused));
+      // The split schedule at its first tuning-space configuration.
+      GlaConfig split = cfg;
+      split.chunk = 64;
+      // (fp32 takes the FMA path for its dots, and K = 128 holds a [128, BV] state: narrower V blocks
+      // keep them within registers.)
+      split.block_v = opts.dtype == DType::f32 || d == 128 ? 32 : 64;
+      split.num_warps = d == 128 ? 8 : 4;
+      out.push_back(cached_gla_kernel(split, GlaKernel::gates));
+      out.push_back(cached_gla_kernel(split, GlaKernel::state));
+      out.push_back(cached_gla_kernel(split, GlaKernel::out));
+    }
+    for (auto& k : recurrent_kernels(opts, RecurrentGate::channel)) out.push_back(k);
+    for (auto& k : gla_bwd_kernels(opts)) out.push_back(k);
+    return out;
+  };
+  return op;
+}
+
+}  // namespace linac

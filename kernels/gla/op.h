@@ -1,0 +1,37 @@
+// The op "gla" (docs/ops/gla.md): its registry entry, and what its files share. op.cpp holds the
+// registry entry and the forward's plans and defaults, op_bwd.cpp the backward's; the kernels they
+// launch are in fwd.h, split_bwd.h, bwd.h and bwd_tokenwise.h (the math alone).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/op.h"
+
+namespace linac {
+
+/// The op "gla" for the registry (--recurrent runs kernels/common/recurrent.h's token-by-token form).
+OpDef gla_op();
+
+/// Sequences x heads up to which gla's backward defaults to the split schedule (16-bit, dense, head dims
+/// up to 128, T >= 1024) and its tuner offers it.
+inline constexpr int64_t kGlaBwdSplitHeads = 64;
+
+/// Tuning keys of gla's backward (chunk, bk, bv, warps, iwarps, take, fuse, split, sbk, sbv, tokenwise).
+const std::vector<std::pair<std::string, std::string>>& gla_chunked_bwd_config_keys();
+
+/// The plan of gla's backward. Inputs q k v g [initial_state] [cu_seqlens] do [dfinal_state];
+/// outputs dq dk dv dg [dinitial_state]. In chunks, or token by token with --config tokenwise=1.
+OpPlan plan_gla_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted);
+/// The chunked form's plan (inputs checked by plan_gla_bwd).
+OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted);
+
+/// The backward's kernels at head dim 64 with every option, chunked then token by token (for the ptxas
+/// check).
+std::vector<std::shared_ptr<ir::Kernel>> gla_bwd_kernels(const OpOptions& opts);
+/// The chunked form's alone (head dim 64, plain and with every option).
+std::vector<std::shared_ptr<ir::Kernel>> gla_chunked_bwd_kernels(const OpOptions& opts);
+
+}  // namespace linac

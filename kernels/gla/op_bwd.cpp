@@ -1,0 +1,327 @@
+// The backward of the op "gla" (docs/ops/gla.md): the plans and defaults of the chunked form (bwd.h:
+// gla_bwd_intra and the walks; split_bwd.h: the split schedule) and of the token-by-token reference form
+// (bwd_tokenwise.h, --config tokenwise=1).
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+
+#include "kernels/common/op_support.h"
+#include "kernels/gla/bwd.h"
+#include "kernels/gla/bwd_tokenwise.h"
+#include "kernels/gla/op.h"
+#include "kernels/gla/split_bwd.h"
+#include "linac/error.h"
+
+namespace linac {
+
+namespace {
+
+enum class GlaBwdKernel { intra, dq, dk, dv, dkdv, dg, gates, states, dstates, inter, dg_offsets, dg_add };
+
+GlaSplitBwdConfig split_config(const GlaChunkedBwdConfig& cfg);
+
+std::shared_ptr<ir::Kernel> cached(const GlaChunkedBwdConfig& cfg, GlaBwdKernel which) {
+  static KernelMemo memo;
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}{}{}{}/{}/{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype), cfg.chunk,
+                                cfg.block_k, cfg.block_v, cfg.split_k, cfg.split_v, cfg.intra_warps, cfg.take, cfg.fuse_dkdv,
+                                cfg.initial_state, cfg.final_state_grad,
+                                cfg.initial_state_grad, cfg.varlen, cfg.num_warps, cfg.split, cfg.state_block_k,
+                                cfg.state_block_v);
+  return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
+    switch (which) {
+      case GlaBwdKernel::intra: return build_gla_bwd_intra(cfg);
+      case GlaBwdKernel::dq: return build_gla_bwd_walk(cfg, GlaBwdWalk::dq);
+      case GlaBwdKernel::dk: return build_gla_bwd_walk(cfg, GlaBwdWalk::dk);
+      case GlaBwdKernel::dv: return build_gla_bwd_walk(cfg, GlaBwdWalk::dv);
+      case GlaBwdKernel::dkdv: return build_gla_bwd_walk(cfg, GlaBwdWalk::dkdv);
+      case GlaBwdKernel::dg: return build_gla_bwd_dg(cfg);
+      case GlaBwdKernel::gates: return build_gla_bwd_gates(split_config(cfg));
+      case GlaBwdKernel::states: return build_gla_bwd_states(split_config(cfg));
+      case GlaBwdKernel::dstates: return build_gla_bwd_dstates(split_config(cfg));
+      case GlaBwdKernel::inter: return build_gla_bwd_inter(split_config(cfg));
+      case GlaBwdKernel::dg_offsets: return build_gla_bwd_dg_offsets(split_config(cfg));
+      case GlaBwdKernel::dg_add: return build_gla_bwd_dg_add(split_config(cfg));
+    }
+    throw InternalError("bad gla backward kernel");
+  });
+}
+
+GlaSplitBwdConfig split_config(const GlaChunkedBwdConfig& cfg) {
+  GlaSplitBwdConfig s;
+  s.dtype = cfg.dtype;
+  s.chunk = cfg.chunk;
+  s.block_k = cfg.block_k;
+  s.block_v = cfg.block_v;
+  s.state_block_k = cfg.state_block_k;
+  s.state_block_v = cfg.state_block_v;
+  // The forward's best split configuration on an H200 (B2 T16384 H16 D128 bf16: 4 warps, 2 stages).
+  s.state_warps = 4;
+  s.state_stages = cfg.dtype == DType::f32 ? 1 : 2;
+  s.num_warps = cfg.num_warps;
+  s.initial_state = cfg.initial_state;
+  s.final_state = cfg.final_state_grad;  // S_T, for dg's final-state term
+  s.final_state_grad = cfg.final_state_grad;
+  s.initial_state_grad = cfg.initial_state_grad;
+  return s;
+}
+
+int split_default_chunk(DType dtype, int64_t block_k, int64_t block_v) {
+  // H200, B2 T16384 H16 D128 bf16, backward ms: chunk 32 5.62 (intra 1.37, state passes 0.80 + 0.95,
+  // inter 1.57, dg 0.95); chunk 64 16.39 (intra 6.68 and inter 7.16: the intra kernel spills 1.5 KB,
+  // inter takes 237 registers and 206 KB of shared memory). At head dim 64 chunk 64 ran (B8 T1024 H8:
+  // 0.44 ms against the walks' 0.62). fp32 halves them (gla_bwd_inter holds a chunk's state and its
+  // gradient whole: 202 KB at head dim 128, chunk 16).
+  const int64_t d = std::max(block_k, block_v);
+  if (dtype != DType::f32) return d > 64 ? 32 : 64;
+  return d > 64 ? 16 : 32;
+}
+
+/// Whether the split schedule is the default for these inputs: 16-bit, dense, head dims up to 128 and
+/// at most 64 sequences x heads over at least 1024 tokens. H200 bf16 D128 backward ms, split vs walks:
+/// B2 T16384 H16 5.22 vs 9.23, B4 T2048 H16 1.17 vs 1.27, B8 T1024 H8 D64 0.43 vs 0.62; with more
+/// heads the walks win (B8 T4096 H16 4.28 vs 2.90, B1 T8192 H96 6.62 vs 5.33).
+bool split_by_default(const GlaChunkedBwdConfig& cfg, const SequenceLayout* seq) {
+  return seq && cfg.dtype != DType::f32 && !seq->varlen && std::max(cfg.block_k, cfg.block_v) <= 128 &&
+         seq->N * seq->H <= kGlaBwdSplitHeads && seq->T >= 1024;
+}
+
+/// seq: the call's inputs (nullptr: the representative kernels).
+void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts, const SequenceLayout* seq) {
+  // Defaults from the H200 at B8 T4096 H16 D128 bf16 (backward ms): chunk 16 with whole 128-column
+  // blocks and 8 warps 5.09 (intra 2.46, walks 0.84/0.86/0.71); chunk 32 with 64-column blocks 6.68
+  // (intra 3.47, walks ~1.0 each); chunk 32 with 128-column key blocks does not fit (239 KB of shared
+  // memory); chunk 64 plans 247-294 KB. fp32 keeps 64-column blocks (128 would plan 203 KB, more than
+  // an sm_80 block has).
+  const bool half_width = cfg.dtype != DType::f32;  // bf16 or fp16 tiles
+  // Varlen inputs take the walks even when split=1 is asked (the state passes are dense only), at the
+  // walks' chunk.
+  cfg.split = config_value(opts, "split", split_by_default(cfg, seq) ? 1 : 0, {0, 1}) == 1 && !(seq && seq->varlen);
+  // The split schedule's chunk: its walks carry one product per chunk, so fewer, longer chunks.
+  const int dflt_chunk = cfg.split ? split_default_chunk(cfg.dtype, cfg.block_k, cfg.block_v) : 16;
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, dflt_chunk), {16, 32, 64}));
+  if (cfg.chunk > 64)
+    throw UserError(fmt::format("--chunk-size {}: gla --backward takes chunks of 16, 32 or 64 rows", cfg.chunk));
+  cfg.split_k = std::min<int64_t>(config_value(opts, "bk", half_width ? 128 : 64, {16, 32, 64, 128, 256}), cfg.block_k);
+  // fp32 above head dim 128: 32 value columns (the dv walk plans 238 KB of shared memory at 64, K = V = 256).
+  const int64_t dflt_bv = half_width ? 128 : std::max(cfg.block_k, cfg.block_v) > 128 ? 32 : 64;
+  cfg.split_v = std::min<int64_t>(config_value(opts, "bv", dflt_bv, {16, 32, 64, 128, 256}), cfg.block_v);
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", half_width ? 8 : 4, {2, 4, 8}));
+  cfg.intra_warps = static_cast<int>(config_value(opts, "iwarps", 4, {2, 4, 8}));
+  // take=1: H200 backward 4.70 ms (intra 2.04) vs 5.03 (intra 2.38) with masked row sums.
+  cfg.take = config_value(opts, "take", 1, {0, 1}) == 1;
+  cfg.fuse_dkdv = config_value(opts, "fuse", 1, {0, 1}) == 1;
+  cfg.state_block_k = std::min<int64_t>(config_value(opts, "sbk", 32, {16, 32, 64, 128, 256}), cfg.block_k);
+  // H200 B2 T16384 H16 D128 bf16, split backward: sbk x sbv 32 x 32 4.48 ms, 32 x 64 4.59, 64 x 64 4.75,
+  // 32 x 128 4.78, 16 x 64 5.05 (the state passes 0.53 ms each at 32 x 32).
+  cfg.state_block_v = std::min<int64_t>(config_value(opts, "sbv", 32, {16, 32, 64, 128, 256}), cfg.block_v);
+}
+
+/// Whether dk and dv are one walk: asked for, and both column blocks whole (one program holds dS).
+bool fused_dkdv(const GlaChunkedBwdConfig& cfg) {
+  return cfg.fuse_dkdv && cfg.split_k == cfg.block_k && cfg.split_v == cfg.block_v;
+}
+
+}  // namespace
+
+const std::vector<std::pair<std::string, std::string>>& gla_chunked_bwd_config_keys() {
+  static const std::vector<std::pair<std::string, std::string>> keys = {
+      {"chunk", "--backward: rows per chunk of the walks (16, 32, 64; 16-row diagonal blocks)"},
+      {"bk", "--backward: key columns per program of the dq and dk walks (16..256)"},
+      {"bv", "--backward: value columns per program of the dv walk (16..256)"},
+      {"warps", "warps per program of the walks (2, 4, 8)"},
+      {"iwarps", "--backward: warps per program of gla_bwd_intra (2, 4, 8)"},
+      {"take", "--backward: 1 (default) = gla_bwd_intra reads dA's entries with take, 0 = masked row sums"},
+      {"fuse", "--backward: 1 (default) = dk and dv in one walk where bk and bv cover the head dims, 0 = two walks"},
+      {"split", "--backward: 1 = the split schedule (dense inputs; varlen walks): state passes storing the state "
+                "before and its gradient after every chunk, then every chunk's gradients in parallel"},
+      {"sbk", "--backward split=1: key columns per program of the state passes (16..256, default 32)"},
+      {"sbv", "--backward split=1: value columns per program of the state passes (16..256, default 32)"},
+      {"tokenwise", "--backward: 1 = the token-by-token form (the reference)"},
+  };
+  return keys;
+}
+
+OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+  SequenceLayout seq = check_qkv_inputs("gla", inputs);
+  const bool has_h0 = inputs.count("initial_state") > 0;
+  const bool has_dht = inputs.count("dfinal_state") > 0;
+  GlaChunkedBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = padded_head_dim(seq.K);
+  cfg.block_v = padded_head_dim(seq.V);
+  configure(cfg, opts, &seq);
+  cfg.initial_state = has_h0;
+  cfg.final_state_grad = has_dht;
+  cfg.initial_state_grad = wants(wanted, "dinitial_state");
+  cfg.varlen = seq.varlen;
+  if (cfg.split && std::max(cfg.block_k, cfg.block_v) > 128)
+    throw UserError(fmt::format("gla --backward --config split=1 takes head dims up to 128 (K={}, V={}): its "
+                                "per-chunk kernel holds a chunk's state whole; use the walks (split=0)", seq.K, seq.V));
+  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+
+  OpPlan plan;
+  add_backward_inputs(plan, inputs, seq, cfg.dtype, {"g", "initial_state", "dfinal_state"});
+  const int64_t state_v_blocks = (seq.V + cfg.state_block_v - 1) / cfg.state_block_v;
+  if (has_dht && cfg.split) {
+    plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});  // S_T, for dg
+  } else if (has_dht) {
+    plan.tensors["dg_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K});
+  }
+  // O(T*D) scratch: the intra-chunk parts of the gradients and (the walks) the fp32 products for dg.
+  for (const char* name : {"dq_intra", "dk_intra"})
+    plan.tensors[name] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
+  if (!cfg.split)
+    for (const char* name : {"qdq", "kdk"}) plan.tensors[name] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dv_intra"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.V});
+  for (const char* name : {"dq", "dk"}) plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dv"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  plan.tensors["dg"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
+  if (cfg.initial_state_grad) plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
+
+  const int64_t longest = seq.longest_sequence();
+  auto launch = [&](GlaBwdKernel which, std::array<int64_t, 3> grid) {
+    plan.launches.push_back(plan_launch(plan, cached(cfg, which), grid, {{"scale", scale}}));
+  };
+  if (longest > 0) launch(GlaBwdKernel::intra, {(longest + cfg.chunk - 1) / cfg.chunk, seq.N * seq.H, 1});
+  if (cfg.split) {
+    // The decayed operands (O(T*D)), the state before and its gradient after every chunk ([B, NT, H, K,
+    // V], input dtype), then the chunks' gradients in parallel and dg's per-chunk totals and offsets.
+    const int64_t chunks = (seq.T + cfg.chunk - 1) / cfg.chunk, table_rows = std::max<int64_t>(chunks, 1);
+    for (const char* name : {"qd", "kd"}) plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+    for (const char* name : {"h", "dh"})
+      plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, table_rows, seq.H, seq.K, seq.V});
+    for (const char* name : {"etot", "dg_chunk", "dg_offset"})
+      plan.tensors[name] = HostTensor::zeros(DType::f32, {seq.B, table_rows, seq.H, seq.K});
+    const std::array<int64_t, 3> state_grid{state_v_blocks, seq.N * seq.H,
+                                            (cfg.block_k + cfg.state_block_k - 1) / cfg.state_block_k};
+    if (chunks > 0) launch(GlaBwdKernel::gates, {chunks, seq.N * seq.H, 1});
+    launch(GlaBwdKernel::states, state_grid);
+    launch(GlaBwdKernel::dstates, state_grid);
+    if (chunks > 0) launch(GlaBwdKernel::inter, {chunks, seq.N * seq.H, 1});
+    launch(GlaBwdKernel::dg_offsets, {seq.N * seq.H, 1, 1});
+    if (chunks > 0) launch(GlaBwdKernel::dg_add, {chunks, seq.N * seq.H, 1});
+  } else {
+    launch(GlaBwdKernel::dq, {cfg.block_k / cfg.split_k, seq.N * seq.H, 1});
+    if (fused_dkdv(cfg)) {
+      launch(GlaBwdKernel::dkdv, {1, seq.N * seq.H, 1});
+    } else {
+      launch(GlaBwdKernel::dk, {cfg.block_k / cfg.split_k, seq.N * seq.H, 1});
+      launch(GlaBwdKernel::dv, {cfg.block_v / cfg.split_v, seq.N * seq.H, 1});
+    }
+    launch(GlaBwdKernel::dg, {seq.N * seq.H, 1, 1});
+  }
+  for (const char* name : {"dq", "dk", "dv", "dg", "dinitial_state"})
+    if (wants(wanted, name)) plan.outputs[name] = name;
+  return plan;
+}
+
+std::vector<std::shared_ptr<ir::Kernel>> gla_chunked_bwd_kernels(const OpOptions& opts) {
+  GlaChunkedBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = cfg.block_v = 64;
+  configure(cfg, opts, nullptr);
+  GlaChunkedBwdConfig full = cfg;
+  full.initial_state = full.final_state_grad = full.initial_state_grad = full.varlen = true;
+  std::vector<std::shared_ptr<ir::Kernel>> out;
+  for (const auto* c : {&cfg, &full})
+    for (auto which : {GlaBwdKernel::intra, GlaBwdKernel::dq, GlaBwdKernel::dk, GlaBwdKernel::dv, GlaBwdKernel::dg})
+      out.push_back(cached(*c, which));
+  GlaChunkedBwdConfig whole = cfg;
+  whole.split_k = whole.block_k;
+  whole.split_v = whole.block_v;
+  out.push_back(cached(whole, GlaBwdKernel::dkdv));
+  // The split schedule at its defaults, with both states.
+  GlaChunkedBwdConfig split = full;
+  split.varlen = false;
+  split.split = true;
+  split.chunk = split_default_chunk(split.dtype, split.block_k, split.block_v);
+  for (auto which : {GlaBwdKernel::gates, GlaBwdKernel::states, GlaBwdKernel::dstates, GlaBwdKernel::inter,
+                     GlaBwdKernel::dg_offsets, GlaBwdKernel::dg_add})
+    out.push_back(cached(split, which));
+  return out;
+}
+
+
+namespace {
+
+std::shared_ptr<ir::Kernel> cached_gla_bwd(const GlaBwdConfig& cfg, bool dq_kernel) {
+  static KernelMemo memo;
+  std::string key = fmt::format("{}/{}/{}/{}/{}{}{}{}/{}", dq_kernel, dtype_name(cfg.dtype), cfg.block_k, cfg.block_v,
+                                cfg.initial_state, cfg.final_state_grad, cfg.initial_state_grad, cfg.varlen,
+                                cfg.num_warps);
+  return memo.get(key, [&] { return dq_kernel ? build_gla_bwd_tokenwise_dq(cfg) : build_gla_bwd_tokenwise_dkv(cfg); });
+}
+
+const std::vector<std::pair<std::string, std::string>>& gla_bwd_config_keys() {
+  static const std::vector<std::pair<std::string, std::string>> keys = {{"warps", "warps per program (2, 4, 8)"}};
+  return keys;
+}
+
+}  // namespace
+
+OpPlan plan_gla_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+  if (opts.recurrent) throw UserError("gla: --backward is not implemented with --recurrent (it is token by token already)");
+  SequenceLayout seq = check_qkv_inputs("gla", inputs);
+  if (!inputs.count("g")) throw UserError("gla: missing input 'g'");
+  check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H, seq.K});
+  if (!inputs.count("do")) throw UserError("gla --backward: missing input 'do' (dL/do, [B,T,H,V])");
+  check_shape("do", inputs.at("do"), {seq.B, seq.T, seq.H, seq.V});
+  const bool has_h0 = inputs.count("initial_state") > 0;
+  if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
+  const bool has_dht = inputs.count("dfinal_state") > 0;
+  if (has_dht) check_shape("dfinal_state", inputs.at("dfinal_state"), {seq.N, seq.H, seq.K, seq.V});
+  for (const auto& w : wanted)
+    if (w != "dq" && w != "dk" && w != "dv" && w != "dg" && w != "dinitial_state")
+      throw UserError(fmt::format("gla --backward produces dq, dk, dv, dg and dinitial_state, not '{}'", w));
+  check_config_keys("gla --backward", opts, gla_chunked_bwd_config_keys());
+  // In chunks unless --config tokenwise=1 asks for the token-by-token reference form.
+  OpOptions tw = opts;
+  if (!take_tokenwise(tw)) return plan_gla_chunked_bwd(inputs, tw, wanted);
+  check_config_keys("gla --backward --config tokenwise=1", tw, gla_bwd_config_keys());
+  if (opts.chunk_size) throw UserError("gla --backward --config tokenwise=1 runs token by token: --chunk-size does not apply");
+
+  GlaBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = padded_head_dim(seq.K);
+  cfg.block_v = padded_head_dim(seq.V);
+  cfg.num_warps = static_cast<int>(config_value(tw, "warps", 8, {2, 4, 8}));
+  cfg.initial_state = has_h0;
+  cfg.final_state_grad = has_dht;
+  cfg.initial_state_grad = wants(wanted, "dinitial_state");
+  cfg.varlen = seq.varlen;
+  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+
+  OpPlan plan;
+  add_backward_inputs(plan, inputs, seq, cfg.dtype, {"g", "initial_state", "dfinal_state"});
+  for (const char* name : {"dq", "dk"}) plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dv"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  plan.tensors["dg"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
+  if (has_dht) plan.tensors["dg_final"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K});
+  if (cfg.initial_state_grad) plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
+
+  const std::array<int64_t, 3> grid = {seq.N * seq.H, 1, 1};
+  plan.launches.push_back(plan_launch(plan, cached_gla_bwd(cfg, true), grid,
+                                      {"q", "k", "v", "g", "do", "initial_state", "dfinal_state", "cu_seqlens", "dq",
+                                       "dg_final"},
+                                      {{"scale", scale}}));
+  plan.launches.push_back(plan_launch(plan, cached_gla_bwd(cfg, false), grid,
+                                      {"q", "k", "v", "g", "do", "dq", "dfinal_state", "dg_final", "cu_seqlens", "dk",
+                                       "dv", "dg", "dinitial_state"},
+                                      {{"scale", scale}}));
+  for (const char* name : {"dq", "dk", "dv", "dg", "dinitial_state"})
+    if (wants(wanted, name)) plan.outputs[name] = name;
+  return plan;
+}
+
+std::vector<std::shared_ptr<ir::Kernel>> gla_bwd_kernels(const OpOptions& opts) {
+  // The chunked form (the default), then the token-by-token one (--config tokenwise=1).
+  std::vector<std::shared_ptr<ir::Kernel>> out = gla_chunked_bwd_kernels(opts);
+  GlaBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.initial_state = cfg.final_state_grad = cfg.initial_state_grad = true;
+  out.push_back(cached_gla_bwd(cfg, true));
+  out.push_back(cached_gla_bwd(cfg, false));
+  return out;
+}
+
+}  // namespace linac

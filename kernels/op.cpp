@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "kernels/delta_rule/fwd.h"
+#include "kernels/delta_rule/op.h"
 #include "kernels/gla/op.h"
 #include "kernels/linear_attn/op.h"
 #include "kernels/poly/fwd.h"

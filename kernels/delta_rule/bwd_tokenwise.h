@@ -13,16 +13,32 @@
 // Memory O(T*K*V/16 + N*H*16*K*V) - linear in T. With --l2norm-qk, q and k are normalized into
 // scratch first and dq, dk taken back through the normalization after (kernels/common/l2norm.h).
 #pragma once
+#include <cstdint>
 #include <memory>
-#include <string>
-#include <vector>
 
-#include "kernels/op.h"
+#include "linac/dtype.h"
 
 namespace linac {
 
-OpPlan plan_delta_rule_bwd(bool gated, const TensorMap& inputs, const OpOptions& opts,
-                           const std::vector<std::string>& wanted);
-std::vector<std::shared_ptr<ir::Kernel>> delta_rule_bwd_kernels(bool gated, const OpOptions& opts);
+namespace ir {
+struct Kernel;
+}
+
+/// Tokens between checkpoints.
+inline constexpr int64_t kDeltaBwdCheckpointTokens = 16;
+
+/// Compile-time configuration of the token-by-token backward kernels.
+struct DeltaBwdConfig {
+  DType dtype = DType::f32;
+  int block_k = 64, block_v = 64;  // the whole head (dk sums over V, dv and dbeta over K)
+  bool gated = false, initial_state = false, final_state_grad = false, initial_state_grad = false, varlen = false;
+};
+
+/// The forward walk: dq_t = scale S_t do_t, and the state before every kDeltaBwdCheckpointTokens tokens.
+/// Parameters: q k v beta [g] do [initial_state] [cu_seqlens] checkpoints dq scale.
+std::shared_ptr<ir::Kernel> build_delta_bwd_forward(const DeltaBwdConfig& cfg);
+/// The reverse walk. Parameters: q k v beta [g] do [dfinal_state] [cu_seqlens] checkpoints scratch dk dv
+/// dbeta [dg] [dinitial_state] scale.
+std::shared_ptr<ir::Kernel> build_delta_bwd_reverse(const DeltaBwdConfig& cfg);
 
 }  // namespace linac

@@ -15,7 +15,6 @@
 #pragma once
 #include <memory>
 
-#include "kernels/op.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -77,9 +76,5 @@ std::shared_ptr<ir::Kernel> build_delta_rule_out(const DeltaRuleConfig& cfg);
 /// Records the token-by-token kernel. Parameters: q k v beta [g] [initial_state] [final_state]
 /// [cu_seqlens] o scale. Grid: (V blocks, N*H); cfg.chunk and num_stages are unused.
 std::shared_ptr<ir::Kernel> build_delta_rule_recurrent(const DeltaRuleConfig& cfg);
-
-/// The ops "delta_rule" and "gated_delta_rule" for the registry.
-OpDef delta_rule_op();
-OpDef gated_delta_rule_op();
 
 }  // namespace linac

@@ -1,0 +1,344 @@
+// The ops "delta_rule" and "gated_delta_rule" (docs/ops/delta_rule.md, docs/ops/gated_delta_rule.md):
+// their registry entries and the forward's plans and defaults: delta_rule_wy then the walk delta_rule_fwd,
+// or the split schedule (a state pass, then delta_rule_out), or the token-by-token kernel (fwd.h); the
+// backward's plans are in op_bwd.cpp.
+#include "kernels/delta_rule/op.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+
+#include "kernels/common/l2norm.h"
+#include "kernels/common/op_support.h"
+#include "kernels/delta_rule/bwd.h"
+#include "kernels/delta_rule/fwd.h"
+#include "linac/error.h"
+
+namespace linac {
+
+namespace {
+
+const std::vector<std::pair<std::string, std::string>>& delta_rule_config_keys() {
+  static const std::vector<std::pair<std::string, std::string>> keys = [] {
+    auto k = chunked_config_keys();
+    k.push_back({"split", "1: a state pass storing the state before every chunk, then every chunk's outputs in "
+                          "parallel (not with --l2norm-qk); 0: the fused walk"});
+    return k;
+  }();
+  return keys;
+}
+
+enum class DeltaKernel { wy, fwd, out, recurrent };
+
+/// Kernels are recorded once per configuration and shared (the IR is immutable once built).
+std::shared_ptr<ir::Kernel> cached_delta_kernel(DeltaKernel which, const DeltaRuleConfig& cfg) {
+  static KernelMemo memo;
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
+                                cfg.chunk, cfg.block_k, cfg.block_v, cfg.gated, cfg.l2norm_qk, cfg.initial_state,
+                                cfg.final_state, cfg.varlen, cfg.store_t, cfg.num_warps, cfg.num_stages, cfg.wy_warps) +
+                    fmt::format("/{}/{}/{}", cfg.v_blocks, cfg.save_states, cfg.split);
+  return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
+    switch (which) {
+      case DeltaKernel::wy: return build_delta_rule_wy(cfg);
+      case DeltaKernel::fwd: return build_delta_rule_fwd(cfg);
+      case DeltaKernel::out: return build_delta_rule_out(cfg);
+      case DeltaKernel::recurrent: return build_delta_rule_recurrent(cfg);
+    }
+    throw InternalError("bad delta-rule kernel");
+  });
+}
+
+/// The configuration for head dims K, V: defaults, then opts.config on top.
+/// `heads`: sequences x heads of the call (0: unknown), for the few-heads value blocks.
+DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t V, const OpOptions& opts,
+                                  int64_t heads = 0) {
+  check_config_keys(op, opts, delta_rule_config_keys());
+  DeltaRuleConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.gated = gated;
+  cfg.l2norm_qk = opts.l2norm_qk;
+  cfg.block_k = padded_head_dim(K);
+  // Defaults, each for a reason:
+  //  - chunks of 64 with 4 warps for head dims up to 64; chunks of 32 above, with 8 warps (bf16/fp16)
+  //    or 4 warps and 32 value columns (fp32): spill-free at K = V = 128 under ptxas (sm_80, sm_90a).
+  //    (Chunks of 64 with 8 warps once gave wrong outputs on an H200: that was the shared-memory
+  //    barrier bug of tests/regress/dot_operand_reuse.tir, fixed; the tuner may pick them now.)
+  //  - shared memory (227 KB on Hopper): delta_rule_fwd holds Q, K and W [BT, BK] blocks, twice when
+  //    pipelined; fp32 blocks and K = 256 leave no room for the second stage.
+  const bool small = K <= 64 && V <= 64, fp32 = dtype_bytes(cfg.dtype) == 4;
+  cfg.chunk = checked_chunk_size(opts.chunk_size, small ? 64 : 32);
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
+  //  - value blocks of 128 for the 16-bit walk above head dim 64 (one program holds the whole state; no
+  //    program redoes another's W S): H200 B8 T4096 H16 D128 bf16 walk 0.56 -> 0.42 ms, gated 0.68 ->
+  //    0.63 ms.
+  //    With at most 64 sequences x heads, 64 columns (more programs): H200 B2 T16384 H16 D128 bf16, the
+  //    forward saving the backward's tensors 2.45 -> 1.61 ms (gated 3.19 -> 2.13; 32 columns 1.79).
+  const int64_t wide_v = !small && !fp32 && !(heads > 0 && heads <= kDeltaFewHeads) ? 128 : 64;
+  const int64_t bv = std::min<int64_t>(padded_head_dim(V), opts.recurrent || (fp32 && !small) ? 32 : wide_v);
+  cfg.block_v = static_cast<int>(config_value(opts, "bv", bv, {16, 32, 64, 128, 256}));
+  cfg.v_blocks = static_cast<int>((padded_head_dim(V) + cfg.block_v - 1) / cfg.block_v);
+  const int64_t warps = small || (fp32 && !opts.recurrent) ? 4 : 8;
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", warps, {2, 4, 8}));
+  cfg.num_stages = static_cast<int>(config_value(opts, "stages", fp32 || cfg.block_k > 128 ? 1 : 2, {1, 2}));
+  cfg.split = config_value(opts, "split", 0, {0, 1}) == 1;
+  if (cfg.split && opts.l2norm_qk) throw UserError(fmt::format("{}: --config split=1 does not take --l2norm-qk", op));
+  if (cfg.split && opts.recurrent) throw UserError(fmt::format("{}: --config split=1 is for the chunked form, not --recurrent", op));
+  return cfg;
+}
+
+OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+  const char* name = gated ? "gated_delta_rule" : "delta_rule";
+  if (opts.backward) return plan_delta_rule_bwd(gated, inputs, opts, wanted);
+  for (const char* grad : {"do", "dfinal_state"})
+    if (inputs.count(grad)) throw UserError(fmt::format("{}: input '{}' is a gradient; it needs --backward", name, grad));
+  SequenceLayout seq = check_qkv_inputs(name, inputs);
+  if (!inputs.count("beta")) throw UserError(fmt::format("{}: missing input 'beta'", name));
+  check_shape("beta", inputs.at("beta"), {seq.B, seq.T, seq.H});
+  if (gated) {
+    if (!inputs.count("g")) throw UserError(fmt::format("{}: missing input 'g'", name));
+    check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H});
+  }
+  const bool has_h0 = inputs.count("initial_state") > 0;
+  if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
+
+  // Saving for the backward (any saved_* output wanted): delta_rule_wy also stores T and the walk the
+  // state before each chunk and V_new; with W these are what the backward would recompute
+  // (delta_rule_chunked_bwd.h). At the backward's chunk unless one is asked for.
+  bool save = false;
+  for (const auto& t : delta_saved_tensors()) save = save || wants(wanted, t.name);
+  if (save && opts.recurrent) throw UserError(fmt::format("{}: saved_* outputs come from the chunked form, not --recurrent", name));
+  if (save && opts.l2norm_qk)
+    throw UserError(fmt::format("{}: saved_* outputs are not made with --l2norm-qk (its backward recomputes them)", name));
+  OpOptions fwd_opts = opts;
+  const bool chunk_asked = opts.chunk_size || opts.config.count("chunk");
+  if (save && !chunk_asked) fwd_opts.chunk_size = delta_bwd_default_chunk(opts.dtype, seq.K, seq.V);
+  DeltaRuleConfig cfg = delta_rule_config(name, gated, seq.K, seq.V, fwd_opts, seq.N * seq.H);
+  if (save && cfg.chunk > 64)
+    throw UserError(fmt::format("{}: saved_* outputs need chunks of 16, 32 or 64 (the backward's), not {}", name, cfg.chunk));
+  cfg.store_t = cfg.save_states = save;
+  cfg.initial_state = has_h0;
+  cfg.final_state = wants(wanted, "final_state");
+  cfg.varlen = seq.varlen;
+
+  OpPlan plan;
+  for (const char* t : {"q", "k", "v"}) plan.tensors[t] = inputs.at(t).cast(cfg.dtype);
+  plan.tensors["beta"] = inputs.at("beta").cast(DType::f32);
+  if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32);
+  if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
+  if (cfg.final_state) plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
+  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+  plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+
+  // The launch that walks each (sequence, head, V block): the recurrent kernel or the chunk kernel.
+  const int64_t num_v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
+  KernelLaunch walk;
+  walk.grid = {num_v_blocks, seq.N * seq.H, 1};
+  walk.scalars["scale"] = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  for (const char* t : {"q", "k", "o"}) walk.tensors[t] = t;
+  if (gated) walk.tensors["g"] = "g";
+  if (has_h0) walk.tensors["initial_state"] = "initial_state";
+  if (cfg.final_state) walk.tensors["final_state"] = "final_state";
+  if (seq.varlen) walk.tensors["cu_seqlens"] = "cu_seqlens";
+
+  if (opts.recurrent) {
+    walk.kernel = cached_delta_kernel(DeltaKernel::recurrent, cfg);
+    walk.tensors["v"] = "v";
+    walk.tensors["beta"] = "beta";
+  } else {
+    // w and u are scratch: every row of every sequence is written by delta_rule_wy before
+    // delta_rule_fwd reads it. u is split in V blocks ([.., V blocks, BV], zero past V) so that
+    // delta_rule_fwd reads whole rows of it.
+    plan.tensors["w"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+    plan.tensors["u"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, num_v_blocks, cfg.block_v});
+    KernelLaunch wy;
+    wy.kernel = cached_delta_kernel(DeltaKernel::wy, cfg);
+    for (const char* t : {"k", "v", "beta", "w", "u"}) wy.tensors[t] = t;
+    if (gated) wy.tensors["g"] = "g";
+    // The chunk tables: (sequence, chunk of it) per program with varlen, and the first global chunk of
+    // every sequence (the rows of the per-chunk state table).
+    HostTensor offsets, indices;
+    const int64_t total_chunks = delta_chunk_tables(seq, cfg.chunk, &offsets, &indices);
+    int64_t chunks = 0;
+    if (seq.varlen) {
+      plan.tensors["chunk_indices"] = indices;
+      chunks = total_chunks;
+      wy.tensors["cu_seqlens"] = "cu_seqlens";
+      wy.tensors["chunk_indices"] = "chunk_indices";
+      wy.grid = {chunks, seq.H, 1};
+    } else {
+      chunks = (seq.T + cfg.chunk - 1) / cfg.chunk;
+      wy.grid = {chunks, seq.B * seq.H, 1};
+    }
+    if (save || cfg.split) {
+      // The state before each chunk ([chunks, H, K, V], indexed by global chunk) and V_new.
+      plan.tensors["chunk_offsets"] = offsets;
+      plan.tensors["h"] = HostTensor::zeros(cfg.dtype, {std::max<int64_t>(total_chunks, 1), seq.H, seq.K, seq.V});
+      plan.tensors["v_new"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+      for (const char* t : {"chunk_offsets", "h", "v_new"}) walk.tensors[t] = t;
+    }
+    if (save) {
+      plan.tensors["t_mat"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, cfg.chunk});
+      wy.tensors["t_mat"] = "t_mat";
+      for (const auto& t : delta_saved_tensors()) plan.outputs[t.name] = t.tensor;
+    }
+    if (chunks > 0) plan.launches.push_back(std::move(wy));
+    if (cfg.split) {
+      DeltaChunkedBwdConfig pass;
+      pass.dtype = cfg.dtype;
+      pass.chunk = cfg.chunk;
+      pass.block_k = cfg.block_k;
+      pass.block_v = cfg.block_v;
+      pass.full_v = padded_head_dim(seq.V);
+      pass.gated = gated;
+      pass.initial_state = has_h0;
+      pass.final_state = cfg.final_state;
+      pass.varlen = seq.varlen;
+      pass.num_warps = cfg.num_warps;
+      plan.launches.push_back(
+          plan_launch(plan, delta_state_pass_kernel(pass), {num_v_blocks, seq.N * seq.H, 1}, std::map<std::string, double>{}));
+      const int64_t per_seq = seq.varlen ? chunks : (seq.T + cfg.chunk - 1) / cfg.chunk;
+      if (chunks > 0)
+        plan.launches.push_back(plan_launch(plan, cached_delta_kernel(DeltaKernel::out, cfg),
+                                            {per_seq, seq.varlen ? seq.H : seq.B * seq.H, num_v_blocks},
+                                            {{"scale", walk.scalars["scale"]}}));
+    } else {
+      walk.kernel = cached_delta_kernel(DeltaKernel::fwd, cfg);
+      walk.tensors["w"] = "w";
+      walk.tensors["u"] = "u";
+    }
+  }
+  if (walk.kernel) plan.launches.push_back(std::move(walk));
+  if (wants(wanted, "o")) plan.outputs["o"] = "o";
+  if (cfg.final_state) plan.outputs["final_state"] = "final_state";
+  return plan;
+}
+
+/// A representative set of kernels at the default configuration of K = V = 128 (fla's DeltaNet
+/// head size): each kernel plain, and with every option on.
+std::vector<std::shared_ptr<ir::Kernel>> delta_rule_kernels(bool gated, const OpOptions& opts) {
+  const char* name = gated ? "gated_delta_rule" : "delta_rule";
+  std::vector<std::shared_ptr<ir::Kernel>> out;
+  for (bool recurrent : {false, true}) {
+    OpOptions o = opts;
+    o.recurrent = recurrent;
+    DeltaRuleConfig plain = delta_rule_config(name, gated, 128, 128, o);
+    plain.l2norm_qk = false;
+    DeltaRuleConfig full = plain;
+    full.l2norm_qk = full.initial_state = full.final_state = full.varlen = true;
+    if (recurrent) {
+      out.push_back(cached_delta_kernel(DeltaKernel::recurrent, plain));
+      out.push_back(cached_delta_kernel(DeltaKernel::recurrent, full));
+    } else {
+      for (const auto* c : {&plain, &full}) {
+        out.push_back(cached_delta_kernel(DeltaKernel::wy, *c));
+        out.push_back(cached_delta_kernel(DeltaKernel::fwd, *c));
+      }
+      // The split schedule's output kernel (its state pass is the backward's, listed with it).
+      DeltaRuleConfig split = plain;
+      split.split = true;
+      out.push_back(cached_delta_kernel(DeltaKernel::out, split));
+      split.varlen = true;
+      out.push_back(cached_delta_kernel(DeltaKernel::out, split));
+    }
+  }
+  for (auto& k : delta_rule_bwd_kernels(gated, opts)) out.push_back(k);
+  return out;
+}
+
+OpDef delta_rule_op_def(bool gated) {
+  OpDef op;
+  op.name = gated ? "gated_delta_rule" : "delta_rule";
+  op.summary = gated ? "chunked Gated DeltaNet forward (UT transform + WY recurrence, KERNELS.md 3)"
+                     : "chunked DeltaNet forward (UT transform + WY recurrence, KERNELS.md 3)";
+  op.inputs = {
+      {"q", true, "[B,T,H,K]", "queries"},
+      {"k", true, "[B,T,H,K]", "keys (L2-normalized, not checked, or pass --l2norm-qk)"},
+      {"v", true, "[B,T,H,V]", "values (a non-finite v, k or beta makes all of its chunk's outputs non-finite)"},
+  };
+  if (gated) op.inputs.push_back({"g", true, "[B,T,H]", "log-decay per token and head (<= 0; -inf drops the state)"});
+  op.inputs.push_back({"beta", true, "[B,T,H]", "delta-rule step size per token and head, in (0, 1)"});
+  op.inputs.push_back({"initial_state", false, "[N,H,K,V]", "state before the first token of each sequence (fp32)"});
+  op.inputs.push_back({"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"});
+  op.inputs.push_back({"do", false, "[B,T,H,V]", "--backward: gradient of the loss w.r.t. o"});
+  op.inputs.push_back({"dfinal_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. final_state (fp32)"});
+  for (const auto& t : delta_saved_tensors())
+    op.inputs.push_back({t.name, false, t.shape, "--backward: the forward's output of that name (all four or none)"});
+  op.outputs = {
+      {"o", true, "[B,T,H,V]", "outputs"},
+      {"final_state", false, "[N,H,K,V]", "state after the last token of each sequence (fp32)"},
+      {"dq", false, "[B,T,H,K]", "--backward: gradient w.r.t. q"},
+      {"dk", false, "[B,T,H,K]", "--backward: gradient w.r.t. k"},
+      {"dv", false, "[B,T,H,V]", "--backward: gradient w.r.t. v"},
+      {"dbeta", false, "[B,T,H]", "--backward: gradient w.r.t. beta (fp32)"},
+  };
+  if (gated) op.outputs.push_back({"dg", false, "[B,T,H]", "--backward: gradient w.r.t. g (fp32)"});
+  op.outputs.push_back({"dinitial_state", false, "[N,H,K,V]", "--backward: gradient w.r.t. initial_state (fp32)"});
+  // The forward's intermediates for a later --backward (the training pair: see docs/ops/delta_rule.md).
+  for (const auto& t : delta_saved_tensors())
+    op.outputs.push_back({t.name, false, t.shape, fmt::format("{}, for --backward (inputs saved_*)", t.what)});
+  op.flags = {"recurrent", "l2norm_qk", "backward"};
+  op.bwd_tuning_space = [](const ProblemShape&, DType) {
+    // The chunked backward's chunk and walk width. On an H200 (B8 H16 D128 bf16, timed at T = 1024) the
+    // default (chunk 32, bv 128, 8 warps) was fastest; 4 warps were 1.7x slower and chunk 64 spilled
+    // 3.2 KB (gated: more shared memory than a block has), so neither is offered.
+    return std::vector<Config>{{}, {{"chunk", 16}}, {{"bv", 64}}};
+  };
+  op.config_keys = delta_rule_config_keys();
+  op.config_keys.push_back({"tokenwise", "--backward: 1 = the token-by-token reference form"});
+  op.prepare = [gated](const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
+    return plan_delta_rule(gated, inputs, opts, wanted);
+  };
+  op.kernels = [gated](const OpOptions& opts) { return delta_rule_kernels(gated, opts); };
+  op.random_inputs = [gated](const ProblemShape& s, uint64_t seed) {
+    TensorMap in;
+    in["q"] = random_uniform({s.B, s.T, s.H, s.K}, seed);
+    // Unit keys and beta in (0.27, 0.73) keep the recurrence contractive, as in real models.
+    HostTensor k = random_uniform({s.B, s.T, s.H, s.K}, seed + 1);
+    float* p = reinterpret_cast<float*>(k.materialize());
+    for (int64_t r = 0; r < s.B * s.T * s.H; ++r) {
+      double norm = 0;
+      for (int64_t d = 0; d < s.K; ++d) norm += double(p[r * s.K + d]) * p[r * s.K + d];
+      for (int64_t d = 0; d < s.K; ++d) p[r * s.K + d] = static_cast<float>(p[r * s.K + d] / std::sqrt(norm + 1e-6));
+    }
+    in["k"] = std::move(k);
+    in["v"] = random_uniform({s.B, s.T, s.H, s.V}, seed + 2);
+    HostTensor beta = random_uniform({s.B, s.T, s.H}, seed + 3);
+    float* bp = reinterpret_cast<float*>(beta.materialize());
+    for (int64_t i = 0; i < beta.numel(); ++i) bp[i] = static_cast<float>(1.0 / (1.0 + std::exp(-bp[i])));
+    in["beta"] = std::move(beta);
+    if (gated) in["g"] = random_log_decay({s.B, s.T, s.H}, seed + 4);
+    return in;
+  };
+  op.shape_of = [gated](const TensorMap& in) {
+    const HostTensor& q = in.at("q");
+    return ProblemShape{q.shape[0], q.shape[1], q.shape[2], q.shape[3], in.at("v").shape[3], gated};
+  };
+  op.tuning_space = [](const ProblemShape& s, DType) {
+    // The defaults first. Every candidate must match the interpreter before it is timed, which also
+    // guards against the chunk-64/8-warp GPU results seen during development (see the issue notes).
+    std::vector<Config> space{{},
+                              {{"chunk", 32}, {"warps", 8}, {"bv", 64}},
+                              {{"chunk", 32}, {"warps", 8}, {"bv", 128}},
+                              {{"chunk", 16}, {"warps", 8}, {"bv", 64}},
+                              {{"chunk", 32}, {"warps", 4}, {"bv", 32}}};
+    // Chunks of 64 only for head dims up to 64: at 128 on an H200 they were the slowest candidate
+    // (0.656 ms at B8 T1024 H16 vs 0.340 for the winner) and the slowest to compile (the fp32
+    // inverse at 64 rows: 1.4 s of a 3.3 s cold tuning's critical path).
+    if (std::max(s.K, s.V) <= 64) space.insert(space.begin() + 2, {{"chunk", 64}, {"warps", 4}, {"bv", 64}});
+    // Few walks (sequences x heads): the split schedule, whose walk carries only the state from chunk to
+    // chunk and leaves the outputs to a kernel over every chunk in parallel.
+    if (s.B * s.H <= 64) {
+      space.push_back({{"split", 1}, {"chunk", 32}, {"warps", 4}, {"bv", 32}});
+      space.push_back({{"split", 1}, {"chunk", 32}, {"warps", 8}, {"bv", 64}});
+    }
+    return space;
+  };
+  return op;
+}
+
+}  // namespace
+
+OpDef delta_rule_op() { return delta_rule_op_def(false); }
+OpDef gated_delta_rule_op() { return delta_rule_op_def(true); }
+
+}  // namespace linac

@@ -1,0 +1,64 @@
+// The ops "delta_rule" and "gated_delta_rule" (docs/ops/delta_rule.md, docs/ops/gated_delta_rule.md):
+// their registry entries, and what their files share. op.cpp holds the registry entries and the
+// forward's plans and defaults, op_bwd.cpp the backward's; the kernels they launch are in fwd.h, bwd.h
+// and bwd_tokenwise.h (the math alone).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/common/op_support.h"
+#include "kernels/op.h"
+
+namespace linac {
+
+struct DeltaChunkedBwdConfig;
+
+/// The ops "delta_rule" and "gated_delta_rule" for the registry.
+OpDef delta_rule_op();
+OpDef gated_delta_rule_op();
+
+/// Sequences x heads up to which the delta rules' walks (forward and backward) default to 64-column
+/// value blocks instead of 128 (more programs where few heads leave SMs idle).
+inline constexpr int64_t kDeltaFewHeads = 64;
+
+/// build_delta_bwd_states, recorded once per configuration (the forward's split schedule runs it too).
+std::shared_ptr<ir::Kernel> delta_state_pass_kernel(const DeltaChunkedBwdConfig& cfg);
+
+/// Chunk offsets per sequence ([N+1]: the first global chunk of each) and (sequence, chunk of it) per
+/// global chunk ([chunks, 2]), both int32, for chunks of BT rows; returns the number of chunks. The
+/// per-chunk state tables (h, dh) are indexed by global chunk.
+int64_t delta_chunk_tables(const SequenceLayout& seq, int64_t BT, HostTensor* offsets, HostTensor* indices);
+
+/// One of the forward's tensors that the backward takes instead of recomputing it (an output of the
+/// forward, an input of --backward), in the input dtype.
+struct DeltaSavedTensor {
+  std::string name;    // saved_w, saved_t, saved_h, saved_v_new
+  std::string tensor;  // the plan tensor that holds it on both sides (w, t_mat, h, v_new)
+  const char* shape;   // as `linac list` shows it
+  const char* what;
+};
+const std::vector<DeltaSavedTensor>& delta_saved_tensors();
+
+/// The backward's default chunk for head dims K, V in `dtype` (the per-chunk kernel's shared memory).
+int delta_bwd_default_chunk(DType dtype, int64_t K, int64_t V);
+
+/// Tuning keys of the chunked backward (chunk, bv, warps, cv, ck, kwarps, kstages).
+const std::vector<std::pair<std::string, std::string>>& delta_chunked_bwd_config_keys();
+
+/// The plan of `linac run delta_rule|gated_delta_rule ... --backward`: in chunks, or token by token with
+/// --config tokenwise=1; with --l2norm-qk, q and k normalized around it.
+OpPlan plan_delta_rule_bwd(bool gated, const TensorMap& inputs, const OpOptions& opts,
+                           const std::vector<std::string>& wanted);
+/// The chunked form's plan (inputs checked by the caller: beta, do and for the gated form g present).
+OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const OpOptions& opts,
+                                   const std::vector<std::string>& wanted);
+
+/// The backward's representative kernels (chunked, then token by token) for dump/compile and test_ptxas.
+std::vector<std::shared_ptr<ir::Kernel>> delta_rule_bwd_kernels(bool gated, const OpOptions& opts);
+/// The chunked form's alone (head dim 64, plain and with every option).
+std::vector<std::shared_ptr<ir::Kernel>> delta_chunked_bwd_kernels(bool gated, const OpOptions& opts);
+
+}  // namespace linac

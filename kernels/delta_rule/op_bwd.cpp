@@ -1,0 +1,425 @@
+// The backward of the ops "delta_rule" and "gated_delta_rule" (docs/ops/delta_rule.md): the plans and
+// defaults of the chunked form (bwd.h; the UT transform recomputed, or the forward's saved tensors taken)
+// and of the token-by-token reference form (bwd_tokenwise.h, --config tokenwise=1), and --l2norm-qk's
+// normalization around either.
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+
+#include "kernels/common/l2norm.h"
+#include "kernels/common/op_support.h"
+#include "kernels/delta_rule/bwd.h"
+#include "kernels/delta_rule/bwd_tokenwise.h"
+#include "kernels/delta_rule/fwd.h"
+#include "kernels/delta_rule/op.h"
+#include "linac/error.h"
+
+namespace linac {
+
+namespace {
+
+/// Value columns per step of the per-chunk kernel for V padded to full_v: all of them while its shared
+/// memory allows, else steps that divide full_v.
+int64_t delta_bwd_chunk_columns(DType dtype, int64_t full_v) {
+  // The per-chunk kernel holds S and dS' blocks [K, columns] beside the chunk's tiles: all of V up to 128
+  // (one step, straight-line code); above that steps of 64 (head dim 256, bf16: 360 KB of shared memory
+  // in one step, more than an sm_90 block's 227 KB). fp32 takes steps of 32 there.
+  if (full_v <= 128) return full_v;
+  return dtype == DType::f32 ? 32 : 64;
+}
+
+/// Key columns per program of the per-chunk work for K padded to block_k: all of them (one kernel) up to
+/// 128, blocks of 128 above (two kernels: build_delta_bwd_chunk_keys).
+int64_t delta_bwd_chunk_key_columns(int64_t block_k, bool /*gated*/) {
+  // H200, B8 T2048 H32 K = V = 256 bf16, per-chunk work in ms (the backward from the saved tensors):
+  //   delta_rule        one kernel 6.67 (8.86)    ck 128: 7.62 + 2.60 (12.38)    ck 64: 10.18 + 2.60 (14.97)
+  //   gated_delta_rule  one kernel 14.25 (16.67)  ck 128: 7.79 + 4.46 (14.68)    ck 64: 11.85 + 4.57 (18.84)
+  // With the key-block kernel's next value step prefetched (delta_bwd_keys_stages; session 10):
+  //   delta_rule        ck 128: 2.75 + 2.6 (7.54)   ck 64 kwarps 4: 2.88 + 2.6 (7.68)
+  //   gated_delta_rule  ck 128: 4.57 + 4.5 (11.44)  ck 64 kwarps 4: 4.27 + 4.5 (11.22)
+  // so blocks of 128 above head dim 128 for both forms (the one kernel spills: 255 registers).
+  return block_k > 128 ? 128 : block_k;
+}
+
+/// Pipeline stages of the key-block kernel's value steps by default (2: the next step prefetched).
+int delta_bwd_keys_stages(DType dtype) {
+  // Prefetching the next value step's loads took the key-block kernel from 7.63 to 2.75 ms (delta_rule)
+  // and 7.80 to 4.57 (gated) at the shape above; fp32 keeps one stage (its tiles are twice the bytes).
+  return dtype == DType::f32 ? 1 : 2;
+}
+
+enum class DeltaBwdKernel { wy, states, dstates, chunk, chunk_keys, chunk_ut };
+
+std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, DeltaBwdKernel which) {
+  static KernelMemo memo;
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}/{}/{}", static_cast<int>(which),
+                                dtype_name(cfg.dtype), cfg.chunk, cfg.block_k, cfg.block_v, cfg.full_v, cfg.chunk_v,
+                                cfg.chunk_k, cfg.gated, cfg.initial_state, cfg.final_state, cfg.final_state_grad,
+                                cfg.initial_state_grad, cfg.varlen, cfg.num_warps, cfg.keys_warps, cfg.keys_stages);
+  return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
+    switch (which) {
+      case DeltaBwdKernel::wy: {
+        DeltaRuleConfig wy;
+        wy.dtype = cfg.dtype;
+        wy.chunk = cfg.chunk;
+        wy.block_k = static_cast<int>(cfg.block_k);
+        wy.block_v = static_cast<int>(cfg.block_v);
+        wy.varlen = cfg.varlen;
+        wy.gated = cfg.gated;
+        wy.store_t = true;  // build_delta_bwd_chunk loads T instead of inverting again
+        wy.v_blocks = static_cast<int>((cfg.full_v + cfg.block_v - 1) / cfg.block_v);
+        return build_delta_rule_wy(wy);
+      }
+      case DeltaBwdKernel::states: return build_delta_bwd_states(cfg);
+      case DeltaBwdKernel::dstates: return build_delta_bwd_dstates(cfg);
+      case DeltaBwdKernel::chunk: return build_delta_bwd_chunk(cfg);
+      case DeltaBwdKernel::chunk_keys: return build_delta_bwd_chunk_keys(cfg);
+      case DeltaBwdKernel::chunk_ut: return build_delta_bwd_chunk_ut(cfg);
+    }
+    throw InternalError("bad delta-rule backward kernel");
+  });
+}
+
+}  // namespace
+
+int64_t delta_chunk_tables(const SequenceLayout& seq, int64_t BT, HostTensor* offsets, HostTensor* indices) {
+  *offsets = HostTensor::zeros(DType::i32, {seq.N + 1});
+  std::vector<int32_t> pairs;
+  int64_t total = 0;
+  for (int64_t n = 0; n < seq.N; ++n) {
+    offsets->set(n, static_cast<double>(total));
+    const int64_t len = seq.varlen ? static_cast<int64_t>(seq.cu_seqlens.get(n + 1) - seq.cu_seqlens.get(n)) : seq.T;
+    const int64_t chunks = (len + BT - 1) / BT;
+    for (int64_t c = 0; c < chunks; ++c) pairs.push_back(static_cast<int32_t>(n)), pairs.push_back(static_cast<int32_t>(c));
+    total += chunks;
+  }
+  offsets->set(seq.N, static_cast<double>(total));
+  *indices = HostTensor::zeros(DType::i32, {total, 2});
+  for (size_t i = 0; i < pairs.size(); ++i) indices->set(static_cast<int64_t>(i), pairs[i]);
+  return total;
+}
+
+std::shared_ptr<ir::Kernel> delta_state_pass_kernel(const DeltaChunkedBwdConfig& cfg) {
+  return cached(cfg, DeltaBwdKernel::states);
+}
+
+const std::vector<DeltaSavedTensor>& delta_saved_tensors() {
+  static const std::vector<DeltaSavedTensor> saved = {
+      {"saved_w", "w", "[B,T,H,K]", "W of the UT transform"},
+      {"saved_t", "t_mat", "[B,T,H,chunk]", "T = (I + A)^-1 by rows"},
+      {"saved_h", "h", "[chunks,H,K,V]", "the state before each chunk"},
+      {"saved_v_new", "v_new", "[B,T,H,V]", "V_new = U - W S"}};
+  return saved;
+}
+
+int delta_bwd_default_chunk(DType dtype, int64_t K, int64_t V) {
+  // Chunk 16 for fp32 above head dim 64: at chunk 32 (K = V = 128) the per-chunk kernel plans 241 KB of
+  // shared memory (gated 289 KB), more than an H100/H200 block has; at 16, 187 KB (gated 208 KB).
+  return dtype == DType::f32 && std::max(padded_head_dim(K), padded_head_dim(V)) > 64 ? 16 : 32;
+}
+
+const std::vector<std::pair<std::string, std::string>>& delta_chunked_bwd_config_keys() {
+  static const std::vector<std::pair<std::string, std::string>> keys = {
+      {"chunk", "--backward: rows per chunk (16, 32, 64)"},
+      {"bv", "--backward: value columns per program of the state walks (16..128)"},
+      {"warps", "warps per program (2, 4, 8)"},
+      {"cv", "--backward: value columns per step of the per-chunk kernel (16..256; default all of V up to 128)"},
+      {"ck", "--backward: key columns per program of the per-chunk work, in two kernels under the padded K "
+             "(16..256; default all of K up to 128, else 128)"},
+      {"kwarps", "--backward: warps of the key-block kernel where ck splits K (2, 4, 8; default warps)"},
+      {"kstages", "--backward: 2 = the key-block kernel prefetches its next value step's loads (default 2, fp32 1)"},
+  };
+  return keys;
+}
+
+OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const OpOptions& opts,
+                                   const std::vector<std::string>& wanted) {
+  const char* name = gated ? "gated_delta_rule" : "delta_rule";
+  SequenceLayout seq = check_qkv_inputs(name, inputs);
+  if (gated) check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H});
+  check_shape("beta", inputs.at("beta"), {seq.B, seq.T, seq.H});
+  check_shape("do", inputs.at("do"), {seq.B, seq.T, seq.H, seq.V});
+  const bool has_h0 = inputs.count("initial_state") > 0;
+  if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
+  const bool has_dht = inputs.count("dfinal_state") > 0;
+  if (has_dht) check_shape("dfinal_state", inputs.at("dfinal_state"), {seq.N, seq.H, seq.K, seq.V});
+  check_config_keys(fmt::format("{} --backward", name), opts, delta_chunked_bwd_config_keys());
+
+  DeltaChunkedBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = padded_head_dim(seq.K);
+  cfg.full_v = padded_head_dim(seq.V);
+  cfg.chunk_v = std::min<int64_t>(
+      config_value(opts, "cv", delta_bwd_chunk_columns(cfg.dtype, cfg.full_v), {16, 32, 64, 128, 256}), cfg.full_v);
+  if (cfg.full_v % cfg.chunk_v != 0)
+    throw UserError(fmt::format("{} --backward: --config cv={} does not divide the padded value dim {}", name,
+                                cfg.chunk_v, cfg.full_v));
+  cfg.chunk_k = std::min<int64_t>(
+      config_value(opts, "ck", delta_bwd_chunk_key_columns(cfg.block_k, gated), {16, 32, 64, 128, 256}), cfg.block_k);
+  if (cfg.block_k % cfg.chunk_k != 0)
+    throw UserError(fmt::format("{} --backward: --config ck={} does not divide the padded key dim {}", name,
+                                cfg.chunk_k, cfg.block_k));
+  // What the forward saved for the backward (all of saved_w, saved_t, saved_h, saved_v_new, or none): the
+  // UT transform's W and T, the state before each chunk and V_new. With them the backward skips its
+  // recomputing kernels (delta_rule_wy, the state walk) and runs at the forward's chunk.
+  std::vector<std::string> saved_names;
+  size_t saved_count = 0;
+  for (const auto& t : delta_saved_tensors()) {
+    saved_names.push_back(t.name);
+    saved_count += inputs.count(t.name);
+  }
+  const bool saved = saved_count == saved_names.size();
+  if (saved_count > 0 && !saved)
+    throw UserError(fmt::format("{} --backward: give all of {} (the forward's, with -o) or none of them", name,
+                                fmt::join(saved_names, ", ")));
+  const int dflt_chunk = delta_bwd_default_chunk(cfg.dtype, seq.K, seq.V);
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, dflt_chunk), {16, 32, 64}));
+  if (saved) {
+    const HostTensor& t_saved = inputs.at("saved_t");
+    if (t_saved.rank() != 4 || (t_saved.shape[3] != 16 && t_saved.shape[3] != 32 && t_saved.shape[3] != 64))
+      throw UserError(fmt::format("{} --backward: saved_t has shape {}, expected [B,T,H,chunk] with chunk 16, 32 "
+                                  "or 64 (the forward's chunk)", name, t_saved.shape_str()));
+    const int saved_chunk = static_cast<int>(t_saved.shape[3]);
+    if ((opts.chunk_size || opts.config.count("chunk")) && cfg.chunk != saved_chunk)
+      throw UserError(fmt::format("{} --backward: chunk {} asked for, but the saved tensors are in chunks of {}", name,
+                                  cfg.chunk, saved_chunk));
+    if (saved_chunk > dflt_chunk && dflt_chunk == 16)
+      throw UserError(fmt::format("{} --backward: the saved tensors are in chunks of {}; in fp32 above head dim 64 the "
+                                  "backward needs chunks of 16 (run the forward with --chunk-size 16)", name, saved_chunk));
+    cfg.chunk = saved_chunk;
+  }
+  // V blocks of 128 in the walks: the fastest of `linac tune --backward` on an H200 at B8 H16 D128 bf16
+  // (delta_rule 1.45 ms vs 1.51 at 64, gated 2.69 vs 2.92, T = 1024).
+  // fp32 above head dim 128: 64 (the reverse walk plans 260 KB of shared memory at 128, K = V = 256).
+  // At most 64 sequences x heads: 64 (more programs per walk; H200 B2 T16384 H16 D128 bf16, backward from
+  // the saved tensors 3.19 -> 2.52 ms, dstates 1.80 -> 1.15; gated 5.04 -> 3.98; 32 columns 2.62).
+  const bool few_heads = seq.N * seq.H <= kDeltaFewHeads;
+  const int64_t dflt_bv = (cfg.dtype == DType::f32 && std::max(cfg.block_k, cfg.full_v) > 128) || few_heads ? 64 : 128;
+  cfg.block_v = std::min<int64_t>(config_value(opts, "bv", dflt_bv, {16, 32, 64, 128}), cfg.full_v);
+  // 8 warps: at 4 the per-chunk kernel (K = V = 128, chunk 32) spills 1004 bytes, at 8 it spills 8
+  // (ptxas, sm_90a); 4 warps were also 1.7x slower on the H200.
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
+  // The key-block kernel's own (untimed: session 9 ran it at 8 warps and 1 stage only).
+  cfg.keys_warps = static_cast<int>(config_value(opts, "kwarps", cfg.num_warps, {2, 4, 8}));
+  cfg.keys_stages = static_cast<int>(config_value(opts, "kstages", delta_bwd_keys_stages(cfg.dtype), {1, 2}));
+  cfg.gated = gated;
+  cfg.initial_state = has_h0;
+  cfg.final_state_grad = has_dht;
+  cfg.initial_state_grad = wants(wanted, "dinitial_state");
+  cfg.varlen = seq.varlen;
+  const int64_t BT = cfg.chunk;
+  const int64_t v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
+
+  OpPlan plan;
+  add_backward_inputs(plan, inputs, seq, cfg.dtype, {"beta", "g", "initial_state", "dfinal_state"});
+  if (gated) plan.tensors["dg"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
+  HostTensor offsets, indices;
+  const int64_t chunks = delta_chunk_tables(seq, BT, &offsets, &indices);
+  plan.tensors["chunk_offsets"] = offsets;
+  if (seq.varlen) plan.tensors["chunk_indices"] = indices;
+  // W, T, the states before each chunk ([chunks, H, K, V]) and Vn: the forward's when saved, else
+  // recomputed into scratch (with U) by delta_rule_wy and the state walk. Scratch: the state gradients
+  // after each chunk and dVn.
+  const std::vector<int64_t> w_shape{seq.B, seq.T, seq.H, seq.K}, t_shape{seq.B, seq.T, seq.H, BT},
+      h_shape{std::max<int64_t>(chunks, 1), seq.H, seq.K, seq.V}, vn_shape{seq.B, seq.T, seq.H, seq.V};
+  if (saved) {
+    const std::map<std::string, std::vector<int64_t>> shapes{
+        {"w", w_shape}, {"t_mat", t_shape}, {"h", h_shape}, {"v_new", vn_shape}};
+    for (const auto& t : delta_saved_tensors()) {
+      check_shape(t.name, inputs.at(t.name), shapes.at(t.tensor));
+      plan.tensors[t.tensor] = inputs.at(t.name).cast(cfg.dtype);
+    }
+  } else {
+    plan.tensors["w"] = HostTensor::zeros(cfg.dtype, w_shape);
+    plan.tensors["u"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, v_blocks, cfg.block_v});
+    plan.tensors["t_mat"] = HostTensor::zeros(cfg.dtype, t_shape);
+    plan.tensors["h"] = HostTensor::zeros(cfg.dtype, h_shape);
+    plan.tensors["v_new"] = HostTensor::zeros(cfg.dtype, vn_shape);
+  }
+  plan.tensors["dh"] = HostTensor::zeros(cfg.dtype, {std::max<int64_t>(chunks, 1), seq.H, seq.K, seq.V});
+  plan.tensors["dv_new"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  plan.tensors["dq"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dk"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dv"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  plan.tensors["dbeta"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
+  if (cfg.initial_state_grad) plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
+
+  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  auto launch = [&](DeltaBwdKernel which, std::array<int64_t, 3> grid) {
+    plan.launches.push_back(plan_launch(plan, cached(cfg, which), grid, {{"scale", scale}}));
+  };
+  const std::array<int64_t, 3> per_chunk =
+      seq.varlen ? std::array<int64_t, 3>{chunks, seq.H, 1} : std::array<int64_t, 3>{(seq.T + BT - 1) / BT, seq.B * seq.H, 1};
+  if (!saved) {
+    if (chunks > 0) launch(DeltaBwdKernel::wy, per_chunk);
+    launch(DeltaBwdKernel::states, {v_blocks, seq.N * seq.H, 1});
+  }
+  launch(DeltaBwdKernel::dstates, {v_blocks, seq.N * seq.H, 1});
+  if (chunks > 0 && cfg.chunk_k < cfg.block_k) {
+    // The per-chunk work in key blocks (build_delta_bwd_chunk_keys): O(T*K) scratch between the two.
+    const int64_t key_blocks = cfg.block_k / cfg.chunk_k;
+    plan.tensors["dk_out"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
+    plan.tensors["dw"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+    if (gated) {
+      plan.tensors["dqs_q"] = HostTensor::zeros(DType::f32, {key_blocks, seq.B, seq.T, seq.H});
+      plan.tensors["vds_k"] = HostTensor::zeros(DType::f32, {key_blocks, seq.B, seq.T, seq.H});
+      plan.tensors["ssds"] = HostTensor::zeros(DType::f32, {key_blocks, chunks, seq.H});
+    }
+    launch(DeltaBwdKernel::chunk_keys, {per_chunk[0], per_chunk[1], key_blocks});
+    launch(DeltaBwdKernel::chunk_ut, per_chunk);
+  } else if (chunks > 0) {
+    launch(DeltaBwdKernel::chunk, per_chunk);
+  }
+  for (const char* n : {"dq", "dk", "dv", "dbeta", "dg", "dinitial_state"})
+    if (wants(wanted, n) && plan.tensors.count(n)) plan.outputs[n] = n;
+  return plan;
+}
+
+std::vector<std::shared_ptr<ir::Kernel>> delta_chunked_bwd_kernels(bool gated, const OpOptions& opts) {
+  DeltaChunkedBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.gated = gated;
+  cfg.block_k = cfg.full_v = 64;
+  cfg.block_v = 64;
+  cfg.chunk = 32;
+  cfg.num_warps = 8;
+  DeltaChunkedBwdConfig full = cfg;
+  // (final_state: the state pass as the forward's split schedule runs it.)
+  full.initial_state = full.final_state = full.final_state_grad = full.initial_state_grad = full.varlen = true;
+  std::vector<std::shared_ptr<ir::Kernel>> out;
+  for (const auto* c : {&cfg, &full})
+    for (auto which : {DeltaBwdKernel::states, DeltaBwdKernel::dstates, DeltaBwdKernel::chunk})
+      out.push_back(cached(*c, which));
+  // The per-chunk kernel in value-column steps (as head dims over 128 run it).
+  DeltaChunkedBwdConfig stepped = cfg;
+  stepped.full_v = 128;
+  stepped.chunk_v = 32;
+  out.push_back(cached(stepped, DeltaBwdKernel::chunk));
+  // ... and in key blocks (as head dims over 128 run it), with every option.
+  DeltaChunkedBwdConfig keyed = full;
+  keyed.block_k = keyed.full_v = 128;
+  keyed.chunk_v = keyed.chunk_k = 64;
+  for (auto which : {DeltaBwdKernel::chunk_keys, DeltaBwdKernel::chunk_ut}) out.push_back(cached(keyed, which));
+  return out;
+}
+
+
+namespace {
+
+std::shared_ptr<ir::Kernel> cached_delta_bwd(const DeltaBwdConfig& cfg, bool forward) {
+  static KernelMemo memo;
+  std::string key = fmt::format("{}/{}/{}/{}/{}{}{}{}{}", forward, dtype_name(cfg.dtype), cfg.block_k, cfg.block_v,
+                                cfg.gated, cfg.initial_state, cfg.final_state_grad, cfg.initial_state_grad, cfg.varlen);
+  return memo.get(key, [&] { return forward ? build_delta_bwd_forward(cfg) : build_delta_bwd_reverse(cfg); });
+}
+
+/// --l2norm-qk: the backward of the normalized q and k (`plan`, made as if the inputs were normalized)
+/// between a normalization of the inputs and the normalization's backward on dq and dk.
+OpPlan with_l2norm_qk(OpPlan plan) {
+  std::vector<KernelLaunch> before;
+  for (const std::string name : {"q", "k"}) {
+    HostTensor& t = plan.tensors.at(name);
+    plan.tensors[name + "_raw"] = t;  // the caller's input
+    t.input.clear();                  // the normalized copy: scratch
+    before.push_back(l2norm_rows_launch(plan, name + "_raw", name, kDeltaL2NormEps));
+  }
+  plan.launches.insert(plan.launches.begin(), before.begin(), before.end());
+  for (const std::string name : {"q", "k"})
+    if (plan.tensors.count("d" + name))
+      plan.launches.push_back(l2norm_rows_bwd_launch(plan, name + "_raw", "d" + name, kDeltaL2NormEps));
+  return plan;
+}
+
+}  // namespace
+
+OpPlan plan_delta_rule_bwd(bool gated, const TensorMap& inputs, const OpOptions& opts,
+                           const std::vector<std::string>& wanted) {
+  const char* name = gated ? "gated_delta_rule" : "delta_rule";
+  if (opts.recurrent) throw UserError(fmt::format("{}: --backward is not implemented with --recurrent", name));
+  if (opts.l2norm_qk) {
+    if (inputs.count("saved_w"))
+      throw UserError(fmt::format("{}: saved_* tensors are not taken with --l2norm-qk (the forward does not save "
+                                  "them then)", name));
+    OpOptions normalized = opts;
+    normalized.l2norm_qk = false;
+    return with_l2norm_qk(plan_delta_rule_bwd(gated, inputs, normalized, wanted));
+  }
+  // In chunks unless --config tokenwise=1 asks for the token-by-token reference form.
+  OpOptions rest = opts;
+  const bool tokenwise = take_tokenwise(rest);
+  if (tokenwise && (opts.chunk_size || !rest.config.empty()))
+    throw UserError(fmt::format("{} --backward --config tokenwise=1 runs token by token: no other --config or "
+                                "--chunk-size applies", name));
+  SequenceLayout seq = check_qkv_inputs(name, inputs);
+  if (!inputs.count("beta")) throw UserError(fmt::format("{}: missing input 'beta'", name));
+  check_shape("beta", inputs.at("beta"), {seq.B, seq.T, seq.H});
+  if (gated) {
+    if (!inputs.count("g")) throw UserError(fmt::format("{}: missing input 'g'", name));
+    check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H});
+  }
+  if (!inputs.count("do")) throw UserError(fmt::format("{} --backward: missing input 'do' (dL/do, [B,T,H,V])", name));
+  check_shape("do", inputs.at("do"), {seq.B, seq.T, seq.H, seq.V});
+  const bool has_h0 = inputs.count("initial_state") > 0;
+  if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
+  const bool has_dht = inputs.count("dfinal_state") > 0;
+  if (has_dht) check_shape("dfinal_state", inputs.at("dfinal_state"), {seq.N, seq.H, seq.K, seq.V});
+  for (const auto& w : wanted)
+    if (w != "dq" && w != "dk" && w != "dv" && w != "dbeta" && !(gated && w == "dg") && w != "dinitial_state")
+      throw UserError(fmt::format("{} --backward produces dq, dk, dv, dbeta{} and dinitial_state, not '{}'", name,
+                                  gated ? ", dg" : "", w));
+  if (!tokenwise) return plan_delta_rule_chunked_bwd(gated, inputs, rest, wanted);
+
+  DeltaBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = padded_head_dim(seq.K);
+  cfg.block_v = padded_head_dim(seq.V);
+  cfg.gated = gated;
+  cfg.initial_state = has_h0;
+  cfg.final_state_grad = has_dht;
+  cfg.initial_state_grad = wants(wanted, "dinitial_state");
+  cfg.varlen = seq.varlen;
+  const int64_t longest = seq.longest_sequence();
+
+  OpPlan plan;
+  add_backward_inputs(plan, inputs, seq, cfg.dtype, {"beta", "g", "initial_state", "dfinal_state"});
+  plan.tensors["checkpoints"] =
+      HostTensor::zeros(DType::f32, {seq.N, seq.H, std::max<int64_t>(1, (longest + kDeltaBwdCheckpointTokens - 1) / kDeltaBwdCheckpointTokens), seq.K, seq.V});
+  plan.tensors["scratch"] = HostTensor::zeros(DType::f32, {seq.N * seq.H, kDeltaBwdCheckpointTokens, seq.K, seq.V});
+  plan.tensors["dq"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dk"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dv"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  plan.tensors["dbeta"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
+  if (gated) plan.tensors["dg"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
+  if (cfg.initial_state_grad) plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
+
+  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  const std::array<int64_t, 3> grid = {seq.N * seq.H, 1, 1};
+  plan.launches.push_back(plan_launch(plan, cached_delta_bwd(cfg, true), grid,
+                                      {"q", "k", "v", "beta", "g", "do", "initial_state", "cu_seqlens", "checkpoints",
+                                       "dq"},
+                                      {{"scale", scale}}));
+  plan.launches.push_back(plan_launch(plan, cached_delta_bwd(cfg, false), grid,
+                                      {"q", "k", "v", "beta", "g", "do", "dfinal_state", "cu_seqlens", "checkpoints",
+                                       "scratch", "dk", "dv", "dbeta", "dg", "dinitial_state"},
+                                      {{"scale", scale}}));
+  for (const char* n : {"dq", "dk", "dv", "dbeta", "dg", "dinitial_state"})
+    if (wants(wanted, n) && plan.tensors.count(n)) plan.outputs[n] = n;
+  return plan;
+}
+
+std::vector<std::shared_ptr<ir::Kernel>> delta_rule_bwd_kernels(bool gated, const OpOptions& opts) {
+  std::vector<std::shared_ptr<ir::Kernel>> out = delta_chunked_bwd_kernels(gated, opts);
+  DeltaBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.gated = gated;
+  cfg.initial_state = cfg.final_state_grad = cfg.initial_state_grad = true;
+  out.push_back(cached_delta_bwd(cfg, true));
+  out.push_back(cached_delta_bwd(cfg, false));
+  OpPlan rows;  // --l2norm-qk's normalization and its backward
+  rows.tensors["x"] = rows.tensors["y"] = HostTensor::zeros(opts.dtype, {1, 1, 1, 128});
+  out.push_back(l2norm_rows_launch(rows, "x", "y", kDeltaL2NormEps).kernel);
+  out.push_back(l2norm_rows_bwd_launch(rows, "x", "y", kDeltaL2NormEps).kernel);
+  return out;
+}
+
+}  // namespace linac

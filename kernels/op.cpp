@@ -5,7 +5,7 @@
 #include "kernels/delta_rule/op.h"
 #include "kernels/gla/op.h"
 #include "kernels/linear_attn/op.h"
-#include "kernels/poly/fwd.h"
+#include "kernels/poly/op.h"
 #include "linac/error.h"
 
 namespace linac {

@@ -8,15 +8,26 @@
 // poly_bwd_q walks the queries (N, D, then dN, dD stored, dq); poly_bwd_kv walks the keys.
 #pragma once
 #include <memory>
-#include <string>
-#include <vector>
 
-#include "kernels/op.h"
+#include "linac/dtype.h"
 
 namespace linac {
 
-OpPlan plan_poly_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted, double a,
-                     double b, double c);
-std::vector<std::shared_ptr<ir::Kernel>> poly_bwd_kernels(const OpOptions& opts);
+namespace ir {
+struct Kernel;
+}
+
+/// Compile-time configuration of the pairwise backward kernels.
+struct PolyBwdConfig {
+  DType dtype = DType::f32;
+  int block_k = 64, block_v = 64;
+  bool normalize = true, varlen = false;
+};
+
+/// The query walk: N_t, D_t, then dN_t, dD_t (stored for the key walk) and dq_t. Parameters: q k v do
+/// [cu_seqlens] dn dd dq a b c scale.
+std::shared_ptr<ir::Kernel> build_poly_bwd_q(const PolyBwdConfig& cfg);
+/// The key walk: dk_s and dv_s from dn, dd. Parameters: q k v [cu_seqlens] dn dd dk dv a b c scale.
+std::shared_ptr<ir::Kernel> build_poly_bwd_kv(const PolyBwdConfig& cfg);
 
 }  // namespace linac

@@ -17,9 +17,13 @@
 #pragma once
 #include <memory>
 
-#include "kernels/op.h"
+#include "linac/dtype.h"
 
 namespace linac {
+
+namespace ir {
+struct Kernel;
+}
 
 /// Added to the denominator (fp32) of the normalized output.
 inline constexpr double kPolyEps = 1e-6;
@@ -49,12 +53,5 @@ std::shared_ptr<ir::Kernel> build_poly_fwd(const PolyConfig& cfg);
 /// Records the token-by-token forward kernel: one kernel, the same states (cfg.chunk is unused).
 /// Parameters: q k v [cu_seqlens] [state2] [norm2] o scale a b [c].
 std::shared_ptr<ir::Kernel> build_poly_recurrent(const PolyConfig& cfg);
-
-/// Finite coefficients, and with `normalize` a positive f (c > 0 with b^2 < 4ac, or b = c = 0 < a):
-/// UserError naming the coefficients otherwise.
-void check_poly_coefficients(double a, double b, double c, bool normalize);
-
-/// The op "poly" for the registry.
-OpDef poly_op();
 
 }  // namespace linac

@@ -1,6 +1,9 @@
 #include "kernels/op.h"
 
+#include <algorithm>
+#include <deque>
 #include <fmt/format.h>
+#include <mutex>
 
 #include "kernels/delta_rule/op.h"
 #include "kernels/gla/op.h"
@@ -13,6 +16,43 @@ namespace linac {
 const std::vector<OpDef>& op_registry() {
   static const std::vector<OpDef> ops = {linear_attn_op(), poly_op(), delta_rule_op(), gated_delta_rule_op(), gla_op()};
   return ops;
+}
+
+namespace {
+
+/// Ops added at run time. A deque: adding one moves none, so every OpDef& handed out stays valid.
+struct AddedOps {
+  std::mutex mu;
+  std::deque<OpDef> ops;
+};
+
+AddedOps& added_ops() {
+  static AddedOps* added = new AddedOps;  // never destroyed: prepared calls point into it
+  return *added;
+}
+
+}  // namespace
+
+std::vector<const OpDef*> all_ops() {
+  std::vector<const OpDef*> out;
+  for (const auto& op : op_registry()) out.push_back(&op);
+  AddedOps& a = added_ops();
+  std::lock_guard lock(a.mu);
+  for (size_t i = 0; i < a.ops.size(); ++i) {
+    // An op added again under its name (a user's library reloaded) shadows the earlier one.
+    const bool shadowed = std::any_of(a.ops.begin() + static_cast<std::ptrdiff_t>(i) + 1, a.ops.end(),
+                                      [&](const OpDef& later) { return later.name == a.ops[i].name; });
+    if (!shadowed) out.push_back(&a.ops[i]);
+  }
+  return out;
+}
+
+void add_op(OpDef op) {
+  if (std::any_of(op_registry().begin(), op_registry().end(), [&](const OpDef& o) { return o.name == op.name; }))
+    throw UserError(fmt::format("'{}' is the name of one of linac's ops", op.name));
+  AddedOps& a = added_ops();
+  std::lock_guard lock(a.mu);
+  a.ops.push_back(std::move(op));
 }
 
 std::string ProblemShape::str() const {
@@ -65,11 +105,17 @@ void check_op_options(const OpDef& op, const OpOptions& opts) {
 }
 
 const OpDef& find_op(const std::string& name) {
-  std::vector<std::string> names;
-  for (const auto& op : op_registry()) {
+  // Every op call looks its op up: the library's ops first, without a lock or a copy.
+  for (const auto& op : op_registry())
     if (op.name == name) return op;
-    names.push_back(op.name);
+  {
+    AddedOps& a = added_ops();
+    std::lock_guard lock(a.mu);
+    for (auto it = a.ops.rbegin(); it != a.ops.rend(); ++it)  // the newest of a name
+      if (it->name == name) return *it;
   }
+  std::vector<std::string> names;
+  for (const OpDef* op : all_ops()) names.push_back(op->name);
   throw UserError(fmt::format("unknown op '{}' (known ops: {})", name, fmt::join(names, ", ")));
 }
 

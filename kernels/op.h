@@ -104,6 +104,9 @@ struct OpDef {
   /// The op's kernels for opts.dtype and opts.config (defaults elsewhere), for dump/compile; a
   /// representative set when the kernels depend on inputs (e.g. with and without a gate).
   std::function<std::vector<std::shared_ptr<ir::Kernel>>(const OpOptions& opts)> kernels;
+  /// Users' ops (linac/user_op.h): the op computing this one's gradients (inputs: this op's inputs and
+  /// "d" + each output; outputs: "d" + each input). Empty for the library's ops, which take backward=1.
+  std::string gradient_op;
 };
 
 /// UserError if `opts` sets a switch `op` does not implement (see OpDef::flags).
@@ -112,6 +115,13 @@ void check_op_options(const OpDef& op, const OpOptions& opts);
 
 /// Every op of the library, in a stable order.
 const std::vector<OpDef>& op_registry();
+/// The library's ops, then the ops added since (users' ops, linac/user_op.h), in that order. An op
+/// lives until the process exits: the pointers stay valid.
+std::vector<const OpDef*> all_ops();
+/// Adds an op for every door (find_op, all_ops). An op added again under a name replaces the earlier
+/// one for new calls (a user's library reloaded); calls prepared for the earlier one keep running it.
+/// UserError when the name is one of the library's ops. Thread-safe.
+void add_op(OpDef op);
 /// The op named `name`, or UserError listing the known ops.
 const OpDef& find_op(const std::string& name);
 

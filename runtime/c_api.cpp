@@ -3,14 +3,17 @@
 #include "linac/linac.h"
 
 #include <array>
+#include <dlfcn.h>
 #include <fmt/format.h>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 
 #include "kernels/op.h"
 #include "linac/ops.h"
 #include "runtime/cuda_driver.h"
+#include "runtime/user_ops.h"
 
 namespace {
 
@@ -19,6 +22,7 @@ namespace ops = linac::ops;
 
 thread_local std::string g_last_error;
 thread_local std::string g_describe;
+thread_local std::string g_loaded_ops;
 
 /// Runs `f`, turning every exception into a status and the last error.
 template <class F>
@@ -138,8 +142,9 @@ std::string describe_op(const linac::OpDef& op) {
   for (const auto& [k, help] : op.config_keys)
     keys += fmt::format("{}{{\"name\": \"{}\", \"help\": \"{}\"}}", keys.empty() ? "" : ", ", k, json_escape(help));
   return fmt::format("{{\"name\": \"{}\", \"summary\": \"{}\", \"inputs\": [{}], \"outputs\": [{}], \"flags\": [{}], "
-                     "\"config\": [{}]}}",
-                     op.name, json_escape(op.summary), args(op.inputs), args(op.outputs), flags, keys);
+                     "\"config\": [{}], \"gradient_op\": \"{}\"}}",
+                     op.name, json_escape(op.summary), args(op.inputs), args(op.outputs), flags, keys,
+                     json_escape(op.gradient_op));
 }
 
 }  // namespace
@@ -244,6 +249,26 @@ linac_status linac_op_output_shape(const char* op, const char* options, const li
   });
 }
 
+linac_status linac_load_ops(const char* path) {
+  return guarded([&] {
+    if (path == nullptr) throw linac::UserError("library path is null");
+    static std::mutex one_load_at_a_time;  // the report collects what one library's initializers did
+    std::lock_guard lock(one_load_at_a_time);
+    linac::take_user_op_load_report();
+    // RTLD_LOCAL: the ops register themselves from the library's static initializers; nothing of it
+    // needs to be visible to libraries loaded later. Never closed: its ops live until the process exits.
+    if (dlopen(path, RTLD_NOW | RTLD_LOCAL) == nullptr) {
+      const char* why = dlerror();
+      throw linac::UserError(fmt::format("cannot load {}: {}", path, why ? why : "unknown error"));
+    }
+    const linac::UserOpLoadReport report = linac::take_user_op_load_report();
+    if (!report.errors.empty()) throw linac::UserError(fmt::format("{}: {}", path, report.errors));
+    g_loaded_ops = fmt::format("{}", fmt::join(report.ops, ","));
+  });
+}
+
+const char* linac_loaded_ops(void) { return g_loaded_ops.c_str(); }
+
 const char* linac_op_describe(const char* op) {
   const linac_status s = guarded([&] {
     if (op != nullptr) {
@@ -251,7 +276,7 @@ const char* linac_op_describe(const char* op) {
       return;
     }
     std::string all;
-    for (const auto& d : linac::op_registry()) all += (all.empty() ? "" : ", ") + describe_op(d);
+    for (const linac::OpDef* d : linac::all_ops()) all += (all.empty() ? "" : ", ") + describe_op(*d);
     g_describe = "[" + all + "]";
   });
   if (s != LINAC_OK) g_describe.clear();

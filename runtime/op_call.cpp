@@ -174,10 +174,21 @@ std::set<std::string> written_tensors(const OpPlan& plan) {
   return written;
 }
 
-/// The kernels' dtype: q's (every op has q).
+bool is_library_op(const OpDef& op) {
+  const auto& lib = op_registry();
+  return &op >= lib.data() && &op < lib.data() + lib.size();
+}
+
+/// The kernels' dtype: q's (every library op has q; a user's op may not: its first floating input's).
 DType kernel_dtype(const OpDef& op, const ops::Tensors& inputs) {
   auto q = inputs.find("q");
-  if (q == inputs.end()) throw UserError(fmt::format("{}: missing input 'q'", op.name));
+  if (q == inputs.end() && is_library_op(op))
+    throw UserError(fmt::format("{}: missing input 'q'", op.name));
+  if (q == inputs.end()) {
+    for (const auto& [name, t] : inputs)
+      if (t.dtype == DType::f32 || t.dtype == DType::bf16 || t.dtype == DType::f16) return t.dtype;
+    return DType::f32;
+  }
   const DType t = q->second.dtype;
   if (t != DType::f32 && t != DType::bf16 && t != DType::f16)
     throw UserError(fmt::format("q has dtype {}; linac's kernels run in float32, bfloat16 or float16", dtype_name(t)));
@@ -352,6 +363,7 @@ std::string call_key(const OpDef& op, const ops::Tensors& inputs, const ops::Ten
   std::string key;
   key.reserve(512);
   append_name(key, op.name);
+  append_value(key, &op);  // an op added again under its name (a reloaded user op) is another op
   key.push_back(memory == ops::Memory::cuda ? 'g' : 'c');
   append_options(key, options);
   for (const auto& [name, t] : inputs)
@@ -578,7 +590,7 @@ OutputSpec output_spec(std::string_view op_name, const Tensors& inputs, std::str
 
 std::vector<std::string> op_names() {
   std::vector<std::string> names;
-  for (const auto& op : op_registry()) names.push_back(op.name);
+  for (const OpDef* op : all_ops()) names.push_back(op->name);
   return names;
 }
 

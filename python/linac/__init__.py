@@ -15,6 +15,7 @@ from ._api import (chunk_delta_rule, chunk_gated_delta_rule, chunk_gla, chunk_li
 from ._errors import (InternalError, InvalidCallError, LibraryNotFoundError, LinacError, NoGpuError,
                       UnsupportedError)
 from ._lib import describe, gpu_available, library_path, output_shape, version
+from ._load import load
 from . import ops
 
 __version__ = "0.1.0"
@@ -24,5 +25,5 @@ __all__ = [
     "chunk_gla", "fused_recurrent_gla", "chunk_delta_rule", "fused_recurrent_delta_rule",
     "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "poly",
     "LinacError", "InvalidCallError", "UnsupportedError", "NoGpuError", "InternalError", "LibraryNotFoundError",
-    "describe", "gpu_available", "library_path", "output_shape", "version", "ops",
+    "describe", "gpu_available", "library_path", "output_shape", "version", "ops", "load",
 ]

@@ -127,6 +127,10 @@ def _declare(lib):
     lib.linac_op_output_shape.argtypes = [c.c_char_p, c.c_char_p, c.POINTER(_NamedTensor), c.c_int, c.c_char_p,
                                           c.POINTER(c.c_int32), c.POINTER(c.c_int64), c.POINTER(c.c_int32)]
     lib.linac_op_output_shape.restype = c.c_int
+    lib.linac_load_ops.argtypes = [c.c_char_p]
+    lib.linac_load_ops.restype = c.c_int
+    lib.linac_loaded_ops.argtypes = []
+    lib.linac_loaded_ops.restype = c.c_char_p
     lib.linac_op_describe.argtypes = [c.c_char_p]
     lib.linac_op_describe.restype = c.c_char_p
 
@@ -279,6 +283,11 @@ class _Prepared:
 # offsets' values), which runs through linac_op_run. Bounded like linac's own table.
 _calls = {}
 _MAX_CALLS = 4096
+
+
+def forget_prepared_calls():
+    """Drops every prepared call (after a user's library replaced ops of the same names)."""
+    _calls.clear()
 
 
 def _prepare(lib_, key, op, options, names, tensors, n_in):

@@ -195,6 +195,13 @@ int main(void) {
       check_error(s, LINAC_ERROR_NO_GPU, "CUDA tensors given, but", "CUDA memory without a GPU");
   }
 
+  /* Loading users' ops: a library that is not there says so (tests/python/torch/test_torch_load.py
+   * loads real ones). */
+  check_error(linac_load_ops("/nonexistent/libmy_ops.so"), LINAC_ERROR_INVALID, "cannot load /nonexistent/libmy_ops.so",
+              "a missing user library");
+  check_error(linac_load_ops(NULL), LINAC_ERROR_INVALID, "library path is null", "a null library path");
+  check(strlen(linac_loaded_ops()) == 0, "no ops loaded");
+
   printf("c_abi: %d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }

@@ -142,6 +142,16 @@ linac_status linac_op_output_shape(const char* op, const char* options, const li
                                    int n_inputs, const char* output, int32_t* ndim, int64_t shape[8],
                                    int32_t* dtype);
 
+/** Loads a shared library of users' ops (C++ files with LINAC_USER_OP, linac/user_op.h, built against
+ *  this library): its ops then run through every function here like the library's. Fails when the
+ *  library cannot be loaded or one of its ops cannot be registered (the message names it); ops the
+ *  library registered before a failure stay registered. */
+linac_status linac_load_ops(const char* path);
+
+/** The names of the ops the last successful linac_load_ops on this thread registered, comma-separated
+ *  ("" when it registered none, e.g. the library was loaded before). */
+const char* linac_loaded_ops(void);
+
 /** A JSON description of `op` (NULL: of every op): inputs, outputs, options, tuning parameters. The
  *  string stays valid until the next call of this function on the same thread. */
 const char* linac_op_describe(const char* op);

@@ -1,6 +1,6 @@
 """linac.load: a user's C++ DSL file compiled at run time, its ops called on torch tensors (forward, a
 tuning parameter, autograd through the op the file names as the backward), the build cached, and the
-mistakes a user makes reported as errors that say what is wrong. Also the RetNet example's Python driver.
+mistakes a user makes reported as errors that say what is wrong. Also the examples' Python drivers.
 """
 
 import os
@@ -123,8 +123,9 @@ def test_load_again_after_an_edit(tmp_path, cache):
     torch.testing.assert_close(linac.load(path).edited(x), 5 * x)
 
 
-def test_retnet_example_from_python():
-    out = subprocess.run([sys.executable, str(REPO / "examples" / "retnet" / "retnet.py"), "--device", DEVICE,
-                          "--T", "40", "--H", "2", "--K", "32", "--V", "32"], capture_output=True, text=True,
-                         timeout=600)
+@pytest.mark.parametrize("example,extra", [("retnet", []), ("hedgehog", ["--F", "16"])])
+def test_example_from_python(example, extra):
+    script = REPO / "examples" / example / f"{example}.py"
+    out = subprocess.run([sys.executable, str(script), "--device", DEVICE, "--T", "40", "--H", "2", "--K", "32",
+                          "--V", "32", *extra], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.rstrip().endswith("ok"), out.stdout + out.stderr

@@ -46,7 +46,7 @@ std::string program_context(const Frame& f);
 void eval_leaf(const ir::Op& op, Frame& f);
 /// The elementwise opcodes (ir::is_elementwise).
 void eval_elementwise(const ir::Op& op, Frame& f);
-/// Splat, Broadcast, ExpandDims, Reshape, Transpose.
+/// Splat, Broadcast, ExpandDims, Reshape, Transpose, Take, Slice, Concat, Place.
 void eval_shape(const ir::Op& op, Frame& f);
 /// Reduce, Scan, Dot.
 void eval_reduction(const ir::Op& op, Frame& f);

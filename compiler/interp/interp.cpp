@@ -96,6 +96,9 @@ class ProgramRunner {
       case OpCode::Reshape:
       case OpCode::Transpose:
       case OpCode::Take:
+      case OpCode::Slice:
+      case OpCode::Concat:
+      case OpCode::Place:
         return eval_shape(op, f_);
       case OpCode::Reduce:
       case OpCode::Scan:

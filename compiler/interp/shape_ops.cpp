@@ -1,5 +1,6 @@
 // Shape ops: they move elements and never change them, so no rounding is needed. Values are
-// row-major, so expand_dims and reshape are copies; broadcast and transpose are strided gathers.
+// row-major, so expand_dims and reshape are copies; broadcast, transpose and slice are strided
+// gathers; concat and place copy rows into place.
 #include <algorithm>
 #include <fmt/format.h>
 
@@ -87,6 +88,69 @@ void take(const ir::Op& op, const Buffer& in, int64_t index, Buffer& out) {
     std::copy_n(in.begin() + (o * n + index) * inner, inner, out.begin() + o * inner);
 }
 
+/// The offset in a row-major buffer of `strides` of the block origin `offsets`.
+int64_t origin(const std::vector<int64_t>& offsets, const std::vector<int64_t>& strides) {
+  int64_t o = 0;
+  for (size_t d = 0; d < offsets.size(); ++d) o += offsets[d] * strides[d];
+  return o;
+}
+
+/// The block of `in` at op.attrs.offsets with the result's shape.
+void slice(const ir::Op& op, const Buffer& in, Buffer& out) {
+  const std::vector<int64_t>& from = op.operands[0]->type.shape;
+  const std::vector<int64_t>& to = op.result()->type.shape;
+  if (op.attrs.offsets.size() != from.size() || to.size() != from.size()) malformed(op, "offsets or rank differ");
+  for (size_t d = 0; d < to.size(); ++d)
+    if (op.attrs.offsets[d] < 0 || op.attrs.offsets[d] + to[d] > from[d]) malformed(op, "the slice leaves the tile");
+  std::vector<int64_t> strides = row_major_strides(from);
+  strided_gather(in.data() + origin(op.attrs.offsets, strides), strides, to, out.data());
+}
+
+/// The operands one after another along op.attrs.axis: [outer, n_i, inner] -> [outer, sum n_i, inner].
+void concat(const ir::Op& op, const Frame& f, Buffer& out) {
+  const std::vector<int64_t>& shape = op.result()->type.shape;
+  const int64_t axis = op.attrs.axis;
+  if (axis < 0 || axis >= static_cast<int64_t>(shape.size())) malformed(op, "axis out of range");
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= shape[d];
+  for (size_t d = axis + 1; d < shape.size(); ++d) inner *= shape[d];
+  const int64_t total = shape[axis];
+  int64_t start = 0;
+  for (size_t i = 0; i < op.operands.size(); ++i) {
+    const Buffer& in = f.operand(op, i);
+    const int64_t n = op.operands[i]->type.shape.at(axis);
+    if (start + n > total || static_cast<int64_t>(in.size()) != outer * n * inner) malformed(op, "parts do not fit");
+    for (int64_t o = 0; o < outer; ++o)
+      std::copy_n(in.begin() + o * n * inner, n * inner, out.begin() + (o * total + start) * inner);
+    start += n;
+  }
+  if (start != total) malformed(op, "parts do not fill the result");
+}
+
+/// `big` with `block` written at op.attrs.offsets: a copy of big, then the block's rows over it.
+void place(const ir::Op& op, const Buffer& big, const Buffer& block, Buffer& out) {
+  const std::vector<int64_t>& outer = op.result()->type.shape;
+  const std::vector<int64_t>& bs = op.operands[1]->type.shape;
+  const std::vector<int64_t>& off = op.attrs.offsets;
+  if (off.size() != outer.size() || bs.size() != outer.size()) malformed(op, "offsets or rank differ");
+  for (size_t d = 0; d < outer.size(); ++d)
+    if (off[d] < 0 || off[d] + bs[d] > outer[d]) malformed(op, "the block leaves the tile");
+  std::copy(big.begin(), big.end(), out.begin());
+  const std::vector<int64_t> strides = row_major_strides(outer);
+  const size_t rank = bs.size();
+  const int64_t inner = bs[rank - 1];
+  std::vector<int64_t> idx(rank, 0);  // the block's index, its last axis walked by the copy
+  for (int64_t from = 0; from < static_cast<int64_t>(block.size()); from += inner) {
+    int64_t to = 0;
+    for (size_t d = 0; d < rank; ++d) to += (idx[d] + off[d]) * strides[d];
+    std::copy_n(block.begin() + from, inner, out.begin() + to);
+    for (size_t d = rank - 1; d-- > 0;) {
+      if (++idx[d] < bs[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
 }  // namespace
 
 void eval_shape(const ir::Op& op, Frame& f) {
@@ -98,6 +162,11 @@ void eval_shape(const ir::Op& op, Frame& f) {
       throw UserError(op.loc, fmt::format("take: index {} is outside axis {} of size {} ({})", index, op.attrs.axis, n,
                                           program_context(f)));
     return take(op, f.operand(op, 0), static_cast<int64_t>(index), f.result(op));
+  }
+  if (op.code == ir::OpCode::Concat) return concat(op, f, f.result(op));
+  if (op.code == ir::OpCode::Place) {
+    if (op.operands.size() != 2) malformed(op, "expected a tile and a block");
+    return place(op, f.operand(op, 0), f.operand(op, 1), f.result(op));
   }
   if (op.operands.size() != 1) malformed(op, "expected one operand");
   Buffer& out = f.result(op);
@@ -116,6 +185,8 @@ void eval_shape(const ir::Op& op, Frame& f) {
       return;
     case ir::OpCode::Transpose:
       return transpose(op, in, out);
+    case ir::OpCode::Slice:
+      return slice(op, in, out);
     default:
       malformed(op, "not a shape op");
   }

@@ -66,7 +66,7 @@ Op* append_op(Kernel& k, Block& block, OpCode code, std::vector<Value*> operands
 }
 
 namespace {
-constexpr std::array<std::pair<OpCode, std::string_view>, 41> kOpNames = {{
+constexpr std::array<std::pair<OpCode, std::string_view>, 44> kOpNames = {{
     {OpCode::Constant, "constant"},   {OpCode::ProgramId, "program_id"},
     {OpCode::NumPrograms, "num_programs"}, {OpCode::Dim, "dim"},
     {OpCode::Iota, "iota"},           {OpCode::Add, "add"},
@@ -85,6 +85,8 @@ constexpr std::array<std::pair<OpCode, std::string_view>, 41> kOpNames = {{
     {OpCode::ExpandDims, "expand_dims"}, {OpCode::Reshape, "reshape"},
     {OpCode::Transpose, "transpose"}, {OpCode::Reduce, "reduce"},
     {OpCode::Scan, "scan"},           {OpCode::Take, "take"},
+    {OpCode::Slice, "slice"},         {OpCode::Concat, "concat"},
+    {OpCode::Place, "place"},
     {OpCode::Dot, "dot"},
     {OpCode::Load, "load"},           {OpCode::Store, "store"},
     {OpCode::For, "for"},             {OpCode::If, "if"},

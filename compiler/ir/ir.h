@@ -69,6 +69,11 @@ enum class OpCode : uint8_t {
   Scan,    // attrs.reduce (sum only for now), attrs.reverse; inclusive
   Take,    // (tile, index: i32 scalar) the slice at `index` along attrs.axis, which it drops (a rank-1
            // tile gives a scalar); an index outside the axis is an error (interpreter) / undefined (GPU)
+  // Static slicing and assembly (the result's shape is its type's; every offset is a compile-time
+  // constant, so each lies inside its tile by construction).
+  Slice,   // (x) the block of x at attrs.offsets (one per axis) of the result's shape; same rank
+  Concat,  // (x0, x1, ...) joined along attrs.axis; the other dims agree
+  Place,   // (big, block) big with block written over it at attrs.offsets (one per axis)
   // Tensor cores.
   Dot,     // (a [M,K], b [K,N]) -> f32 [M,N]; a, b of one float dtype, accumulated in f32
   // Memory.
@@ -95,6 +100,7 @@ struct Attrs {
   std::vector<int64_t> shape;  // Splat, Broadcast, Reshape, Load (block shape, one per tile axis)
   std::vector<int64_t> dims;   // Load/Store: tensor dim of each tile axis, in tile-axis order
   std::vector<int64_t> perm;   // Transpose
+  std::vector<int64_t> offsets;  // Slice, Place: where the block starts along each axis
   bool operator==(const Attrs&) const = default;
 };
 

@@ -255,7 +255,11 @@ std::vector<std::string_view> attr_keys(OpCode c) {
     case OpCode::Dim:
     case OpCode::ExpandDims:
     case OpCode::Take:
+    case OpCode::Concat:
       return {"axis"};
+    case OpCode::Slice:
+    case OpCode::Place:
+      return {"offsets"};
     case OpCode::Cmp:
       return {"pred"};
     case OpCode::Cast:
@@ -494,9 +498,9 @@ class Parser {
     if (key == "axis") {
       need(RawAttr::Kind::Int, "an integer");
       attrs.axis = a.i;
-    } else if (key == "shape" || key == "dims" || key == "perm") {
+    } else if (key == "shape" || key == "dims" || key == "perm" || key == "offsets") {
       need(RawAttr::Kind::List, "a list of integers like [64, 32]");
-      (key == "shape" ? attrs.shape : key == "dims" ? attrs.dims : attrs.perm) = a.list;
+      (key == "shape" ? attrs.shape : key == "dims" ? attrs.dims : key == "perm" ? attrs.perm : attrs.offsets) = a.list;
     } else if (key == "pred") {
       need(RawAttr::Kind::Word, "one of lt, le, gt, ge, eq, ne");
       for (int p = 0; p <= static_cast<int>(CmpPred::ne); ++p)

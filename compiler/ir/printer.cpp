@@ -46,7 +46,11 @@ std::string attr_dict(const Op& op) {
     case OpCode::Dim:
     case OpCode::ExpandDims:
     case OpCode::Take:
+    case OpCode::Concat:
       return fmt::format(" {{axis = {}}}", a.axis);
+    case OpCode::Slice:
+    case OpCode::Place:
+      return fmt::format(" {{offsets = {}}}", int_list(a.offsets));
     case OpCode::Cmp:
       return fmt::format(" {{pred = {}}}", cmp_pred_name(a.pred));
     case OpCode::Cast:

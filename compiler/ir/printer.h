@@ -48,10 +48,10 @@
 //    The parser accepts any %name for non-parameters, so hand-written IR may use %acc, %i, ...; names
 //    are lexically scoped (a region's names end with it) and may not shadow a visible name.
 //  - Each opcode prints exactly the attributes it uses, in a fixed order:
-//      program_id, num_programs, dim, expand_dims: {axis}     cmp: {pred = lt|le|gt|ge|eq|ne}
+//      program_id, num_programs, dim, expand_dims, take, concat: {axis}     cmp: {pred = lt|le|gt|ge|eq|ne}
 //      cast: {dtype}    splat, broadcast, reshape: {shape}    transpose: {perm} (result dim i = source dim perm[i])
 //      reduce: {axis, kind = sum|max|min}    scan: {axis, kind, reverse = true|false}
-//      load: {dims, shape}    store: {dims}
+//      load: {dims, shape}    store: {dims}    slice, place: {offsets} (one per axis)
 //    The parser requires all of them and rejects any other.
 //  - constant prints attrs.ivalue for integer dtypes (i1, i32, i64) and attrs.fvalue for float dtypes,
 //    as the shortest decimal that reads back to the same double ("0.1", "1e+30", "inf", "-inf", "nan",

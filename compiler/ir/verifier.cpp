@@ -130,6 +130,12 @@ class OpChecker {
         return check_scan();
       case OpCode::Take:
         return check_take();
+      case OpCode::Slice:
+        return check_slice();
+      case OpCode::Concat:
+        return check_concat();
+      case OpCode::Place:
+        return check_place();
       case OpCode::Dot:
         return check_dot();
       case OpCode::Load:
@@ -413,6 +419,62 @@ class OpChecker {
     std::vector<int64_t> shape = a.shape;
     shape.erase(shape.begin() + op_.attrs.axis);
     expect_result(Type::value(a.dtype, std::move(shape)));
+  }
+
+  // A block of `block_shape` at `offsets` must lie inside `outer` (slice reads it, place writes it).
+  void check_block_inside(const Type& outer, const std::vector<int64_t>& block_shape, std::string_view block) const {
+    const auto& off = op_.attrs.offsets;
+    if (static_cast<int>(off.size()) != outer.rank())
+      fail("offsets {} has {} entries, but {} has rank {}", int_list(off), off.size(), outer.str(), outer.rank());
+    for (size_t d = 0; d < off.size(); ++d)
+      if (off[d] < 0 || off[d] > outer.shape[d] - block_shape[d])
+        fail("{} {} at offsets {} does not fit in {}: along axis {} it starts at {} and has {} elements, of {}",
+             block, int_list(block_shape), int_list(off), outer.str(), d, off[d], block_shape[d], outer.shape[d]);
+  }
+
+  void check_slice() {
+    expect_counts(1, 1);
+    const Type& a = tile_operand("");
+    const Type& r = result_type();
+    if (!r.is_tile() || r.rank() != a.rank() || r.dtype != a.dtype)
+      fail("result type is {}, expected a tile of rank {} and dtype {} (a slice keeps the rank)", r.str(), a.rank(),
+           dtype_name(a.dtype));
+    check_block_inside(a, r.shape, "the slice");
+  }
+
+  void check_concat() {
+    if (op_.operands.empty()) fail("expects at least one operand");
+    expect_results(1);
+    const Type& first = value_operand(0, "operand #0");
+    if (!first.is_tile()) fail("operand #0 must be a tile, got {}", first.str());
+    check_axis(op_.attrs.axis, first.rank(), first);
+    const size_t axis = static_cast<size_t>(op_.attrs.axis);
+    std::vector<int64_t> shape = first.shape;
+    for (size_t i = 1; i < op_.operands.size(); ++i) {
+      const Type& t = value_operand(i, fmt::format("operand #{}", i));
+      if (!t.is_tile() || t.dtype != first.dtype || t.rank() != first.rank())
+        fail("operand #{} is {}, but operand #0 is {}: the parts must be tiles of one dtype and rank", i, t.str(),
+             first.str());
+      for (size_t d = 0; d < shape.size(); ++d)
+        if (d != axis && t.shape[d] != first.shape[d])
+          fail("operand #{} is {}, but operand #0 is {}: the parts may differ only along axis {}", i, t.str(),
+               first.str(), axis);
+      shape[axis] += t.shape[axis];
+    }
+    if (std::string p = shape_problem(shape); !p.empty()) fail("the joined shape {}: {}", int_list(shape), p);
+    expect_result(Type::tile(first.dtype, std::move(shape)));
+  }
+
+  void check_place() {
+    expect_counts(2, 1);
+    const Type& big = value_operand(0, "the tile placed into");
+    const Type& block = value_operand(1, "the block");
+    if (!big.is_tile()) fail("the tile placed into must be a tile, got {}", big.str());
+    if (!block.is_tile()) fail("the block must be a tile, got {}", block.str());
+    if (block.dtype != big.dtype || block.rank() != big.rank())
+      fail("the block {} and the tile {} must have one dtype and rank", block.str(), big.str());
+    check_block_inside(big, block.shape, "the block");
+    expect_result(big);
   }
 
   void check_dot() {

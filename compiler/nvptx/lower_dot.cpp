@@ -27,19 +27,30 @@ using passes::ValueClass;
 
 namespace {
 
-/// Where an operand lives in shared memory: element (i, j) of the operand is buf[i][j], or buf[j][i]
-/// when transposed.
+/// Where an operand lives in shared memory: element (i, j) of the operand is buf[i + row0][j + col0],
+/// or buf[j + row0][i + col0] when transposed.
 struct SmemOperand {
   const ir::Value* buf;  // the value whose shared-memory buffer holds the operand
   bool transposed;
+  int64_t row0 = 0, col0 = 0;
 };
 
 }  // namespace
 
 void KernelLowering::lower_dot(const ir::Op& op) {
+  // An operand with a buffer of its own is read there; transposes and slices of a data tile without
+  // one are read in place from the tile's buffer (passes::dot_operand_in_place, as the plan decided).
   auto operand = [&](const ir::Value* v) -> SmemOperand {
-    if (!smem_.buffers.count(v) && v->def && v->def->code == OpCode::Transpose) return {v->def->operands[0], true};
+    if (!smem_.buffers.count(v))
+      if (auto p = passes::dot_operand_in_place(v, smem_.classes)) return {p->buf, p->transposed, p->row0, p->col0};
     return {v, false};
+  };
+  // The address of element (row, col) of the operand as stored (row and col already swapped when it
+  // is transposed).
+  auto stored_addr = [&](const SmemOperand& o, llvm::Value* row, llvm::Value* col) {
+    if (o.row0) row = b_.CreateAdd(row, i32(o.row0));
+    if (o.col0) col = b_.CreateAdd(col, i32(o.col0));
+    return smem_addr(o.buf, {row, col});
   };
   SmemOperand a = operand(op.operands[0]), b = operand(op.operands[1]);
   const int64_t M = op.operands[0]->type.shape[0], K = op.operands[0]->type.shape[1];
@@ -50,8 +61,7 @@ void KernelLowering::lower_dot(const ir::Op& op) {
 
   before_smem_access({smem_range(a.buf), smem_range(b.buf)}, {});
   auto read = [&](const SmemOperand& o, llvm::Value* i, llvm::Value* j) {
-    Coords c = o.transposed ? Coords{j, i} : Coords{i, j};
-    return b_.CreateLoad(llvm_type(o.buf->type.dtype), smem_addr(o.buf, c));
+    return b_.CreateLoad(llvm_type(o.buf->type.dtype), o.transposed ? stored_addr(o, j, i) : stored_addr(o, i, j));
   };
 
   const bool tensor_cores = (in == DType::bf16 || in == DType::f16) && l.kind == Layout::Kind::Mma && K % 16 == 0;
@@ -138,8 +148,8 @@ void KernelLowering::lower_dot(const ir::Op& op) {
     for (int q = 0; q < n; ++q) out.push_back(b_.CreateExtractValue(agg, q));
     return out;
   };
-  auto ldmatrix = [&](const ir::Value* buf, llvm::Value* row, llvm::Value* col, bool trans, int count) {
-    llvm::Value* addr = smem_addr(buf, {row, col});
+  auto ldmatrix = [&](const SmemOperand& o, llvm::Value* row, llvm::Value* col, bool trans, int count) {
+    llvm::Value* addr = stored_addr(o, row, col);
     llvm::Intrinsic::ID id;
     if (count == 4)
       id = trans ? llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x4_trans_b16
@@ -166,12 +176,12 @@ void KernelLowering::lower_dot(const ir::Op& op) {
         // Stored [m][k]: lane l addresses row m0 + l%16 at column k0 + (l/16)*8.
         llvm::Value* row = b_.CreateAdd(m0, b_.CreateURem(lane, i32(16)));
         llvm::Value* col = b_.CreateAdd(i32(k0), b_.CreateMul(b_.CreateUDiv(lane, i32(16)), i32(8)));
-        afrag[tm] = ldmatrix(a.buf, row, col, false, 4);
+        afrag[tm] = ldmatrix(a, row, col, false, 4);
       } else {
         // Stored [k][m]: matrix j covers m0 + (j%2)*8, k0 + (j/2)*8, read transposed.
         llvm::Value* row = b_.CreateAdd(i32(k0), b_.CreateAdd(l8, b_.CreateMul(j_hi, i32(8))));
         llvm::Value* col = b_.CreateAdd(m0, b_.CreateMul(j_lo, i32(8)));
-        afrag[tm] = ldmatrix(a.buf, row, col, true, 4);
+        afrag[tm] = ldmatrix(a, row, col, true, 4);
       }
     }
     // B fragments for pairs of n-tiles: b0 k 0-7, b1 k 8-15 of each.
@@ -184,12 +194,12 @@ void KernelLowering::lower_dot(const ir::Op& op) {
         // Stored [k][n]: matrix j covers k0 + (j%2)*8, n0 + (j/2)*8, read transposed.
         llvm::Value* row = b_.CreateAdd(i32(k0), b_.CreateAdd(l8, b_.CreateMul(j_lo, i32(8))));
         llvm::Value* col = b_.CreateAdd(n0, b_.CreateMul(count == 4 ? j_hi : i32(0), i32(8)));
-        regs = ldmatrix(b.buf, row, col, true, count);
+        regs = ldmatrix(b, row, col, true, count);
       } else {
         // Stored [n][k]: matrix j covers n0 + (j/2)*8, k0 + (j%2)*8.
         llvm::Value* row = b_.CreateAdd(n0, b_.CreateAdd(l8, b_.CreateMul(count == 4 ? j_hi : i32(0), i32(8))));
         llvm::Value* col = b_.CreateAdd(i32(k0), b_.CreateMul(j_lo, i32(8)));
-        regs = ldmatrix(b.buf, row, col, false, count);
+        regs = ldmatrix(b, row, col, false, count);
       }
       bfrag[tn] = {regs[0], regs[1]};
       if (count == 4) bfrag[tn + 1] = {regs[2], regs[3]};

@@ -336,40 +336,14 @@ llvm::Value* KernelLowering::eval_at(const ir::Value* v, const Coords& c) {
     }
     case OpCode::Iota: return c.at(0);
     case OpCode::Splat: return scalar(op.operands[0]);
-    case OpCode::ExpandDims: {
-      Coords src = c;
-      src.erase(src.begin() + op.attrs.axis);
-      return eval_at(op.operands[0], src);
-    }
-    case OpCode::Broadcast: {
-      const auto& s = op.operands[0]->type.shape;
-      Coords src = c;
-      for (size_t d = 0; d < s.size(); ++d)
-        if (s[d] == 1) src[d] = i32(0);
-      return eval_at(op.operands[0], src);
-    }
-    case OpCode::Transpose: {
-      Coords src(c.size());
-      for (size_t i = 0; i < c.size(); ++i) src[op.attrs.perm[i]] = c[i];
-      return eval_at(op.operands[0], src);
-    }
-    case OpCode::Take: {  // the source at c with the index put back on the taken axis
-      Coords src = c;
-      src.insert(src.begin() + op.attrs.axis, scalar(op.operands[1]));
-      return eval_at(op.operands[0], src);
-    }
-    case OpCode::Reshape: {
-      const auto& dst = v->type.shape;
-      const auto& s = op.operands[0]->type.shape;
-      llvm::Value* lin = i32(0);
-      for (size_t d = 0; d < dst.size(); ++d) lin = b_.CreateAdd(b_.CreateMul(lin, i32(dst[d])), c[d]);
-      Coords src(s.size());
-      for (int d = static_cast<int>(s.size()) - 1; d >= 0; --d) {
-        src[d] = b_.CreateURem(lin, i32(s[d]));
-        lin = b_.CreateUDiv(lin, i32(s[d]));
-      }
-      return eval_at(op.operands[0], src);
-    }
+    case OpCode::ExpandDims:
+    case OpCode::Broadcast:
+    case OpCode::Reshape:
+    case OpCode::Transpose:
+    case OpCode::Take:
+    case OpCode::Slice:
+    case OpCode::Concat:
+    case OpCode::Place: return eval_view(op, c);
     default: break;
   }
   if (ir::is_elementwise(op.code)) {

@@ -1,6 +1,7 @@
 // Internal to compiler/nvptx: lowering of tile IR (with layouts and a shared-memory plan) to an LLVM
 // function for nvptx64-nvidia-cuda. Split over lower_*.cpp by concern:
 //   lower_kernel.cpp   entry, parameters, control flow, elementwise math, coordinates, rematerialization
+//   lower_views.cpp    views evaluated where used (transpose, slice, ...) and concat/place
 //   lower_memory.cpp   global loads/stores (masked, vectorized) and shared-memory spills/reads
 //   lower_dot.cpp      dot on tensor cores (ldmatrix + mma.sync m16n8k16) and the f32 FMA path
 //   lower_reduce.cpp   reductions and scans
@@ -78,6 +79,26 @@ class KernelLowering {
   /// Emits `for (j = lo; j < hi; ++j) accs = body(j, accs)` as an LLVM loop; returns the final accs.
   std::vector<llvm::Value*> emit_counted_loop(llvm::Value* lo, llvm::Value* hi, std::vector<llvm::Value*> init,
                                               const std::function<std::vector<llvm::Value*>(llvm::Value*, const std::vector<llvm::Value*>&)>& body);
+
+  // lower_views.cpp
+  /// Element c of a view op's result (expand_dims, broadcast, reshape, transpose, take, slice, concat,
+  /// place), read from its operands.
+  llvm::Value* eval_view(const ir::Op& op, const Coords& c);
+  /// For a view with one tile source: that source and the coordinates of element c in it.
+  std::pair<const ir::Value*, Coords> view_source(const ir::Op& op, const Coords& c);
+  /// Where element c of a concat or place lies: parts[i] at at[i], chosen when take[i] holds and no
+  /// take[j] with j < i does (the last part otherwise).
+  struct Assembly {
+    std::vector<const ir::Value*> parts;
+    std::vector<Coords> at;
+    std::vector<llvm::Value*> take;
+  };
+  Assembly assembly_parts(const ir::Op& op, const Coords& c);
+  /// Whether every element of v is an element of a shared-memory buffer: v is a data tile in shared
+  /// memory, or views over such tiles only.
+  bool in_smem(const ir::Value* v) const;
+  /// The address of element c of v (in_smem(v)); the buffers it may read are appended to `reads`.
+  llvm::Value* smem_element_addr(const ir::Value* v, const Coords& c, std::vector<ByteRange>* reads);
 
   // lower_memory.cpp
   void lower_load(const ir::Op& op);

@@ -156,6 +156,7 @@ class LayoutAssigner {
     switch (v->def->code) {
       case OpCode::Constant: case OpCode::Iota: case OpCode::Splat: case OpCode::ExpandDims:
       case OpCode::Broadcast: case OpCode::Reshape: case OpCode::Transpose: case OpCode::Take:
+      case OpCode::Slice: case OpCode::Concat: case OpCode::Place:
         d = false;
         break;
       default:

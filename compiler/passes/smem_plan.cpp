@@ -21,9 +21,11 @@ int64_t scan_2d_scratch_bytes(const ir::Op& op) {
 
 namespace {
 
+/// Ops whose result is read through their tile operands wherever it is used. Most have one tile
+/// operand (take's index is a scalar); concat and place choose, per element, which operand to read.
 bool is_view(OpCode c) {
   return c == OpCode::ExpandDims || c == OpCode::Broadcast || c == OpCode::Reshape || c == OpCode::Transpose ||
-         c == OpCode::Take;
+         c == OpCode::Take || c == OpCode::Slice || c == OpCode::Concat || c == OpCode::Place;
 }
 
 class Planner {
@@ -65,8 +67,10 @@ class Planner {
       default: break;
     }
     if (is_view(op.code)) {
-      ValueClass src = plan_.classes.at(op.operands[0]);
-      return src == ValueClass::Remat ? ValueClass::Remat : ValueClass::View;
+      bool all_remat = true;
+      for (const ir::Value* o : op.operands)
+        if (!o->type.is_scalar()) all_remat &= plan_.classes.at(o) == ValueClass::Remat;
+      return all_remat ? ValueClass::Remat : ValueClass::View;
     }
     if (ir::is_elementwise(op.code)) {
       bool all_remat = true;
@@ -103,8 +107,8 @@ class Planner {
 
   void need_smem(const ir::Value* v) {
     if (cls(v) == ValueClass::View) {
-      // A view consumed as a whole (dot operand, reduction) is materialized from its source.
-      need_eval(v->def->operands[0]);
+      // A view consumed as a whole (dot operand, reduction) is materialized from its sources.
+      for (const ir::Value* o : v->def->operands) need_eval(o);
     }
     spilled_.insert(v);
   }
@@ -114,7 +118,7 @@ class Planner {
     switch (cls(v)) {
       case ValueClass::Scalar: return;
       case ValueClass::Data: spilled_.insert(v); return;
-      case ValueClass::View: need_eval(v->def->operands[0]); return;
+      case ValueClass::View:
       case ValueClass::Remat:
         for (const ir::Value* o : v->def->operands) need_eval(o);
         return;
@@ -128,28 +132,24 @@ class Planner {
     need_eval(v);
   }
 
+  void note_use(const ir::Value* v, const ir::Op& op) {
+    uses_[v].push_back(&op);
+    if (!v->type.is_tensor() && cls(v) == ValueClass::View)
+      for (const ir::Value* o : v->def->operands) note_use(o, op);
+  }
+
   void mark_op(const ir::Op& op) {
-    // A view (expand_dims, broadcast, reshape, transpose, take) reads its source wherever it is used,
-    // so a use of the view is a use of every value down its chain: the source's buffer must stay live
-    // (regression: tests/python/test_smem_plan.py, a view made early and used late).
-    auto note_use = [&](const ir::Value* v) {
-      uses_[v].push_back(&op);
-      while (!v->type.is_tensor() && cls(v) == ValueClass::View) {
-        v = v->def->operands[0];
-        uses_[v].push_back(&op);
-      }
-    };
-    for (const ir::Value* v : op.operands) note_use(v);
+    // A view (expand_dims, broadcast, reshape, transpose, take, slice, concat, place) reads its sources
+    // wherever it is used, so a use of the view is a use of every value down its chains: the sources'
+    // buffers must stay live (regression: tests/python/test_smem_plan.py, a view made early and used late).
+    for (const ir::Value* v : op.operands) note_use(v, op);
     switch (op.code) {
       case OpCode::Dot:
         for (const ir::Value* v : op.operands) {
-          if (cls(v) == ValueClass::View && v->def->code == OpCode::Transpose && v->type.rank() == 2 &&
-              cls(v->def->operands[0]) != ValueClass::View) {
-            need_smem(v->def->operands[0]);  // read transposed with ldmatrix.trans
-            uses_[v->def->operands[0]].push_back(&op);
-          } else {
+          if (auto in_place = dot_operand_in_place(v, plan_.classes))
+            need_smem(in_place->buf);  // read at an offset, or transposed with ldmatrix.trans
+          else
             need_smem(v);
-          }
         }
         return;
       case OpCode::Reduce:
@@ -296,6 +296,30 @@ class Planner {
 };
 
 }  // namespace
+
+std::optional<DotOperandInPlace> dot_operand_in_place(const ir::Value* v,
+                                                      const std::map<const ir::Value*, ValueClass>& classes) {
+  // Walks down the views keeping "element (i, j) of v is element f(i, j) of u", f as in the result.
+  DotOperandInPlace r;
+  const ir::Value* u = v;
+  while (u->def && classes.at(u) == ValueClass::View && u->type.rank() == 2) {
+    const ir::Op& op = *u->def;
+    if (op.code == OpCode::Slice) {
+      r.row0 += op.attrs.offsets[0];
+      r.col0 += op.attrs.offsets[1];
+    } else if (op.code == OpCode::Transpose) {
+      r.transposed = !r.transposed;
+      std::swap(r.row0, r.col0);
+    } else {
+      return std::nullopt;
+    }
+    u = op.operands[0];
+  }
+  if (u == v || u->type.rank() != 2 || classes.at(u) != ValueClass::Data) return std::nullopt;
+  if (r.col0 * dtype_bytes(u->type.dtype) % 16 != 0) return std::nullopt;
+  r.buf = u;
+  return r;
+}
 
 SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline,
                             int64_t max_smem_bytes) {

@@ -5,7 +5,8 @@
 //   - an operand of dot (ldmatrix reads it; a transpose of a data tile is read transposed in place),
 //   - the operand of a reduction or scan,
 //   - needed at coordinates its own layout does not give the reading thread: a consumer in another
-//     layout, or a view op (expand_dims, broadcast, reshape, transpose) consumed elsewhere.
+//     layout, or a view op (expand_dims, broadcast, reshape, transpose, take, slice, concat, place)
+//     consumed elsewhere.
 // Index math (iota, constants, splats and elementwise ops on them) is never stored: it is recomputed
 // from coordinates in whatever layout needs it ("rematerialized"), as are view ops.
 //
@@ -15,6 +16,7 @@
 // body being live as a whole for values defined outside it).
 #pragma once
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -28,7 +30,7 @@ namespace linac::passes {
 enum class ValueClass : uint8_t {
   Scalar,  // a uniform scalar, computed once per program
   Remat,   // index math: recomputed from coordinates where used
-  View,    // expand_dims/broadcast/reshape/transpose over data: evaluated through its source's buffer
+  View,    // a view op (expand_dims, ..., slice, concat, place) over data: evaluated through its sources' buffers
   Data,    // held in registers in its layout
 };
 
@@ -60,6 +62,20 @@ struct SmemPlan {
 /// most 128 elements, which the backend lowers one line per thread through scratch when the plan allows
 /// (SmemPlan::line_scans); 0 for every other op (lowered without it).
 int64_t scan_2d_scratch_bytes(const ir::Op& op);
+
+/// A dot operand read in place from the shared-memory buffer of the data tile it is a view of: element
+/// (i, j) of the operand is buf[i + row0][j + col0], or buf[j + row0][i + col0] when transposed.
+struct DotOperandInPlace {
+  const ir::Value* buf = nullptr;
+  bool transposed = false;
+  int64_t row0 = 0, col0 = 0;
+};
+
+/// Where a dot operand made of transposes and slices of a 2-D data tile can be read in place (with
+/// ldmatrix: the slice's first column must start a 16-byte unit); nullopt for any other operand,
+/// which gets a shared-memory copy of its own. `classes` is SmemPlan::classes.
+std::optional<DotOperandInPlace> dot_operand_in_place(const ir::Value* v,
+                                                      const std::map<const ir::Value*, ValueClass>& classes);
 
 /// Plans shared memory for `k` with the given layouts.
 SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline,

@@ -269,6 +269,51 @@ Tile transpose(const Tile& x, std::vector<int64_t> perm, Loc loc) {
   return Tile(emit1(OpCode::Transpose, {x.value()}, Type::tile(ty.dtype, shape), a, loc));
 }
 
+Tile slice(const Tile& x, int axis, int64_t start, int64_t size, Loc loc) {
+  const Type& ty = type_of(x, loc);
+  if (ty.is_scalar()) throw UserError(sl(loc), "slice: the operand is a scalar, not a tile");
+  const int a = normalize_axis(axis, ty.rank(), loc, "slice");
+  const int64_t n = ty.shape[a];
+  if (size < 1 || start < 0 || start > n - size)
+    throw UserError(sl(loc), fmt::format("slice: {} elements from {} do not fit axis {} of {} (size {})", size, start,
+                                         a, ty.str(), n));
+  if (start == 0 && size == n) return x;
+  ir::Attrs attrs;
+  attrs.offsets.assign(ty.shape.size(), 0);
+  attrs.offsets[a] = start;
+  std::vector<int64_t> shape = ty.shape;
+  shape[a] = size;
+  return Tile(emit1(OpCode::Slice, {x.value()}, Type::tile(ty.dtype, std::move(shape)), attrs, loc));
+}
+
+Tile concat(const std::vector<Tile>& parts, int axis, Loc loc) {
+  if (parts.empty()) throw UserError(sl(loc), "concat: no tiles to join");
+  std::vector<ir::Value*> operands;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Type& t = type_of(parts[i], loc);
+    if (t.is_scalar()) throw UserError(sl(loc), fmt::format("concat: part #{} is a scalar ({}), not a tile", i, t.str()));
+    operands.push_back(parts[i].value());
+  }
+  const Type& first = operands[0]->type;
+  ir::Attrs attrs;
+  attrs.axis = normalize_axis(axis, first.rank(), loc, "concat");
+  if (parts.size() == 1) return parts[0];
+  // The verifier explains parts that do not fit together; the result type only has to be well-formed.
+  std::vector<int64_t> shape = first.shape;
+  for (size_t i = 1; i < operands.size(); ++i)
+    if (operands[i]->type.rank() == first.rank()) shape[attrs.axis] += operands[i]->type.shape[attrs.axis];
+  return Tile(emit1(OpCode::Concat, std::move(operands), Type::tile(first.dtype, std::move(shape)), attrs, loc));
+}
+
+Tile place(const Tile& big, const Tile& block, std::vector<int64_t> offsets, Loc loc) {
+  const Type& tb = type_of(big, loc);
+  type_of(block, loc);
+  if (tb.is_scalar()) throw UserError(sl(loc), "place: the tile to place into is a scalar");
+  ir::Attrs attrs;
+  attrs.offsets = std::move(offsets);
+  return Tile(emit1(OpCode::Place, {big.value(), block.value()}, tb, attrs, loc));
+}
+
 // ---- reductions and scans ------------------------------------------------------------------------
 
 Tile sum(const Tile& x, int axis, Loc loc) { return reduce(ir::ReduceKind::sum, x, axis, loc); }

@@ -153,3 +153,46 @@ TEST_CASE("error: program_id of a grid axis that does not exist") {
   KernelBuilder kb("e");
   expect_user_error([&] { program_id(3); }, __LINE__, "program_id");
 }
+
+TEST_CASE("error: a slice past the end of its axis") {
+  KernelBuilder kb("e");
+  Tile a = zeros({64, 32}, DType::f32);
+  expect_user_error([&] { slice(a, 1, 24, 16); }, __LINE__, "slice: 16 elements from 24 do not fit axis 1");
+}
+
+TEST_CASE("error: a slice of a scalar, and of an axis the tile does not have") {
+  KernelBuilder kb("e");
+  Tile s = constant(1, DType::f32);
+  expect_user_error([&] { slice(s, 0, 0, 1); }, __LINE__, "slice: the operand is a scalar");
+  Tile a = zeros({8}, DType::f32);
+  expect_user_error([&] { slice(a, 1, 0, 4); }, __LINE__, "slice: axis 1 is out of range");
+}
+
+TEST_CASE("error: concat of tiles that differ off the joined axis") {
+  KernelBuilder kb("e");
+  Tile a = zeros({16, 16}, DType::f32), b = zeros({16, 8}, DType::f32);
+  expect_user_error([&] { concat({a, b}, 0); }, __LINE__, "concat: operand #1 is tile<16x8xf32>");
+}
+
+TEST_CASE("error: concat of tiles of two dtypes") {
+  KernelBuilder kb("e");
+  Tile a = zeros({16, 16}, DType::f32), b = zeros({16, 16}, DType::bf16);
+  expect_user_error([&] { concat({a, b}, 1); }, __LINE__, "one dtype and rank");
+}
+
+TEST_CASE("error: concat of nothing") {
+  KernelBuilder kb("e");
+  expect_user_error([&] { concat({}, 0); }, __LINE__, "concat: no tiles");
+}
+
+TEST_CASE("error: place of a block that leaves the tile") {
+  KernelBuilder kb("e");
+  Tile big = zeros({32, 32}, DType::f32), blk = zeros({16, 16}, DType::f32);
+  expect_user_error([&] { place(big, blk, {0, 24}); }, __LINE__, "place: the block [16, 16] at offsets [0, 24]");
+}
+
+TEST_CASE("error: place with one offset for a 2-D tile") {
+  KernelBuilder kb("e");
+  Tile big = zeros({32, 32}, DType::f32), blk = zeros({16, 16}, DType::f32);
+  expect_user_error([&] { place(big, blk, {16}); }, __LINE__, "offsets [16] has 1 entries");
+}

@@ -153,3 +153,23 @@ TEST_CASE("dsl: take drops the axis at a runtime index; the index must be an i32
   CHECK_THROWS_AS(take(a, zeros({2}, DType::i32), 0), UserError);
   CHECK_THROWS_AS(take(a, 0, 2), UserError);
 }
+
+TEST_CASE("dsl: slice, concat and place keep the rank; a whole-axis slice and a one-part concat are no-ops") {
+  KernelBuilder kb("k");
+  Tile a = zeros({64, 32}, DType::f32);
+  Tile rows = slice(a, 0, 16, 16);
+  CHECK(rows.shape() == std::vector<int64_t>{16, 32});
+  CHECK(rows.value()->def->code == ir::OpCode::Slice);
+  CHECK(rows.value()->def->attrs.offsets == std::vector<int64_t>{16, 0});
+  CHECK(slice(a, -1, 8, 8).value()->def->attrs.offsets == std::vector<int64_t>{0, 8});
+  CHECK(slice(a, 1, 0, 32).value() == a.value());
+  Tile wide = concat({a, a, slice(a, 1, 0, 16)}, 1);
+  CHECK(wide.shape() == std::vector<int64_t>{64, 32 + 32 + 16});
+  CHECK(concat({a, rows}, 0).shape() == std::vector<int64_t>{80, 32});
+  CHECK(concat({a}, 0).value() == a.value());
+  Tile placed = place(a, rows, {48, 0});
+  CHECK(placed.shape() == a.shape());
+  CHECK(placed.value()->def->code == ir::OpCode::Place);
+  CHECK(placed.value()->def->attrs.offsets == std::vector<int64_t>{48, 0});
+  kb.finish();
+}

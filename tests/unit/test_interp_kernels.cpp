@@ -105,6 +105,96 @@ TEST_SUITE("interp") {
     CHECK_THROWS_AS(run_take(1, -1), UserError);
   }
 
+  namespace {
+
+  /// Runs `make` (which builds a tile from the [4, 8] block of grid57, zero past column 6) and returns
+  /// the tile as stored, row-major.
+  std::vector<float> run_assembly(const std::function<Value*(Builder&, Value*)>& make) {
+    std::vector<float> x = grid57();
+    Builder b;
+    Value* in = b.k.add_param("in", Type::tensor(DType::f32, 2));
+    Value* t = b.load(in, b.i32s({0, 0}), b.i32s({5, 7}), {0, 1}, {4, 8});
+    Value* r = make(b, t);
+    const std::vector<int64_t> shape = r->type.shape;
+    std::vector<int64_t> dims;
+    for (size_t d = 0; d < shape.size(); ++d) dims.push_back(static_cast<int64_t>(d));
+    Value* o = b.k.add_param("out", Type::tensor(DType::f32, static_cast<int>(shape.size())));
+    b.store(o, b.i32s(std::vector<int64_t>(shape.size(), 0)), b.i32s(shape), dims, r);
+    std::vector<float> out(static_cast<size_t>(r->type.numel()), -1.0f);
+    std::vector<Arg> args{view(x.data(), DType::f32, {5, 7}), view(out.data(), DType::f32, shape)};
+    interp::run(b.k, Grid{}, args);
+    return out;
+  }
+
+  Value* slice_op(Builder& b, Value* x, std::vector<int64_t> offsets, std::vector<int64_t> shape) {
+    Attrs a;
+    a.offsets = std::move(offsets);
+    return b.op(OpCode::Slice, {x}, Type::tile(x->type.dtype, std::move(shape)), a);
+  }
+
+  }  // namespace
+
+  TEST_CASE("slice: the block at static offsets, any rank") {
+    // Rows 1..2, columns 2..4 of 100 + 10 r + c.
+    CHECK(run_assembly([](Builder& b, Value* t) { return slice_op(b, t, {1, 2}, {2, 3}); }) ==
+          std::vector<float>{112, 113, 114, 122, 123, 124});
+    // The last column of the block is past the tensor (zero filled).
+    CHECK(run_assembly([](Builder& b, Value* t) { return slice_op(b, t, {3, 5}, {1, 3}); }) ==
+          std::vector<float>{135, 136, 0});
+    // A 1-D slice of row 3.
+    CHECK(run_assembly([](Builder& b, Value* t) {
+            Value* row = b.op(OpCode::Take, {t, b.i32(3)}, Type::tile(DType::f32, {8}), [] {
+              Attrs a;
+              a.axis = 0;
+              return a;
+            }());
+            return slice_op(b, row, {4}, {2});
+          }) == std::vector<float>{134, 135});
+  }
+
+  TEST_CASE("concat: parts one after another along the axis") {
+    auto along = [](int64_t axis) {
+      return run_assembly([axis](Builder& b, Value* t) {
+        Value* top_left = slice_op(b, t, {0, 0}, {2, 2});      // 100 101 / 110 111
+        Value* bottom_right = slice_op(b, t, {2, 2}, {2, 2});  // 122 123 / 132 133
+        Value* one = slice_op(b, t, {3, 0}, {1, 2});           // 130 131
+        Attrs a;
+        a.axis = axis;
+        if (axis == 0)
+          return b.op(OpCode::Concat, {top_left, bottom_right, one}, Type::tile(DType::f32, {5, 2}), a);
+        return b.op(OpCode::Concat, {top_left, bottom_right}, Type::tile(DType::f32, {2, 4}), a);
+      });
+    };
+    CHECK(along(0) == std::vector<float>{100, 101, 110, 111, 122, 123, 132, 133, 130, 131});
+    CHECK(along(1) == std::vector<float>{100, 101, 122, 123, 110, 111, 132, 133});
+  }
+
+  TEST_CASE("place: a block written over a copy of the tile") {
+    auto out = run_assembly([](Builder& b, Value* t) {
+      Value* block = b.constant(DType::f32, -1, {2, 3});
+      Attrs a;
+      a.offsets = {1, 5};
+      return b.op(OpCode::Place, {t, block}, t->type, a);
+    });
+    CHECK(out == std::vector<float>{100, 101, 102, 103, 104, 105, 106, 0,   //
+                                    110, 111, 112, 113, 114, -1,  -1,  -1,  //
+                                    120, 121, 122, 123, 124, -1,  -1,  -1,  //
+                                    130, 131, 132, 133, 134, 135, 136, 0});
+    // A 1-D place at the start; the operand itself is unchanged (the result is a new value).
+    auto row = run_assembly([](Builder& b, Value* t) {
+      Attrs take;
+      take.axis = 0;
+      Value* r = b.op(OpCode::Take, {t, b.i32(0)}, Type::tile(DType::f32, {8}), take);
+      Attrs a;
+      a.offsets = {0};
+      Value* placed = b.op(OpCode::Place, {r, b.constant(DType::f32, 7, {2})}, r->type, a);
+      Attrs c;
+      c.axis = 0;
+      return b.op(OpCode::Concat, {placed, r}, Type::tile(DType::f32, {16}), c);
+    });
+    CHECK(row == std::vector<float>{7, 7, 102, 103, 104, 105, 106, 0, 100, 101, 102, 103, 104, 105, 106, 0});
+  }
+
   TEST_CASE("scalar load and store (no tile dims)") {
     std::vector<float> x = grid57(), out{-1, -1};
     Builder b;

@@ -44,6 +44,7 @@ struct A {
   A& shape(std::vector<int64_t> v) { return a.shape = std::move(v), *this; }
   A& dims(std::vector<int64_t> v) { return a.dims = std::move(v), *this; }
   A& perm(std::vector<int64_t> v) { return a.perm = std::move(v), *this; }
+  A& offsets(std::vector<int64_t> v) { return a.offsets = std::move(v), *this; }
   operator Attrs() const { return a; }
 };
 
@@ -217,6 +218,10 @@ std::shared_ptr<Kernel> every_opcode() {
   Value* total = b.op(OpCode::Reduce, {scan}, scalar(kF32), A().axis(0).reduce(ReduceKind::sum));
   Value* picked = b.op(OpCode::Take, {tr, c0}, tile(kF32, {64}), A().axis(0));
   (void)picked;
+  Value* block = b.op(OpCode::Slice, {tr}, tile(kF32, {16, 64}), A().offsets({16, 0}));
+  Value* joined = b.op(OpCode::Concat, {tr, block, block}, tile(kF32, {64, 64}), A().axis(0));
+  Value* placed = b.op(OpCode::Place, {joined, block}, tile(kF32, {64, 64}), A().offsets({48, 0}));
+  (void)placed;
   Value* a = b.op(OpCode::Load, {y, pid, c0, c0, n, c32, c32}, tile(kBF16, {32, 16}), A().shape({32, 16}).dims({1, 2}));
   Value* bt =
       b.op(OpCode::Load, {y, pid, c0, c0, n, c32, c32}, tile(kBF16, {16, 32}), A().shape({16, 32}).dims({2, 1}));
@@ -637,6 +642,63 @@ TEST_CASE("verifier: shape and reduction rules") {
     Value* t = b.zeros({8});
     check_op_error(b, b.raw(OpCode::Scan, {t}, {t->type}, A().reduce(ReduceKind::max)),
                    "scan: only kind = sum is supported, got max");
+  }
+  SUBCASE("slice past the end of an axis") {
+    Builder b;
+    Value* t = b.zeros({8, 4});
+    check_op_error(b, b.raw(OpCode::Slice, {t}, {tile(kF32, {4, 4})}, A().offsets({6, 0})),
+                   "slice: the slice [4, 4] at offsets [6, 0] does not fit in tile<8x4xf32>: along axis 0 it starts "
+                   "at 6 and has 4 elements, of 8");
+  }
+  SUBCASE("slice offsets for another rank, and a slice that changes the rank") {
+    Builder b;
+    Value* t = b.zeros({8, 4});
+    check_op_error(b, b.raw(OpCode::Slice, {t}, {tile(kF32, {4, 4})}, A().offsets({0})),
+                   "slice: offsets [0] has 1 entries, but tile<8x4xf32> has rank 2");
+    Builder c;
+    Value* u = c.zeros({8, 4});
+    check_op_error(c, c.raw(OpCode::Slice, {u}, {tile(kF32, {4})}, A().offsets({0, 0})),
+                   "slice: result type is tile<4xf32>, expected a tile of rank 2 and dtype f32 (a slice keeps the rank)");
+  }
+  SUBCASE("concat of parts that differ off the axis") {
+    Builder b;
+    Value* x = b.zeros({8, 4});
+    Value* y = b.zeros({8, 2});
+    check_op_error(b, b.raw(OpCode::Concat, {x, y}, {tile(kF32, {16, 4})}, A().axis(0)),
+                   "concat: operand #1 is tile<8x2xf32>, but operand #0 is tile<8x4xf32>: the parts may differ only "
+                   "along axis 0");
+  }
+  SUBCASE("concat of two dtypes, and a wrong joined type") {
+    Builder b;
+    Value* x = b.zeros({8, 4});
+    Value* y = b.zeros({8, 4}, kI32);
+    check_op_error(b, b.raw(OpCode::Concat, {x, y}, {tile(kF32, {8, 8})}, A().axis(1)),
+                   "concat: operand #1 is tile<8x4xi32>, but operand #0 is tile<8x4xf32>: the parts must be tiles of "
+                   "one dtype and rank");
+    Builder c;
+    Value* u = c.zeros({8, 4});
+    check_op_error(c, c.raw(OpCode::Concat, {u, u}, {tile(kF32, {8, 4})}, A().axis(1)),
+                   "concat: result type is tile<8x4xf32>, expected tile<8x8xf32>");
+  }
+  SUBCASE("place of a block that leaves the tile") {
+    Builder b;
+    Value* big = b.zeros({16, 16});
+    Value* blk = b.zeros({8, 8});
+    check_op_error(b, b.raw(OpCode::Place, {big, blk}, {tile(kF32, {16, 16})}, A().offsets({0, 12})),
+                   "place: the block [8, 8] at offsets [0, 12] does not fit in tile<16x16xf32>: along axis 1 it "
+                   "starts at 12 and has 8 elements, of 16");
+  }
+  SUBCASE("place of a block of another dtype, and a place that changes the type") {
+    Builder b;
+    Value* big = b.zeros({16, 16});
+    Value* blk = b.zeros({8, 8}, kI32);
+    check_op_error(b, b.raw(OpCode::Place, {big, blk}, {tile(kF32, {16, 16})}, A().offsets({0, 0})),
+                   "place: the block tile<8x8xi32> and the tile tile<16x16xf32> must have one dtype and rank");
+    Builder c;
+    Value* big2 = c.zeros({16, 16});
+    Value* blk2 = c.zeros({8, 8});
+    check_op_error(c, c.raw(OpCode::Place, {big2, blk2}, {tile(kF32, {8, 8})}, A().offsets({0, 0})),
+                   "place: result type is tile<8x8xf32>, expected tile<16x16xf32>");
   }
   SUBCASE("results with a zero dimension") {
     Builder b;

@@ -172,6 +172,21 @@ Tile expand_dims(const Tile& x, int axis, Loc loc = Loc::current());
 Tile reshape(const Tile& x, std::vector<int64_t> shape, Loc loc = Loc::current());
 Tile transpose(const Tile& x, std::vector<int64_t> perm = {1, 0}, Loc loc = Loc::current());
 
+// Static slicing and assembly: every start, size and offset is a C++ number, fixed when the kernel is
+// recorded. On the GPU none of them goes through global memory: like transpose, each is evaluated where
+// it is used, reading its operands' shared-memory copies (the copies a change of layout makes) or
+// recomputing them (index math such as iota and constants).
+
+/// The `size` elements of `x` from `start` along `axis`; the rank stays: slice(A, 0, 16, 16) is rows
+/// 16..31 of A, slice(slice(A, 0, r, 16), 1, c, 16) its 16x16 block at (r, c).
+Tile slice(const Tile& x, int axis, int64_t start, int64_t size, Loc loc = Loc::current());
+/// The tiles one after another along `axis` (one dtype and rank; the other dims agree):
+/// concat({A, B}, 1) is [A B], concat({A, B}, 0) is A above B.
+Tile concat(const std::vector<Tile>& parts, int axis, Loc loc = Loc::current());
+/// `big` with `block` written over it from `offsets` (one per axis) on: assembles a [64, 64] matrix
+/// from 16x16 blocks, place(M, blk, {16, 32}), without a trip through global memory.
+Tile place(const Tile& big, const Tile& block, std::vector<int64_t> offsets, Loc loc = Loc::current());
+
 // ---- reductions and scans ------------------------------------------------------------------------
 
 Tile sum(const Tile& x, int axis, Loc loc = Loc::current());

@@ -11,7 +11,8 @@ it may include, linac's headers, the compiler, the flags, liblinac), under $LINA
 ops with linac when loaded. Each op becomes a function of its inputs (positional in the op's order, or
 by name) returning its outputs (one tensor, or a tuple in the op's order). An op whose UserOp::backward
 names another op of the file is differentiable: autograd calls that op with the inputs and the outputs'
-gradients ("d" + name) and gets the inputs' gradients ("d" + name).
+gradients ("d" + name) and gets the inputs' gradients ("d" + name). Each op is also the torch.library
+custom op torch.ops.linac_user.<name> (fake implementation, autograd), which torch.compile traces.
 """
 
 import hashlib
@@ -114,19 +115,29 @@ def _raise_load(status, source):
     _lib._raise(status, f"load {source}")
 
 
-class _Op:
-    """One user op as a function of torch tensors."""
+_generations = {}  # op name -> custom ops registered for it (a reloaded file registers another)
 
-    def __init__(self, desc, gradient=None):
+
+def _eager(t):
+    return type(t) in (torch.Tensor, torch.nn.Parameter) and not torch.compiler.is_compiling()
+
+
+class _Op:
+    """One user op as a function of torch tensors: eager calls run it directly; under torch.compile and
+    for tensor subclasses the call goes through a torch.library custom op (torch.ops.linac_user.<name>)
+    with a fake implementation and, when the op has a backward op, registered autograd."""
+
+    def __init__(self, desc):
         self.name = desc["name"]
         self.__doc__ = desc.get("summary", "")
         self.inputs = [a["name"] for a in desc["inputs"]]
         self.required = [a["name"] for a in desc["inputs"] if a["required"]]
         self.outputs = [a["name"] for a in desc["outputs"]]
         self.config = [c["name"] for c in desc["config"]]
-        self.gradient = gradient  # the _Op computing this one's gradients
+        self.gradient = None  # the _Op computing this one's gradients (set by load)
         self._specs = {}
         self._function = None
+        self.custom = self._register()
 
     def __repr__(self):
         return f"<linac user op {self.name}({', '.join(self.inputs)}) -> {', '.join(self.outputs)}>"
@@ -151,10 +162,24 @@ class _Op:
         for name in self.required:
             if name not in named:
                 raise TypeError(f"{self.name}() is missing input '{name}'")
-        return named, config
+        return named, ",".join(f"{k}={v}" for k, v in sorted(config.items()))
 
-    def run(self, named, config):
-        """The op's outputs for {name: tensor} inputs (no autograd)."""
+    def output_specs(self, named, options):
+        """(shape, dtype) of each output for these inputs (tensors of any kind: only shapes are read).
+        Symbolic sizes (torch.compile's dynamic shapes) are made concrete: the op's plan, C++ code, gives
+        output shapes for given sizes only, so a traced call specializes on its inputs' sizes."""
+        names = tuple(n for n in self.inputs if n in named)
+        shapes = [tuple(int(d) for d in named[n].shape) for n in names]
+        key = (names, options, *[(shape, named[n].dtype) for shape, n in zip(shapes, names)])
+        specs = self._specs.get(key)
+        if specs is None:
+            meta = {n: torch.empty(shape, dtype=named[n].dtype, device="meta") for shape, n in zip(shapes, names)}
+            specs = self._specs[key] = [_lib.output_shape(self.name, o, meta, options, shapes_only=True)
+                                        for o in self.outputs]
+        return specs
+
+    def run(self, named, options):
+        """The op's outputs (a tuple) for {name: tensor} inputs, without autograd."""
         names = tuple(n for n in self.inputs if n in named)
         tensors = tuple(named[n].contiguous() for n in names)
         first = tensors[0]
@@ -162,63 +187,105 @@ class _Op:
             if t.device != first.device:
                 raise InvalidCallError(f"{self.name}: '{n}' is on {t.device}, '{names[0]}' on {first.device}; "
                                        f"every tensor must be on one device")
-        options = ",".join(f"{k}={v}" for k, v in sorted(config.items())).encode()
-        key = (names, options, *[(t.shape, t.dtype) for t in tensors])
-        specs = self._specs.get(key)
-        if specs is None:
-            meta = {n: t for n, t in zip(names, tensors)}
-            specs = self._specs[key] = [_lib.output_shape(self.name, o, meta, options.decode(), shapes_only=True)
-                                        for o in self.outputs]
-        outs = tuple(torch.empty(shape, dtype=dtype, device=first.device) for shape, dtype in specs)
-        _lib.run(self.name.encode(), options, names, tensors, tuple(self.outputs), outs)
+        outs = tuple(torch.empty(shape, dtype=dtype, device=first.device)
+                     for shape, dtype in self.output_specs(named, options))
+        _lib.run(self.name.encode(), options.encode(), names, tensors, tuple(self.outputs), outs)
         return outs
 
     def __call__(self, *args, **kwargs):
-        named, config = self._bind(args, kwargs)
+        named, options = self._bind(args, kwargs)
+        if not all(_eager(t) for t in named.values()):
+            outs = self.custom(*[named.get(n) for n in self.inputs], options)
+            return outs
         needs_grad = (self.gradient is not None and torch.is_grad_enabled() and
                       any(t.requires_grad for t in named.values()))
         if needs_grad:
-            outs = self._autograd()(config, *[named.get(n) for n in self.inputs])
+            outs = self._autograd()(options, *[named.get(n) for n in self.inputs])
         else:
-            outs = self.run(named, config)
+            outs = self.run(named, options)
         return outs[0] if len(outs) == 1 else outs
+
+    # --- torch.library ----------------------------------------------------------------------------------
+
+    def _register(self):
+        n = _generations.get(self.name, 0)
+        _generations[self.name] = n + 1
+        qualname = f"linac_user::{self.name}" + (f"_v{n}" if n else "")
+        params = ", ".join(f"Tensor{'' if i in self.required else '?'} {i}" for i in self.inputs)
+        returns = "Tensor" if len(self.outputs) == 1 else f"({', '.join(['Tensor'] * len(self.outputs))})"
+        op = self
+
+        def impl(*args):
+            named = {n: t for n, t in zip(op.inputs, args[:-1]) if t is not None}
+            outs = op.run(named, args[-1])
+            return outs[0] if len(outs) == 1 else outs
+
+        custom = torch.library.custom_op(qualname, impl, mutates_args=(), schema=f"({params}, str config) -> {returns}")
+
+        def fake(*args):
+            named = {n: t for n, t in zip(op.inputs, args[:-1]) if t is not None}
+            first = next(iter(named.values()))
+            outs = tuple(torch.empty(shape, dtype=dtype, device=first.device)
+                         for shape, dtype in op.output_specs(named, args[-1]))
+            return outs[0] if len(outs) == 1 else outs
+
+        custom.register_fake(fake)
+        return custom
+
+    def register_gradient(self, gradient):
+        """Autograd through `gradient` (an _Op of the same file) for eager and traced calls."""
+        self.gradient = gradient
+        op = self
+
+        def setup(ctx, inputs, output):
+            ctx.save_for_backward(*inputs[:-1])
+            ctx.options = inputs[-1]
+            ctx.set_materialize_grads(False)
+
+        def backward(ctx, *grads):
+            return (*op._input_grads(ctx.saved_tensors, grads, ctx.options, traced=True), None)
+
+        self.custom.register_autograd(backward, setup_context=setup)
+
+    def _input_grads(self, inputs, grads, options, traced):
+        """Gradients of the inputs (None where an input is absent or needs none) from the outputs'."""
+        named = {n: t for n, t in zip(self.inputs, inputs) if t is not None}
+        g = self.gradient
+        specs = None
+        for i, (name, grad) in enumerate(zip(self.outputs, grads)):
+            if f"d{name}" not in g.inputs:
+                continue
+            if grad is None:  # an output the loss does not use: a zero gradient
+                specs = specs or self.output_specs(named, options)
+                grad = torch.zeros(specs[i][0], dtype=specs[i][1], device=inputs[0].device)
+            named[f"d{name}"] = grad
+        gin = {n: t for n, t in named.items() if n in g.inputs}
+        if traced:
+            res = g.custom(*[gin.get(n) for n in g.inputs], "")
+            res = (res,) if len(g.outputs) == 1 else res
+        else:
+            res = g.run(gin, "")
+        results = dict(zip(g.outputs, res))
+        return [results.get(f"d{n}") if t is not None and t.requires_grad else None
+                for n, t in zip(self.inputs, inputs)]
 
     def _autograd(self):
         if self._function is None:
             op = self
 
-            def forward(ctx, config, *inputs):
+            def forward(ctx, options, *inputs):
                 named = {n: t for n, t in zip(op.inputs, inputs) if t is not None}
                 ctx.save_for_backward(*inputs)
-                ctx.config = config
+                ctx.options = options
                 ctx.set_materialize_grads(False)
-                return op.run(named, config)
+                return op.run(named, options)
 
             def backward(ctx, *grads):
-                inputs = ctx.saved_tensors
-                named = {n: t for n, t in zip(op.inputs, inputs) if t is not None}
-                g = op.gradient
-                for i, (name, grad) in enumerate(zip(op.outputs, grads)):
-                    if f"d{name}" not in g.inputs:
-                        continue
-                    if grad is None:  # an output the loss does not use: a zero gradient
-                        shape, dtype = op.run_shapes(named, ctx.config)[i]
-                        grad = torch.zeros(shape, dtype=dtype, device=inputs[0].device)
-                    named[f"d{name}"] = grad
-                gin = {n: t for n, t in named.items() if n in g.inputs}
-                results = dict(zip(g.outputs, g.run(gin, {})))
-                return (None, *[results.get(f"d{n}") if t is not None and t.requires_grad else None
-                                for n, t in zip(op.inputs, inputs)])
+                return (None, *op._input_grads(ctx.saved_tensors, grads, ctx.options, traced=False))
 
             self._function = type(f"{self.name}_function", (torch.autograd.Function,),
                                   {"forward": staticmethod(forward), "backward": staticmethod(backward)})
         return self._function.apply
-
-    def run_shapes(self, named, config):
-        names = tuple(n for n in self.inputs if n in named)
-        options = ",".join(f"{k}={v}" for k, v in sorted(config.items()))
-        meta = {n: named[n] for n in names}
-        return [_lib.output_shape(self.name, o, meta, options, shapes_only=True) for o in self.outputs]
 
 
 def load(path, extra_cflags=(), verbose=False):
@@ -248,7 +315,7 @@ def load(path, extra_cflags=(), verbose=False):
             if grad:
                 if grad not in ops:
                     raise InvalidCallError(f"linac.load: op {name}'s backward '{grad}' is not an op of {source}")
-                ops[name].gradient = ops[grad]
+                ops[name].register_gradient(ops[grad])
         module = types.SimpleNamespace(**ops, __file__=str(source), library=key, ops=list(ops))
         _loaded[key] = module
         return module

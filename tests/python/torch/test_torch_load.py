@@ -129,3 +129,19 @@ def test_example_from_python(example, extra):
     out = subprocess.run([sys.executable, str(script), "--device", DEVICE, "--T", "40", "--H", "2", "--K", "32",
                           "--V", "32", *extra], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.rstrip().endswith("ok"), out.stdout + out.stderr
+
+
+def test_load_under_torch_compile(tmp_path, cache):
+    """A user's op inside a compiled function: traced with no graph break (fullgraph), forward and
+    backward through the registered custom op (torch.ops.linac_user.*), and opcheck passes."""
+    mod = linac.load(write(tmp_path, SOURCE.replace("NAME", "fivefold").replace('{"factor", 3.0}', '{"factor", 5.0}')))
+    x = torch.randn(70, device=DEVICE, requires_grad=True)
+
+    def f(x):
+        return mod.fivefold(x * 2, block=32).sum()
+
+    loss = torch.compile(f, fullgraph=True, backend="aot_eager")(x)
+    loss.backward()
+    torch.testing.assert_close(loss, (10 * x).sum())
+    torch.testing.assert_close(x.grad, torch.full_like(x, 10.0))
+    torch.library.opcheck(torch.ops.linac_user.fivefold.default, (torch.randn(33, device=DEVICE), ""))

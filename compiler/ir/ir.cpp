@@ -118,6 +118,40 @@ std::string_view cmp_pred_name(CmpPred p) {
   return names[static_cast<int>(p)];
 }
 
+std::string dsl_spelling(const Op& op) {
+  switch (op.code) {
+    case OpCode::Constant: return "full";
+    case OpCode::Add: return "`+`";
+    case OpCode::Sub: return "`-`";
+    case OpCode::Mul: return "`*`";
+    case OpCode::Div: return "`/`";
+    case OpCode::Rem: return "`%`";
+    case OpCode::Neg: return "unary `-`";
+    case OpCode::Max: return "maximum";
+    case OpCode::Min: return "minimum";
+    case OpCode::And: return "`&`";
+    case OpCode::Or: return "`|`";
+    case OpCode::Not: return "`!`";
+    case OpCode::Cmp: {
+      static constexpr std::string_view ops[] = {"`<`", "`<=`", "`>`", "`>=`", "`==`", "`!=`"};
+      return op.attrs.pred <= CmpPred::ne ? std::string(ops[static_cast<int>(op.attrs.pred)]) : "cmp";
+    }
+    case OpCode::Select: return "where";
+    case OpCode::Splat:
+    case OpCode::Broadcast: return "broadcast_to";
+    case OpCode::Reduce:
+      return op.attrs.reduce <= ReduceKind::min ? std::string(reduce_kind_name(op.attrs.reduce)) : "reduce";
+    case OpCode::Scan: return "cumsum";
+    case OpCode::For: return "for_range";
+    case OpCode::If: return "if_then";
+    case OpCode::Yield: {
+      const Op* owner = op.parent ? op.parent->parent : nullptr;
+      return owner && owner->code == OpCode::If ? "if_then" : "for_range";
+    }
+    default: return std::string(opcode_name(op.code));
+  }
+}
+
 std::string_view reduce_kind_name(ReduceKind r) {
   static constexpr std::string_view names[] = {"sum", "max", "min"};
   return names[static_cast<int>(r)];

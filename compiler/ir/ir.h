@@ -181,6 +181,9 @@ Op* append_op(Kernel& k, Block& block, OpCode code, std::vector<Value*> operands
 std::string_view opcode_name(OpCode c);
 bool parse_opcode(std::string_view s, OpCode* out);
 std::string_view cmp_pred_name(CmpPred p);
+/// How the DSL (dsl/include/linac/dsl.h) spells what made `op`, for messages to its users: "`*`" for
+/// mul, "where" for select, "sum" for a sum reduce, "for_range" for a loop and its yield.
+std::string dsl_spelling(const Op& op);
 std::string_view reduce_kind_name(ReduceKind r);
 
 /// Whether the op is elementwise with operands and result of one shape.

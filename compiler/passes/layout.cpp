@@ -118,6 +118,7 @@ class LayoutAssigner {
   explicit LayoutAssigner(const ir::Kernel& k) : k_(k), num_warps_(k.num_warps) {}
 
   LayoutMap run() {
+    check_ranks(k_.body);
     for (const auto& p : k_.params)
       if (!p.value->type.is_tensor()) out_[p.value] = Layout::uniform();
     assign_block(k_.body);
@@ -141,9 +142,22 @@ class LayoutAssigner {
 
   Layout natural(const ir::Type& t) const {
     if (t.is_scalar()) return Layout::uniform();
-    if (t.rank() > 2)
-      throw UserError(fmt::format("the GPU backend holds tiles of rank 1 or 2; {} has rank {}", t.str(), t.rank()));
+    LINAC_INTERNAL_CHECK(t.rank() <= 2, "a tile of rank > 2 passed check_ranks");
     return blocked_for(t);
+  }
+
+  /// UserError at the line that made the first tile of rank > 2 (in program order): layouts, and
+  /// everything after them, are for ranks 1 and 2.
+  static void check_ranks(const ir::Block& b) {
+    for (const auto& op : b.ops) {
+      for (const ir::Value* v : op->results)
+        if (v->type.is_tile() && v->type.rank() > 2)
+          throw UserError(op->loc, fmt::format("{} makes {}, a tile of rank {}, but the GPU backend holds tiles of "
+                                               "rank 1 or 2 (the interpreter runs any rank): reduce over the third "
+                                               "axis with dot, or walk it with for_range and take",
+                                               ir::dsl_spelling(*op), v->type.str(), v->type.rank()));
+      for (const auto& r : op->regions) check_ranks(*r);
+    }
   }
 
   /// Whether `v` is computed into registers: not index math or a view, which are evaluated in

@@ -67,7 +67,8 @@ using LayoutMap = std::map<const ir::Value*, Layout>;
 /// Assigns layouts: dot results are mma; loads, shape ops, reductions and scans are blocked; scalars
 /// are uniform; elementwise ops take mma if any tile operand is mma, else blocked; loop-carried values
 /// take the layout their yield produces (so the state of a chunk loop stays in the dot's accumulator
-/// layout). Throws UserError for tiles the GPU backend cannot hold (rank > 2).
+/// layout). Throws UserError, at the DSL line that made it, for the first tile the GPU backend
+/// cannot hold (rank > 2).
 LayoutMap assign_layouts(const ir::Kernel& k);
 
 /// The kernel's IR text with each result annotated by its layout (the dump of this pass).

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "linac/dsl.h"
+#include "linac/runtime.h"
 
 using namespace linac;
 using namespace linac::dsl;
@@ -195,4 +196,16 @@ TEST_CASE("error: place with one offset for a 2-D tile") {
   KernelBuilder kb("e");
   Tile big = zeros({32, 32}, DType::f32), blk = zeros({16, 16}, DType::f32);
   expect_user_error([&] { place(big, blk, {16}); }, __LINE__, "offsets [16] has 1 entries");
+}
+
+TEST_CASE("error: a rank-3 tile compiled for the GPU names the line that made it") {
+  KernelBuilder kb("e");
+  Tensor q = kb.tensor("q", DType::f32, 2);
+  Tensor o = kb.tensor("o", DType::f32, 2);
+  Tile Q = load(q, {0, 0}, {16, 32});
+  Tile scores = sum(expand_dims(Q, 1) * expand_dims(Q, 0), 2);  // [16, 16, 32] summed over its last axis
+  const unsigned line = __LINE__ - 1;
+  store(o, {0, 0}, {16, 16}, scores);
+  auto k = kb.finish();  // the interpreter runs any rank
+  expect_user_error([&] { linac::runtime::compile(*k); }, line, "the GPU backend holds tiles of rank 1 or 2");
 }

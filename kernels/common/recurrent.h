@@ -1,20 +1,21 @@
-// The token-by-token (decode) form of the gated linear-attention family (KERNELS.md section 5), what
+// The token-by-token (decode) form of the gated linear-attention family (docs/ops/README.md), what
 // `linac run linear_attn|gla --recurrent` runs: one program per (V block, sequence x head) walks the
 // tokens of its sequence with the state S [BK, BV] in fp32 registers,
 //   S = exp(g_t) S + k_t^T v_t ;  o_t = scale q_t S
 // where exp(g_t) is 1 (no gate), a scalar (linear_attn's per-head gate) or a [K] column of row scales
 // (gla's per-channel gate). Same inputs, outputs and state conventions as the chunked forms, so the
 // two must agree to rounding. Elementwise products and a reduction over K instead of a dot: a
-// one-row dot has no tensor-core shape.
+// one-row dot has no tensor-core shape. The kernel in the DSL; its plan is in recurrent_op.h.
 #pragma once
 #include <memory>
-#include <string>
-#include <utility>
-#include <vector>
 
-#include "kernels/op.h"
+#include "linac/dtype.h"
 
 namespace linac {
+
+namespace ir {
+struct Kernel;
+}
 
 /// How the decay of a token is given.
 enum class RecurrentGate {
@@ -37,16 +38,5 @@ struct RecurrentConfig {
 
 /// Records the recurrent kernel. Parameters: q k v [g] [initial_state] [final_state] [cu_seqlens] o scale.
 std::shared_ptr<ir::Kernel> build_recurrent_fwd(const RecurrentConfig& cfg);
-
-/// prepare() of `op` under --recurrent. The op's g, when given, has the shape `gate` implies
-/// (RecurrentGate::none: the op takes no g); `gate_required` makes g mandatory. `config_keys` are
-/// the op's tuning keys (all accepted; bv and warps apply here).
-OpPlan plan_recurrent(const std::string& op, RecurrentGate gate, bool gate_required,
-                      const std::vector<std::pair<std::string, std::string>>& config_keys, const TensorMap& inputs,
-                      const OpOptions& opts, const std::vector<std::string>& wanted);
-
-/// The recurrent kernel for K = V = 64 with the given gate, initial and final state, at opts.dtype and
-/// opts.config (for OpDef::kernels).
-std::vector<std::shared_ptr<ir::Kernel>> recurrent_kernels(const OpOptions& opts, RecurrentGate gate);
 
 }  // namespace linac

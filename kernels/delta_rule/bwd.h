@@ -1,6 +1,6 @@
 // DeltaNet and gated DeltaNet backward in chunks: the UT transform recomputed, a forward walk storing the state
 // before each chunk, a reverse walk storing the state gradient after each chunk, then every chunk's
-// gradients in parallel (the equations are at the top of delta_rule_chunked_bwd.cpp). Memory: the
+// gradients in parallel (the equations are at the top of bwd.cpp). Memory: the
 // per-chunk states, 2 * T*K*V/chunk elements in the input dtype, plus O(T*D) scratch: linear in T.
 #pragma once
 #include <cstdint>

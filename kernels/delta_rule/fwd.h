@@ -11,7 +11,7 @@
 //   2. delta_rule_fwd, one program per (V block, sequence x head), walking the chunks in order with the
 //      state in registers: V_new = U - W S, the output and the state update (the schedule of
 //      linear_attn's fused chunk kernel).
-// The recurrent form (--recurrent, delta_rule_recurrent.cpp) walks the tokens one by one.
+// The recurrent form (--recurrent, recurrent.cpp) walks the tokens one by one.
 #pragma once
 #include <memory>
 

@@ -103,7 +103,7 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
 
   // Saving for the backward (any saved_* output wanted): delta_rule_wy also stores T and the walk the
   // state before each chunk and V_new; with W these are what the backward would recompute
-  // (delta_rule_chunked_bwd.h). At the backward's chunk unless one is asked for.
+  // (bwd.h). At the backward's chunk unless one is asked for.
   bool save = false;
   for (const auto& t : delta_saved_tensors()) save = save || wants(wanted, t.name);
   if (save && opts.recurrent) throw UserError(fmt::format("{}: saved_* outputs come from the chunked form, not --recurrent", name));

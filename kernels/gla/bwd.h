@@ -1,4 +1,4 @@
-// GLA backward in chunks (the equations are at the top of gla_chunked_bwd.cpp): an intra-chunk
+// GLA backward in chunks (the equations are at the top of bwd.cpp): an intra-chunk
 // kernel over every chunk in parallel, walks shaped like the forward (dq forward in time; dk and dv
 // backward, in one walk where the state is whole) that recompute the state rather than store it, and a dg walk. Memory O(T*D).
 #pragma once
@@ -28,7 +28,7 @@ struct GlaChunkedBwdConfig {
   int intra_warps = 4;   // of gla_bwd_intra
   bool take = true;      // gla_bwd_intra picks dA's entries with take (false: masked row sums)
   bool fuse_dkdv = true; // one walk for dk and dv where both blocks are whole (false: two walks)
-  // The split schedule (gla_split_bwd.h; dense inputs): state passes in blocks of state_block_k x
+  // The split schedule (split_bwd.h; dense inputs): state passes in blocks of state_block_k x
   // state_block_v, then every chunk's gradients in parallel.
   bool split = false;
   int64_t state_block_k = 32;

@@ -5,7 +5,7 @@
 // all sub-chunks); then either gla_fwd walks the chunks with the state in registers, the off-diagonal
 // sub-chunk blocks on tensor cores (the default), or (config split=1, dense inputs) a state pass stores
 // the state before every chunk (kernels/gla/split_bwd.h) and gla_out computes all chunks' outputs in
-// parallel. The backward (--backward) is in gla_bwd.h.
+// parallel. The backward (--backward) is in bwd.h, its plans in op_bwd.cpp.
 #pragma once
 #include <memory>
 
@@ -24,7 +24,7 @@ inline constexpr int kGlaSubChunk = 16;
 inline constexpr double kGlaFactorSpread = 60.0;
 
 /// Compile-time configuration of the chunked forward kernels. Every field specializes the kernel.
-/// (The op's defaults depend on the head dims: see gla_config in gla.cpp.)
+/// (The op's defaults depend on the head dims: see gla_config in op.cpp.)
 struct GlaConfig {
   DType dtype = DType::f32;  // q, k, v and o (g and the states are fp32)
   int chunk = 16;            // BT: rows per chunk, a multiple of kGlaSubChunk (16: no off-diagonal blocks)

@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "kernels/common/op_support.h"
-#include "kernels/common/recurrent.h"
+#include "kernels/common/recurrent_op.h"
 #include "kernels/gla/fwd.h"
 #include "kernels/gla/split_bwd.h"
 #include "linac/error.h"
@@ -206,13 +206,13 @@ OpDef gla_op() {
   op.bwd_tuning_space = [](const ProblemShape& s, DType) {
     // The chunked backward's chunk, column blocks and warps: the default (16-bit: chunk 16, whole
     // 128-column blocks, 8 warps) and the runners-up on an H200 at B8 T4096 H16 D128 (see configure in
-    // gla_chunked_bwd.cpp); intra with 8 warps was slower there (4.03 vs 2.96 ms).
+    // op_bwd.cpp); intra with 8 warps was slower there (4.03 vs 2.96 ms).
     // take=0 (masked row sums in gla_bwd_intra) was 0.34 ms slower, so it is not offered.
     std::vector<Config> space{{},
                               {{"chunk", 16}, {"bk", 64}, {"bv", 64}, {"warps", 4}},
                               {{"chunk", 32}, {"bk", 64}, {"bv", 64}, {"warps", 8}}};
     // Both schedules where few walks leave SMs idle (head dims up to 128; the default picks by shape,
-    // see split_by_default in gla_chunked_bwd.cpp). gla_bwd_inter at 4 warps was 2.7x slower.
+    // see split_by_default in op_bwd.cpp). gla_bwd_inter at 4 warps was 2.7x slower.
     if (s.B * s.H <= kGlaBwdSplitHeads && std::max(s.K, s.V) <= 128) {
       space.push_back({{"split", 1}});
       space.push_back({{"split", 0}});

@@ -23,7 +23,7 @@ constexpr int64_t kDgFinalColumns = 32;  // value columns per step of its final-
 //   gla_bwd_states:            h[c] = S before chunk c,     S' = diag(exp(tot)) S + Kd^T V
 //   gla_bwd_dstates (reverse): dh[c] = dS' after chunk c,   dS = diag(exp(tot)) dS' + scale Qd^T dO
 // and gla_bwd_inter computes every chunk's gradients in parallel from h and dh (gla_bwd_intra's parts
-// added; equations at the top of gla_chunked_bwd.cpp):
+// added; equations at the top of bwd.cpp):
 //   dQ = scale (dO S^T) .* exp(L) + dQi,  dK = (V dS'^T) .* exp(R) + dKi,  dV = (K .* exp(R)) dS' + dVi
 // dg's suffix sums: gla_bwd_inter stores each chunk's own (and its total), gla_bwd_dg_offsets sums the
 // later chunks' totals for every chunk (a walk over blocks of 64 chunks per head), gla_bwd_dg_add adds

@@ -1,7 +1,7 @@
 // GLA backward, split schedule (--backward --config split=1, dense inputs): the state recurrences walk
 // alone in key x value blocks, storing the state before and its gradient after every chunk; then every
 // chunk's gradients are computed in parallel. For few sequences x heads at long T, where the walks of the
-// default schedule leave SMs idle. The equations are at the top of gla_split_bwd.cpp.
+// default schedule leave SMs idle. The equations are at the top of split_bwd.cpp.
 #pragma once
 #include <memory>
 

@@ -10,7 +10,7 @@
 #include "kernels/common/elementwise.h"
 #include "kernels/common/noise_dropout.h"
 #include "kernels/common/op_support.h"
-#include "kernels/common/recurrent.h"
+#include "kernels/common/recurrent_op.h"
 #include "kernels/linear_attn/fwd.h"
 #include "kernels/linear_attn/normalized.h"
 #include "linac/error.h"
@@ -229,7 +229,7 @@ OpDef linear_attn_op() {
     return space;
   };
   op.bwd_tuning_space = [](const ProblemShape& s, DType dt) {
-    // The default first (from the H200 sweep in linear_attn_bwd.cpp), then that sweep's other
+    // The default first (from the H200 sweep in op_bwd.cpp), then that sweep's other
     // contenders; fp32 tiles are twice as large, so only its smaller configurations fit. Column blocks
     // are capped at the padded head dims (candidates that become equal are listed once).
     std::vector<Config> wanted =
@@ -254,7 +254,7 @@ OpDef linear_attn_op() {
       if (std::find(space.begin(), space.end(), c) == space.end()) space.push_back(c);
     }
     // The split schedule (plain form, head dims up to 128): the state passes in blocks, every chunk's
-    // gradients in parallel (linear_attn_split_bwd.h).
+    // gradients in parallel (split_bwd.h).
     if (!s.gated && s.B * s.H <= 64 && std::max(s.K, s.V) <= 128) space.push_back({{"split", 1}});
     return space;
   };

@@ -90,7 +90,7 @@ const std::vector<std::pair<std::string, std::string>>& linear_attn_bwd_config_k
 
 namespace {
 
-/// The split schedule's plan (linear_attn_split_bwd.h): dense inputs, plain form.
+/// The split schedule's plan (split_bwd.h): dense inputs, plain form.
 OpPlan plan_split_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted,
                       const SequenceLayout& seq, const LinearAttnBwdConfig& walks, double scale) {
   LinearAttnSplitBwdConfig cfg;

@@ -11,7 +11,7 @@ using namespace dsl;
 // the state before a chunk, S' = S + K^T V after it, dS' = dL/dS' (dfinal_state after the last chunk),
 // M the causal mask (r >= c), A = scale (Q K^T) .* M, dA = scale (dO V^T) .* M:
 //   dQ = scale dO S^T + dA K,   dK = V dS'^T + dA^T Q,   dV = K dS' + A^T dO,   dS = dS' + scale Q^T dO
-// The default walks (linear_attn_bwd.cpp) carry S or dS' through every chunk, three walks of a column
+// The default walks (bwd.cpp) carry S or dS' through every chunk, three walks of a column
 // block each; with few sequences x heads most SMs idle and the chain of products per chunk sets the time
 // (B2 T16384 H16 D128 bf16 on an H200: 0.64 ms per walk, 1.93 ms). Here the walks only add one product
 // per chunk, in key x value blocks (many programs), storing S and dS' per chunk (h, dh [B, NT, H, K, V]

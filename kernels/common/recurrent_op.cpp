@@ -1,0 +1,87 @@
+#include "kernels/common/recurrent_op.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+
+#include "kernels/common/op_support.h"
+#include "linac/error.h"
+
+namespace linac {
+
+namespace {
+
+/// Kernels are recorded once per configuration and shared (the IR is immutable once built).
+std::shared_ptr<ir::Kernel> cached_recurrent_fwd(const RecurrentConfig& cfg) {
+  static KernelMemo memo;
+  std::string key = fmt::format("{}/{}/{}/{}/{}{}{}/{}", dtype_name(cfg.dtype), cfg.block_k, cfg.block_v,
+                                static_cast<int>(cfg.gate), cfg.initial_state, cfg.final_state, cfg.varlen,
+                                cfg.num_warps);
+  return memo.get(key, [&] { return build_recurrent_fwd(cfg); });
+}
+
+/// dtype, tiles and warps for head dims K and V (opts.config's bv and warps override the defaults).
+RecurrentConfig recurrent_config(const OpOptions& opts, int64_t K, int64_t V) {
+  RecurrentConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = padded_head_dim(K);
+  // S lives in registers: at most 8192 fp32 elements per program (64 per thread at 4 warps); narrow
+  // value blocks also mean more programs for the few sequences of a decode step.
+  int64_t bv = std::min<int64_t>(padded_head_dim(V), 64);
+  while (bv > 16 && cfg.block_k * bv > 8192) bv /= 2;
+  cfg.block_v = static_cast<int>(config_value(opts, "bv", bv, {16, 32, 64, 128, 256}));
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 4, {2, 4, 8}));
+  return cfg;
+}
+
+}  // namespace
+
+OpPlan plan_recurrent(const std::string& op, RecurrentGate gate, bool gate_required,
+                      const std::vector<std::pair<std::string, std::string>>& config_keys, const TensorMap& inputs,
+                      const OpOptions& opts, const std::vector<std::string>& wanted) {
+  SequenceLayout seq = check_qkv_inputs(op, inputs);
+  const bool gated = inputs.count("g") > 0;
+  if (gate_required && !gated) throw UserError(fmt::format("{}: missing input 'g'", op));
+  if (gated && gate == RecurrentGate::none) throw UserError(fmt::format("{} takes no input 'g'", op));
+  if (gated && gate == RecurrentGate::scalar) check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H});
+  if (gated && gate == RecurrentGate::channel) check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H, seq.K});
+  const bool has_h0 = inputs.count("initial_state") > 0;
+  if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
+
+  check_config_keys(op, opts, config_keys);
+  RecurrentConfig cfg = recurrent_config(opts, seq.K, seq.V);
+  cfg.gate = gated ? gate : RecurrentGate::none;
+  cfg.initial_state = has_h0;
+  cfg.final_state = wants(wanted, "final_state");
+  cfg.varlen = seq.varlen;
+
+  OpPlan plan;
+  for (const char* name : {"q", "k", "v"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
+  plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  KernelLaunch launch;
+  launch.kernel = cached_recurrent_fwd(cfg);
+  launch.grid = {(seq.V + cfg.block_v - 1) / cfg.block_v, seq.N * seq.H, 1};
+  for (const char* name : {"q", "k", "v", "o"}) launch.tensors[name] = name;
+  launch.scalars["scale"] = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32), launch.tensors["g"] = "g";
+  if (has_h0)
+    plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32),
+    launch.tensors["initial_state"] = "initial_state";
+  if (cfg.final_state)
+    plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V}),
+    launch.tensors["final_state"] = "final_state";
+  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens, launch.tensors["cu_seqlens"] = "cu_seqlens";
+  plan.launches.push_back(std::move(launch));
+  if (wants(wanted, "o")) plan.outputs["o"] = "o";
+  if (cfg.final_state) plan.outputs["final_state"] = "final_state";
+  return plan;
+}
+
+std::vector<std::shared_ptr<ir::Kernel>> recurrent_kernels(const OpOptions& opts, RecurrentGate gate) {
+  RecurrentConfig cfg = recurrent_config(opts, 64, 64);
+  cfg.gate = gate;
+  cfg.initial_state = cfg.final_state = true;
+  return {cached_recurrent_fwd(cfg)};
+}
+
+}  // namespace linac

@@ -118,8 +118,8 @@ std::string_view cmp_pred_name(CmpPred p) {
   return names[static_cast<int>(p)];
 }
 
-std::string dsl_spelling(const Op& op) {
-  switch (op.code) {
+std::string dsl_spelling(OpCode c) {
+  switch (c) {
     case OpCode::Constant: return "full";
     case OpCode::Add: return "`+`";
     case OpCode::Sub: return "`-`";
@@ -132,23 +132,31 @@ std::string dsl_spelling(const Op& op) {
     case OpCode::And: return "`&`";
     case OpCode::Or: return "`|`";
     case OpCode::Not: return "`!`";
-    case OpCode::Cmp: {
-      static constexpr std::string_view ops[] = {"`<`", "`<=`", "`>`", "`>=`", "`==`", "`!=`"};
-      return op.attrs.pred <= CmpPred::ne ? std::string(ops[static_cast<int>(op.attrs.pred)]) : "cmp";
-    }
+    case OpCode::Cmp: return "comparison";
     case OpCode::Select: return "where";
     case OpCode::Splat:
     case OpCode::Broadcast: return "broadcast_to";
-    case OpCode::Reduce:
-      return op.attrs.reduce <= ReduceKind::min ? std::string(reduce_kind_name(op.attrs.reduce)) : "reduce";
+    case OpCode::Reduce: return "sum/max/min";
     case OpCode::Scan: return "cumsum";
     case OpCode::For: return "for_range";
     case OpCode::If: return "if_then";
+    default: return std::string(opcode_name(c));
+  }
+}
+
+std::string dsl_spelling(const Op& op) {
+  switch (op.code) {
+    case OpCode::Cmp: {
+      static constexpr std::string_view ops[] = {"`<`", "`<=`", "`>`", "`>=`", "`==`", "`!=`"};
+      return op.attrs.pred <= CmpPred::ne ? std::string(ops[static_cast<int>(op.attrs.pred)]) : "comparison";
+    }
+    case OpCode::Reduce:
+      return op.attrs.reduce <= ReduceKind::min ? std::string(reduce_kind_name(op.attrs.reduce)) : "sum/max/min";
     case OpCode::Yield: {
       const Op* owner = op.parent ? op.parent->parent : nullptr;
       return owner && owner->code == OpCode::If ? "if_then" : "for_range";
     }
-    default: return std::string(opcode_name(op.code));
+    default: return dsl_spelling(op.code);
   }
 }
 

@@ -184,6 +184,8 @@ std::string_view cmp_pred_name(CmpPred p);
 /// How the DSL (dsl/include/linac/dsl.h) spells what made `op`, for messages to its users: "`*`" for
 /// mul, "where" for select, "sum" for a sum reduce, "for_range" for a loop and its yield.
 std::string dsl_spelling(const Op& op);
+/// The same for an opcode alone (cmp: "comparison", reduce: "sum/max/min", yield: "yield").
+std::string dsl_spelling(OpCode c);
 std::string_view reduce_kind_name(ReduceKind r);
 
 /// Whether the op is elementwise with operands and result of one shape.

@@ -61,10 +61,15 @@ bool is_dot_dtype(DType d) {
   return d == DType::f16 || d == DType::bf16 || d == DType::f32;
 }
 
+// An op named for an error message.
+std::string op_name(const Op& op, Spelling spelling) {
+  return spelling == Spelling::dsl ? dsl_spelling(op) : std::string(opcode_name(op.code));
+}
+
 // A value named for an error message; values have no stable text name outside the printer.
-std::string describe(const Value* v) {
-  if (v->def) return fmt::format("the result of {} at {}", opcode_name(v->def->code), v->def->loc.str());
-  if (v->owner && v->owner->parent) return fmt::format("an argument of a {} body", opcode_name(v->owner->parent->code));
+std::string describe(const Value* v, Spelling spelling) {
+  if (v->def) return fmt::format("the result of {} at {}", op_name(*v->def, spelling), v->def->loc.str());
+  if (v->owner && v->owner->parent) return fmt::format("an argument of a {} body", op_name(*v->owner->parent, spelling));
   if (!v->name.empty()) return "%" + v->name;
   return "a value with no definition";
 }
@@ -72,7 +77,7 @@ std::string describe(const Value* v) {
 /// Checks the typing rules of one op.
 class OpChecker {
  public:
-  explicit OpChecker(const Op& op) : op_(op), name_(opcode_name(op.code)) {}
+  OpChecker(const Op& op, Spelling spelling) : op_(op), spelling_(spelling), name_(op_name(op, spelling)) {}
 
   void run() {
     check_common();
@@ -271,7 +276,8 @@ class OpChecker {
       case OpCode::Min:
         break;
       default:
-        if (d == DType::i1) fail("operands are i1; arithmetic needs numbers (use and/or/not on i1)");
+        if (d == DType::i1)
+          fail("operands are i1; arithmetic needs numbers (use {} on i1)", spell("and/or/not", "`&`, `|` and `!`"));
         break;
     }
     expect_result(a);
@@ -287,7 +293,7 @@ class OpChecker {
         break;
       case OpCode::Neg:
       case OpCode::Abs:
-        if (a.dtype == DType::i1) fail("the operand is i1; use not on i1");
+        if (a.dtype == DType::i1) fail("the operand is i1; use {} on i1", spell("not", "`!`"));
         break;
       default:
         if (!is_float(a.dtype)) fail("the operand must be a float, got {} (cast it first)", a.str());
@@ -638,14 +644,20 @@ class OpChecker {
     if (!owner || (owner->code != OpCode::For && owner->code != OpCode::If))
       fail("only allowed as the last op of a for or if body");
     if (b->ops.empty() || b->ops.back().get() != &op_)
-      fail("must be the last op of its {} body", opcode_name(owner->code));
+      fail("must be the last op of its {} body", op_name(*owner, spelling_));
     size_t region = 0;
     while (region < owner->regions.size() && owner->regions[region].get() != b) ++region;
     check_yield(*owner, op_, region);
   }
 
+  // The word for `ir_word` in this spelling ("and" is "`&`" in the DSL).
+  std::string_view spell(std::string_view ir_word, std::string_view dsl_word) const {
+    return spelling_ == Spelling::dsl ? dsl_word : ir_word;
+  }
+
   const Op& op_;
-  std::string_view name_;
+  Spelling spelling_;
+  std::string name_;
 };
 
 [[noreturn]] void fail_header(const Kernel& k, const std::string& msg) {
@@ -685,6 +697,8 @@ void check_header(const Kernel& k) {
 /// earlier in its block or in an enclosing block, as block arguments or op results.
 class Walker {
  public:
+  explicit Walker(Spelling spelling) : spelling_(spelling) {}
+
   void run(const Kernel& k) {
     check_header(k);
     for (const Value* a : k.body.args) visible_.insert(a);
@@ -714,9 +728,9 @@ class Walker {
         if (v && !visible_.count(v))
           throw Finding{op.get(), fmt::format("{}: operand #{} ({}) is not defined before this op in an "
                                               "enclosing scope{}",
-                                              opcode_name(op->code), i, describe(v), scope_hint(v))};
+                                              op_name(*op, spelling_), i, describe(v, spelling_), scope_hint(v))};
       }
-      OpChecker(*op).run();
+      OpChecker(*op, spelling_).run();
       for (const auto& r : op->regions) {
         LINAC_INTERNAL_CHECK(r->parent == op.get(), "a region's Block::parent is not its op");
         for (const Value* a : r->args) visible_.insert(a);
@@ -725,37 +739,42 @@ class Walker {
       }
       for (const Value* v : op->results) {
         if (!visible_.insert(v).second)
-          throw Finding{op.get(), fmt::format("{}: defines a value that is already defined", opcode_name(op->code))};
+          throw Finding{op.get(), fmt::format("{}: defines a value that is already defined", op_name(*op, spelling_))};
         defined.push_back(v);
       }
     }
     for (const Value* v : defined) visible_.erase(v);
   }
 
+  Spelling spelling_;
   std::unordered_set<const Value*> visible_;
 };
 
 }  // namespace
 
-void verify_op(const Op& op) {
+void verify_op(const Op& op, Spelling spelling) {
   try {
-    OpChecker(op).run();
+    OpChecker(op, spelling).run();
   } catch (const Finding& f) {
     throw UserError(op.loc, f.message);
   }
 }
 
-std::optional<Diagnostic> find_error(const Kernel& k) {
+namespace {
+std::optional<Diagnostic> first_error(const Kernel& k, Spelling spelling) {
   try {
-    Walker().run(k);
+    Walker(spelling).run(k);
   } catch (const Finding& f) {
     return Diagnostic{f.op, f.message};
   }
   return std::nullopt;
 }
+}  // namespace
 
-void verify(const Kernel& k) {
-  if (auto d = find_error(k)) throw UserError(d->op ? d->op->loc : k.loc, d->message);
+std::optional<Diagnostic> find_error(const Kernel& k) { return first_error(k, Spelling::ir); }
+
+void verify(const Kernel& k, Spelling spelling) {
+  if (auto d = first_error(k, spelling)) throw UserError(d->op ? d->op->loc : k.loc, d->message);
 }
 
 }  // namespace linac::ir

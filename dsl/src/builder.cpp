@@ -1,6 +1,8 @@
 // KernelBuilder, the thread's recording context, and structured control flow (for, if).
 #include <fmt/format.h>
 
+#include <atomic>
+
 #include "compiler/ir/verifier.h"
 #include "dsl/src/context.h"
 
@@ -8,6 +10,43 @@ namespace linac::dsl {
 
 namespace {
 thread_local std::vector<KernelBuilder::Impl*> t_builders;
+std::atomic<uint64_t> g_next_builder_id{1};
+
+/// The live builder of this thread with serial number `id`, or null.
+KernelBuilder::Impl* find_builder(uint64_t id) {
+  for (KernelBuilder::Impl* b : t_builders)
+    if (b->id == id) return b;
+  return nullptr;
+}
+
+uint64_t innermost_builder_id() { return t_builders.empty() ? 0 : t_builders.back()->id; }
+
+/// UserError at `loc` unless the handle (a Tile or Tensor named `what`) is set and its builder is
+/// alive on this thread; returns that builder.
+KernelBuilder::Impl& owner(ir::Value* v, uint64_t builder, const Loc& loc, const char* what, const char* kind) {
+  const std::string subject = what ? fmt::format("{} is a", what) : "this is a";
+  if (!v) throw UserError(SourceLoc::from(loc), fmt::format("{}n empty {} (never assigned a value)", subject, kind));
+  KernelBuilder::Impl* b = find_builder(builder);
+  if (!b)
+    throw UserError(SourceLoc::from(loc),
+                    fmt::format("{} {} whose KernelBuilder is gone (or records on another thread): a {} is usable "
+                                "only while the KernelBuilder that made it is alive",
+                                subject, kind, kind));
+  return *b;
+}
+
+/// owner(), and that owner must be the builder recording now.
+ir::Value* use_in_current(ir::Value* v, uint64_t builder, const Loc& loc, const char* what, const char* kind) {
+  KernelBuilder::Impl& mine = owner(v, builder, loc, what, kind);
+  KernelBuilder::Impl& now = detail::current(loc);
+  if (&mine != &now)
+    throw UserError(SourceLoc::from(loc),
+                    fmt::format("{} is a {} of kernel '{}' (KernelBuilder at {}), used in kernel '{}' (KernelBuilder "
+                                "at {}): a {} belongs to the kernel that made it",
+                                what, kind, mine.kernel->name, mine.kernel->loc.str(), now.kernel->name,
+                                now.kernel->loc.str(), kind));
+  return v;
+}
 
 /// Makes `block` the insertion point for the lifetime of the guard, even when the body throws.
 class BlockScope {
@@ -35,7 +74,7 @@ ir::Op* emit(ir::OpCode code, std::vector<ir::Value*> operands, std::vector<ir::
   auto& b = current(loc);
   ir::Op* op = ir::append_op(*b.kernel, *b.blocks.back(), code, std::move(operands),
                              std::move(result_types), std::move(attrs), SourceLoc::from(loc));
-  if (code != ir::OpCode::For && code != ir::OpCode::If && code != ir::OpCode::Yield) ir::verify_op(*op);
+  if (code != ir::OpCode::For && code != ir::OpCode::If && code != ir::OpCode::Yield) ir::verify_op(*op, ir::Spelling::dsl);
   return op;
 }
 
@@ -58,8 +97,20 @@ Tile materialize(const Operand& o, DType t) {
 }
 
 ir::Value* use(const Tile& t, const Loc& loc, const char* what) {
-  if (!t.valid())
-    throw UserError(SourceLoc::from(loc), fmt::format("{} is an empty Tile (never assigned a value)", what));
+  return use_in_current(t.value(), t.builder(), loc, what, "Tile");
+}
+
+ir::Value* use(const Tensor& t, const Loc& loc, const char* what) {
+  return use_in_current(t.value(), t.builder(), loc, what, "Tensor");
+}
+
+ir::Value* inspect(const Tile& t, const Loc& loc) {
+  owner(t.value(), t.builder(), loc, nullptr, "Tile");
+  return t.value();
+}
+
+ir::Value* inspect(const Tensor& t, const Loc& loc) {
+  owner(t.value(), t.builder(), loc, nullptr, "Tensor");
   return t.value();
 }
 
@@ -101,7 +152,7 @@ void for_range(const Operand& lo, const Operand& hi, const std::function<void(Ti
     emit(ir::OpCode::Yield, yielded, {}, {}, loc);
   }
   for (size_t i = 0; i < carried.size(); ++i) *carried[i] = Tile(op->results[i]);
-  ir::verify_op(*op);
+  ir::verify_op(*op, ir::Spelling::dsl);
 }
 
 void if_then_else(const Operand& cond, const std::function<void()>& then_body,
@@ -132,12 +183,17 @@ void if_then_else(const Operand& cond, const std::function<void()>& then_body,
   run_branch(&then_body);
   run_branch(else_body);
   for (size_t i = 0; i < carried.size(); ++i) *carried[i] = Tile(op->results[i]);
-  ir::verify_op(*op);
+  ir::verify_op(*op, ir::Spelling::dsl);
 }
 
 }  // namespace detail
 
+Tile::Tile(ir::Value* v) : v_(v), builder_(v ? innermost_builder_id() : 0) {}
+
+Tensor::Tensor(ir::Value* v) : v_(v), builder_(v ? innermost_builder_id() : 0) {}
+
 KernelBuilder::KernelBuilder(std::string name, Loc loc) : impl_(std::make_unique<Impl>()) {
+  impl_->id = g_next_builder_id++;
   impl_->kernel = std::make_shared<ir::Kernel>();
   impl_->kernel->name = std::move(name);
   impl_->kernel->loc = SourceLoc::from(loc);
@@ -155,7 +211,7 @@ Tensor KernelBuilder::tensor(std::string name, DType dtype, int rank, Loc loc) {
     throw UserError(SourceLoc::from(loc), fmt::format("tensor '{}' must have rank 1..8, got {}", name, rank));
   if (impl_->kernel->find_param(name))
     throw UserError(SourceLoc::from(loc), fmt::format("parameter '{}' is declared twice", name));
-  return Tensor(impl_->kernel->add_param(std::move(name), ir::Type::tensor(dtype, rank)));
+  return Tensor(impl_->kernel->add_param(std::move(name), ir::Type::tensor(dtype, rank)), impl_->id);
 }
 
 Tile KernelBuilder::scalar(std::string name, DType dtype, Loc loc) {
@@ -163,7 +219,7 @@ Tile KernelBuilder::scalar(std::string name, DType dtype, Loc loc) {
     throw UserError(SourceLoc::from(loc), fmt::format("scalar parameter '{}' cannot be i1", name));
   if (impl_->kernel->find_param(name))
     throw UserError(SourceLoc::from(loc), fmt::format("parameter '{}' is declared twice", name));
-  return Tile(impl_->kernel->add_param(std::move(name), ir::Type::scalar(dtype)));
+  return Tile(impl_->kernel->add_param(std::move(name), ir::Type::scalar(dtype)), impl_->id);
 }
 
 void KernelBuilder::set_num_warps(int n) { impl_->kernel->num_warps = n; }
@@ -174,7 +230,7 @@ void KernelBuilder::set_tensor_core_f32(bool on) { impl_->kernel->tensor_core_f3
 std::shared_ptr<ir::Kernel> KernelBuilder::finish() {
   if (impl_->finished) throw UserError(impl_->kernel->loc, "KernelBuilder::finish called twice");
   impl_->finished = true;
-  ir::verify(*impl_->kernel);
+  ir::verify(*impl_->kernel, ir::Spelling::dsl);
   return impl_->kernel;
 }
 

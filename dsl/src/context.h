@@ -12,6 +12,7 @@ struct KernelBuilder::Impl {
   std::shared_ptr<ir::Kernel> kernel;
   std::vector<ir::Block*> blocks;  // innermost block last: where new ops go
   bool finished = false;
+  uint64_t id = 0;  // serial number, unique in the process: what Tiles and Tensors name their builder by
 };
 
 namespace detail {
@@ -29,8 +30,15 @@ inline ir::Value* emit1(ir::OpCode code, std::vector<ir::Value*> operands, ir::T
 Tile make_constant(double value, DType t, const Loc& loc);
 /// An operand as a scalar of dtype `t` when it is a number, else its tile unchanged.
 Tile materialize(const Operand& o, DType t);
-/// A tile's value, or UserError at `loc` if the Tile handle is empty (default-constructed).
+/// A tile's value as an operand of the op being recorded. UserError at `loc` if the Tile is empty
+/// (default-constructed), its builder is gone, or it belongs to another builder than the current one.
 ir::Value* use(const Tile& t, const Loc& loc, const char* what);
+/// A tensor's value, checked as use() checks a Tile.
+ir::Value* use(const Tensor& t, const Loc& loc, const char* what);
+/// A tile's value for reading its type: its builder must be alive (it may be finished or not the
+/// innermost one). UserError at `loc` otherwise.
+ir::Value* inspect(const Tile& t, const Loc& loc);
+ir::Value* inspect(const Tensor& t, const Loc& loc);
 
 }  // namespace detail
 }  // namespace linac::dsl

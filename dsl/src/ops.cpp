@@ -52,21 +52,25 @@ std::vector<int64_t> broadcast_shapes(const Type& a, const Type& b, const Loc& l
   return out;
 }
 
+constexpr const char* kOperandNames[] = {"operand #0", "operand #1", "operand #2", "an operand"};
+
 /// Brings operands to one shape; numbers become constants of the tiles' dtype.
 std::vector<Tile> unify(std::vector<Operand> ops, const Loc& loc, DType number_dtype_default) {
   // Numbers take the dtype of the first tile that is not i1 (select's condition is not a candidate).
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (!ops[i].is_number) use(ops[i].tile, loc, ops.size() == 1 ? "the operand" : kOperandNames[std::min<size_t>(i, 3)]);
   DType dt = number_dtype_default;
   bool found = false;
   for (auto& o : ops)
-    if (!o.is_number && o.tile.valid() && o.tile.dtype() != DType::i1) {
-      dt = o.tile.dtype();
+    if (!o.is_number && o.tile.value()->type.dtype != DType::i1) {
+      dt = o.tile.value()->type.dtype;
       found = true;
       break;
     }
   if (!found)
     for (auto& o : ops)
-      if (!o.is_number && o.tile.valid()) {
-        dt = o.tile.dtype();
+      if (!o.is_number) {
+        dt = o.tile.value()->type.dtype;
         break;
       }
   std::vector<Tile> tiles;
@@ -86,8 +90,7 @@ const Loc& loc_of(const Operand& a, const Operand& b) { return a.is_number ? b.l
 Tile binary(OpCode code, const Operand& a, const Operand& b) {
   const Loc& loc = loc_of(a, b);
   if (a.is_number && b.is_number)
-    throw UserError(sl(loc), fmt::format("{}: both operands are C++ numbers; compute it in C++",
-                                         ir::opcode_name(code)));
+    throw UserError(sl(loc), fmt::format("{}: both operands are C++ numbers; compute it in C++", ir::dsl_spelling(code)));
   auto t = unify({a, b}, loc, DType::f32);
   const Type& ty = t[0].value()->type;
   return Tile(emit1(code, {t[0].value(), t[1].value()}, ty, {}, loc));
@@ -95,7 +98,12 @@ Tile binary(OpCode code, const Operand& a, const Operand& b) {
 
 Tile compare(ir::CmpPred pred, const Operand& a, const Operand& b) {
   const Loc& loc = loc_of(a, b);
-  if (a.is_number && b.is_number) throw UserError(sl(loc), "cmp: both operands are C++ numbers");
+  if (a.is_number && b.is_number) {
+    ir::Op probe{};
+    probe.code = OpCode::Cmp;
+    probe.attrs.pred = pred;
+    throw UserError(sl(loc), fmt::format("{}: both operands are C++ numbers; compute it in C++", ir::dsl_spelling(probe)));
+  }
   auto t = unify({a, b}, loc, DType::f32);
   ir::Attrs attrs;
   attrs.pred = pred;
@@ -132,21 +140,21 @@ Tile reduce(ir::ReduceKind kind, const Tile& x, int axis, const Loc& loc) {
 
 // ---- Tile / Tensor accessors -----------------------------------------------------------------------
 
-DType Tile::dtype() const { return use(*this, Loc::current(), "Tile")->type.dtype; }
-const std::vector<int64_t>& Tile::shape() const { return use(*this, Loc::current(), "Tile")->type.shape; }
-int Tile::rank() const { return use(*this, Loc::current(), "Tile")->type.rank(); }
-bool Tile::is_scalar() const { return use(*this, Loc::current(), "Tile")->type.is_scalar(); }
+DType Tile::dtype(Loc loc) const { return detail::inspect(*this, loc)->type.dtype; }
+const std::vector<int64_t>& Tile::shape(Loc loc) const { return detail::inspect(*this, loc)->type.shape; }
+int Tile::rank(Loc loc) const { return detail::inspect(*this, loc)->type.rank(); }
+bool Tile::is_scalar(Loc loc) const { return detail::inspect(*this, loc)->type.is_scalar(); }
 Tile Tile::to(DType t, Loc loc) const { return cast(*this, t, loc); }
 Tile Tile::T(Loc loc) const { return transpose(*this, {1, 0}, loc); }
 
-DType Tensor::dtype() const { return v_->type.dtype; }
-int Tensor::rank() const { return v_->type.rank(); }
+DType Tensor::dtype(Loc loc) const { return detail::inspect(*this, loc)->type.dtype; }
+int Tensor::rank(Loc loc) const { return detail::inspect(*this, loc)->type.rank(); }
 Tile Tensor::dim(int axis, Loc loc) const {
-  if (!v_) throw UserError(sl(loc), "dim of an empty Tensor handle");
-  int a = normalize_axis(axis, rank(), loc, "dim");
+  ir::Value* v = use(*this, loc, "the tensor");
+  int a = normalize_axis(axis, v->type.rank(), loc, "dim");
   ir::Attrs attrs;
   attrs.axis = a;
-  return Tile(emit1(OpCode::Dim, {v_}, Type::scalar(DType::i32), attrs, loc));
+  return Tile(emit1(OpCode::Dim, {v}, Type::scalar(DType::i32), attrs, loc));
 }
 
 // ---- leaves --------------------------------------------------------------------------------------
@@ -366,8 +374,7 @@ struct Access {
 
 Access make_access(const Tensor& t, const std::vector<Operand>& offsets, const std::vector<int64_t>& block,
                    const AccessOptions& opts, const Loc& loc, const char* what) {
-  if (!t.value()) throw UserError(sl(loc), fmt::format("{}: empty Tensor handle", what));
-  int rank = t.rank();
+  const int rank = use(t, loc, "the tensor")->type.rank();
   if (static_cast<int>(offsets.size()) != rank)
     throw UserError(sl(loc), fmt::format("{}: the tensor has rank {} but {} offsets were given", what, rank,
                                          offsets.size()));
@@ -410,7 +417,7 @@ Access make_access(const Tensor& t, const std::vector<Operand>& offsets, const s
 Tile load(const Tensor& t, std::vector<Operand> offsets, std::vector<int64_t> block, AccessOptions opts,
           Loc loc) {
   Access acc = make_access(t, offsets, block, opts, loc, "load");
-  Type ty = Type::value(t.dtype(), acc.attrs.shape);
+  Type ty = Type::value(t.value()->type.dtype, acc.attrs.shape);
   return Tile(emit1(OpCode::Load, acc.operands, ty, acc.attrs, loc));
 }
 

@@ -2,6 +2,8 @@
 // an InternalError or a crash) whose location is the line of the mistake in this file.
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+
 #include <string>
 
 #include "linac/dsl.h"
@@ -51,7 +53,7 @@ TEST_CASE("error: dot of a rank-1 tile") {
 TEST_CASE("error: adding tiles of different dtypes") {
   KernelBuilder kb("e");
   Tile a = zeros({16, 16}, DType::f32), b = zeros({16, 16}, DType::bf16);
-  expect_user_error([&] { (void)(a + b); }, __LINE__, "add");
+  expect_user_error([&] { (void)(a + b); }, __LINE__, "`+`: operands have different types");
 }
 
 TEST_CASE("error: load with the wrong number of offsets for the tensor's rank") {
@@ -89,7 +91,7 @@ TEST_CASE("error: reduction axis out of range") {
 TEST_CASE("error: where with a float condition") {
   KernelBuilder kb("e");
   Tile c = zeros({8}, DType::f32), a = zeros({8}, DType::f32);
-  expect_user_error([&] { where(c, a, 1.0); }, __LINE__, "select");
+  expect_user_error([&] { where(c, a, 1.0); }, __LINE__, "where: the condition must be i1");
 }
 
 TEST_CASE("error: exp of an integer tile") {
@@ -208,4 +210,87 @@ TEST_CASE("error: a rank-3 tile compiled for the GPU names the line that made it
   store(o, {0, 0}, {16, 16}, scores);
   auto k = kb.finish();  // the interpreter runs any rank
   expect_user_error([&] { linac::runtime::compile(*k); }, line, "the GPU backend holds tiles of rank 1 or 2");
+}
+
+// ---- Tiles outlive their builder, or cross into another kernel -------------------------------------
+
+namespace {
+/// Records a kernel and returns one of its Tiles; the builder is gone when it returns.
+Tile tile_of_a_finished_kernel() {
+  KernelBuilder kb("gone");
+  Tile t = zeros({16, 32}, DType::f32);
+  kb.finish();
+  return t;
+}
+}  // namespace
+
+TEST_CASE("error: a Tile used after its builder is gone") {
+  Tile stale = tile_of_a_finished_kernel();
+  KernelBuilder kb("e");
+  Tile fresh = zeros({16, 32}, DType::f32);
+  expect_user_error([&] { (void)(fresh * stale); }, __LINE__, "whose KernelBuilder is gone");
+  expect_user_error([&] { sum(stale, 0); }, __LINE__, "is a Tile whose KernelBuilder is gone");
+  // Its type cannot be read either (it would read freed memory: "tile<94615877630018x32xf32>").
+  expect_user_error([&] { (void)stale.shape(); }, __LINE__, "this is a Tile whose KernelBuilder is gone");
+}
+
+TEST_CASE("error: a Tile used after its builder is gone, with no builder alive") {
+  Tile stale = tile_of_a_finished_kernel();
+  expect_user_error([&] { (void)stale.dtype(); }, __LINE__, "KernelBuilder is gone");
+}
+
+TEST_CASE("error: a Tensor used after its builder is gone") {
+  Tensor stale;
+  {
+    KernelBuilder old("old");
+    stale = old.tensor("x", DType::f32, 2);
+  }
+  KernelBuilder kb("e");
+  expect_user_error([&] { load(stale, {0, 0}, {16, 16}); }, __LINE__, "is a Tensor whose KernelBuilder is gone");
+}
+
+TEST_CASE("error: Tiles of two builders mixed") {
+  KernelBuilder outer("outer");
+  Tile mine = zeros({16}, DType::f32);
+  KernelBuilder inner("inner");  // nested: records now
+  Tile theirs = zeros({16}, DType::f32);
+  expect_user_error([&] { (void)(theirs + mine); }, __LINE__, "is a Tile of kernel 'outer'");
+  expect_user_error([&] { (void)(theirs + mine); }, __LINE__, "used in kernel 'inner'");
+  // Reading its type is fine while its builder is alive.
+  CHECK(mine.shape() == std::vector<int64_t>{16});
+}
+
+TEST_CASE("error: a Tile of another builder carried by a loop") {
+  KernelBuilder outer("outer");
+  Tile mine = zeros({16}, DType::f32);
+  KernelBuilder inner("inner");
+  expect_user_error([&] { for_range(0, 4, [&](Tile) {}, mine); }, __LINE__, "is a Tile of kernel 'outer'");
+}
+
+// ---- messages name the DSL's spelling, not the IR op ----------------------------------------------
+
+TEST_CASE("error: messages name the DSL spelling") {
+  KernelBuilder kb("e");
+  Tile f = zeros({8}, DType::f32), b = zeros({8}, DType::bf16), i = iota(8);
+  expect_user_error([&] { (void)(f * b); }, __LINE__, "`*`: operands have different types");
+  expect_user_error([&] { (void)(f < b); }, __LINE__, "`<`: operands have different types");
+  expect_user_error([&] { maximum(f, b); }, __LINE__, "maximum: operands");
+  expect_user_error([&] { (void)(f % 2.0f); }, __LINE__, "`%`: operands must be i32 or i64");
+  expect_user_error([&] { where(i > 2, f, b); }, __LINE__, "where: the two values have different types");
+  expect_user_error([&] { sum(zeros({4, 4}, DType::i1), 0); }, __LINE__, "sum: cannot sum i1 values");
+  expect_user_error([&] { cumsum(zeros({4}, DType::i1), 0); }, __LINE__, "cumsum: ");
+  expect_user_error([&] { (void)(i + f); }, __LINE__, "`+`");
+  Tile s = zeros({16}, DType::f32);
+  expect_user_error([&] { for_range(0, 4, [&](Tile) { s = s.to(DType::bf16); }, s); }, __LINE__,
+                    "for_range: loop-carried value #0 changes type");
+}
+
+TEST_CASE("error: a value from inside a loop used after it names the DSL spelling") {
+  KernelBuilder kb("e");
+  Tensor o = kb.tensor("o", DType::f32, 1);
+  Tile inner;
+  for_range(0, 4, [&](Tile i) { inner = zeros({16}, DType::f32) * i.to(DType::f32); });
+  const std::string made = fmt::format("the result of `*` at {}:{}", __FILE__, __LINE__ - 1);
+  store(o, {0}, {16}, inner);
+  expect_user_error([&] { kb.finish(); }, __LINE__ - 1, "store: operand #3 (" + made);
 }

@@ -35,17 +35,25 @@ namespace linac::dsl {
 
 using Loc = std::source_location;
 
-/// A tile or a scalar value in the program being built. Cheap to copy (a handle).
+/// A tile or a scalar value in the program being built. Cheap to copy (a handle). It belongs to the
+/// KernelBuilder that recorded it and is usable only while that builder is alive, in its kernel: using
+/// it after the builder is gone, or in another builder's kernel, is a UserError at the line of the use.
 class Tile {
  public:
   Tile() = default;
-  explicit Tile(ir::Value* v) : v_(v) {}
+  /// A handle on `v`, recorded by the innermost KernelBuilder of this thread.
+  explicit Tile(ir::Value* v);
+  /// A handle on `v`, recorded by the builder whose serial number is `builder` (see builder()).
+  Tile(ir::Value* v, uint64_t builder) : v_(v), builder_(builder) {}
   ir::Value* value() const { return v_; }
   bool valid() const { return v_ != nullptr; }
-  DType dtype() const;
-  const std::vector<int64_t>& shape() const;
-  int rank() const;
-  bool is_scalar() const;
+  /// The serial number of the KernelBuilder that recorded this value (0 for an empty Tile).
+  uint64_t builder() const { return builder_; }
+  // The type, known while recording. UserError at `loc` for an empty Tile or one whose builder is gone.
+  DType dtype(Loc loc = Loc::current()) const;
+  const std::vector<int64_t>& shape(Loc loc = Loc::current()) const;
+  int rank(Loc loc = Loc::current()) const;
+  bool is_scalar(Loc loc = Loc::current()) const;
 
   /// Cast to another element type (rounds to nearest even for narrowing float casts).
   Tile to(DType t, Loc loc = Loc::current()) const;
@@ -54,6 +62,7 @@ class Tile {
 
  private:
   ir::Value* v_ = nullptr;
+  uint64_t builder_ = 0;
 };
 
 /// An operand of arithmetic: a Tile or a C++ number. Numbers take the dtype of the other operand.
@@ -72,19 +81,25 @@ struct Operand {
       : number(static_cast<double>(i)), is_number(true), is_integer_number(true), loc(l) {}
 };
 
-/// A tensor argument: an n-d view of global memory with runtime shape and strides.
+/// A tensor argument: an n-d view of global memory with runtime shape and strides. Like a Tile, it
+/// belongs to the KernelBuilder that declared it.
 class Tensor {
  public:
   Tensor() = default;
-  explicit Tensor(ir::Value* v) : v_(v) {}
+  /// A handle on the parameter `v` of the kernel the innermost KernelBuilder of this thread records.
+  explicit Tensor(ir::Value* v);
+  /// A handle on `v`, a parameter of the builder whose serial number is `builder`.
+  Tensor(ir::Value* v, uint64_t builder) : v_(v), builder_(builder) {}
   ir::Value* value() const { return v_; }
-  DType dtype() const;
-  int rank() const;
+  uint64_t builder() const { return builder_; }
+  DType dtype(Loc loc = Loc::current()) const;
+  int rank(Loc loc = Loc::current()) const;
   /// The runtime size of dimension `axis` (an i32 scalar).
   Tile dim(int axis, Loc loc = Loc::current()) const;
 
  private:
   ir::Value* v_ = nullptr;
+  uint64_t builder_ = 0;
 };
 
 /// Records a kernel. While alive, DSL calls on this thread append to it (builders nest as a stack).

@@ -426,7 +426,7 @@ llvm::Value* KernelLowering::element_op(const ir::Op& op, const std::vector<llvm
       case OpCode::Abs: return b_.CreateBinaryIntrinsic(llvm::Intrinsic::abs, args[0], b_.getFalse());
       default: break;
     }
-    throw UserError(op.loc, fmt::format("{} on integers has no GPU lowering", ir::opcode_name(op.code)));
+    throw UserError(op.loc, fmt::format("{} on integers has no GPU lowering", ir::dsl_spelling(op)));
   }
   llvm::Value* x = widen(args[0]);
   llvm::Value* y = args.size() > 1 ? widen(args[1]) : nullptr;

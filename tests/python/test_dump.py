@@ -15,7 +15,7 @@ def test_dump_writes_every_stage_and_annotates_ptx(linac_bin, tmp_path):
         assert (first / name).stat().st_size > 0, name
     annotated = (first / "7-annotated.txt").read_text()
     # Each run of PTX sits under "// <file>:<line>  <that line of the DSL source>".
-    heads = re.findall(r"^// (\S+linear_attn\.cpp):(\d+)  (.*)$", annotated, re.M)
+    heads = re.findall(r"^// (\S+linear_attn/fwd\.cpp):(\d+)  (.*)$", annotated, re.M)
     assert heads, annotated[:2000]
     assert any("dot(" in text for _, _, text in heads), "no DSL line with a dot"
     assert "mma.sync" in annotated

@@ -158,3 +158,49 @@ TEST_CASE("dsl assembly: the GPU lowering touches global memory only at the load
     }
   }
 }
+
+TEST_CASE("dsl assembly: the guide's block matrix, on the interpreter and to PTX") {
+  // docs/dsl-guide.md, "Slicing and assembling tiles": A [32, 32] from 16-row blocks of Q and K.
+  KernelBuilder kb("guide_blocks");
+  Tensor q = kb.tensor("q", DType::f32, 2);
+  Tensor k = kb.tensor("k", DType::f32, 2);
+  Tensor a_out = kb.tensor("a", DType::f32, 2);
+  Tensor cols_out = kb.tensor("cols", DType::f32, 2);
+  const int64_t BT = 32, BK = 16;
+  Tile Q = load(q, {0, 0}, {BT, BK}), K = load(k, {0, 0}, {BT, BK});
+  Tile D10 = full({16, 16}, 0.5, DType::f32);
+  Tile Q0 = slice(Q, 0, 0, 16), Q1 = slice(Q, 0, 16, 16);
+  Tile K0 = slice(K, 0, 0, 16), K1 = slice(K, 0, 16, 16);
+  Tile A = zeros({BT, BT}, DType::f32);
+  A = place(A, dot(Q0, K0.T()), {0, 0});
+  A = place(A, dot(Q1, K1.T()), {16, 16});
+  A = place(A, dot(Q1, K0.T()) * D10, {16, 0});
+  Tile cols = concat({slice(A, 1, 0, 16), slice(A, 1, 16, 16)}, 0);
+  store(a_out, {0, 0}, {BT, BT}, A);
+  store(cols_out, {0, 0}, {2 * BT, 16}, cols);
+  auto kernel = kb.finish();
+
+  std::vector<float> qs(BT * BK), ks(BT * BK), a(BT * BT, -7.0f), c(2 * BT * 16, -7.0f);
+  for (size_t i = 0; i < qs.size(); ++i) qs[i] = static_cast<float>(std::sin(0.3 * static_cast<double>(i)));
+  for (size_t i = 0; i < ks.size(); ++i) ks[i] = static_cast<float>(std::cos(0.7 * static_cast<double>(i)));
+  rt::run(*kernel, rt::Grid{1},
+          {{"q", rt::TensorView::of(qs.data(), {BT, BK})}, {"k", rt::TensorView::of(ks.data(), {BT, BK})},
+           {"a", rt::TensorView::of(a.data(), {BT, BT})}, {"cols", rt::TensorView::of(c.data(), {2 * BT, 16})}},
+          rt::Device::cpu);
+  auto want = [&](int r, int col) {
+    if (r < 16 && col >= 16) return 0.0;  // above the diagonal blocks: the zeros A started as
+    double s = 0;
+    for (int t = 0; t < BK; ++t) s += static_cast<double>(qs[r * BK + t]) * ks[col * BK + t];
+    return r >= 16 && col < 16 ? 0.5 * static_cast<double>(static_cast<float>(s)) : s;
+  };
+  double worst = 0;
+  for (int r = 0; r < BT; ++r)
+    for (int col = 0; col < BT; ++col) {
+      worst = std::max(worst, std::abs(a[r * BT + col] - want(r, col)));
+      // cols stacks A's column blocks: row r of block b is A[r, 16 b ..].
+      const int b = col / 16;
+      worst = std::max(worst, std::abs(c[(b * BT + r) * 16 + col % 16] - want(r, col)));
+    }
+  CHECK(worst < 1e-5);
+  CHECK(rt::compile(*kernel, rt::Arch::sm_90a).ptx.find(".entry guide_blocks") != std::string::npos);
+}

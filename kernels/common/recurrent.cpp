@@ -1,6 +1,6 @@
 #include "kernels/common/recurrent.h"
 
-#include "kernels/common/sequence_bounds.h"
+#include "kernels/common/prologue.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -13,9 +13,7 @@ std::shared_ptr<ir::Kernel> build_recurrent_fwd(const RecurrentConfig& cfg) {
   KernelBuilder kb(cfg.gate == RecurrentGate::channel ? "gla_recurrent" : "linear_attn_recurrent");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(1);  // one-row loads: nothing for cp.async to overlap
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
+  auto [q, k, v] = declare_qkv(kb, dt);
   Tensor g;
   if (cfg.gate == RecurrentGate::scalar) g = kb.tensor("g", f32, 3);
   if (cfg.gate == RecurrentGate::channel) g = kb.tensor("g", f32, 4);
@@ -26,11 +24,8 @@ std::shared_ptr<ir::Kernel> build_recurrent_fwd(const RecurrentConfig& cfg) {
   Tile scale = kb.scalar("scale", f32);
 
   Tile i_v = program_id(0);
-  Tile i_nh = program_id(1);
-  Tile H = q.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq_rows = sequence_bounds(q, cu, cfg.varlen, i_n);
-  const Tile b = seq_rows.b, bos = seq_rows.bos, eos = seq_rows.eos;
+  const auto [i_nh, i_n, i_h, seq_rows] = sequence_program(q, cu, cfg.varlen, 1);
+  const auto [b, bos, eos] = seq_rows;
   Tile v0 = i_v * BV;
 
   Tile S = zeros({BK, BV}, f32);

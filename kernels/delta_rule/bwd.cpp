@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 #include <vector>
 
-#include "kernels/common/sequence_bounds.h"
+#include "kernels/common/prologue.h"
 #include "kernels/delta_rule/fwd.h"
 #include "linac/dsl.h"
 #include "linac/error.h"
@@ -61,10 +61,8 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& 
   Tensor h = kb.tensor("h", dt, 4);      // [chunks, H, K, V]: S before each chunk
   Tensor vn = kb.tensor("v_new", dt, 4);  // [B, T, H, V]
 
-  Tile i_v = program_id(0), i_nh = program_id(1);
-  Tile H = q.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  Tile i_v = program_id(0);
+  const auto [i_nh, i_n, i_h, seq] = sequence_program(q, cu, cfg.varlen, 1);
   Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
   Tile first_chunk = load(chunk_offsets, {i_n}, {kIndex});
   Tile v0 = i_v * BV;
@@ -124,10 +122,8 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
   Tensor dh0 = cfg.initial_state_grad ? kb.tensor("dinitial_state", f32, 4) : Tensor();
   Tile scale = kb.scalar("scale", f32);
 
-  Tile i_v = program_id(0), i_nh = program_id(1);
-  Tile H = q.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  Tile i_v = program_id(0);
+  const auto [i_nh, i_n, i_h, seq] = sequence_program(q, cu, cfg.varlen, 1);
   Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
   Tile first_chunk = load(chunk_offsets, {i_n}, {kIndex});
   Tile v0 = i_v * BV;
@@ -275,9 +271,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
   kb.set_num_warps(cfg.num_warps);
   kb.set_min_ctas_per_sm(1);
   kb.set_num_stages(1);
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
+  auto [q, k, v] = declare_qkv(kb, dt);
   Tensor beta = kb.tensor("beta", f32, 3);
   Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
   Tensor dout = kb.tensor("do", dt, 4);
@@ -476,9 +470,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_ut(const DeltaChunkedBwdConfig
   kb.set_num_warps(cfg.num_warps);
   kb.set_min_ctas_per_sm(1);
   kb.set_num_stages(1);
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
+  auto [q, k, v] = declare_qkv(kb, dt);
   Tensor beta = kb.tensor("beta", f32, 3);
   Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
   Tensor dout = cfg.gated ? kb.tensor("do", dt, 4) : Tensor();

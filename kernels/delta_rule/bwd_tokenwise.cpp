@@ -1,6 +1,6 @@
 #include "kernels/delta_rule/bwd_tokenwise.h"
 
-#include "kernels/common/sequence_bounds.h"
+#include "kernels/common/prologue.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -73,10 +73,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_forward(const DeltaBwdConfig& cfg) {
   Tensor dq = kb.tensor("dq", cfg.dtype, 4);
   Tile scale = kb.scalar("scale", f32);
 
-  Tile i_nh = program_id(0);
-  Tile H = x.q.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq = sequence_bounds(x.q, cu, cfg.varlen, i_n);
+  const auto [i_nh, i_n, i_h, seq] = sequence_program(x.q, cu, cfg.varlen, 0);
   Tile S = zeros({BK, BV}, f32);
   if (cfg.initial_state) S = load(h0, {i_n, i_h, 0, 0}, {kIndex, kIndex, BK, BV});
   Tile blocks = (seq.eos - seq.bos + (kBlock - 1)) / kBlock;
@@ -112,10 +109,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_reverse(const DeltaBwdConfig& cfg) {
   Tensor dh0 = cfg.initial_state_grad ? kb.tensor("dinitial_state", f32, 4) : Tensor();
   Tile scale = kb.scalar("scale", f32);
 
-  Tile i_nh = program_id(0);
-  Tile H = x.q.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq = sequence_bounds(x.q, cu, cfg.varlen, i_n);
+  const auto [i_nh, i_n, i_h, seq] = sequence_program(x.q, cu, cfg.varlen, 0);
   AccessOptions in_seq{.limits = {{1, seq.eos}}};
   Tile dS = zeros({BK, BV}, f32);
   if (cfg.final_state_grad) dS = load(dht, {i_n, i_h, 0, 0}, {kIndex, kIndex, BK, BV});

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "kernels/common/sequence_bounds.h"
+#include "kernels/common/prologue.h"
 #include "linac/dsl.h"
 #include "linac/error.h"
 
@@ -250,11 +250,8 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
   Tile scale = kb.scalar("scale", f32);
 
   Tile i_v = program_id(0);
-  Tile i_nh = program_id(1);
-  Tile H = q.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq_rows = sequence_bounds(q, cu, cfg.varlen, i_n);
-  const Tile b = seq_rows.b, bos = seq_rows.bos, eos = seq_rows.eos;
+  const auto [i_nh, i_n, i_h, seq_rows] = sequence_program(q, cu, cfg.varlen, 1);
+  const auto [b, bos, eos] = seq_rows;
   Tile num_chunks = (eos - bos + (BT - 1)) / BT;
   Tile v0 = i_v * BV;
 

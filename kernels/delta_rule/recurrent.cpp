@@ -1,7 +1,7 @@
 // The token-by-token (decode) form of the delta rules (KERNELS.md section 5).
 #include "kernels/delta_rule/fwd.h"
 
-#include "kernels/common/sequence_bounds.h"
+#include "kernels/common/prologue.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -19,9 +19,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_recurrent(const DeltaRuleConfig& cf
   KernelBuilder kb(cfg.gated ? "gated_delta_rule_recurrent" : "delta_rule_recurrent");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(1);
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
+  auto [q, k, v] = declare_qkv(kb, dt);
   Tensor beta = kb.tensor("beta", f32, 3);
   Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
   Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
@@ -31,11 +29,8 @@ std::shared_ptr<ir::Kernel> build_delta_rule_recurrent(const DeltaRuleConfig& cf
   Tile scale = kb.scalar("scale", f32);
 
   Tile i_v = program_id(0);
-  Tile i_nh = program_id(1);
-  Tile H = q.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq_rows = sequence_bounds(q, cu, cfg.varlen, i_n);
-  const Tile b = seq_rows.b, bos = seq_rows.bos, eos = seq_rows.eos;
+  const auto [i_nh, i_n, i_h, seq_rows] = sequence_program(q, cu, cfg.varlen, 1);
+  const auto [b, bos, eos] = seq_rows;
   Tile v0 = i_v * BV;
 
   Tile S = zeros({BK, BV}, f32);

@@ -1,7 +1,7 @@
 #include "kernels/gla/bwd.h"
 
 #include "kernels/common/log_decay.h"
-#include "kernels/common/sequence_bounds.h"
+#include "kernels/common/prologue.h"
 #include "kernels/gla/fwd.h"
 #include "linac/dsl.h"
 #include "linac/error.h"
@@ -65,9 +65,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
   // head dim 64: 4 bytes; at 8 warps 140 bytes in bf16 at 128).
   kb.set_min_ctas_per_sm(1);
   kb.set_num_stages(1);
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
+  auto [q, k, v] = declare_qkv(kb, dt);
   Tensor g = kb.tensor("g", f32, 4);
   Tensor dout = kb.tensor("do", dt, 4);
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
@@ -76,10 +74,8 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
   Tensor dv_intra = kb.tensor("dv_intra", f32, 4);
   Tile scale = kb.scalar("scale", f32);
 
-  Tile i_s = program_id(0), i_nh = program_id(1);
-  Tile H = q.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  Tile i_s = program_id(0);
+  const auto [i_nh, i_n, i_h, seq] = sequence_program(q, cu, cfg.varlen, 1);
   Tile b = seq.b;
   Tile t0 = seq.bos + i_s * BT;  // at or past eos for the chunks of the longest sequence only
   AccessOptions in_seq{.limits = {{1, seq.eos}}};
@@ -221,9 +217,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, G
   KernelBuilder kb(is_dq ? "gla_bwd_dq" : is_dk ? "gla_bwd_dk" : is_dv ? "gla_bwd_dv" : "gla_bwd_dkdv");
   kb.set_num_warps(cfg.num_warps);
   kb.set_min_ctas_per_sm(1);
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
+  auto [q, k, v] = declare_qkv(kb, dt);
   Tensor g = kb.tensor("g", f32, 4);
   Tensor dout = kb.tensor("do", dt, 4);
   Tensor h0 = is_dq && cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
@@ -240,10 +234,8 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, G
   Tensor dh0 = value_columns && cfg.initial_state_grad ? kb.tensor("dinitial_state", f32, 4) : Tensor();
   Tile scale = kb.scalar("scale", f32);
 
-  Tile i_c = program_id(0), i_nh = program_id(1);
-  Tile H = q.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  Tile i_c = program_id(0);
+  const auto [i_nh, i_n, i_h, seq] = sequence_program(q, cu, cfg.varlen, 1);
   const Tile b = seq.b;
   Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
   Tile c0 = i_c * BC;
@@ -320,10 +312,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_dg(const GlaChunkedBwdConfig& cfg) {
   Tensor dg_s = cfg.final_state_grad ? kb.tensor("dg_state", f32, 3) : Tensor();
   Tensor dg = kb.tensor("dg", f32, 4);
 
-  Tile i_nh = program_id(0);
-  Tile H = q.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  const auto [i_nh, i_n, i_h, seq] = sequence_program(q, cu, cfg.varlen, 0);
   const int64_t BT = 32;  // rows per step of this walk (any: it only sums; at 64 its reverse cumsum planned 169 KB)
   Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
   AccessOptions in_seq{.limits = {{1, seq.eos}}};

@@ -1,6 +1,6 @@
 #include "kernels/gla/bwd_tokenwise.h"
 
-#include "kernels/common/sequence_bounds.h"
+#include "kernels/common/prologue.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -14,9 +14,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_tokenwise_dq(const GlaBwdConfig& cfg) 
   KernelBuilder kb("gla_bwd_tokenwise_dq");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(1);
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
+  auto [q, k, v] = declare_qkv(kb, dt);
   Tensor g = kb.tensor("g", f32, 4);
   Tensor d_o = kb.tensor("do", dt, 4);
   Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
@@ -26,10 +24,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_tokenwise_dq(const GlaBwdConfig& cfg) 
   Tensor dg_final = cfg.final_state_grad ? kb.tensor("dg_final", f32, 3) : Tensor();
   Tile scale = kb.scalar("scale", f32);
 
-  Tile i_nh = program_id(0);
-  Tile H = q.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  const auto [i_nh, i_n, i_h, seq] = sequence_program(q, cu, cfg.varlen, 0);
   Tile S = zeros({BK, BV}, f32);
   if (cfg.initial_state) S = load(h0, {i_n, i_h, 0, 0}, {kIndex, kIndex, BK, BV});
   for_range(seq.bos, seq.eos, [&](Tile t) {
@@ -55,9 +50,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_tokenwise_dkv(const GlaBwdConfig& cfg)
   KernelBuilder kb("gla_bwd_tokenwise_dkv");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(1);
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
+  auto [q, k, v] = declare_qkv(kb, dt);
   Tensor g = kb.tensor("g", f32, 4);
   Tensor d_o = kb.tensor("do", dt, 4);
   Tensor dq = kb.tensor("dq", dt, 4);
@@ -70,10 +63,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_tokenwise_dkv(const GlaBwdConfig& cfg)
   Tensor dh0 = cfg.initial_state_grad ? kb.tensor("dinitial_state", f32, 4) : Tensor();
   Tile scale = kb.scalar("scale", f32);
 
-  Tile i_nh = program_id(0);
-  Tile H = q.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  const auto [i_nh, i_n, i_h, seq] = sequence_program(q, cu, cfg.varlen, 0);
   Tile dH = zeros({BK, BV}, f32);
   Tile acc = zeros({BK}, f32);  // the suffix sum of q .* dq - k .* dk (+ the final state's term)
   if (cfg.final_state_grad) {

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "kernels/common/log_decay.h"
-#include "kernels/common/sequence_bounds.h"
+#include "kernels/common/prologue.h"
 #include "linac/dsl.h"
 #include "linac/error.h"
 
@@ -38,10 +38,7 @@ std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg) {
   Tile scale = kb.scalar("scale", f32);
 
   Tile i_s = program_id(0);
-  Tile i_nh = program_id(1);
-  Tile H = q.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  const auto [i_nh, i_n, i_h, seq] = sequence_program(q, cu, cfg.varlen, 1);
   Tile b = seq.b;
   Tile ti = seq.bos + i_s * BC;  // at or past eos for the sub-chunks of the longest sequence only
   AccessOptions in_seq{.limits = {{1, seq.eos}}};
@@ -176,9 +173,7 @@ std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg) {
   KernelBuilder kb("gla_fwd");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
+  auto [q, k, v] = declare_qkv(kb, dt);
   Tensor g = kb.tensor("g", f32, 4);
   Tensor a_diag = kb.tensor("a_diag", f32, 4);
   Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
@@ -188,10 +183,7 @@ std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg) {
   Tile scale = kb.scalar("scale", f32);
 
   Tile i_v = program_id(0);
-  Tile i_nh = program_id(1);
-  Tile H = q.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  const auto [i_nh, i_n, i_h, seq] = sequence_program(q, cu, cfg.varlen, 1);
   Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
   Tile v0 = i_v * BV;
 
@@ -238,9 +230,7 @@ std::shared_ptr<ir::Kernel> build_gla_out(const GlaConfig& cfg) {
   KernelBuilder kb("gla_out");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(1);
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
+  auto [q, k, v] = declare_qkv(kb, dt);
   Tensor g = kb.tensor("g", f32, 4);
   Tensor a_diag = kb.tensor("a_diag", f32, 4);
   Tensor h = kb.tensor("h", dt, 5);

@@ -1,6 +1,7 @@
 #include "kernels/gla/split_bwd.h"
 
 #include "kernels/common/state_pass.h"
+#include "kernels/common/prologue.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -109,9 +110,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_inter(const GlaSplitBwdConfig& cfg) {
   KernelBuilder kb("gla_bwd_inter");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(1);
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
+  auto [q, k, v] = declare_qkv(kb, dt);
   Tensor g = kb.tensor("g", f32, 4);
   Tensor dout = kb.tensor("do", dt, 4);
   Tensor h = kb.tensor("h", dt, 5);

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "kernels/common/log_decay.h"
-#include "kernels/common/sequence_bounds.h"
+#include "kernels/common/prologue.h"
 #include "linac/dsl.h"
 #include "linac/error.h"
 
@@ -72,9 +72,7 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
   // One program per SM holds a head's column block for the whole walk: registers over a second block
   // (at 8 warps and 64-row chunks ptxas otherwise caps at 128 registers and spills 12-40 bytes).
   kb.set_min_ctas_per_sm(1);
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
+  auto [q, k, v] = declare_qkv(kb, dt);
   Tensor dout = kb.tensor("do", dt, 4);
   Tensor g = cfg.gated ? kb.tensor("g", DType::f32, 3) : Tensor();
   Tensor h0 = is_dq && cfg.initial_state ? kb.tensor("initial_state", DType::f32, 4) : Tensor();
@@ -93,11 +91,8 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
                                                  {"ones", ones}};
 
   Tile i_c = program_id(0);
-  Tile i_nh = program_id(1);
-  Tile H = q.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq_rows = sequence_bounds(q, cu, cfg.varlen, i_n);
-  const Tile b = seq_rows.b, bos = seq_rows.bos, eos = seq_rows.eos;
+  const auto [i_nh, i_n, i_h, seq_rows] = sequence_program(q, cu, cfg.varlen, 1);
+  const auto [b, bos, eos] = seq_rows;
   Tile num_chunks = (eos - bos + (BT - 1)) / BT;
   Tile c0 = i_c * BC;
 
@@ -204,11 +199,8 @@ std::shared_ptr<ir::Kernel> build_dg(const LinearAttnBwdConfig& cfg) {
   Tensor dg_s = state_term ? kb.tensor("dg_s", DType::f32, 3) : Tensor();
   Tensor dg = kb.tensor("dg", DType::f32, 3);
 
-  Tile i_nh = program_id(0);
-  Tile H = q.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq_rows = sequence_bounds(q, cu, cfg.varlen, i_n);
-  const Tile b = seq_rows.b, bos = seq_rows.bos, eos = seq_rows.eos;
+  const auto [i_nh, i_n, i_h, seq_rows] = sequence_program(q, cu, cfg.varlen, 0);
+  const auto [b, bos, eos] = seq_rows;
   Tile num_chunks = (eos - bos + (BT - 1)) / BT;
 
   Tile acc = constant(0.0, DType::f32);

@@ -1,6 +1,7 @@
 #include "kernels/linear_attn/split_bwd.h"
 
 #include "kernels/common/state_pass.h"
+#include "kernels/common/prologue.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -61,9 +62,7 @@ std::shared_ptr<ir::Kernel> build_linear_attn_bwd_chunk(const LinearAttnSplitBwd
   KernelBuilder kb("linear_attn_bwd_chunk");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(1);
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
+  auto [q, k, v] = declare_qkv(kb, dt);
   Tensor dout = kb.tensor("do", dt, 4);
   Tensor h = kb.tensor("h", dt, 5);
   Tensor dh = kb.tensor("dh", dt, 5);

@@ -1,6 +1,6 @@
 #include "kernels/poly/bwd.h"
 
-#include "kernels/common/sequence_bounds.h"
+#include "kernels/common/prologue.h"
 #include "kernels/poly/fwd.h"
 #include "linac/dsl.h"
 
@@ -32,13 +32,12 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_q(const PolyBwdConfig& cfg) {
   KernelBuilder kb("poly_bwd_q");
   kb.set_num_warps(4);
   kb.set_num_stages(1);
-  Tensor q = kb.tensor("q", dt, 4), k = kb.tensor("k", dt, 4), v = kb.tensor("v", dt, 4), d_o = kb.tensor("do", dt, 4);
+  auto [q, k, v] = declare_qkv(kb, dt);
+  Tensor d_o = kb.tensor("do", dt, 4);
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor dn = kb.tensor("dn", f32, 4), dd = kb.tensor("dd", f32, 3), dq = kb.tensor("dq", dt, 4);
   Coefficients co = declare_coefficients(kb);
-  Tile i_nh = program_id(0), H = q.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  const auto [i_nh, i_n, i_h, seq] = sequence_program(q, cu, cfg.varlen, 0);
   Tile rows = iota(R);
   for_range(seq.bos, seq.eos, [&](Tile t) {
     Tile qt = load(q, {seq.b, t, i_h, 0}, {kIndex, kIndex, kIndex, BK}).to(f32);
@@ -89,14 +88,12 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_kv(const PolyBwdConfig& cfg) {
   KernelBuilder kb("poly_bwd_kv");
   kb.set_num_warps(4);
   kb.set_num_stages(1);
-  Tensor q = kb.tensor("q", dt, 4), k = kb.tensor("k", dt, 4), v = kb.tensor("v", dt, 4);
+  auto [q, k, v] = declare_qkv(kb, dt);
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor dn = kb.tensor("dn", f32, 4), dd = kb.tensor("dd", f32, 3);
   Tensor dk = kb.tensor("dk", dt, 4), dv = kb.tensor("dv", dt, 4);
   Coefficients co = declare_coefficients(kb);
-  Tile i_nh = program_id(0), H = q.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
+  const auto [i_nh, i_n, i_h, seq] = sequence_program(q, cu, cfg.varlen, 0);
   Tile rows = iota(R);
   AccessOptions in_seq{.limits = {{1, seq.eos}}};
   for_range(seq.bos, seq.eos, [&](Tile s) {

@@ -1,6 +1,6 @@
 #include "kernels/poly/fwd.h"
 
-#include "kernels/common/sequence_bounds.h"
+#include "kernels/common/prologue.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -41,9 +41,7 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_deg2(const PolyConfig& cfg) {
   KernelBuilder kb("poly_fwd_deg2");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
+  auto [q, k, v] = declare_qkv(kb, dt);
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor s2 = kb.tensor("state2", f32, 3);
   Tensor o2 = kb.tensor("o2", f32, 4);
@@ -119,9 +117,7 @@ std::shared_ptr<ir::Kernel> build_poly_fwd(const PolyConfig& cfg) {
   KernelBuilder kb("poly_fwd");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
+  auto [q, k, v] = declare_qkv(kb, dt);
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor o2 = cfg.quadratic ? kb.tensor("o2", f32, 4) : Tensor();
   Tensor d2 = cfg.quadratic && cfg.normalize ? kb.tensor("den2", f32, 4) : Tensor();
@@ -132,11 +128,8 @@ std::shared_ptr<ir::Kernel> build_poly_fwd(const PolyConfig& cfg) {
   Tile cc = cfg.quadratic ? kb.scalar("c", f32) : Tile();
 
   Tile i_v = program_id(0);
-  Tile i_nh = program_id(1);
-  Tile H = q.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
-  Tile b = seq.b, bos = seq.bos, eos = seq.eos;
+  const auto [i_nh, i_n, i_h, seq] = sequence_program(q, cu, cfg.varlen, 1);
+  auto [b, bos, eos] = seq;
   Tile num_chunks = (eos - bos + (BT - 1)) / BT;
   Tile v0 = i_v * BV;
 
@@ -184,9 +177,7 @@ std::shared_ptr<ir::Kernel> build_poly_recurrent(const PolyConfig& cfg) {
   KernelBuilder kb("poly_recurrent");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
-  Tensor q = kb.tensor("q", dt, 4);
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
+  auto [q, k, v] = declare_qkv(kb, dt);
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor s2 = cfg.quadratic ? kb.tensor("state2", f32, 3) : Tensor();
   Tensor n2 = cfg.quadratic && cfg.normalize ? kb.tensor("norm2", f32, 3) : Tensor();

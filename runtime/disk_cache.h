@@ -1,4 +1,4 @@
-// The content-addressed on-disk compile cache (DESIGN.md, "Cache").
+// The content-addressed on-disk compile cache (docs/architecture.md, "Runtime").
 //
 // An entry is a directory of named blobs (tile IR, LLVM IR, PTX, cubin, meta.json) plus a MANIFEST that
 // lists every blob's size and SHA-256. Layout under the cache root:

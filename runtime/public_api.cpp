@@ -13,9 +13,9 @@
 #include "compiler/ir/ir.h"
 #include "compiler/ir/printer.h"
 #include "compiler/nvptx/codegen.h"
+#include "kernels/common/host_tensor.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/gpu_kernel.h"
-#include "kernels/common/host_tensor.h"
 
 namespace linac::runtime {
 

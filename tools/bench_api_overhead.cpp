@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "linac/ops.h"
-#include "runtime/cuda_driver.h"
 #include "kernels/common/elementwise.h"
 #include "kernels/common/host_tensor.h"
+#include "linac/ops.h"
+#include "runtime/cuda_driver.h"
 #include "runtime/gpu_kernel.h"
 
 namespace ops = linac::ops;

@@ -5,7 +5,7 @@ Run from the repository root (build/linac built, LD_LIBRARY_PATH set so it runs)
 fresh random inputs as float32 .npy files (q, k, v ~ randn; g = logsigmoid(randn); initial_state ~
 randn; bf16 cases hold the bf16-rounded values and pass --dtype bf16), runs the CLI, and compares o
 and final_state with an independent float64 oracle: a torch implementation of the chunked form of
-KERNELS.md section 1 (chunks of --ref-chunk rows, computed exactly in float64 on the GPU), itself
+docs/ops/linear_attn.md (chunks of --ref-chunk rows, computed exactly in float64 on the GPU), itself
 checked at startup against the naive token-by-token recurrence of tests/python/reference.py (abort
 if they differ by more than 1e-10).
 
@@ -59,7 +59,7 @@ def out(msg=""):
 
 
 # ---------------------------------------------------------------------------------------------------
-# The float64 oracle (torch). Independent of linac: written from KERNELS.md section 1.
+# The float64 oracle (torch). Independent of linac: written from docs/ops/linear_attn.md.
 
 
 def _ref_dense(q, k, v, g, s0, scale, C):

@@ -10,7 +10,7 @@ Run from the repository root (build/linac built, LD_LIBRARY_PATH set so it runs)
 random inputs made as tools/bench_vs_fla.py makes them (q, k, v ~ randn rounded to bf16; DeltaNet keys
 L2-normalized first; beta = sigmoid(rand) [B,T,H]; g = logsigmoid(randn) [B,T,H] for gated_delta_rule,
 clamped at -5 and [B,T,H,K] for gla), `linac run OP ... -o o=.. --device D --dtype bf16`, and o compared
-with a float64 oracle on exactly those inputs: the token-by-token recurrence of KERNELS.md vectorized
+with a float64 oracle on exactly those inputs: the token-by-token recurrence of docs/ops/ vectorized
 over batch rows and heads, or for poly (at its defaults) the pairwise form per batch row and head (torch
 on the GPU when torch imports, else numpy), itself checked at startup against the naive references of
 tests/python/reference_gla.py, reference_delta.py and reference_poly.py (abort if they differ by more
@@ -89,7 +89,7 @@ def oracle(op, x):
     """o [B,T,H,V] in float64 (numpy). poly: pairwise (poly_oracle). Otherwise by the recurrence
     vectorized over (B, H):
     gla: S = diag(exp(g_t)) S + k_t^T v_t; delta rules: S = a_t (S - beta_t k_t^T (k_t S)) + beta_t k_t^T v_t
-    (a_t = exp(g_t), 1 ungated); o_t = K^-1/2 q_t S (KERNELS.md's recurrences, written apart from the
+    (a_t = exp(g_t), 1 ungated); o_t = K^-1/2 q_t S (docs/ops' recurrences, written apart from the
     naive references it is checked against)."""
     if torch is not None:
         dev = "cuda" if torch.cuda.is_available() else "cpu"

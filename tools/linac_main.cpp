@@ -19,16 +19,16 @@
 #include "compiler/ir/parser.h"
 #include "compiler/ir/printer.h"
 #include "compiler/nvptx/codegen.h"
-#include "kernels/op.h"
 #include "kernels/common/op_support.h"
+#include "kernels/op.h"
 #include "linac/error.h"
 #include "runtime/autotune.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/disk_cache.h"
 #include "runtime/executor.h"
+#include "runtime/npy.h"
 #include "runtime/op_call.h"
 #include "runtime/output_files.h"
-#include "runtime/npy.h"
 #include "tools/dump.h"
 
 namespace linac {

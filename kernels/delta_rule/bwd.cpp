@@ -14,7 +14,7 @@ using namespace dsl;
 
 // DeltaNet backward in chunks (keys as given; the gate's additions below). Per chunk, with S the state
 // before it, S' after it, M the causal mask (r >= c), strict the mask r > c, and from the forward
-// (KERNELS.md 3):
+// (docs/ops/delta_rule.md):
 //   A = strict(diag(beta) K K^T),  T = (I + A)^-1,  W = T diag(beta) K,  U = T diag(beta) V
 //   Vn = U - W S,   O = scale (Q S + ((Q K^T) .* M) Vn),   S' = S + K^T Vn
 // the reverse mode, with dS' = dL/dS' (dfinal_state after the last chunk):
@@ -26,7 +26,7 @@ using namespace dsl;
 //   dV  = beta dVb,   dbeta = rowsum(dVb V) + rowsum(dKb K) + rowsum(dA .* K K^T)
 //   dK += beta dKb + (beta dA) K + (beta dA)^T K
 // Three kernels after delta_rule_wy recomputes W and U (and stores T, so that the per-chunk kernel does
-// not invert again: 3.70 -> 2.65 ms on an H200 at B8 T4096 H16 D128): a forward walk stores S per chunk
+// not invert again: docs/ops/delta_rule.md, "Measured"): a forward walk stores S per chunk
 // and Vn; a reverse walk stores dS' per chunk and dVn (and dinitial_state); then every chunk is
 // independent.
 // The per-chunk states are [chunks, H, K, V] in the input dtype: T*K*V/chunk elements each, linear in T.
@@ -377,8 +377,8 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
 // (final), dK's output terms and dW (to scratch), and the gate's row sums per key block (to scratch,
 // summed in block order by the next kernel: no atomics); then delta_bwd_chunk_ut, one program per
 // chunk, the terms that need every key column: the UT adjoint (dT = dW Kb^T + dVn Vb^T, dA, dK's UT
-// terms, dbeta), dv, and the gate's dg. Measured faster for the gated form only
-// (delta_bwd_chunk_key_columns).
+// terms, dbeta), dv, and the gate's dg. Faster above head dim 128 (docs/ops/delta_rule.md, "Measured";
+// delta_bwd_chunk_key_columns in op_bwd.cpp).
 
 std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_keys(const DeltaChunkedBwdConfig& cfg) {
   const int64_t BT = cfg.chunk, CK = cfg.chunk_k, CV = cfg.chunk_v;

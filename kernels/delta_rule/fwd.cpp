@@ -69,7 +69,7 @@ Tile decays_to_chunk_end(const Tile& gc, int64_t BT) { return sum(gates_below(gc
 //   T_ij = -T_ii (A_ij T_jj + A_i,j+1 T_j+1,j + ... + A_i,i-1 T_i-1,j)      (i > j)
 // and W_i = sum_{j <= i} T_ij diag(..)_j K_j (likewise U). Inverting the whole [BT, BT] matrix by
 // doubling spent dense [BT, BT] products on blocks known to be zero: at chunk 32, 8 fp32 products of
-// 32x32x32 against 14 of 16x16x16 here (H200 B8 T4096 H16 D128 bf16: wy 0.445 -> 0.349 ms).
+// 32x32x32 against 14 of 16x16x16 here (docs/ops/delta_rule.md, "Measured").
 // The decays of A's blocks are sums of gates over the rows in between, never differences of cumulative
 // sums: in the diagonal blocks chunk_decays' D, below them exp(L_i) exp(mid) exp(R_j) with L_i the
 // cumulative gates of block i from its first row, R_j those after row c to the end of block j and mid
@@ -83,8 +83,8 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   KernelBuilder kb(cfg.gated ? "gated_delta_rule_wy" : "delta_rule_wy");
   kb.set_num_warps(cfg.wy_warps);
   kb.set_num_stages(1);
-  // The inverse's fp32 products on the tensor cores (3xTF32): H200 wy 0.595 -> 0.408 ms at B8 T4096
-  // H16 D128 bf16. Left to itself ptxas capped the 256-thread form at 48 registers and spilled.
+  // The inverse's fp32 products on the tensor cores (3xTF32; docs/ops/delta_rule.md, "Measured"). Left
+  // to itself ptxas capped the 256-thread form at 48 registers and spilled.
   kb.set_tensor_core_f32(true);
   kb.set_min_ctas_per_sm(2);
   Tensor k = kb.tensor("k", dt, 4);
@@ -231,7 +231,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
   // The gated walk at two blocks per SM (ptxas: 128 registers, 8 bytes spilled at K = V = 128, chunk 32,
-  // 8 warps) rather than one (156 registers): H200 B8 T4096 H16 D128 bf16 walk 0.99 -> 0.69 ms. The
+  // 8 warps) rather than one (156 registers): faster (docs/ops/delta_rule.md, "Measured"). The
   // ungated walk gets there by itself (127 registers). Not for value blocks of 128 (one program per
   // head holds the whole state: 171 registers ungated).
   if (cfg.gated && BV <= 64) kb.set_min_ctas_per_sm(2);
@@ -265,8 +265,8 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
 
   // The gates, loaded an iteration ahead: a [BT] fp32 tile is too small for the pipeliner's 16-byte
   // copies per thread, and loaded in its own iteration it held up the state update (exp(b_C - b)
-  // scales V_new before K^T V_new): H200 B8 T4096 H16 D128 bf16 gated walk 0.62 -> 0.57 ms. (Forming
-  // the next chunk's gate terms at the end of the iteration as well was slower: 0.61 ms.)
+  // scales V_new before K^T V_new). Forming the next chunk's gate terms at the end of the iteration as
+  // well was slower (docs/ops/delta_rule.md, "Measured").
   Tile gc_next;
   if (cfg.gated) gc_next = load(g, {b, bos, i_h}, {kIndex, BT, kIndex}, in_seq);
 

@@ -1,5 +1,5 @@
-// DeltaNet and Gated DeltaNet forward (KERNELS.md sections 3 and 5): the DSL kernels and the ops
-// "delta_rule" and "gated_delta_rule".
+// DeltaNet and Gated DeltaNet forward (docs/ops/delta_rule.md, docs/ops/gated_delta_rule.md): the DSL
+// kernels of the ops "delta_rule" and "gated_delta_rule" (the ops: op.h).
 //
 //   S_t = alpha_t (I - beta_t k_t^T k_t) S_{t-1} + beta_t k_t^T v_t,  o_t = scale q_t S_t
 // with alpha_t = exp(g_t) for the gated form and 1 otherwise.
@@ -34,7 +34,7 @@ struct DeltaRuleConfig {
   bool final_state = false;
   bool varlen = false;       // cu_seqlens [N+1] present, B == 1
   int num_warps = 4;         // of the walk (delta_rule_fwd, the recurrent kernel)
-  int wy_warps = 4;          // of delta_rule_wy: 0.41 ms at 4 vs 0.51 at 8 (H200, B8 T4096 H16 D128 bf16)
+  int wy_warps = 4;          // of delta_rule_wy: 4 faster than 8 (docs/ops/delta_rule.md, "Measured")
   int num_stages = 2;        // chunk loads of delta_rule_fwd pipelined one iteration ahead
   bool store_t = false;      // delta_rule_wy also stores T (t_mat [B,T,H,BT], rows, input dtype) for the backward
   bool save_states = false;  // delta_rule_fwd also stores S before each chunk (h) and V_new (v_new) for the backward

@@ -69,10 +69,8 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   cfg.chunk = checked_chunk_size(opts.chunk_size, small ? 64 : 32);
   cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
   //  - value blocks of 128 for the 16-bit walk above head dim 64 (one program holds the whole state; no
-  //    program redoes another's W S): H200 B8 T4096 H16 D128 bf16 walk 0.56 -> 0.42 ms, gated 0.68 ->
-  //    0.63 ms.
-  //    With at most 64 sequences x heads, 64 columns (more programs): H200 B2 T16384 H16 D128 bf16, the
-  //    forward saving the backward's tensors 2.45 -> 1.61 ms (gated 3.19 -> 2.13; 32 columns 1.79).
+  //    program redoes another's W S); with at most 64 sequences x heads, 64 columns (more programs).
+  //    Both faster where they apply (docs/ops/delta_rule.md, "Measured").
   const int64_t wide_v = !small && !fp32 && !(heads > 0 && heads <= kDeltaFewHeads) ? 128 : 64;
   const int64_t bv = std::min<int64_t>(padded_head_dim(V), opts.recurrent || (fp32 && !small) ? 32 : wide_v);
   cfg.block_v = static_cast<int>(config_value(opts, "bv", bv, {16, 32, 64, 128, 256}));
@@ -248,8 +246,8 @@ std::vector<std::shared_ptr<ir::Kernel>> delta_rule_kernels(bool gated, const Op
 OpDef delta_rule_op_def(bool gated) {
   OpDef op;
   op.name = gated ? "gated_delta_rule" : "delta_rule";
-  op.summary = gated ? "chunked Gated DeltaNet forward (UT transform + WY recurrence, KERNELS.md 3)"
-                     : "chunked DeltaNet forward (UT transform + WY recurrence, KERNELS.md 3)";
+  op.summary = gated ? "chunked Gated DeltaNet forward (UT transform + WY recurrence, docs/ops/gated_delta_rule.md)"
+                     : "chunked DeltaNet forward (UT transform + WY recurrence, docs/ops/delta_rule.md)";
   op.inputs = {
       {"q", true, "[B,T,H,K]", "queries"},
       {"k", true, "[B,T,H,K]", "keys (L2-normalized, not checked, or pass --l2norm-qk)"},
@@ -278,8 +276,8 @@ OpDef delta_rule_op_def(bool gated) {
     op.outputs.push_back({t.name, false, t.shape, fmt::format("{}, for --backward (inputs saved_*)", t.what)});
   op.flags = {"recurrent", "l2norm_qk", "backward"};
   op.bwd_tuning_space = [](const ProblemShape&, DType) {
-    // The chunked backward's chunk and walk width. On an H200 (B8 H16 D128 bf16, timed at T = 1024) the
-    // default (chunk 32, bv 128, 8 warps) was fastest; 4 warps were 1.7x slower and chunk 64 spilled
+    // The chunked backward's chunk and walk width. The default (chunk 32, bv 128, 8 warps) was the
+    // fastest measured (docs/ops/delta_rule.md, "Measured"); 4 warps were slower and chunk 64 spilled
     // 3.2 KB (gated: more shared memory than a block has), so neither is offered.
     return std::vector<Config>{{}, {{"chunk", 16}}, {{"bv", 64}}};
   };
@@ -321,9 +319,9 @@ OpDef delta_rule_op_def(bool gated) {
                               {{"chunk", 32}, {"warps", 8}, {"bv", 128}},
                               {{"chunk", 16}, {"warps", 8}, {"bv", 64}},
                               {{"chunk", 32}, {"warps", 4}, {"bv", 32}}};
-    // Chunks of 64 only for head dims up to 64: at 128 on an H200 they were the slowest candidate
-    // (0.656 ms at B8 T1024 H16 vs 0.340 for the winner) and the slowest to compile (the fp32
-    // inverse at 64 rows: 1.4 s of a 3.3 s cold tuning's critical path).
+    // Chunks of 64 only for head dims up to 64: at 128 they were the slowest candidate (docs/ops/
+    // delta_rule.md, "Measured") and the slowest to compile (the fp32 inverse at 64 rows: 1.4 s of a
+    // 3.3 s cold tuning's critical path).
     if (std::max(s.K, s.V) <= 64) space.insert(space.begin() + 2, {{"chunk", 64}, {"warps", 4}, {"bv", 64}});
     // Few walks (sequences x heads): the split schedule, whose walk carries only the state from chunk to
     // chunk and leaves the outputs to a kernel over every chunk in parallel.

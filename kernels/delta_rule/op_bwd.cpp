@@ -31,20 +31,15 @@ int64_t delta_bwd_chunk_columns(DType dtype, int64_t full_v) {
 /// Key columns per program of the per-chunk work for K padded to block_k: all of them (one kernel) up to
 /// 128, blocks of 128 above (two kernels: build_delta_bwd_chunk_keys).
 int64_t delta_bwd_chunk_key_columns(int64_t block_k, bool /*gated*/) {
-  // H200, B8 T2048 H32 K = V = 256 bf16, per-chunk work in ms (the backward from the saved tensors):
-  //   delta_rule        one kernel 6.67 (8.86)    ck 128: 7.62 + 2.60 (12.38)    ck 64: 10.18 + 2.60 (14.97)
-  //   gated_delta_rule  one kernel 14.25 (16.67)  ck 128: 7.79 + 4.46 (14.68)    ck 64: 11.85 + 4.57 (18.84)
-  // With the key-block kernel's next value step prefetched (delta_bwd_keys_stages; session 10):
-  //   delta_rule        ck 128: 2.75 + 2.6 (7.54)   ck 64 kwarps 4: 2.88 + 2.6 (7.68)
-  //   gated_delta_rule  ck 128: 4.57 + 4.5 (11.44)  ck 64 kwarps 4: 4.27 + 4.5 (11.22)
-  // so blocks of 128 above head dim 128 for both forms (the one kernel spills: 255 registers).
+  // Blocks of 128 above head dim 128 for both forms, the fastest with the key-block kernel's next value
+  // step prefetched (docs/ops/delta_rule.md, "Measured"; the one kernel spills: 255 registers).
   return block_k > 128 ? 128 : block_k;
 }
 
 /// Pipeline stages of the key-block kernel's value steps by default (2: the next step prefetched).
 int delta_bwd_keys_stages(DType dtype) {
-  // Prefetching the next value step's loads took the key-block kernel from 7.63 to 2.75 ms (delta_rule)
-  // and 7.80 to 4.57 (gated) at the shape above; fp32 keeps one stage (its tiles are twice the bytes).
+  // Prefetching the next value step's loads made the key-block kernel much faster (docs/ops/
+  // delta_rule.md, "Measured"); fp32 keeps one stage (its tiles are twice the bytes).
   return dtype == DType::f32 ? 1 : 2;
 }
 
@@ -188,16 +183,14 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
                                   "backward needs chunks of 16 (run the forward with --chunk-size 16)", name, saved_chunk));
     cfg.chunk = saved_chunk;
   }
-  // V blocks of 128 in the walks: the fastest of `linac tune --backward` on an H200 at B8 H16 D128 bf16
-  // (delta_rule 1.45 ms vs 1.51 at 64, gated 2.69 vs 2.92, T = 1024).
-  // fp32 above head dim 128: 64 (the reverse walk plans 260 KB of shared memory at 128, K = V = 256).
-  // At most 64 sequences x heads: 64 (more programs per walk; H200 B2 T16384 H16 D128 bf16, backward from
-  // the saved tensors 3.19 -> 2.52 ms, dstates 1.80 -> 1.15; gated 5.04 -> 3.98; 32 columns 2.62).
+  // V blocks of 128 in the walks: the fastest of `linac tune --backward` (docs/ops/delta_rule.md,
+  // "Measured"). fp32 above head dim 128: 64 (the reverse walk plans 260 KB of shared memory at 128,
+  // K = V = 256). At most 64 sequences x heads: 64 (more programs per walk, faster there).
   const bool few_heads = seq.N * seq.H <= kDeltaFewHeads;
   const int64_t dflt_bv = (cfg.dtype == DType::f32 && std::max(cfg.block_k, cfg.full_v) > 128) || few_heads ? 64 : 128;
   cfg.block_v = std::min<int64_t>(config_value(opts, "bv", dflt_bv, {16, 32, 64, 128}), cfg.full_v);
   // 8 warps: at 4 the per-chunk kernel (K = V = 128, chunk 32) spills 1004 bytes, at 8 it spills 8
-  // (ptxas, sm_90a); 4 warps were also 1.7x slower on the H200.
+  // (ptxas, sm_90a); 4 warps were also slower (docs/ops/delta_rule.md, "Measured").
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
   // The key-block kernel's own (untimed: session 9 ran it at 8 warps and 1 stage only).
   cfg.keys_warps = static_cast<int>(config_value(opts, "kwarps", cfg.num_warps, {2, 4, 8}));

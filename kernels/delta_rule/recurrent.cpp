@@ -1,4 +1,4 @@
-// The token-by-token (decode) form of the delta rules (KERNELS.md section 5).
+// The token-by-token (decode) form of the delta rules (docs/ops/README.md, "The token-by-token (decode) form").
 #include "kernels/delta_rule/fwd.h"
 
 #include "kernels/common/prologue.h"

@@ -114,7 +114,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
     //  - elementwise otherwise, in two passes over its 16 rows so that every sum is a row sum (warp
     //    shuffles) and none runs down a column (a shared-memory walk per step). The entries of dA each
     //    step needs are read from dA's shared-memory copy with take (no reduction; --config take=0
-    //    picks them by masked row sums instead, 0.34 ms slower on the H200):
+    //    picks them by masked row sums instead, slower: docs/ops/gla.md, "Measured"):
     //    - column c at a time (row c of K, column c of dA), as gla_intra builds A:
     //        dQi[r] += dA[r, c] k_c .* exp(L_r - L_c) (r >= c),  A[r, c] = rowsum(q_r .* k_c .* exp(..))
     //    - row r at a time (row r of Q, row r of dA):

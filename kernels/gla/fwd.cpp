@@ -57,8 +57,8 @@ std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg) {
     A = where(rows >= cols, dot(Qf * exp(L - m), (Kf * exp(m - L)).T()), 0.0f);
   }, [&] {
     Tile Lc = zeros({BK}, f32);  // row c of L, summed in the cumsum's order: L_r - L_c is 0 at r = c
-    // Row c of k and g, loaded one step ahead (carried) so that their latency overlaps a step: 0.78 ->
-    // 0.71 ms on an H200 at B8 T4096 H16 D128.
+    // Row c of k and g, loaded one step ahead (carried) so that their latency overlaps a step
+    // (docs/ops/gla.md, "Measured").
     auto row_of = [&](const Tensor& t, const Operand& r) {
       return load(t, {b, ti + r, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
     };
@@ -193,7 +193,7 @@ std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg) {
 
   // The diagonal blocks are loaded one chunk ahead (carried), so that their latency overlaps a step:
   // [16, 16] fp32 tiles are too small for cp.async pipelining, and waiting on them was the walk's top
-  // stall (13% of its samples on the H200). Past the last chunk the loads are masked (zeros, unused).
+  // stall (docs/ops/gla.md, "Measured"). Past the last chunk the loads are masked (zeros, unused).
   std::vector<Tile> A = load_diagonal_blocks(cfg, a_diag, seq.b, i_h, seq.bos, in_seq);
   std::vector<Tile*> carried = {&S};
   for (Tile& a : A) carried.push_back(&a);

@@ -1,4 +1,4 @@
-// Gated linear attention forward (KERNELS.md section 2) with a per-channel log-decay g [B,T,H,K]:
+// Gated linear attention forward (docs/ops/gla.md) with a per-channel log-decay g [B,T,H,K]:
 //   S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t ;  o_t = scale q_t S_t
 // chunked with decay-aware secondary chunking (16-row sub-chunks): the kernels in the DSL and the op.
 // gla_intra computes the diagonal 16x16 blocks of the attention (elementwise in fp32, parallel over

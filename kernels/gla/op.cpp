@@ -80,17 +80,16 @@ GlaConfig gla_config(const OpOptions& opts, int64_t K, int64_t V) {
   GlaConfig cfg;
   cfg.dtype = opts.dtype;
   cfg.block_k = padded_head_dim(K);
-  // Until the autotuner covers gla, defaults measured on an H200 (bf16, B=8, H=16, T=2048..4096):
-  // chunks of 16 (the state absorbs the off-diagonal blocks) beat chunks of 32 and 64 in every
-  // configuration measured; one program per 128 value columns for K = 128 (each program redoes the key-side
-  // decay math), 32 columns otherwise. These are spill-free for K = V = 64 and 128 (test_ptxas).
+  // Defaults chosen by measurement (docs/ops/gla.md, "Measured"): chunks of 16 (the state absorbs the
+  // off-diagonal blocks) beat chunks of 32 and 64 in every configuration measured; one program per 128
+  // value columns for K = 128 (each program redoes the key-side decay math), 32 columns otherwise. These
+  // are spill-free for K = V = 64 and 128 (test_ptxas).
   const int64_t bv = std::min<int64_t>(padded_head_dim(V), cfg.block_k == 128 ? 128 : 32);
   cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, 16), {16, 32, 64, 128}));
   cfg.block_v = static_cast<int>(config_value(opts, "bv", bv, {16, 32, 64, 128}));
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
-  // The chunk loads pipelined (cp.async one chunk ahead) for 16-bit tiles: H200 B8 T4096 H16 D128 bf16
-  // forward 1.42 ms vs 1.91 with stages=1 (gla_fwd 0.70 vs 1.19; the tuner had been picking it).
-  // fp32 blocks keep one stage (twice the shared memory).
+  // The chunk loads pipelined (cp.async one chunk ahead) for 16-bit tiles, faster (docs/ops/gla.md,
+  // "Measured"; the tuner had been picking it). fp32 blocks keep one stage (twice the shared memory).
   cfg.num_stages = static_cast<int>(config_value(opts, "stages", dtype_bytes(cfg.dtype) == 2 ? 2 : 1, {1, 2}));
   cfg.split = config_value(opts, "split", 0, {0, 1}) == 1;
   cfg.state_block_k = static_cast<int>(std::min<int64_t>(config_value(opts, "sbk", cfg.block_k, {16, 32, 64, 128}), cfg.block_k));
@@ -181,7 +180,7 @@ OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vecto
 OpDef gla_op() {
   OpDef op;
   op.name = "gla";
-  op.summary = "gated linear attention forward, per-channel log-decay gate, decay-aware sub-chunks (KERNELS.md 2)";
+  op.summary = "gated linear attention forward, per-channel log-decay gate, decay-aware sub-chunks (docs/ops/gla.md)";
   op.inputs = {
       {"q", true, "[B,T,H,K]", "queries"},
       {"k", true, "[B,T,H,K]", "keys"},
@@ -205,14 +204,13 @@ OpDef gla_op() {
   op.prepare = plan_gla;
   op.bwd_tuning_space = [](const ProblemShape& s, DType) {
     // The chunked backward's chunk, column blocks and warps: the default (16-bit: chunk 16, whole
-    // 128-column blocks, 8 warps) and the runners-up on an H200 at B8 T4096 H16 D128 (see configure in
-    // op_bwd.cpp); intra with 8 warps was slower there (4.03 vs 2.96 ms).
-    // take=0 (masked row sums in gla_bwd_intra) was 0.34 ms slower, so it is not offered.
+    // 128-column blocks, 8 warps) and the runners-up measured (docs/ops/gla.md, "Measured"); intra with
+    // 8 warps was slower there, and take=0 (masked row sums in gla_bwd_intra) too, so neither is offered.
     std::vector<Config> space{{},
                               {{"chunk", 16}, {"bk", 64}, {"bv", 64}, {"warps", 4}},
                               {{"chunk", 32}, {"bk", 64}, {"bv", 64}, {"warps", 8}}};
     // Both schedules where few walks leave SMs idle (head dims up to 128; the default picks by shape,
-    // see split_by_default in op_bwd.cpp). gla_bwd_inter at 4 warps was 2.7x slower.
+    // see split_by_default in op_bwd.cpp). gla_bwd_inter at 4 warps was slower (docs/ops/gla.md).
     if (s.B * s.H <= kGlaBwdSplitHeads && std::max(s.K, s.V) <= 128) {
       space.push_back({{"split", 1}});
       space.push_back({{"split", 0}});
@@ -236,7 +234,7 @@ OpDef gla_op() {
     return ProblemShape{q.shape[0], q.shape[1], q.shape[2], q.shape[3], in.at("v").shape[3], true};
   };
   op.tuning_space = [](const ProblemShape& s, DType) {
-    // The defaults first; then what won in measurements on an H200 at other sizes (see gla_config).
+    // The defaults first; then what won in measurements at other sizes (docs/ops/gla.md, "Measured").
     std::vector<Config> space{{},
                               {{"chunk", 16}, {"bv", 128}, {"warps", 8}, {"stages", 2}},
                               {{"chunk", 16}, {"bv", 64}, {"warps", 4}, {"stages", 2}},
@@ -244,11 +242,10 @@ OpDef gla_op() {
                               {{"chunk", 64}, {"bv", 128}, {"warps", 8}, {"stages", 1}}};
     // The split schedule (a state pass, then every chunk's outputs in parallel) pays for its state
     // round trip through memory with parallelism over chunks: only when the fused walk leaves SMs idle.
-    // With 128 heads (B8 H16) it never won on an H200 (5.89 ms at best vs 2.25) and cost 4 of 9
-    // candidates' compile and timing in every cold start.
+    // With 128 heads (B8 H16) it never won (docs/ops/gla.md, "Measured") and cost 4 of 9 candidates'
+    // compile and timing in every cold start.
     if (s.B * s.H < kSplitCandidatesBelowHeads) {
-      // Key blocks in the state pass (sbk) for more programs: at B2 T16384 H16 D128 bf16 on an H200
-      // the forward took 2.28 ms with sbk=32 (chunk 64), 2.72 with sbk=64, 9.92 without, fused 3.08.
+      // Key blocks in the state pass (sbk) for more programs (docs/ops/gla.md, "Measured").
       space.push_back({{"split", 1}, {"chunk", 64}, {"bv", 128}, {"warps", 8}});
       space.push_back({{"split", 1}, {"chunk", 32}, {"bv", 64}, {"warps", 4}});
       space.push_back({{"split", 1}, {"chunk", 64}, {"bv", 64}, {"sbk", 64}, {"warps", 4}, {"stages", 2}});

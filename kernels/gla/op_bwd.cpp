@@ -54,7 +54,7 @@ GlaSplitBwdConfig split_config(const GlaChunkedBwdConfig& cfg) {
   s.block_v = cfg.block_v;
   s.state_block_k = cfg.state_block_k;
   s.state_block_v = cfg.state_block_v;
-  // The forward's best split configuration on an H200 (B2 T16384 H16 D128 bf16: 4 warps, 2 stages).
+  // The forward's best split configuration measured (docs/ops/gla.md, "Measured"): 4 warps, 2 stages.
   s.state_warps = 4;
   s.state_stages = cfg.dtype == DType::f32 ? 1 : 2;
   s.num_warps = cfg.num_warps;
@@ -66,10 +66,9 @@ GlaSplitBwdConfig split_config(const GlaChunkedBwdConfig& cfg) {
 }
 
 int split_default_chunk(DType dtype, int64_t block_k, int64_t block_v) {
-  // H200, B2 T16384 H16 D128 bf16, backward ms: chunk 32 5.62 (intra 1.37, state passes 0.80 + 0.95,
-  // inter 1.57, dg 0.95); chunk 64 16.39 (intra 6.68 and inter 7.16: the intra kernel spills 1.5 KB,
-  // inter takes 237 registers and 206 KB of shared memory). At head dim 64 chunk 64 ran (B8 T1024 H8:
-  // 0.44 ms against the walks' 0.62). fp32 halves them (gla_bwd_inter holds a chunk's state and its
+  // Chunk 32 above head dim 64: at 64 the intra kernel spills 1.5 KB and gla_bwd_inter takes 237
+  // registers and 206 KB of shared memory, three times slower; at head dim 64 chunk 64 runs well
+  // (docs/ops/gla.md, "Measured"). fp32 halves them (gla_bwd_inter holds a chunk's state and its
   // gradient whole: 202 KB at head dim 128, chunk 16).
   const int64_t d = std::max(block_k, block_v);
   if (dtype != DType::f32) return d > 64 ? 32 : 64;
@@ -77,9 +76,8 @@ int split_default_chunk(DType dtype, int64_t block_k, int64_t block_v) {
 }
 
 /// Whether the split schedule is the default for these inputs: 16-bit, dense, head dims up to 128 and
-/// at most 64 sequences x heads over at least 1024 tokens. H200 bf16 D128 backward ms, split vs walks:
-/// B2 T16384 H16 5.22 vs 9.23, B4 T2048 H16 1.17 vs 1.27, B8 T1024 H8 D64 0.43 vs 0.62; with more
-/// heads the walks win (B8 T4096 H16 4.28 vs 2.90, B1 T8192 H96 6.62 vs 5.33).
+/// at most 64 sequences x heads over at least 1024 tokens; with more heads the walks win (docs/ops/
+/// gla.md, "Measured": split vs walks).
 bool split_by_default(const GlaChunkedBwdConfig& cfg, const SequenceLayout* seq) {
   return seq && cfg.dtype != DType::f32 && !seq->varlen && std::max(cfg.block_k, cfg.block_v) <= 128 &&
          seq->N * seq->H <= kGlaBwdSplitHeads && seq->T >= 1024;
@@ -87,9 +85,8 @@ bool split_by_default(const GlaChunkedBwdConfig& cfg, const SequenceLayout* seq)
 
 /// seq: the call's inputs (nullptr: the representative kernels).
 void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts, const SequenceLayout* seq) {
-  // Defaults from the H200 at B8 T4096 H16 D128 bf16 (backward ms): chunk 16 with whole 128-column
-  // blocks and 8 warps 5.09 (intra 2.46, walks 0.84/0.86/0.71); chunk 32 with 64-column blocks 6.68
-  // (intra 3.47, walks ~1.0 each); chunk 32 with 128-column key blocks does not fit (239 KB of shared
+  // Defaults (16-bit): chunk 16 with whole 128-column blocks and 8 warps, the fastest measured
+  // (docs/ops/gla.md, "Measured"); chunk 32 with 128-column key blocks does not fit (239 KB of shared
   // memory); chunk 64 plans 247-294 KB. fp32 keeps 64-column blocks (128 would plan 203 KB, more than
   // an sm_80 block has).
   const bool half_width = cfg.dtype != DType::f32;  // bf16 or fp16 tiles
@@ -107,12 +104,11 @@ void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts, const SequenceLa
   cfg.split_v = std::min<int64_t>(config_value(opts, "bv", dflt_bv, {16, 32, 64, 128, 256}), cfg.block_v);
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", half_width ? 8 : 4, {2, 4, 8}));
   cfg.intra_warps = static_cast<int>(config_value(opts, "iwarps", 4, {2, 4, 8}));
-  // take=1: H200 backward 4.70 ms (intra 2.04) vs 5.03 (intra 2.38) with masked row sums.
+  // take=1: faster than masked row sums (docs/ops/gla.md, "Measured").
   cfg.take = config_value(opts, "take", 1, {0, 1}) == 1;
   cfg.fuse_dkdv = config_value(opts, "fuse", 1, {0, 1}) == 1;
   cfg.state_block_k = std::min<int64_t>(config_value(opts, "sbk", 32, {16, 32, 64, 128, 256}), cfg.block_k);
-  // H200 B2 T16384 H16 D128 bf16, split backward: sbk x sbv 32 x 32 4.48 ms, 32 x 64 4.59, 64 x 64 4.75,
-  // 32 x 128 4.78, 16 x 64 5.05 (the state passes 0.53 ms each at 32 x 32).
+  // The state passes' blocks: 32 x 32 was the fastest measured (docs/ops/gla.md, "Measured").
   cfg.state_block_v = std::min<int64_t>(config_value(opts, "sbv", 32, {16, 32, 64, 128, 256}), cfg.block_v);
 }
 

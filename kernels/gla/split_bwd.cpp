@@ -1,7 +1,7 @@
 #include "kernels/gla/split_bwd.h"
 
-#include "kernels/common/state_pass.h"
 #include "kernels/common/prologue.h"
+#include "kernels/common/state_pass.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -15,8 +15,7 @@ constexpr int64_t kDgFinalColumns = 32;  // value columns per step of its final-
 
 // GLA backward, split schedule (dense inputs; --backward --config split=1). The walks of the default
 // schedule carry the whole gradient computation from chunk to chunk: with few sequences x heads they
-// leave most SMs idle and the chain of dots per chunk sets the time (B2 T16384 H16 D128 bf16 on an
-// H200: dq walk 3.40 ms, dkdv walk 4.12 ms over 1024 chunks of 16 rows, 32 programs each). Here only
+// leave most SMs idle and the chain of dots per chunk sets the time (docs/ops/gla.md, "Measured"). Here only
 // the state recurrences walk, in key x value blocks (many programs, one product per chunk), on operands
 // gla_bwd_gates decayed beforehand for every chunk in parallel (so that no scan of the gates sits in a
 // walk's chain: each took a pass through shared memory per chunk):

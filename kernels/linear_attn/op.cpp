@@ -42,9 +42,8 @@ LinearAttnNormalizedConfig normalized_config(const OpOptions& opts, int64_t K, i
   // registers that linear_attn's 64-row chunks with 4 warps do not have. fp32 above head dim 128:
   // chunk 16 (259 KB of shared memory at 32 with K = 256; 164 KB at 16).
   // In 16-bit with 128-column value blocks filling the GPU (as linear_attn's forward chooses them),
-  // chunk 64 with whole 128-column blocks and 8 warps: H200, B8 T4096 H16 D128 bf16, 0.707 -> 0.536 ms
-  // (ptxas spills 64 bytes at 255 registers there, sm_90a; measured faster anyway). At B2 T16384 H16
-  // the defaults below were within 1% of the best of 7 configurations (1.396 ms).
+  // chunk 64 with whole 128-column blocks and 8 warps: faster, although ptxas spills 64 bytes at 255
+  // registers there (sm_90a). Timings: docs/ops/linear_attn.md, "Measured".
   const bool wide = opts.dtype != DType::f32 && K <= 128 && V > 64 && heads * ((V + 127) / 128) >= 120;
   const int dflt_chunk = wide ? 64 : opts.dtype == DType::f32 && cfg.block_k > 128 ? 16 : 32;
   cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, dflt_chunk), {16, 32, 64, 128}));
@@ -130,9 +129,9 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
   const int default_chunk = cfg.dtype != DType::f32 ? 64 : cfg.block_k > 128 ? 16 : cfg.block_k > 64 ? 32 : 64;
   cfg.chunk = checked_chunk_size(opts.chunk_size, default_chunk);
   cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
-  // The defaults the tuner starts from (and what runs without it), from measurements on an H200 (see
-  // the issue notes): one program per head and 128 value columns when that fills the GPU, else 64
-  // columns (more programs), 8 warps for wide heads.
+  // The defaults the tuner starts from (and what runs without it), chosen by measurement
+  // (docs/ops/linear_attn.md, "Measured"): one program per head and 128 value columns when that fills
+  // the GPU, else 64 columns (more programs), 8 warps for wide heads.
   int64_t bv = 64, warps = 8;
   if (seq.V <= 64) {
     bv = padded_head_dim(seq.V), warps = 4;
@@ -181,7 +180,7 @@ OpPlan plan_linear_attn(const TensorMap& inputs, const OpOptions& opts, const st
 OpDef linear_attn_op() {
   OpDef op;
   op.name = "linear_attn";
-  op.summary = "chunked linear attention forward, optional per-head scalar log-decay gate (KERNELS.md 1)";
+  op.summary = "chunked linear attention forward, optional per-head scalar log-decay gate (docs/ops/linear_attn.md)";
   op.inputs = {
       {"q", true, "[B,T,H,K]", "queries"},
       {"k", true, "[B,T,H,K]", "keys"},
@@ -219,8 +218,9 @@ OpDef linear_attn_op() {
     return ProblemShape{q.shape[0], q.shape[1], q.shape[2], q.shape[3], in.at("v").shape[3], in.count("g") > 0};
   };
   op.tuning_space = [](const ProblemShape& s, DType) {
-    // Chunk 64 with 64 or 128 value columns and 4 or 8 warps covers what wins on an H200 (see the
-    // issue notes); chunks of 32 and 128 as outliers. Configs that do not fit are skipped.
+    // Chunk 64 with 64 or 128 value columns and 4 or 8 warps covers what won in measurements
+    // (docs/ops/linear_attn.md, "Measured"); chunks of 32 and 128 as outliers. Configs that do not fit
+    // are skipped.
     std::vector<Config> space = {{},  // the shape-based defaults
                                  {{"bv", 64}, {"warps", 4}}, {{"bv", 64}, {"warps", 8}}, {{"bv", 128}, {"warps", 8}},
                                  {{"bv", 32}, {"warps", 4}}, {{"chunk", 32}, {"bv", 64}, {"warps", 4}},
@@ -229,7 +229,7 @@ OpDef linear_attn_op() {
     return space;
   };
   op.bwd_tuning_space = [](const ProblemShape& s, DType dt) {
-    // The default first (from the H200 sweep in op_bwd.cpp), then that sweep's other
+    // The default first (from the sweep in docs/ops/linear_attn.md, "Measured"), then that sweep's other
     // contenders; fp32 tiles are twice as large, so only its smaller configurations fit. Column blocks
     // are capped at the padded head dims (candidates that become equal are listed once).
     std::vector<Config> wanted =

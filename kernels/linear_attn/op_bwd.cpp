@@ -17,13 +17,11 @@ namespace linac {
 
 namespace {
 
-/// Defaults measured on an H200 at B8 T4096 H16 D128 bf16 (backward ms, per-kernel medians of dq, dk,
-/// dv within 5%): chunk 64 with one program per head (bk = bv = 128, 8 warps) 0.82; chunk 32 at 128
-/// 0.91; bk = bv = 64 (two programs per head) 1.19 at 8 warps, 1.04 at 4; 32-column blocks 1.57.
-/// Shared memory bounds it: 16-bit gated at chunk 64 and 128 columns plans 175 KB (an H100/H200 block
-/// has 227 KB); fp32 tiles are twice as large, so fp32 takes chunks of 32 and 64 columns (168 KB gated;
-/// at chunk 64 it needed 292 KB). Gated, 16-bit: chunk 32 at 128 columns 1.76 ms, chunk 64 2.14 (its dq
-/// and dk kernels spill 84-96 bytes there; the dg kernel walks twice as many chunks, 0.11 vs 0.24 ms).
+/// The fastest measured (docs/ops/linear_attn.md, "Measured": the backward's sweep): chunk 64 with one
+/// program per head (bk = bv = 128, 8 warps); gated, chunk 32 (at 64 its dq and dk kernels spill 84-96
+/// bytes). Shared memory bounds it: 16-bit gated at chunk 64 and 128 columns plans 175 KB (an H100/H200
+/// block has 227 KB); fp32 tiles are twice as large, so fp32 takes chunks of 32 and 64 columns (168 KB
+/// gated; at chunk 64 it needed 292 KB).
 int default_bwd_chunk(DType dt, bool gated) { return dt == DType::f32 || gated ? 32 : 64; }
 /// fp32 above head dim 128: chunk 16 (the gated walks plan 285 KB of shared memory at 32 with K = V = 256,
 /// the normalized ones 238 KB; 176 and 156 KB at 16).
@@ -41,10 +39,8 @@ std::shared_ptr<ir::Kernel> cached_bwd(const LinearAttnBwdConfig& cfg, LinearAtt
 
 /// Few (sequence, head) pairs leave SMs idle: each walk program takes a head's column block through every
 /// chunk. Below 65 programs per walk the default halves the column blocks (down to 32) until there are
-/// more, with chunks of 32 and 4 warps. Measured on an H200 (bf16, backward ms): B2 T16384 H16 D128
-/// 3.25 at the defaults, 2.54 at bk = bv = 32 with chunk 64, 1.94 with chunk 32 (gated 6.58 -> 4.32),
-/// and `linac tune --backward` chose the same at B4 T2048 H16 D128 (64-column blocks) and B8 T1024 H8
-/// D64 (32). From 96 heads on (B1 H96, B8 H16) the wide defaults stand.
+/// more, with chunks of 32 and 4 warps: faster at few heads, and what `linac tune --backward` chose there;
+/// from 96 heads on the wide defaults stand (docs/ops/linear_attn.md, "Measured").
 int64_t narrowed_split(int64_t split, int64_t padded, int64_t heads) {
   while (heads > 0 && split > 32 && heads * (padded / split) <= 64) split /= 2;
   return split;
@@ -170,10 +166,9 @@ OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vecto
     throw InternalError("linear_attn bwd: the denominator form has no states");
   const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
   // The split schedule by default where the walks leave most SMs idle: plain form, 16-bit, dense, head
-  // dims up to 128, at most 32 sequences x heads over at least 1024 tokens. H200 bf16 backward ms, split
-  // vs walks: B2 T16384 H16 D128 1.23 vs 1.93; at 64 heads it depends (B8 T1024 H8 D64 0.070 vs 0.092,
-  // B4 T2048 H16 D128 0.372 vs 0.356: `linac tune --backward` times both there); 128 heads and more
-  // favour the walks (B8 T4096 H16 1.40 vs 0.83, B1 T8192 H96 2.04 vs 1.63).
+  // dims up to 128, at most 32 sequences x heads over at least 1024 tokens. At 64 heads it depends
+  // (`linac tune --backward` times both there); 128 heads and more favour the walks (docs/ops/
+  // linear_attn.md, "Measured": split vs walks).
   const bool split_by_default = !gated && !denominator && !seq.varlen && cfg.dtype != DType::f32 &&
                                 std::max(cfg.block_k, cfg.block_v) <= 128 && seq.N * seq.H <= 32 && seq.T >= 1024;
   if (config_value(opts, "split", split_by_default ? 1 : 0, {0, 1}) == 1) {
@@ -317,8 +312,8 @@ OpPlan plan_linear_attn_normalized_bwd(const TensorMap& inputs, const OpOptions&
   //   (dq, dk, dg) = LA_bwd(q, k, v; dN) + LA_bwd(q, k, 1; dD),  dv = LA_bwd(q, k, v; dN)'s dv
   // with dN, dD from the prep kernel: plain linear attention's kernels do all the chunked work, the
   // two backwards in one set of walks (plan_linear_attn_bwd_with_denominator: the dq and dk walks
-  // carry D's one-column pair beside N's; measured on an H200 at B8 T4096 H16 D128 bf16, the
-  // backward was 2.70 ms as two backwards plus elementwise sums).
+  // carry D's one-column pair beside N's, faster than two backwards plus elementwise sums: docs/ops/
+  // linear_attn.md, "Measured").
   TensorMap base;
   for (const char* name : {"q", "k", "v", "g", "cu_seqlens"})
     if (inputs.count(name)) base[name] = inputs.at(name);

@@ -1,4 +1,4 @@
-// Normalized polynomial-kernel attention (KERNELS.md section 4, seed 000):
+// Normalized polynomial-kernel attention (docs/ops/poly.md, seed 000):
 //   o_t = sum_{s<=t} f(x_ts) v_s / sum_{s<=t} f(x_ts),  f(x) = a + b x + c x^2,  x_ts = scale q_t . k_s
 // computed chunk by chunk with the factorized state of seed 000 (degrees 0, 1, 2), never the T x T
 // score matrix and never a feature map phi(k) per token. The kernels in the DSL and the op.

@@ -97,10 +97,9 @@ std::vector<Config> poly_tuning_space(const ProblemShape& s, DType) {
     if (s.V > 32) space.push_back({{"bv", 32}});  // twice the programs, for few sequences x heads
     space.push_back({{"chunk", 128}, {"bv", 32}, {"stages", 1}});
   } else {
-    // Only chunk 64 beside the default: on an H200 at B8 H16 D128 bf16 (timed at T = 1024) the default
-    // took 49.7 ms, warps=8 49.7, stages=1 50.7, chunk=16 86.5 and chunk=64 32.6 (it spills 216 bytes,
-    // so it is not the default). Each candidate costs ~0.8 s of timing at these run times; with all
-    // five the cold start was 6.3-7.1 s, over the 5 s target.
+    // Only chunk 64 beside the default: the one faster than it among warps, stages and chunk (docs/ops/
+    // poly.md, "Measured"; it spills 216 bytes, so it is not the default). Each candidate costs ~0.8 s of
+    // timing at these run times; with all five the cold start was over the 5 s target.
     space.push_back({{"chunk", 64}});
   }
   return space;
@@ -181,7 +180,7 @@ OpDef poly_op() {
   OpDef op;
   op.name = "poly";
   op.summary = "normalized polynomial-kernel attention, f(x) = a + b x + c x^2 (default 1, 1, 1/2), chunked with "
-               "a factorized degree-2 state (KERNELS.md 4)";
+               "a factorized degree-2 state (docs/ops/poly.md)";
   op.inputs = {
       {"q", true, "[B,T,H,K]", "queries (K <= 128)"},
       {"k", true, "[B,T,H,K]", "keys"},

@@ -1,6 +1,6 @@
 """float64 numpy references for the linac ops, in the naive token-by-token recurrent form.
 
-These are deliberately the slowest, most literal reading of /work/shared/KERNELS.md: no chunking, no
+These are deliberately the slowest, most literal reading of docs/ops/ (the math of each op): no chunking, no
 cumulative sums, nothing shared with the C++ kernels. test_reference.py checks them against an
 independent chunked implementation.
 """
@@ -9,7 +9,7 @@ import numpy as np
 
 
 def linear_attn(q, k, v, g=None, initial_state=None, cu_seqlens=None, scale=None):
-    """Linear attention with an optional per-head scalar log-decay (KERNELS.md section 1).
+    """Linear attention with an optional per-head scalar log-decay (docs/ops/linear_attn.md).
 
     For each sequence and head: S = S0 (or zeros K x V); for t: S = exp(g_t) S + k_t^T v_t;
     o_t = scale * q_t S.

@@ -1,4 +1,4 @@
-"""float64 numpy reference gradients of linear_attn (KERNELS.md section 1, "Backward").
+"""float64 numpy reference gradients of linear_attn (docs/ops/linear_attn.md, "Backward").
 
 Hand-derived reverse recurrences over the naive token-by-token form, sharing nothing with the C++
 kernels; test_linear_attn_bwd.py checks them against central finite differences of reference.linear_attn.

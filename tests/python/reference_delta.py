@@ -1,4 +1,4 @@
-"""float64 numpy references for the delta rule and the gated delta rule (KERNELS.md section 3), in the
+"""float64 numpy references for the delta rule and the gated delta rule (docs/ops/delta_rule.md), in the
 most literal token-by-token form: the state update is the matrix product alpha_t (I - beta_t k_t^T k_t)
 S_{t-1} + beta_t k_t^T v_t itself. Nothing here is shared with the C++ kernels (no chunking, no WY
 representation, no triangular inverse).

@@ -1,4 +1,4 @@
-"""float64 numpy reference of gated linear attention (KERNELS.md section 2), token by token.
+"""float64 numpy reference of gated linear attention (docs/ops/gla.md), token by token.
 
 The most literal reading of the recurrence, sharing nothing with the C++ kernels: no chunks, no
 cumulative sums of gates. For each sequence and head, S = S0 (or zeros K x V); for each token t:

@@ -20,7 +20,7 @@ def _sequences(B, T, cu_seqlens):
 
 
 def poly(q, k, v, a=1.0, b=1.0, c=0.5, cu_seqlens=None, scale=None, normalize=True, eps=EPS):
-    """Polynomial-kernel attention (KERNELS.md section 4).
+    """Polynomial-kernel attention (docs/ops/poly.md).
 
     For each sequence, head and t: x_s = scale * q_t . k_s and f_s = a + b x_s + c x_s^2 for s <= t in
     the same sequence; o_t = sum_s f_s v_s / (sum_s f_s + eps), or sum_s f_s v_s without normalize.
@@ -52,7 +52,7 @@ def poly(q, k, v, a=1.0, b=1.0, c=0.5, cu_seqlens=None, scale=None, normalize=Tr
 
 
 def linear_attn_normalized(q, k, v, g=None, cu_seqlens=None, scale=None, eps=EPS):
-    """Normalized linear attention (KERNELS.md section 1), token by token.
+    """Normalized linear attention (docs/ops/linear_attn.md), token by token.
 
     For each sequence and head, from S = 0 (K x V) and z = 0 (K): S = exp(g_t) S + k_t^T v_t,
     z = exp(g_t) z + k_t, o_t = scale q_t S / (scale q_t . z + eps). g: [B, T, H] log-decays or None.

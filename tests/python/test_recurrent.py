@@ -1,4 +1,4 @@
-"""`linac run linear_attn|gla --recurrent` (the token-by-token decode form, KERNELS.md section 5) on the
+"""`linac run linear_attn|gla --recurrent` (the token-by-token decode form, docs/ops/README.md) on the
 CPU interpreter: against the float64 references, and against the chunked form of the same op on the
 same inputs.
 """

@@ -1,6 +1,6 @@
 """Checks the naive reference (reference.py) against two independent float64 formulations.
 
-- The chunked form of KERNELS.md section 1 (FlashLinearAttention with a scalar gate), written here
+- The chunked form of docs/ops/linear_attn.md (FlashLinearAttention with a scalar gate), written here
   with zero padding of the last chunk the way a kernel masks it.
 - The quadratic "parallel" form: o_t = scale * (exp(b_t) q_t S0 + sum_{s<=t} exp(b_t - b_s) (q_t.k_s) v_s).
 

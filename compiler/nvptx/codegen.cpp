@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "compiler/nvptx/codegen.h"
 
 #include <fmt/format.h>
@@ -109,6 +110,32 @@ void check_tile_sizes(const ir::Kernel& k) {
   });
 }
 
+/// A plan that needs more shared memory than the target gives one block can never launch: a UserError at
+/// the DSL line of the largest buffer, listing the largest ones with their sizes, before any lowering.
+void check_shared_memory_fits(const passes::SmemPlan& plan, const ir::Kernel& k, const GpuTarget& target) {
+  if (plan.total_bytes <= target.max_smem_bytes()) return;
+  std::vector<std::pair<const ir::Value*, const passes::SmemBuffer*>> buffers;
+  for (const auto& [v, b] : plan.buffers) buffers.emplace_back(v, &b);
+  std::sort(buffers.begin(), buffers.end(),
+            [](const auto& a, const auto& b) { return a.second->bytes > b.second->bytes; });
+  std::string largest;
+  for (size_t i = 0; i < buffers.size() && i < 4; ++i) {
+    const auto& [v, b] = buffers[i];
+    const SourceLoc loc = v->def ? v->def->loc : SourceLoc{};
+    largest += fmt::format("{}{} at {}: {} bytes{}", i ? "; " : "", v->type.str(),
+                           loc.known() ? loc.str() : "(no DSL line)", b->bytes,
+                           b->stages > 1 ? fmt::format(" ({} pipeline stages)", b->stages) : "");
+  }
+  if (plan.scratch_bytes > 0) largest += fmt::format("; reduction and scan scratch: {} bytes", plan.scratch_bytes);
+  // One line: the CLI and the C ABI report the first line of a message.
+  const std::string msg = fmt::format(
+      "kernel {} needs {} bytes of shared memory; {} gives a block at most {}. The largest buffers: {}. Use "
+      "smaller tiles (chunk or block sizes), one pipeline stage (set_num_stages(1)), or 16-bit tiles",
+      k.name, plan.total_bytes, target.name(), target.max_smem_bytes(), largest);
+  const SourceLoc where = buffers.empty() || !buffers[0].first->def ? k.loc : buffers[0].first->def->loc;
+  throw UserError(where, msg);
+}
+
 }  // namespace
 
 CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
@@ -127,6 +154,7 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
   out.smem_bytes = plan.total_bytes;
   if (last == Stage::smem) return out;
   check_tile_sizes(k);  // what the lowering can hold (the earlier stages are for any size)
+  check_shared_memory_fits(plan, k, target);  // (--emit smem still shows a plan that does not fit)
 
   llvm::LLVMContext ctx;
   auto m = std::make_unique<llvm::Module>(k.name, ctx);

@@ -78,7 +78,10 @@ PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel w
       config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, chunk), {16, 32, 64, 128}));
   cfg.block_v = static_cast<int>(config_value(opts, "bv", std::min(64, padded_head_dim(V)), {16, 32, 64, 128}));
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", warps, {2, 4, 8}));
-  cfg.num_stages = static_cast<int>(config_value(opts, "stages", 2, {1, 2}));
+  // fp32 at BK <= 64: two stages of the chunk's q, k, v tiles take poly_fwd to 171 KB, more than sm_80
+  // gives a block (163 KB; sm_90a 227 KB): the default that fits both is one stage.
+  const int stages = opts.dtype == DType::f32 && cfg.block_k <= 64 ? 1 : 2;
+  cfg.num_stages = static_cast<int>(config_value(opts, "stages", stages, {1, 2}));
   return cfg;
 }
 

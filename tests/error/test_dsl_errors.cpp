@@ -212,6 +212,35 @@ TEST_CASE("error: a rank-3 tile compiled for the GPU names the line that made it
   expect_user_error([&] { linac::runtime::compile(*k); }, line, "the GPU backend holds tiles of rank 1 or 2");
 }
 
+TEST_CASE("error: a kernel whose shared memory exceeds the target's names its largest buffer's line") {
+  // The dot's f32 operands go through shared memory: 2 x 128 x 256 x 4 bytes = 256 KB > sm_90a's 227 KB
+  // (and sm_80's 163 KB), known when compiling, with no GPU.
+  KernelBuilder kb("e");
+  Tensor a = kb.tensor("a", DType::f32, 2);
+  Tensor b = kb.tensor("b", DType::f32, 2);
+  Tensor o = kb.tensor("o", DType::f32, 2);
+  Tile A = load(a, {0, 0}, {128, 256});
+  Tile B = load(b, {0, 0}, {256, 128});
+  const unsigned first = __LINE__ - 2;
+  store(o, {0, 0}, {128, 128}, dot(A, B));
+  auto k = kb.finish();
+  for (auto arch : {linac::runtime::Arch::sm_90a, linac::runtime::Arch::sm_80}) {
+    try {
+      linac::runtime::compile(*k, arch);
+      FAIL("no error was raised");
+    } catch (const UserError& e) {
+      const std::string msg = e.what();
+      INFO("message: " << msg);
+      CHECK((e.loc().line == first || e.loc().line == first + 1));
+      CHECK(msg.find("needs") != std::string::npos);
+      CHECK(msg.find("bytes of shared memory; " + std::string(arch == linac::runtime::Arch::sm_80 ? "sm_80" : "sm_90a") +
+                     " gives a block at most") != std::string::npos);
+      CHECK(msg.find("tile<128x256xf32> at ") != std::string::npos);
+      CHECK(msg.find("test_dsl_errors.cpp:" + std::to_string(first)) != std::string::npos);
+    }
+  }
+}
+
 // ---- Tiles outlive their builder, or cross into another kernel -------------------------------------
 
 namespace {

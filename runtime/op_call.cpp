@@ -174,16 +174,10 @@ std::set<std::string> written_tensors(const OpPlan& plan) {
   return written;
 }
 
-bool is_library_op(const OpDef& op) {
-  const auto& lib = op_registry();
-  return &op >= lib.data() && &op < lib.data() + lib.size();
-}
-
-/// The kernels' dtype: q's (every library op has q; a user's op may not: its first floating input's).
-DType kernel_dtype(const OpDef& op, const ops::Tensors& inputs) {
+/// The kernels' dtype: q's (every library op has q: its prepare names it when missing), else, for a user's
+/// op without q, its first floating input's.
+DType kernel_dtype(const ops::Tensors& inputs) {
   auto q = inputs.find("q");
-  if (q == inputs.end() && is_library_op(op))
-    throw UserError(fmt::format("{}: missing input 'q'", op.name));
   if (q == inputs.end()) {
     for (const auto& [name, t] : inputs)
       if (t.dtype == DType::f32 || t.dtype == DType::bf16 || t.dtype == DType::f16) return t.dtype;
@@ -244,7 +238,7 @@ std::shared_ptr<PreparedCall> prepare_call(const OpDef& op, const ops::Tensors& 
     return static_cast<int>(std::find(names.begin(), names.end(), name) - names.begin());
   };
   OpOptions opts = to_op_options(options);
-  opts.dtype = kernel_dtype(op, inputs);
+  opts.dtype = kernel_dtype(inputs);
   opts.device = memory == ops::Memory::cuda ? Device::cuda : Device::cpu;
   check_op_options(op, opts);
   std::vector<std::string> wanted;
@@ -493,7 +487,7 @@ std::map<std::string, ops::OutputSpec> output_specs(const OpDef& op, const ops::
   check_argument_names(op, inputs, {});
   for (const auto& name : wanted) check_argument_names(op, {}, {{name, ops::Tensor{}}});
   OpOptions opts = to_op_options(options);
-  opts.dtype = kernel_dtype(op, inputs);
+  opts.dtype = kernel_dtype(inputs);
   check_op_options(op, opts);
   // Shapes do not depend on cu_seqlens' values, only on its length: without host values, stand in a
   // valid layout of that length (every sequence but the first empty).

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "compiler/ir/ir.h"
+#include "kernels/common/op_support.h"
 #include "kernels/op.h"
 #include "runtime/user_ops.h"
 
@@ -130,23 +131,11 @@ OpPlan plan_user_op(const ops::UserOp& op, const TensorMap& inputs, const OpOpti
   return plan;
 }
 
-/// The tuner's inputs for ops of q, k, v: uniform in [-1, 1], fixed seed.
+/// The tuner's inputs for ops of q, k, v: uniform in [-1, 1), fixed seed (as the library's ops make them).
 TensorMap random_qkv(const ProblemShape& s, uint64_t seed) {
-  TensorMap in;
-  uint64_t state = seed * 2654435761u + 1;
-  auto fill = [&](const std::string& name, std::vector<int64_t> shape) {
-    HostTensor t = HostTensor::zeros(DType::f32, std::move(shape));
-    float* p = reinterpret_cast<float*>(t.materialize());
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      state = state * 6364136223846793005ull + 1442695040888963407ull;
-      p[i] = static_cast<float>(static_cast<double>(state >> 40) / static_cast<double>(1ull << 24) * 2.0 - 1.0);
-    }
-    in[name] = std::move(t);
-  };
-  fill("q", {s.B, s.T, s.H, s.K});
-  fill("k", {s.B, s.T, s.H, s.K});
-  fill("v", {s.B, s.T, s.H, s.V});
-  return in;
+  return {{"q", random_uniform({s.B, s.T, s.H, s.K}, seed)},
+          {"k", random_uniform({s.B, s.T, s.H, s.K}, seed + 1)},
+          {"v", random_uniform({s.B, s.T, s.H, s.V}, seed + 2)}};
 }
 
 /// Every combination of the candidates, the defaults first (at most 64).

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from . import _lib
+from . import _lib, _ops
 from ._errors import InvalidCallError
 
 _FLAGS = ["-std=c++20", "-O2", "-fPIC", "-shared", "-Wall"]
@@ -118,10 +118,6 @@ def _raise_load(status, source):
 _generations = {}  # op name -> custom ops registered for it (a reloaded file registers another)
 
 
-def _eager(t):
-    return type(t) in (torch.Tensor, torch.nn.Parameter) and not torch.compiler.is_compiling()
-
-
 class _Op:
     """One user op as a function of torch tensors: eager calls run it directly; under torch.compile and
     for tensor subclasses the call goes through a torch.library custom op (torch.ops.linac_user.<name>)
@@ -194,7 +190,7 @@ class _Op:
 
     def __call__(self, *args, **kwargs):
         named, options = self._bind(args, kwargs)
-        if not all(_eager(t) for t in named.values()):
+        if not all(_ops.eager(t) for t in named.values()):
             outs = self.custom(*[named.get(n) for n in self.inputs], options)
             return outs
         needs_grad = (self.gradient is not None and torch.is_grad_enabled() and

@@ -373,6 +373,25 @@ std::string call_key(const OpDef& op, const ops::Tensors& inputs, const ops::Ten
   return key;
 }
 
+/// The address of every slot of `call`: the caller's inputs and outputs, the constants (the plan's host
+/// data, or their device copies on the GPU), converted inputs and scratch at their offsets from `base`.
+void bind_slots(const PreparedCall& call, std::span<void* const> in, std::span<void* const> out, uintptr_t base,
+                uintptr_t* slots) {
+  for (size_t i = 0; i < call.slots.size(); ++i) {
+    const Slot& s = call.slots[i];
+    switch (s.kind) {
+      case SlotKind::input: slots[i] = reinterpret_cast<uintptr_t>(in[s.arg]); break;
+      case SlotKind::output: slots[i] = reinterpret_cast<uintptr_t>(out[s.arg]); break;
+      case SlotKind::constant:
+        slots[i] = call.memory == ops::Memory::cuda ? call.constants[i].ptr()
+                                                    : reinterpret_cast<uintptr_t>(s.constant->data.data());
+        break;
+      case SlotKind::converted:
+      case SlotKind::scratch: slots[i] = base + static_cast<uintptr_t>(s.offset); break;
+    }
+  }
+}
+
 /// Runs a prepared call on the caller's addresses (`in`, `out`: in the call's argument order). GPU scratch
 /// is `workspace` when given (at least call.workspace_bytes), else from `allocator`.
 void run_prepared(const PreparedCall& call, std::span<void* const> in, std::span<void* const> out, ops::Stream stream,
@@ -382,17 +401,10 @@ void run_prepared(const PreparedCall& call, std::span<void* const> in, std::span
     // Scratch holds whatever the allocator gives on the GPU; here it starts as NaN (all bytes 0xFF), so
     // that a kernel reading scratch it did not write fails the CPU tests rather than passing on zeros.
     std::vector<uint8_t> host_workspace(static_cast<size_t>(call.workspace_bytes), 0xFF);
+    std::vector<uintptr_t> addresses(n);
+    bind_slots(call, in, out, reinterpret_cast<uintptr_t>(host_workspace.data()), addresses.data());
     std::vector<void*> slots(n);
-    for (size_t i = 0; i < n; ++i) {
-      const Slot& s = call.slots[i];
-      switch (s.kind) {
-        case SlotKind::input: slots[i] = in[s.arg]; break;
-        case SlotKind::output: slots[i] = out[s.arg]; break;
-        case SlotKind::constant: slots[i] = const_cast<uint8_t*>(s.constant->data.data()); break;
-        case SlotKind::converted:
-        case SlotKind::scratch: slots[i] = host_workspace.data() + s.offset; break;
-      }
-    }
+    for (size_t i = 0; i < n; ++i) slots[i] = reinterpret_cast<void*>(addresses[i]);
     run_on_cpu(call.resolved, slots);
     return;
   }
@@ -417,21 +429,11 @@ void run_prepared(const PreparedCall& call, std::span<void* const> in, std::span
       }
     }
   } release{alloc, allocate ? workspace : nullptr, static_cast<size_t>(call.workspace_bytes), stream};
-  const auto base = reinterpret_cast<cuda::DevicePtr>(workspace);
   std::array<cuda::DevicePtr, 256> stack_slots;
   std::vector<cuda::DevicePtr> heap_slots;
   cuda::DevicePtr* slots = stack_slots.data();
   if (n > stack_slots.size()) heap_slots.resize(n), slots = heap_slots.data();
-  for (size_t i = 0; i < n; ++i) {
-    const Slot& s = call.slots[i];
-    switch (s.kind) {
-      case SlotKind::input: slots[i] = reinterpret_cast<cuda::DevicePtr>(in[s.arg]); break;
-      case SlotKind::output: slots[i] = reinterpret_cast<cuda::DevicePtr>(out[s.arg]); break;
-      case SlotKind::constant: slots[i] = call.constants[i].ptr(); break;
-      case SlotKind::converted:
-      case SlotKind::scratch: slots[i] = base + s.offset; break;
-    }
-  }
+  bind_slots(call, in, out, reinterpret_cast<uintptr_t>(workspace), slots);
   launch_on_gpu(call.resolved, std::span<const cuda::DevicePtr>(slots, n), reinterpret_cast<cuda::Stream>(stream));
 }
 

@@ -22,9 +22,9 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 py=${PYTHON:-python3}
-if ! "$py" -c "import numpy, pytest, torch" >/dev/null 2>&1; then
-  echo "setup: installing numpy, pytest, torch (PyPI's torch: about 3 GB with its CUDA libraries, 2 minutes here)"
-  if ! "$py" -m pip install -q numpy pytest torch >"$log" 2>&1; then
+if ! "$py" -c "import numpy, pytest, torch, matplotlib" >/dev/null 2>&1; then
+  echo "setup: installing numpy, pytest, torch, matplotlib (PyPI's torch: about 3 GB with its CUDA libraries, 2 minutes here)"
+  if ! "$py" -m pip install -q numpy pytest torch matplotlib >"$log" 2>&1; then
     cat "$log"; echo "setup: pip failed" >&2; exit 1
   fi
 fi

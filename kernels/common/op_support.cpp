@@ -173,6 +173,23 @@ bool take_tokenwise(OpOptions& opts) {
   return tokenwise;
 }
 
+int64_t chunk_tables(const SequenceLayout& seq, int64_t rows, HostTensor* offsets, HostTensor* indices) {
+  *offsets = HostTensor::zeros(DType::i32, {seq.N + 1});
+  std::vector<int32_t> pairs;
+  int64_t total = 0;
+  for (int64_t n = 0; n < seq.N; ++n) {
+    offsets->set(n, static_cast<double>(total));
+    const int64_t len = seq.varlen ? static_cast<int64_t>(seq.cu_seqlens.get(n + 1) - seq.cu_seqlens.get(n)) : seq.T;
+    const int64_t chunks = (len + rows - 1) / rows;
+    for (int64_t c = 0; c < chunks; ++c) pairs.push_back(static_cast<int32_t>(n)), pairs.push_back(static_cast<int32_t>(c));
+    total += chunks;
+  }
+  offsets->set(seq.N, static_cast<double>(total));
+  *indices = HostTensor::zeros(DType::i32, {total, 2});
+  for (size_t i = 0; i < pairs.size(); ++i) indices->set(static_cast<int64_t>(i), pairs[i]);
+  return total;
+}
+
 int padded_head_dim(int64_t d) {
   int p = 16;
   while (p < d) p *= 2;

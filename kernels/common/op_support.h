@@ -79,6 +79,12 @@ KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel,
 /// out of `opts` either way, leaving the rest for the form that runs (0 or absent: the chunked one).
 bool take_tokenwise(OpOptions& opts);
 
+/// Chunk offsets per sequence ([N+1]: the first global chunk of each) and (sequence, chunk of it) per
+/// global chunk ([chunks, 2]), both int32, for chunks of `rows` rows; returns the number of chunks.
+/// Per-chunk tables (delta_rule's h, dh; poly's per-segment states with rows = a segment) are indexed
+/// by global chunk.
+int64_t chunk_tables(const SequenceLayout& seq, int64_t rows, HostTensor* offsets, HostTensor* indices);
+
 /// The tile size that covers a head dim: the next power of two, at least 16.
 int padded_head_dim(int64_t d);
 inline bool wants(const std::vector<std::string>& wanted, const std::string& name) {

@@ -14,16 +14,17 @@ ChunkBounds chunk_bounds(const Tensor& q, const Tensor& cu_seqlens, const Tensor
                          const Tile& i_c, const Tile& i_x, int64_t chunk_rows) {
   ChunkBounds c;
   if (varlen) {
-    Tile i_n = load(chunk_indices, {i_c, 0}, {kIndex, kIndex});
+    c.i_n = load(chunk_indices, {i_c, 0}, {kIndex, kIndex});
     c.chunk = load(chunk_indices, {i_c, 1}, {kIndex, kIndex});
     c.b = constant(0, DType::i32);
     c.i_h = i_x;
-    c.bos = load(cu_seqlens, {i_n}, {kIndex});
-    c.eos = load(cu_seqlens, {i_n + 1}, {kIndex});
+    c.bos = load(cu_seqlens, {c.i_n}, {kIndex});
+    c.eos = load(cu_seqlens, {c.i_n + 1}, {kIndex});
     c.global_chunk = i_c;
   } else {
     Tile H = q.dim(2);
     c.b = i_x / H;
+    c.i_n = c.b;
     c.i_h = i_x % H;
     c.chunk = i_c;
     c.bos = constant(0, DType::i32);

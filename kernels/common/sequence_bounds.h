@@ -18,9 +18,9 @@ SequenceBounds sequence_bounds(const dsl::Tensor& q, const dsl::Tensor& cu_seqle
 /// chunk_indices[i_c] = (sequence, chunk of it) and i_x is the head; otherwise i_x = batch row x heads
 /// and i_c the chunk. `global_chunk` numbers the chunk among all chunks of all sequences (the row of
 /// per-chunk tables), for chunks of `chunk_rows` rows.
-/// `t0` is the chunk's first row (bos + chunk * chunk_rows) and `in_seq` masks rows at or past eos.
+/// `i_n` is the sequence (dense: the batch row). `t0` is the chunk's first row (bos + chunk * chunk_rows) and `in_seq` masks rows at or past eos.
 struct ChunkBounds {
-  dsl::Tile b, i_h, bos, eos, chunk, global_chunk, t0;
+  dsl::Tile i_n, b, i_h, bos, eos, chunk, global_chunk, t0;
   dsl::AccessOptions in_seq;
 };
 ChunkBounds chunk_bounds(const dsl::Tensor& q, const dsl::Tensor& cu_seqlens, const dsl::Tensor& chunk_indices,

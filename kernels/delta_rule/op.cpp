@@ -155,7 +155,7 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
     // The chunk tables: (sequence, chunk of it) per program with varlen, and the first global chunk of
     // every sequence (the rows of the per-chunk state table).
     HostTensor offsets, indices;
-    const int64_t total_chunks = delta_chunk_tables(seq, cfg.chunk, &offsets, &indices);
+    const int64_t total_chunks = chunk_tables(seq, cfg.chunk, &offsets, &indices);
     int64_t chunks = 0;
     if (seq.varlen) {
       plan.tensors["chunk_indices"] = indices;

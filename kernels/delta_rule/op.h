@@ -27,11 +27,6 @@ inline constexpr int64_t kDeltaFewHeads = 64;
 /// build_delta_bwd_states, recorded once per configuration (the forward's split schedule runs it too).
 std::shared_ptr<ir::Kernel> delta_state_pass_kernel(const DeltaChunkedBwdConfig& cfg);
 
-/// Chunk offsets per sequence ([N+1]: the first global chunk of each) and (sequence, chunk of it) per
-/// global chunk ([chunks, 2]), both int32, for chunks of BT rows; returns the number of chunks. The
-/// per-chunk state tables (h, dh) are indexed by global chunk.
-int64_t delta_chunk_tables(const SequenceLayout& seq, int64_t BT, HostTensor* offsets, HostTensor* indices);
-
 /// One of the forward's tensors that the backward takes instead of recomputing it (an output of the
 /// forward, an input of --backward), in the input dtype.
 struct DeltaSavedTensor {

@@ -77,23 +77,6 @@ std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, DeltaBwdKer
 
 }  // namespace
 
-int64_t delta_chunk_tables(const SequenceLayout& seq, int64_t BT, HostTensor* offsets, HostTensor* indices) {
-  *offsets = HostTensor::zeros(DType::i32, {seq.N + 1});
-  std::vector<int32_t> pairs;
-  int64_t total = 0;
-  for (int64_t n = 0; n < seq.N; ++n) {
-    offsets->set(n, static_cast<double>(total));
-    const int64_t len = seq.varlen ? static_cast<int64_t>(seq.cu_seqlens.get(n + 1) - seq.cu_seqlens.get(n)) : seq.T;
-    const int64_t chunks = (len + BT - 1) / BT;
-    for (int64_t c = 0; c < chunks; ++c) pairs.push_back(static_cast<int32_t>(n)), pairs.push_back(static_cast<int32_t>(c));
-    total += chunks;
-  }
-  offsets->set(seq.N, static_cast<double>(total));
-  *indices = HostTensor::zeros(DType::i32, {total, 2});
-  for (size_t i = 0; i < pairs.size(); ++i) indices->set(static_cast<int64_t>(i), pairs[i]);
-  return total;
-}
-
 std::shared_ptr<ir::Kernel> delta_state_pass_kernel(const DeltaChunkedBwdConfig& cfg) {
   return cached(cfg, DeltaBwdKernel::states);
 }
@@ -207,7 +190,7 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   add_backward_inputs(plan, inputs, seq, cfg.dtype, {"beta", "g", "initial_state", "dfinal_state"});
   if (gated) plan.tensors["dg"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
   HostTensor offsets, indices;
-  const int64_t chunks = delta_chunk_tables(seq, BT, &offsets, &indices);
+  const int64_t chunks = chunk_tables(seq, BT, &offsets, &indices);
   plan.tensors["chunk_offsets"] = offsets;
   if (seq.varlen) plan.tensors["chunk_indices"] = indices;
   // W, T, the states before each chunk ([chunks, H, K, V]) and Vn: the forward's when saved, else

@@ -12,159 +12,243 @@ namespace {
 /// First row of state2 holding the entries (d, e >= d): sum_{j<d} (K - j).
 Tile state2_row(const Tile& d, const Tile& K) { return d * (2 * K - d + 1) / 2; }
 
-/// Width of the tiles of the normalizer state (a value of 1 per token): the narrowest dot operand.
-constexpr int64_t kOnes = 16;
-
 /// Weights of the symmetric part along e - d = 0, 1, ...: the diagonal counts once, the other
 /// entries stand for both (d, e) and (e, d).
 Tile symmetric_weights(int64_t BK) {
   return where(iota(BK) == 0, full({BK}, 1.0, DType::f32), full({BK}, 2.0, DType::f32));
 }
 
+/// The [BK, BK] permutation that rolls the columns of a tile left by m along K: (X P)[:, j] =
+/// X[:, (j + m) mod K] for j < K, 0 past K. A product on the tensor cores (exact: one 1 per column)
+/// is far cheaper than loading x at a column offset that is not a multiple of the vector width.
+Tile roll_matrix(int64_t BK, const Tile& K, const Tile& m, DType dt) {
+  Tile col = expand_dims(iota(BK), 0) + m;
+  Tile source = where(col < K, col, col - K);
+  Tile hit = (expand_dims(iota(BK), 1) == source) & (expand_dims(iota(BK), 0) < K);
+  return where(hit, full({BK, BK}, 1.0, dt), 0.0f);
+}
+
+/// The weight of degree-2 block m in f, over c scale^2: the diagonals m = 0 and m = K/2 list each
+/// pair once for (d, e) and (e, d) together, the others once for each.
+Tile degree2_weight(const Tile& m, const Tile& K) {
+  return where((m == 0) | (2 * m == K), constant(1, DType::f32), 2.0f);
+}
+
+/// Columns of the ones tile whose product with phi^T sums phi over rows (the narrowest dot operand).
+constexpr int64_t kSumColumns = 16;
+
+/// The first row of sequence i_n's segments in the state tables.
+Tile first_segment(const PolyConfig& cfg, const Tensor& x, const Tensor& segment_offsets, const Tile& i_n) {
+  if (cfg.varlen) return load(segment_offsets, {i_n}, {kIndex});
+  const int64_t L = int64_t{cfg.chunk} * cfg.segment_chunks;
+  return i_n * ((x.dim(1) + (L - 1)) / L);
+}
+
 }  // namespace
 
-// Both chunked kernels run one program per (V block, sequence x head) that walks the chunks of its
-// sequence in order. With x = scale Q K^T and F = f(x) .* M (M the causal mask), per chunk:
-//   num = F V + a s0 + b scale Q S1 + O2,      O2 = c scale^2 sum_d (q_d Q_{:,d:} .* w) S2[d]
-//   den = rowsum(F) + a n + b scale Q z1 + D2,  D2 = c scale^2 sum_d (q_d Q_{:,d:} .* w) Z2[d]
-// where n counts the earlier tokens, s0 = sum v, S1 = sum k^T v and z1 = sum k (registers of
-// poly_fwd), and S2[d] = sum (k_d K_{:,d:})^T v, Z2[d] = sum k_d K_{:,d:} are row d of the symmetric
-// parts (e >= d, weights w) of the degree-2 states (state2, norm2). poly_fwd_deg2 computes O2 and D2
-// into o2 and den2, one d at a time (one [BK, BV] slice of S2 live); poly_fwd does the rest. Fused,
-// the kernel spills at every configuration tried; split, neither does. Both kernels must use the
-// same chunks. Chunk 0 reads no scratch (the state is empty), so the scratch needs no zeroing and
-// repeated launches are independent.
+int poly_feature_blocks(const PolyConfig& cfg) { return poly_degree2_blocks(cfg) + 2; }
 
-std::shared_ptr<ir::Kernel> build_poly_fwd_deg2(const PolyConfig& cfg) {
-  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
+int poly_degree2_blocks(const PolyConfig& cfg) { return cfg.quadratic ? cfg.block_k / 2 + 1 : 0; }
+
+// poly_fwd_sums: grid axis 0 runs over (feature block, V block). Degree-2 block m sums phi_m(k)^T v
+// and, for the normalizer, phi_m(k)^T 1 on the tensor cores beside it; the last block sums the degrees
+// 1 and 0 (S1 = k^T v into block deg2, s0 = sum v into row 0 of block deg2 + 1; the degree-0
+// normalizer is the count of tokens, which poly_fwd_out knows), its column sums accumulated
+// elementwise and reduced once.
+std::shared_ptr<ir::Kernel> build_poly_fwd_sums(const PolyConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v, CPS = cfg.segment_chunks;
   const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("poly_fwd_deg2");
+  KernelBuilder kb("poly_fwd_sums");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
-  auto [q, k, v] = declare_qkv(kb, dt);
+  kb.set_min_ctas_per_sm(1);  // ptxas would cap it at 168 registers (three blocks), and spill
+  Tensor k = kb.tensor("k", dt, 4);
+  Tensor v = kb.tensor("v", dt, 4);
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor s2 = kb.tensor("state2", f32, 3);
-  Tensor o2 = kb.tensor("o2", f32, 4);
-  Tensor n2 = cfg.normalize ? kb.tensor("norm2", f32, 3) : Tensor();
-  Tensor d2 = cfg.normalize ? kb.tensor("den2", f32, 4) : Tensor();
-  Tile scale = kb.scalar("scale", f32);
-  Tile cc = kb.scalar("c", f32);
+  Tensor seg_indices = cfg.varlen ? kb.tensor("segment_indices", DType::i32, 2) : Tensor();
+  Tensor sums = kb.tensor("sums", f32, 5);
+  Tensor zsums = cfg.normalize ? kb.tensor("zsums", f32, 4) : Tensor();
 
-  Tile i_v = program_id(0);
-  Tile i_nh = program_id(1);
-  Tile H = q.dim(2), Kdim = q.dim(3);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  const SequenceBounds seq = sequence_bounds(q, cu, cfg.varlen, i_n);
-  Tile b = seq.b, bos = seq.bos, eos = seq.eos;
-  Tile num_chunks = (eos - bos + (BT - 1)) / BT;
+  Tile v_blocks = (v.dim(3) + (BV - 1)) / BV;
+  Tile i_f = program_id(0) / v_blocks;
+  Tile i_v = program_id(0) % v_blocks;
+  // A segment is a chunk of L rows to chunk_bounds: its sequence, first row t0 and table row.
+  const ChunkBounds seg = chunk_bounds(k, cu, seg_indices, cfg.varlen, program_id(1), program_id(2), BT * CPS);
+  Tile b = seg.b, i_h = seg.i_h, row = seg.global_chunk;
   Tile v0 = i_v * BV;
-  Tile c2 = cc * scale * scale;
-  Tile sym_w = symmetric_weights(BK);
-  AccessOptions in_seq{.limits = {{1, eos}}};
-  // The normalizer state Z2 goes through the same loop as S2, as the state of a value that is 1 on
-  // every token (`ones`): norm2 [grid[0]*N*H, K(K+1)/2, 1], a slab per program. Its tiles are kOnes
-  // columns wide (the narrowest dot): loads read column 0 (the others are masked to 0), stores and
-  // den2 [B,T,H,1] take column 0.
-  Tile n2_slab = i_nh * num_programs(0) + i_v;
-  // Every V block computes the denominator; the first one stores it (the others' stores mask all).
-  Tile den_end = eos * (1 - minimum(i_v, 1));
-  Tile row = expand_dims(iota(BT), 1);
-
-  auto chunk = [&](Tile i) {
-    Tile t0 = bos + i * BT;
-    Tile V = load(v, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
-    Tile in_chunk = broadcast_to(row < eos - t0, {BT, kOnes});
-    Tile ones = where(in_chunk, full({BT, kOnes}, 1.0, dt), full({BT, kOnes}, 0.0, dt));
-    Tile O = zeros({BT, BV}, f32);
-    Tile D = zeros({BT, kOnes}, f32);
-    auto step = [&](Tile d) {
-      Tile row0 = state2_row(d, Kdim), rows = Kdim - d;
-      // Columns d of Q and K, and Q, K shifted left by d (columns e = d, d+1, ... masked past K).
-      // Rows past the sequence end need no mask here: V and `ones` are zero there, and those output
-      // rows are never stored.
-      Tile qd = load(q, {b, t0, i_h, d}, {kIndex, BT, kIndex, kIndex}).to(f32);
-      Tile kd = load(k, {b, t0, i_h, d}, {kIndex, BT, kIndex, kIndex}).to(f32);
-      Tile Qs = load(q, {b, t0, i_h, d}, {kIndex, BT, kIndex, BK});
-      Tile Ks = load(k, {b, t0, i_h, d}, {kIndex, BT, kIndex, BK});
-      // Before chunk 1 the state is empty: read nothing (the limit masks every row).
-      AccessOptions before{.limits = {{1, row0 + rows * minimum(i, 1)}}};
-      Tile S2 = load(s2, {i_nh, row0, v0}, {kIndex, BK, BV}, before);
-      Tile Qw = (Qs.to(f32) * expand_dims(qd * c2, 1) * expand_dims(sym_w, 0)).to(dt);
-      O = O + dot(Qw, S2.to(dt));
-      Tile Kw = (Ks.to(f32) * expand_dims(kd, 1)).to(dt);
-      S2 = S2 + dot(Kw.T(), V);
-      store(s2, {i_nh, row0, v0}, {kIndex, BK, BV}, S2, {.limits = {{1, row0 + rows}}});
-      if (cfg.normalize) {
-        Tile Z2 = load(n2, {n2_slab, row0, 0}, {kIndex, BK, kOnes}, before);
-        D = D + dot(Qw, Z2.to(dt));
-        store(n2, {n2_slab, row0, 0}, {kIndex, BK, kOnes}, Z2 + dot(Kw.T(), ones), {.limits = {{1, row0 + rows}}});
-      }
-    };
-    if (cfg.normalize)
-      for_range(0, Kdim, step, O, D);
-    else
-      for_range(0, Kdim, step, O);
-    store(o2, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, O, in_seq);
-    if (cfg.normalize) store(d2, {b, t0, i_h, 0}, {kIndex, BT, kIndex, kOnes}, D, {.limits = {{1, den_end}}});
+  const int64_t deg2 = poly_degree2_blocks(cfg);
+  // Only the first V block stores z (every block computes the same).
+  AccessOptions z_rows{.limits = {{3, BK * (1 - minimum(i_v, 1))}}};
+  auto chunk_of = [&](const Tensor& x, const Tile& t0, const Operand& col0, int64_t cols) {
+    return load(x, {b, t0, i_h, col0}, {kIndex, BT, kIndex, cols}, seg.in_seq);
   };
-  for_range(0, num_chunks, chunk);
+  auto over_chunks = [&](const std::function<void(Tile)>& update, const std::vector<Tile*>& carried) {
+    Tile first = seg.t0, last = minimum(seg.t0 + BT * CPS, seg.eos);
+    for_range_carrying(0, (last - first + (BT - 1)) / BT, [&](Tile i) { update(first + i * BT); }, carried);
+  };
+
+  auto degree2 = [&] {
+    Tile roll = roll_matrix(BK, k.dim(3), i_f, dt);
+    Tile ones = where(expand_dims(iota(kSumColumns), 0) == 0, full({BT, kSumColumns}, 1.0, dt), 0.0f);
+    Tile S = zeros({BK, BV}, f32);
+    Tile Z = zeros({BK, kSumColumns}, f32);  // column 0: sum phi (normalize)
+    std::vector<Tile*> carried = {&S};
+    if (cfg.normalize) carried.push_back(&Z);
+    over_chunks(
+        [&](Tile t0) {
+          Tile Kc = chunk_of(k, t0, 0, BK);
+          Tile phi_t = (Kc.to(f32) * dot(Kc, roll)).to(dt).T();  // k_j k_{(j+m) mod K}, transposed
+          S = S + dot(phi_t, chunk_of(v, t0, v0, BV));
+          if (cfg.normalize) Z = Z + dot(phi_t, ones);
+        },
+        carried);
+    store(sums, {row, i_h, i_f, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S);
+    if (cfg.normalize) store(zsums, {row, i_h, i_f, 0}, {kIndex, kIndex, kIndex, BK}, sum(Z, 1), z_rows);
+  };
+  auto low_degrees = [&] {
+    Tile S1 = zeros({BK, BV}, f32);
+    Tile V0 = zeros({BT, BV}, f32);  // v summed row by row
+    Tile Z = zeros({BT, BK}, f32);   // k summed row by row (normalize)
+    std::vector<Tile*> carried = {&S1, &V0};
+    if (cfg.normalize) carried.push_back(&Z);
+    over_chunks(
+        [&](Tile t0) {
+          Tile Kc = chunk_of(k, t0, 0, BK);
+          Tile V = chunk_of(v, t0, v0, BV);
+          S1 = S1 + dot(Kc.T(), V);
+          V0 = V0 + V.to(f32);
+          if (cfg.normalize) Z = Z + Kc.to(f32);
+        },
+        carried);
+    store(sums, {row, i_h, deg2, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S1);
+    Tile s0 = where(expand_dims(iota(BK), 1) == 0, expand_dims(sum(V0, 0), 0), 0.0f);  // row 0, zeros below
+    store(sums, {row, i_h, deg2 + 1, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, s0);
+    if (cfg.normalize) store(zsums, {row, i_h, deg2, 0}, {kIndex, kIndex, kIndex, BK}, sum(Z, 0), z_rows);
+  };
+  if (deg2 > 0)
+    if_then_else(i_f < deg2, degree2, low_degrees);
+  else
+    low_degrees();
   return kb.finish();
 }
 
-std::shared_ptr<ir::Kernel> build_poly_fwd(const PolyConfig& cfg) {
-  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
+// poly_fwd_scan: one program per (feature block x V block, sequence x head) walks the segments,
+// storing the running sum before adding each segment's.
+std::shared_ptr<ir::Kernel> build_poly_fwd_scan(const PolyConfig& cfg) {
+  const int64_t BK = cfg.block_k, BV = cfg.block_v, L = int64_t{cfg.chunk} * cfg.segment_chunks;
   const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("poly_fwd");
+  KernelBuilder kb("poly_fwd_scan");
   kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(cfg.num_stages);
+  Tensor k = kb.tensor("k", dt, 4);  // for the sequences' bounds
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor seg_offsets = cfg.varlen ? kb.tensor("segment_offsets", DType::i32, 1) : Tensor();
+  Tensor sums = kb.tensor("sums", f32, 5);
+  Tensor zsums = cfg.normalize ? kb.tensor("zsums", f32, 4) : Tensor();
+  Tensor states = kb.tensor("states", dt, 5);
+  Tensor zstates = cfg.normalize ? kb.tensor("zstates", f32, 4) : Tensor();
+
+  Tile v_blocks = (sums.dim(4) + (BV - 1)) / BV;
+  Tile i_f = program_id(0) / v_blocks;
+  Tile i_v = program_id(0) % v_blocks;
+  const auto [i_nh, i_n, i_h, seq] = sequence_program(k, cu, cfg.varlen, 1);
+  Tile row0 = first_segment(cfg, k, seg_offsets, i_n);
+  Tile v0 = i_v * BV;
+  // z: in the first V block only, and not in the last block (s0's, whose normalizer is the count).
+  Tile z_block = i_f < poly_feature_blocks(cfg) - 1;
+  AccessOptions z_rows{.limits = {{3, BK * (1 - minimum(i_v, 1)) * where(z_block, constant(1, DType::i32), 0)}}};
+  Tile S = zeros({BK, BV}, f32);
+  Tile z = zeros({BK}, f32);
+  std::vector<Tile*> carried = {&S};
+  if (cfg.normalize) carried.push_back(&z);
+  for_range_carrying(0, (seq.eos - seq.bos + (L - 1)) / L, [&](Tile s) {
+    Tile row = row0 + s;
+    store(states, {row, i_h, i_f, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S.to(dt));
+    S = S + load(sums, {row, i_h, i_f, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
+    if (cfg.normalize) {
+      store(zstates, {row, i_h, i_f, 0}, {kIndex, kIndex, kIndex, BK}, z, z_rows);
+      z = z + load(zsums, {row, i_h, i_f, 0}, {kIndex, kIndex, kIndex, BK}, z_rows);
+    }
+  }, carried);
+  return kb.finish();
+}
+
+// poly_fwd_out: the degree-2 blocks in order m = 0, 1, ... with Q rolled one more column each time (a
+// product with the loop-invariant roll by 1), then degrees 1 and 0; the segment's own chunks last.
+// The denominator's row sums stay inside a warp (the dots' rows are split over warps), so each
+// iteration reduces its own.
+std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v, CPS = cfg.segment_chunks;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb("poly_fwd_out");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_min_ctas_per_sm(1);  // at 8 warps ptxas would keep 128 registers for two blocks, and spill
   kb.set_num_stages(cfg.num_stages);
   auto [q, k, v] = declare_qkv(kb, dt);
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor o2 = cfg.quadratic ? kb.tensor("o2", f32, 4) : Tensor();
-  Tensor d2 = cfg.quadratic && cfg.normalize ? kb.tensor("den2", f32, 4) : Tensor();
+  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  Tensor seg_offsets = cfg.varlen ? kb.tensor("segment_offsets", DType::i32, 1) : Tensor();
+  Tensor states = kb.tensor("states", dt, 5);
+  Tensor zstates = cfg.normalize ? kb.tensor("zstates", f32, 4) : Tensor();
   Tensor o = kb.tensor("o", dt, 4);
   Tile scale = kb.scalar("scale", f32);
   Tile ca = kb.scalar("a", f32);
   Tile cb = kb.scalar("b", f32);
-  Tile cc = cfg.quadratic ? kb.scalar("c", f32) : Tile();
+  Tile cc = cfg.quadratic ? kb.scalar("c", f32) : constant(0, f32);
 
-  Tile i_v = program_id(0);
-  const auto [i_nh, i_n, i_h, seq] = sequence_program(q, cu, cfg.varlen, 1);
-  auto [b, bos, eos] = seq;
-  Tile num_chunks = (eos - bos + (BT - 1)) / BT;
+  Tile i_v = program_id(1);
+  const ChunkBounds ch = chunk_bounds(q, cu, chunk_indices, cfg.varlen, program_id(0), program_id(2), BT);
   Tile v0 = i_v * BV;
+  Tile segment = ch.chunk / CPS;
+  Tile row = first_segment(cfg, q, seg_offsets, ch.i_n) + segment;
+  Tile Kdim = q.dim(3);
+  const int64_t deg2 = poly_degree2_blocks(cfg);
+  Tile Q = load(q, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BK}, ch.in_seq);
+  Tile Qf = Q.to(f32);
+  auto state = [&](const Tile& block) { return load(states, {row, ch.i_h, block, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}); };
+  auto zstate = [&](const Tile& block) { return load(zstates, {row, ch.i_h, block, 0}, {kIndex, kIndex, kIndex, BK}); };
 
-  Tile s0 = zeros({BV}, f32);
-  Tile S1 = zeros({BK, BV}, f32);
-  Tile z1 = zeros({BK}, f32);
+  // Everything before the segment, from its stored states.
+  Tile O = zeros({BT, BV}, f32);
+  Tile den = zeros({BT}, f32);
+  if (deg2 > 0) {
+    Tile roll1 = roll_matrix(BK, Kdim, constant(1, DType::i32), dt);
+    Tile Qr = Q;  // Q rolled by m
+    std::vector<Tile*> carried = {&O, &Qr};
+    if (cfg.normalize) carried.push_back(&den);
+    Tile c2 = cc * scale * scale;
+    for_range_carrying(0, Kdim / 2 + 1, [&](Tile m) {
+      Tile phi = Qf * Qr.to(f32) * (degree2_weight(m, Kdim) * c2);
+      O = O + dot(phi.to(dt), state(m));
+      if (cfg.normalize) den = den + sum(phi * expand_dims(zstate(m), 0), 1);
+      Qr = dot(Qr, roll1).to(dt);
+    }, carried);
+  }
+  Tile b1 = cb * scale;
+  O = O + dot(Q, state(constant(deg2, DType::i32))) * b1;
+  O = O + expand_dims(load(states, {row, ch.i_h, deg2 + 1, 0, v0}, {kIndex, kIndex, kIndex, kIndex, BV}).to(f32) * ca, 0);
+  if (cfg.normalize) den = den + sum(Qf * expand_dims(zstate(constant(deg2, DType::i32)) * b1, 0), 1);
+
+  // The segment's own chunks up to this one, directly: f on the scores, causal inside this chunk.
   Tile causal = expand_dims(iota(BT), 1) >= expand_dims(iota(BT), 0);
-  AccessOptions in_seq{.limits = {{1, eos}}};
-
-  auto chunk = [&](Tile i) {
-    Tile t0 = bos + i * BT;
-    Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-    Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-    Tile V = load(v, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
-    Tile X = dot(Q, K.T()) * scale;
+  std::vector<Tile*> carried = {&O};
+  if (cfg.normalize) carried.push_back(&den);
+  for_range_carrying(segment * CPS, ch.chunk + 1, [&](Tile c) {
+    Tile t0 = ch.bos + c * BT;
+    Tile Kc = load(k, {ch.b, t0, ch.i_h, 0}, {kIndex, BT, kIndex, BK}, ch.in_seq);
+    Tile V = load(v, {ch.b, t0, ch.i_h, v0}, {kIndex, BT, kIndex, BV}, ch.in_seq);
+    Tile X = dot(Q, Kc.T()) * scale;
     Tile fx = cfg.quadratic ? ca + X * (cb + cc * X) : ca + cb * X;
-    Tile F = where(causal, fx, 0.0f);
-    Tile O = dot(F.to(dt), V) + expand_dims(s0 * ca, 0) + dot(Q, S1.to(dt)) * (cb * scale);
-    if (cfg.quadratic) O = O + load(o2, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
-    if (cfg.normalize) {
-      Tile n_before = (i * BT).to(f32);
-      Tile den = sum(F, 1) + sum(Q.to(f32) * expand_dims(z1 * (cb * scale), 0), 1) + (n_before * ca + kPolyEps);
-      if (cfg.quadratic) den = den + load(d2, {b, t0, i_h, 0}, {kIndex, BT, kIndex, kIndex}, in_seq);
-      O = O / expand_dims(den, 1);
-      z1 = z1 + sum(K.to(f32), 0);
-    }
-    s0 = s0 + sum(V.to(f32), 0);
-    S1 = S1 + dot(K.T(), V);
-    store(o, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), in_seq);
-  };
-  // Only the state the configuration uses is loop-carried.
-  if (cfg.normalize)
-    for_range(0, num_chunks, chunk, s0, S1, z1);
-  else
-    for_range(0, num_chunks, chunk, s0, S1);
+    Tile F = where(causal | (c < ch.chunk), fx, 0.0f);
+    O = O + dot(F.to(dt), V);
+    if (cfg.normalize) den = den + sum(F, 1);
+  }, carried);
+  if (cfg.normalize) {
+    // The degree-0 normalizer: a for each token before the segment.
+    Tile before = (segment * (CPS * BT)).to(f32) * ca;
+    O = O / expand_dims(den + (before + kPolyEps), 1);
+  }
+  store(o, {ch.b, ch.t0, ch.i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), ch.in_seq);
   return kb.finish();
 }
 

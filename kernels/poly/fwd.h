@@ -1,17 +1,26 @@
 // Normalized polynomial-kernel attention (docs/ops/poly.md, seed 000):
 //   o_t = sum_{s<=t} f(x_ts) v_s / sum_{s<=t} f(x_ts),  f(x) = a + b x + c x^2,  x_ts = scale q_t . k_s
-// computed chunk by chunk with the factorized state of seed 000 (degrees 0, 1, 2), never the T x T
-// score matrix and never a feature map phi(k) per token. The kernels in the DSL and the op.
+// with the factorized state of seed 000 (degrees 0, 1, 2), never the T x T score matrix and never a
+// feature map phi(k) per token in memory. The kernels in the DSL.
 //
-// The degree-2 numerator state sum_s (k_s (x) k_s)^T v_s is K^2 x V per head: too big for registers,
-// so it lives in a scratch tensor the op allocates, state2 [N*H, K(K+1)/2, V] fp32, holding only the
-// symmetric part (entries (d, e) with e >= d, row d*K - d(d-1)/2 + (e - d)), updated in place chunk
-// by chunk (token by token in the recurrent form). The degree-2 normalizer sum_s k_s (x) k_s goes the
-// same way: norm2 [grid[0]*N*H, K(K+1)/2, 1] fp32. Every program owns the V columns of its block of
-// its (sequence, head) slab of state2 and its own slab of norm2, so programs never share scratch.
-// The chunked form is two kernels (poly_fwd_deg2, then poly_fwd) that pass the inter-chunk degree-2
-// terms through o2 [B,T,H,V] and den2 [B,T,H,1] fp32. Memory: O(T*D) for inputs, outputs, o2 and
-// den2, plus O(K^2 V) per (sequence, head).
+// Feature blocks. f(q.k) = a + b q.k + c (q.k)^2 is a sum over feature blocks phi_j(q) . phi_j(k) with
+// weights: degree 0 (one feature, 1), degree 1 (q itself), and the degree-2 products q_d q_e taken
+// once per unordered pair {d, e} through the K's circulant diagonals: block m (0 <= m <= K/2) is
+//   phi_m(x)_j = x_j x_{(j+m) mod K},  j < K,   weight 1 for m = 0 and m = K/2, 2 otherwise,
+// which lists every pair exactly once (the symmetric half of x (x) x, (K/2 + 1) K entries instead of
+// K(K+1)/2: 1.5% more at K = 64), each block a full [BT, K] tile built on chip from two loads of x.
+// The state of block j is S_j = sum_s phi_j(k_s)^T v_s [K, V] (and z_j = sum_s phi_j(k_s) [K] for
+// the denominator); the output's share is w_j phi_j(q_t) S_j.
+//
+// The segmented schedule (poly_fwd_sums, poly_fwd_scan, poly_fwd_out). The degree-2 state is
+// K(K+1)/2 x V per head, too big for one program, and a head is one of only B*H walks: the sequence is
+// cut in segments of `segment_chunks` chunks. poly_fwd_sums runs one program per (feature block, V
+// block, segment, head), each summing its block's state over its segment in registers; poly_fwd_scan
+// turns the segments' sums into the state before every segment, states [segments, H, blocks, BK, V];
+// poly_fwd_out runs one program per (chunk, V block, head): the segment's tokens up to its chunk
+// directly, f(x) on the scores (causal inside its chunk), and everything before the segment from the
+// stored state. Work O(T (L + K^2) D) for segments of L tokens, memory O(T K^2 V / L) for the states:
+// with L ~ K^2 both are the factorized form's O(T K^2 V) and O(T D).
 //
 // No gate and no initial/final state: the op starts every sequence from an empty state.
 #pragma once
@@ -32,26 +41,41 @@ inline constexpr double kPolyEps = 1e-6;
 /// coefficients a, b, c and the scale are runtime scalars.
 struct PolyConfig {
   DType dtype = DType::f32;  // q, k, v and o
-  int chunk = 64;            // BT: rows per chunk (chunked form only; both chunked kernels alike)
+  int chunk = 64;            // BT: rows per chunk (segmented form; both kernels alike)
+  int segment_chunks = 16;   // chunks per segment (segmented form; both kernels alike)
   int block_k = 64;          // BK >= K (the whole key dim lives in one program; masked past K)
   int block_v = 64;          // BV: value columns per program
   bool normalize = true;     // divide by the kernel sum (+ kPolyEps); false: the plain numerator
-  bool quadratic = true;     // c != 0: the degree-2 terms and their scratch (all skipped when c == 0)
+  bool quadratic = true;     // c != 0: the degree-2 blocks (none when c == 0)
   bool varlen = false;       // cu_seqlens [N+1] present, B == 1
   int num_warps = 4;
   int num_stages = 2;
 };
 
-/// Records the first chunked kernel (cfg.quadratic only): the inter-chunk degree-2 terms of every
-/// token, numerator c scale^2 sum_{d,e} q_d q_e S2[d,e] into o2 and (cfg.normalize) denominator
-/// c scale^2 sum_{d,e} q_d q_e Z2[d,e] into den2, updating state2 and norm2.
-/// Parameters: q k v [cu_seqlens] state2 o2 [norm2 den2] scale c.
-std::shared_ptr<ir::Kernel> build_poly_fwd_deg2(const PolyConfig& cfg);
-/// Records the second chunked kernel: the intra-chunk terms and degrees 0 and 1, plus o2 and den2,
-/// into o. Parameters: q k v [cu_seqlens] [o2] [den2] o scale a b [c].
-std::shared_ptr<ir::Kernel> build_poly_fwd(const PolyConfig& cfg);
-/// Records the token-by-token forward kernel: one kernel, the same states (cfg.chunk is unused).
-/// Parameters: q k v [cu_seqlens] [state2] [norm2] o scale a b [c].
+/// Feature blocks of the segmented form: the degree-2 blocks, degree 1, degree 0.
+int poly_feature_blocks(const PolyConfig& cfg);
+/// Degree-2 blocks: BK/2 + 1 when quadratic (those past floor(K/2) are unused), else 0.
+int poly_degree2_blocks(const PolyConfig& cfg);
+
+/// Records the segmented form's first kernel: each segment's own sums, sums [segments, H, blocks, BK, V]
+/// fp32 (and zsums [segments, H, blocks, BK] fp32 with normalize). Grid (blocks x V blocks, segments of a
+/// sequence, N*H), or with varlen (.., total segments, H) and segment_indices [segments, 2] = (sequence,
+/// segment of it). Parameters: k v [cu_seqlens segment_indices] sums [zsums].
+std::shared_ptr<ir::Kernel> build_poly_fwd_sums(const PolyConfig& cfg);
+/// Records the segmented form's scan: the state before every segment, states [segments, H, blocks, BK,
+/// V] in cfg.dtype (zstates fp32), the running sum of sums over the sequence's segments. Grid (blocks x
+/// V blocks, N*H). Parameters: k [cu_seqlens segment_offsets] sums [zsums] states [zstates];
+/// segment_offsets [N+1] the first segment of each sequence (varlen; dense: n * ceil(T / L)).
+std::shared_ptr<ir::Kernel> build_poly_fwd_scan(const PolyConfig& cfg);
+/// Records the segmented form's output kernel. Grid (chunks, V blocks, N*H), or (total chunks, V blocks,
+/// H) with varlen. Parameters: q k v [cu_seqlens chunk_indices segment_offsets] states [zstates] o
+/// scale a b [c].
+std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg);
+/// Records the token-by-token forward kernel: one program per (V block, sequence x head) walks the tokens
+/// (cfg.chunk is unused). The degree-2 state lives in scratch the op allocates, state2 [N*H, K(K+1)/2, V]
+/// fp32, the symmetric part row by row (entries (d, e >= d) at row d*K - d(d-1)/2 + (e - d)), and its
+/// normalizer in norm2 [grid[0]*N*H, K(K+1)/2, 1] fp32, a slab per program: programs never share
+/// scratch. Parameters: q k v [cu_seqlens] [state2] [norm2] o scale a b [c].
 std::shared_ptr<ir::Kernel> build_poly_recurrent(const PolyConfig& cfg);
 
 }  // namespace linac

@@ -1,6 +1,6 @@
 // The op "poly" (docs/ops/poly.md): its registry entry, the coefficients' check and the forward's plans
-// and defaults (the chunked kernels poly_fwd_deg2 and poly_fwd, or the token-by-token poly_recurrent:
-// fwd.h); --backward runs op_bwd.cpp's plan.
+// and defaults (the segmented kernels poly_fwd_sums, poly_fwd_scan and poly_fwd_out, or the token-by-token
+// poly_recurrent: fwd.h); --backward runs op_bwd.cpp's plan.
 #include "kernels/poly/op.h"
 
 #include <algorithm>
@@ -35,6 +35,7 @@ namespace {
 const std::vector<std::pair<std::string, std::string>>& poly_config_keys() {
   static const std::vector<std::pair<std::string, std::string>> keys = {
       {"chunk", "rows per chunk (16, 32, 64, 128)"},
+      {"segment", "chunks per segment (1, 2, 4, ..., 64): the earlier tokens each output chunk sums directly"},
       {"bv", "value columns per program (16..128)"},
       {"warps", "warps per program (2, 4, 8)"},
       {"stages", "pipeline stages of the loads (1 or 2)"},
@@ -42,18 +43,22 @@ const std::vector<std::pair<std::string, std::string>>& poly_config_keys() {
   return keys;
 }
 
-enum class PolyKernel { chunked, deg2, recurrent };
+enum class PolyKernel { sums, scan, out, recurrent };
 
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_poly_kernel(const PolyConfig& cfg, PolyKernel which) {
   static KernelMemo memo;
-  std::string key =
-      fmt::format("{}/{}/{}/{}/{}/{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
-                  cfg.block_v, cfg.normalize, cfg.quadratic, cfg.varlen, cfg.num_warps, cfg.num_stages);
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
+                                cfg.chunk, cfg.segment_chunks, cfg.block_k, cfg.block_v, cfg.normalize, cfg.quadratic,
+                                cfg.varlen, cfg.num_warps, cfg.num_stages);
   return memo.get(key, [&] {
-    return which == PolyKernel::chunked ? build_poly_fwd(cfg)
-           : which == PolyKernel::deg2  ? build_poly_fwd_deg2(cfg)
-                                        : build_poly_recurrent(cfg);
+    switch (which) {
+      case PolyKernel::sums: return build_poly_fwd_sums(cfg);
+      case PolyKernel::scan: return build_poly_fwd_scan(cfg);
+      case PolyKernel::out: return build_poly_fwd_out(cfg);
+      case PolyKernel::recurrent: break;
+    }
+    return build_poly_recurrent(cfg);
   });
 }
 
@@ -68,43 +73,30 @@ PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel w
   cfg.normalize = !opts.no_normalize;
   // The defaults (what runs untuned, and the tuner's first candidate) are configurations that ptxas
   // assembles without spills for sm_80 and sm_90a in every dtype (tests/python/test_ptxas.py). The two
-  // chunked kernels must split intra- and inter-chunk alike, so they share the chunk size; warps may differ.
-  int chunk = cfg.block_k <= 64 ? 64 : 32;
+  // segmented kernels must cut chunks and segments alike; warps may differ.
   int warps = 4;
-  if (which == PolyKernel::chunked && cfg.block_k <= 64) warps = 8;
-  if (which == PolyKernel::deg2) warps = 8;  // 4 warps spill since global-memory state stores are fenced
+  if (which == PolyKernel::out && cfg.block_k > 64) warps = 8;
   if (which == PolyKernel::recurrent && cfg.block_k > 64) warps = 8;
-  cfg.chunk = static_cast<int>(
-      config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, chunk), {16, 32, 64, 128}));
+  // Chunks of 64 rows at BK = 128 spill poly_fwd_out (and need 266 KB of shared memory in fp32).
+  const int chunk = cfg.block_k <= 64 ? 64 : 32;
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, chunk), {16, 32, 64, 128}));
+  cfg.segment_chunks = static_cast<int>(config_value(opts, "segment", 16, {1, 2, 4, 8, 16, 32, 64}));
   cfg.block_v = static_cast<int>(config_value(opts, "bv", std::min(64, padded_head_dim(V)), {16, 32, 64, 128}));
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", warps, {2, 4, 8}));
-  // fp32 at BK <= 64: two stages of the chunk's q, k, v tiles take poly_fwd to 171 KB, more than sm_80
-  // gives a block (163 KB; sm_90a 227 KB): the default that fits both is one stage.
-  const int stages = opts.dtype == DType::f32 && cfg.block_k <= 64 ? 1 : 2;
-  cfg.num_stages = static_cast<int>(config_value(opts, "stages", stages, {1, 2}));
+  // fp32: two stages of the chunk's tiles are more shared memory than sm_80 gives a block.
+  cfg.num_stages = static_cast<int>(config_value(opts, "stages", opts.dtype == DType::f32 ? 1 : 2, {1, 2}));
   return cfg;
 }
 
-/// The defaults first, then configurations that ptxas assembles without spills for sm_90a in bf16 (but
-/// chunk 64 at BK = 128, which spills 16-52 bytes: the timing decides). A config applies to both chunked
-/// kernels alike: they must share the chunk size. The key width splits the space: with BK = 128 every
-/// tile of Q and K is twice as wide, so chunks of 128 spill kilobytes there and are left out, while with
-/// BK <= 64 a chunk of 128 fits with 32 value columns and one stage. The tuner skips what does not fit.
+/// The defaults first, then shorter and longer segments (the direct part against the states' reads),
+/// smaller chunks and value blocks (more programs for few sequences x heads).
 std::vector<Config> poly_tuning_space(const ProblemShape& s, DType) {
-  std::vector<Config> space = {{}};  // the defaults: chunk 64 (BK <= 64) or 32, warps per kernel
-  if (padded_head_dim(s.K) <= 64) {
-    space.push_back({{"chunk", 16}});
-    space.push_back({{"chunk", 32}});
-    space.push_back({{"stages", 1}});
-    space.push_back({{"chunk", 32}, {"stages", 1}});
-    if (s.V > 32) space.push_back({{"bv", 32}});  // twice the programs, for few sequences x heads
-    space.push_back({{"chunk", 128}, {"bv", 32}, {"stages", 1}});
-  } else {
-    // Only chunk 64 beside the default: the one faster than it among warps, stages and chunk (docs/ops/
-    // poly.md, "Measured"; it spills 216 bytes, so it is not the default). Each candidate costs ~0.8 s of
-    // timing at these run times; with all five the cold start was over the 5 s target.
-    space.push_back({{"chunk", 64}});
-  }
+  std::vector<Config> space = {{}};
+  space.push_back({{"segment", 8}});
+  space.push_back({{"segment", 32}});
+  space.push_back({{"chunk", 32}, {"segment", 32}});
+  if (s.V > 32) space.push_back({{"bv", 32}});
+  space.push_back({{"stages", 1}});
   return space;
 }
 
@@ -123,56 +115,59 @@ OpPlan plan_poly_form(const TensorMap& inputs, const OpOptions& opts, const std:
     cfg.varlen = seq.varlen;
     return cfg;
   };
-  // The launches share the grid and the chunk size: only the warps may differ between them.
-  const PolyConfig cfg = config_of(PolyKernel::chunked);
+  const PolyConfig cfg = config_of(opts.recurrent ? PolyKernel::recurrent : PolyKernel::out);
 
   OpPlan plan;
   for (const char* name : {"q", "k", "v"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
   plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
   if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
-  const std::array<int64_t, 3> grid = {(seq.V + cfg.block_v - 1) / cfg.block_v, seq.N * seq.H, 1};
+  const int64_t v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
   const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
-  auto launch_of = [&](PolyKernel which, std::initializer_list<const char*> tensors) {
-    KernelLaunch l;
-    l.kernel = cached_poly_kernel(config_of(which), which);
-    l.grid = grid;
-    for (const char* name : tensors) l.tensors[name] = name;
-    if (seq.varlen) l.tensors["cu_seqlens"] = "cu_seqlens";
-    l.scalars["scale"] = scale;
-    return l;
-  };
-  if (cfg.quadratic)
-    plan.tensors["state2"] = HostTensor::zeros(DType::f32, {seq.N * seq.H, seq.K * (seq.K + 1) / 2, seq.V});
-  // Z2's symmetric part, per program: every V block computes the denominator itself.
-  if (cfg.quadratic && cfg.normalize)
-    plan.tensors["norm2"] = HostTensor::zeros(DType::f32, {grid[0] * seq.N * seq.H, seq.K * (seq.K + 1) / 2, 1});
+  std::map<std::string, double> scalars = {{"scale", scale}, {"a", a}, {"b", b}};
+  if (cfg.quadratic) scalars["c"] = c;
+
   if (opts.recurrent) {
-    KernelLaunch l = launch_of(PolyKernel::recurrent, {"q", "k", "v", "o"});
-    if (cfg.quadratic) l.tensors["state2"] = "state2";
-    if (cfg.quadratic && cfg.normalize) l.tensors["norm2"] = "norm2";
-    plan.launches.push_back(std::move(l));
+    if (cfg.quadratic)
+      plan.tensors["state2"] = HostTensor::zeros(DType::f32, {seq.N * seq.H, seq.K * (seq.K + 1) / 2, seq.V});
+    // Z2's symmetric part, per program: every V block computes the denominator itself.
+    if (cfg.quadratic && cfg.normalize)
+      plan.tensors["norm2"] = HostTensor::zeros(DType::f32, {v_blocks * seq.N * seq.H, seq.K * (seq.K + 1) / 2, 1});
+    plan.launches.push_back(plan_launch(plan, cached_poly_kernel(cfg, PolyKernel::recurrent),
+                                        {v_blocks, seq.N * seq.H, 1}, scalars));
   } else {
-    if (cfg.quadratic) {
-      plan.tensors["o2"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.V});
-      KernelLaunch l = launch_of(PolyKernel::deg2, {"q", "k", "v", "state2", "o2"});
-      l.scalars["c"] = c;
-      if (cfg.normalize) {
-        plan.tensors["den2"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, 1});
-        l.tensors["norm2"] = "norm2";
-        l.tensors["den2"] = "den2";
-      }
-      plan.launches.push_back(std::move(l));
+    // Each segment's sums, then the state before every segment (rows: global segments; those of
+    // sequence n start at segment_offsets[n], or n * ceil(T / L) without varlen).
+    const int64_t L = int64_t{cfg.chunk} * cfg.segment_chunks;
+    HostTensor segment_offsets, segment_indices, chunk_offsets, chunk_indices;
+    const int64_t segments = chunk_tables(seq, L, &segment_offsets, &segment_indices);
+    const int64_t chunks = chunk_tables(seq, cfg.chunk, &chunk_offsets, &chunk_indices);
+    if (segments == 0) {  // every sequence is empty
+      if (wants(wanted, "o")) plan.outputs["o"] = "o";
+      return plan;
     }
-    KernelLaunch l = launch_of(PolyKernel::chunked, {"q", "k", "v", "o"});
-    if (cfg.quadratic) l.tensors["o2"] = "o2";
-    if (cfg.quadratic && cfg.normalize) l.tensors["den2"] = "den2";
-    plan.launches.push_back(std::move(l));
+    if (seq.varlen) {
+      plan.tensors["segment_offsets"] = segment_offsets;
+      plan.tensors["segment_indices"] = segment_indices;
+      plan.tensors["chunk_indices"] = chunk_indices;
+    }
+    const int64_t blocks = poly_feature_blocks(cfg);
+    plan.tensors["sums"] = HostTensor::zeros(DType::f32, {segments, seq.H, blocks, cfg.block_k, seq.V});
+    plan.tensors["states"] = HostTensor::zeros(cfg.dtype, {segments, seq.H, blocks, cfg.block_k, seq.V});
+    if (cfg.normalize) {
+      plan.tensors["zsums"] = HostTensor::zeros(DType::f32, {segments, seq.H, blocks, cfg.block_k});
+      plan.tensors["zstates"] = HostTensor::zeros(DType::f32, {segments, seq.H, blocks, cfg.block_k});
+    }
+    // The per-segment and per-chunk kernels run over the segments (chunks) of a sequence and B*H, or
+    // with varlen over all of them and H.
+    const int64_t sequences_per_axis = seq.varlen ? 1 : seq.B;
+    const int64_t heads_axis = seq.varlen ? seq.H : seq.B * seq.H;
+    plan.launches.push_back(plan_launch(plan, cached_poly_kernel(config_of(PolyKernel::sums), PolyKernel::sums),
+                                        {(blocks - 1) * v_blocks, segments / sequences_per_axis, heads_axis}, {}));
+    plan.launches.push_back(plan_launch(plan, cached_poly_kernel(config_of(PolyKernel::scan), PolyKernel::scan),
+                                        {blocks * v_blocks, seq.N * seq.H, 1}, {}));
+    const std::array<int64_t, 3> out_grid = {chunks / sequences_per_axis, v_blocks, heads_axis};
+    plan.launches.push_back(plan_launch(plan, cached_poly_kernel(cfg, PolyKernel::out), out_grid, scalars));
   }
-  // The last launch computes o and takes the coefficients.
-  KernelLaunch& last = plan.launches.back();
-  last.scalars["a"] = a;
-  last.scalars["b"] = b;
-  if (cfg.quadratic) last.scalars["c"] = c;
   if (wants(wanted, "o")) plan.outputs["o"] = "o";
   return plan;
 }
@@ -187,7 +182,7 @@ OpDef poly_op() {
   op.inputs = {
       {"q", true, "[B,T,H,K]", "queries (K <= 128)"},
       {"k", true, "[B,T,H,K]", "keys"},
-      {"v", true, "[B,T,H,V]", "values (a non-finite one makes all of its chunk's outputs non-finite)"},
+      {"v", true, "[B,T,H,V]", "values (a non-finite one makes the outputs of its chunk and of every later chunk non-finite)"},
       {"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"},
       {"do", false, "[B,T,H,V]", "--backward: gradient of the loss w.r.t. o"},
   };
@@ -217,11 +212,11 @@ OpDef poly_op() {
   op.tuning_space = poly_tuning_space;
   op.config_keys = poly_config_keys();
   op.kernels = [](const OpOptions& opts) {
-    // Both chunked kernels and the recurrent one for K = V = 64 and K = V = 128, all with the
+    // The segmented kernels and the recurrent one for K = V = 64 and K = V = 128, all with the
     // degree-2 state and normalization.
     std::vector<std::shared_ptr<ir::Kernel>> out;
     for (int64_t d : {64, 128})
-      for (PolyKernel which : {PolyKernel::deg2, PolyKernel::chunked, PolyKernel::recurrent})
+      for (PolyKernel which : {PolyKernel::sums, PolyKernel::scan, PolyKernel::out, PolyKernel::recurrent})
         out.push_back(cached_poly_kernel(poly_config(opts, d, d, which), which));
     // The pairwise backward: its 16-bit variants spill 4-16 bytes on sm_80 / sm_90a (ptxas keeps them at
     // 32-64 registers, at 2 or 4 warps alike): left out of the zero-spill list, like linear_attn's fp32

@@ -80,6 +80,34 @@ def test_chunk_sizes_agree(linac):
         assert err < FP32_TOL, f"chunk {chunk} vs 16 differ by {err:.3g}"
 
 
+# Segments of 16, 32 and 64 tokens over T = 150: outputs take the tokens before their segment from the
+# stored per-segment states (every feature block of the circulant degree-2 split: K odd, K < the key
+# block, K a power of two), and the segment's own tokens directly.
+@pytest.mark.parametrize("K", [7, 16, 24])
+@pytest.mark.parametrize("segment", [1, 2, 4])
+def test_segments(linac, K, segment):
+    inputs = make_inputs(150 + K + segment, B=2, T=150, H=2, K=K, V=20)
+    run_and_check(linac, inputs, options=["--config", f"chunk=16,segment={segment}"])
+
+
+@pytest.mark.parametrize("options,ref_args", [
+    (["--no-normalize"], dict(normalize=False)),
+    (coefficient_options(2.0, 0.5, 0.0) + ["--no-normalize"], dict(a=2.0, b=0.5, c=0.0, normalize=False)),
+    (coefficient_options(3.0, 0.0, 0.0), dict(a=3.0, b=0.0, c=0.0)),
+], ids=["no_normalize", "linear_no_normalize", "constant"])
+def test_segments_with_options(linac, options, ref_args):
+    inputs = make_inputs(160, B=1, T=100, H=2, K=16, V=16)
+    run_and_check(linac, inputs, options=["--config", "chunk=16,segment=2", *options], **ref_args)
+
+
+def test_varlen_segments(linac):
+    # Sequences cross segments of 32 tokens at different offsets; an empty one and length-1 ones have
+    # zero or one segment each.
+    inputs = make_inputs(170, B=1, T=130, H=2, K=16, V=16)
+    inputs["cu_seqlens"] = np.array([0, 1, 17, 17, 80, 81, 130], dtype=np.int32)
+    run_and_check(linac, inputs, options=["--config", "chunk=16,segment=2"])
+
+
 def test_varlen(linac):
     # Sequences of length 1 first, in the middle and near the end, and an empty one; each restarts
     # from an empty state.

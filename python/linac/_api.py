@@ -11,11 +11,59 @@ are copied (.contiguous()) before the kernels read them.
 
 import torch
 
-from . import _ops
+from . import _lib, _ops
 from ._errors import InvalidCallError, UnsupportedError
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _INTS = (torch.int32, torch.int64)
+
+
+# --- call signatures: the checks run once per signature -------------------------------------------------
+#
+# An eager call on plain tensors has a signature: the public function, its options, and each tensor's
+# shape, dtype, device and contiguity; everything the checks below read is in it. The checks run on the
+# first call of a signature and the signature is remembered only when they pass, so a call whose
+# signature is new (another dtype, shape or device) is checked in full and a bad one raises as before.
+# A remembered signature also keeps the call's Direct (linac._ops): when no gradient is needed, a call
+# goes from here to linac_call_run without the dispatcher, autograd or a second key. Under
+# torch.compile, for tensor subclasses, with cu_seqlens (varlen calls are not prepared: their plan
+# depends on the offsets' values) and for a `scale` that is not a Python number, calls have no signature
+# and are checked every time.
+
+_signatures = {}
+_MAX_SIGNATURES = 4096
+_NUMBERS = (float, int, type(None))
+_PLAIN = _ops._PLAIN
+_is_compiling = _ops._is_compiling
+_grad_enabled = torch.is_grad_enabled
+
+
+class _Signature:
+    """A checked call signature; `direct`: its Direct once made, False where it has none."""
+
+    __slots__ = ("direct",)
+
+    def __init__(self):
+        self.direct = None
+
+
+def _remember(key):
+    if len(_signatures) >= _MAX_SIGNATURES:
+        _signatures.clear()
+    entry = _signatures[key] = _Signature()
+    return entry
+
+
+_lib._on_forget.append(_signatures.clear)  # a Direct holds a prepared call
+
+# A Direct's inputs, in the ops' order (None where absent).
+_QKVG = ("q", "k", "v", "g", "initial_state")
+_QKVGB = ("q", "k", "v", "g", "beta", "initial_state")
+
+
+def _t(t):
+    """An optional tensor's part of a signature."""
+    return None if t is None else (t.shape, t.dtype, t.device, t.is_contiguous())
 
 
 # --- argument checks (cheap, in Python, so that they also run while torch.compile traces) ---------------
@@ -120,6 +168,15 @@ def _config(fn, kwargs, allowed=()):
     return config
 
 
+def _any_set(*values):
+    """Whether an fla argument linac lacks is set (not None or False): then _unsupported says which. Spares
+    every call the keyword dict of _unsupported."""
+    for value in values:
+        if value is not None and value is not False:
+            return True
+    return False
+
+
 def _unsupported(fn, **args):
     for key, value in args.items():
         if value is not None and value is not False:
@@ -136,12 +193,38 @@ def _gate_shape(q):
 def _linear_attn(fn, q, k, v, g, scale, initial_state, output_final_state, normalize, recurrent, state_v_first,
                  cu_seqlens, cu_seqlens_cpu, config):
     h0 = _state_in(initial_state, state_v_first)
-    _check(fn, q, k, v, cu_seqlens, cu_seqlens_cpu, h0, () if g is None else (("g", g, _gate_shape(q)),))
-    if normalize and (h0 is not None or output_final_state):
-        raise UnsupportedError(f"{fn}: linac's normalized linear attention keeps no state (fla's (kv, z) "
-                               f"pair): pass normalize=False, or no initial_state and output_final_state=False")
-    o, ht = _ops.call_linear_attn(q, k, v, g, h0, cu_seqlens, cu_seqlens_cpu, _scale(q, scale),
-                                  bool(output_final_state), bool(normalize), recurrent and not normalize, config)
+    output_final_state, normalize = bool(output_final_state), bool(normalize)
+    recurrent = recurrent and not normalize
+    key = entry = None
+    if (cu_seqlens is None and cu_seqlens_cpu is None and not _is_compiling() and type(q) in _PLAIN and
+            type(scale) in _NUMBERS):
+        try:
+            key = (fn, config, scale, output_final_state, normalize, recurrent, state_v_first,
+                   q.shape, q.dtype, q.device, q.is_contiguous(), k.shape, k.dtype, k.device, k.is_contiguous(),
+                   v.shape, v.dtype, v.device, v.is_contiguous(), _t(g), _t(h0))
+            entry = _signatures.get(key)
+        except (AttributeError, TypeError):  # not tensors: the checks say what is wrong
+            key = None
+    if entry is None:
+        _check(fn, q, k, v, cu_seqlens, cu_seqlens_cpu, h0, () if g is None else (("g", g, _gate_shape(q)),))
+        if normalize and (h0 is not None or output_final_state):
+            raise UnsupportedError(f"{fn}: linac's normalized linear attention keeps no state (fla's (kv, z) "
+                                   f"pair): pass normalize=False, or no initial_state and output_final_state=False")
+        if key is not None:
+            entry = _remember(key)
+    if entry is not None and not (
+            _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                                 (g is not None and g.requires_grad) or (h0 is not None and h0.requires_grad))):
+        d = entry.direct
+        if d is None:
+            d = entry.direct = _ops.make_direct(
+                b"linear_attn", _ops.linear_attn_options(_scale(q, scale), normalize, recurrent, config), _QKVG,
+                (q, k, v, g, h0), output_final_state) or False
+        if d:
+            o, ht = d(q, (q, k, v, g, h0))
+            return o, _state_out(ht, output_final_state, state_v_first)
+    o, ht = _ops.call_linear_attn(q, k, v, g, h0, cu_seqlens, cu_seqlens_cpu, _scale(q, scale), output_final_state,
+                                  normalize, recurrent, config)
     return o, _state_out(ht, output_final_state, state_v_first)
 
 
@@ -161,7 +244,7 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
     """fla.ops.simple_gla.chunk_simple_gla: linear attention with a per-head scalar log-decay g [B, T, H]
     (or g_gamma [H]); no gate when both are None."""
     fn = "chunk_simple_gla"
-    config = _config(fn, kwargs)
+    config = _config(fn, kwargs) if kwargs else ""
     g = _g_from_gamma(fn, q, g, g_gamma)
     return _linear_attn(fn, q, k, v, g, scale, initial_state, output_final_state, False, False, state_v_first,
                         cu_seqlens, cu_seqlens_cpu, config)
@@ -173,8 +256,9 @@ def fused_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initia
     """fla.ops.simple_gla.fused_recurrent_simple_gla: the token-by-token form of chunk_simple_gla."""
     fn = "fused_recurrent_simple_gla"
     cu_seqlens_cpu = kwargs.pop("cu_seqlens_cpu", None)
-    config = _config(fn, kwargs)
-    _unsupported(fn, reverse=reverse)
+    config = _config(fn, kwargs) if kwargs else ""
+    if _any_set(reverse):
+        _unsupported(fn, reverse=reverse)
     g = _g_from_gamma(fn, q, g, g_gamma)
     return _linear_attn(fn, q, k, v, g, scale, initial_state, output_final_state, False, True, state_v_first,
                         cu_seqlens, cu_seqlens_cpu, config)
@@ -186,7 +270,7 @@ def chunk_linear_attn(q, k, v, scale=None, initial_state=None, output_final_stat
     scale * q . cumsum(k) + 1e-6 (fla adds 1e-10) and takes no states."""
     fn = "chunk_linear_attn"
     cu_seqlens_cpu = kwargs.pop("cu_seqlens_cpu", None)
-    config = _config(fn, kwargs)
+    config = _config(fn, kwargs) if kwargs else ""
     return _linear_attn(fn, q, k, v, None, scale, initial_state, output_final_state, normalize, False, False,
                         cu_seqlens, cu_seqlens_cpu, config)
 
@@ -197,8 +281,9 @@ def fused_recurrent_linear_attn(q, k, v, scale=None, initial_state=None, output_
     linac has no token-by-token one; the function is the same)."""
     fn = "fused_recurrent_linear_attn"
     cu_seqlens_cpu = kwargs.pop("cu_seqlens_cpu", None)
-    config = _config(fn, kwargs)
-    _unsupported(fn, reverse=reverse)
+    config = _config(fn, kwargs) if kwargs else ""
+    if _any_set(reverse):
+        _unsupported(fn, reverse=reverse)
     return _linear_attn(fn, q, k, v, None, scale, initial_state, output_final_state, normalize, True, False,
                         cu_seqlens, cu_seqlens_cpu, config)
 
@@ -208,8 +293,33 @@ def fused_recurrent_linear_attn(q, k, v, scale=None, initial_state=None, output_
 def _gla(fn, q, k, v, g, scale, initial_state, output_final_state, recurrent, state_v_first, cu_seqlens,
          cu_seqlens_cpu, config):
     h0 = _state_in(initial_state, state_v_first)
-    _check(fn, q, k, v, cu_seqlens, cu_seqlens_cpu, h0, (("g", g, q.shape),))
-    o, ht = _ops.call_gla(q, k, v, g, h0, cu_seqlens, cu_seqlens_cpu, _scale(q, scale), bool(output_final_state),
+    output_final_state = bool(output_final_state)
+    key = entry = None
+    if (cu_seqlens is None and cu_seqlens_cpu is None and not _is_compiling() and type(q) in _PLAIN and
+            type(scale) in _NUMBERS):
+        try:
+            key = (fn, config, scale, output_final_state, recurrent, state_v_first,
+                   q.shape, q.dtype, q.device, q.is_contiguous(), k.shape, k.dtype, k.device, k.is_contiguous(),
+                   v.shape, v.dtype, v.device, v.is_contiguous(), g.shape, g.dtype, g.device, g.is_contiguous(),
+                   _t(h0))
+            entry = _signatures.get(key)
+        except (AttributeError, TypeError):  # not tensors: the checks say what is wrong
+            key = None
+    if entry is None:
+        _check(fn, q, k, v, cu_seqlens, cu_seqlens_cpu, h0, (("g", g, q.shape),))
+        if key is not None:
+            entry = _remember(key)
+    if entry is not None and not (
+            _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or g.requires_grad or
+                                 (h0 is not None and h0.requires_grad))):
+        d = entry.direct
+        if d is None:
+            d = entry.direct = _ops.make_direct(b"gla", _ops.gla_options(_scale(q, scale), recurrent, config), _QKVG,
+                                                (q, k, v, g, h0), output_final_state) or False
+        if d:
+            o, ht = d(q, (q, k, v, g, h0))
+            return o, _state_out(ht, output_final_state, state_v_first)
+    o, ht = _ops.call_gla(q, k, v, g, h0, cu_seqlens, cu_seqlens_cpu, _scale(q, scale), output_final_state,
                           recurrent, config)
     return o, _state_out(ht, output_final_state, state_v_first)
 
@@ -219,7 +329,7 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     """fla.ops.gla.chunk_gla: gated linear attention, log-decay g [B, T, H, K] per key channel."""
     fn = "chunk_gla"
     return _gla(fn, q, k, v, g, scale, initial_state, output_final_state, False, state_v_first, cu_seqlens,
-                cu_seqlens_cpu, _config(fn, kwargs))
+                cu_seqlens_cpu, _config(fn, kwargs) if kwargs else "")
 
 
 def fused_recurrent_gla(q, k, v, gk=None, gv=None, scale=None, initial_state=None, output_final_state=False,
@@ -228,8 +338,9 @@ def fused_recurrent_gla(q, k, v, gk=None, gv=None, scale=None, initial_state=Non
     value-side gate, is not implemented; without gk: plain linear attention)."""
     fn = "fused_recurrent_gla"
     cu_seqlens_cpu = kwargs.pop("cu_seqlens_cpu", None)
-    config = _config(fn, kwargs)
-    _unsupported(fn, gv=gv, reverse=reverse)
+    config = _config(fn, kwargs) if kwargs else ""
+    if _any_set(gv, reverse):
+        _unsupported(fn, gv=gv, reverse=reverse)
     if gk is None:
         return _linear_attn(fn, q, k, v, None, scale, initial_state, output_final_state, False, True,
                             state_v_first, cu_seqlens, cu_seqlens_cpu, config)
@@ -244,12 +355,39 @@ def _delta(fn, q, k, v, g, beta, scale, initial_state, output_final_state, l2nor
     h0 = _state_in(initial_state, state_v_first)
     if beta is None:
         beta = q.new_ones(q.shape[:3])  # fla's fused_recurrent default
-    elif beta.dim() == 4:
-        raise UnsupportedError(f"{fn}: beta per value channel [B, T, H, V] is not implemented (linac takes "
-                               f"beta [B, T, H])")
-    gates = (("beta", beta, _gate_shape(q)),) if g is None else (("g", g, _gate_shape(q)),
-                                                                ("beta", beta, _gate_shape(q)))
-    _check(fn, q, k, v, cu_seqlens, cu_seqlens_cpu, h0, gates)
+    output_final_state, l2norm_qk = bool(output_final_state), bool(l2norm_qk)
+    key = entry = None
+    if (cu_seqlens is None and cu_seqlens_cpu is None and not _is_compiling() and type(q) in _PLAIN and
+            type(scale) in _NUMBERS):
+        try:
+            key = (fn, config, scale, output_final_state, l2norm_qk, recurrent, state_v_first,
+                   q.shape, q.dtype, q.device, q.is_contiguous(), k.shape, k.dtype, k.device, k.is_contiguous(),
+                   v.shape, v.dtype, v.device, v.is_contiguous(), beta.shape, beta.dtype, beta.device,
+                   beta.is_contiguous(), _t(g), _t(h0))
+            entry = _signatures.get(key)
+        except (AttributeError, TypeError):  # not tensors: the checks say what is wrong
+            key = None
+    if entry is None:
+        if beta.dim() == 4:
+            raise UnsupportedError(f"{fn}: beta per value channel [B, T, H, V] is not implemented (linac takes "
+                                   f"beta [B, T, H])")
+        gates = (("beta", beta, _gate_shape(q)),) if g is None else (("g", g, _gate_shape(q)),
+                                                                    ("beta", beta, _gate_shape(q)))
+        _check(fn, q, k, v, cu_seqlens, cu_seqlens_cpu, h0, gates)
+        if key is not None:
+            entry = _remember(key)
+    if entry is not None and not (
+            _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or beta.requires_grad or
+                                 (g is not None and g.requires_grad) or (h0 is not None and h0.requires_grad))):
+        d = entry.direct
+        if d is None:
+            d = entry.direct = _ops.make_direct(
+                b"delta_rule" if g is None else b"gated_delta_rule",
+                _ops.delta_options(_scale(q, scale), l2norm_qk, recurrent, config), _QKVGB, (q, k, v, g, beta, h0),
+                output_final_state) or False
+        if d:
+            o, ht = d(q, (q, k, v, g, beta, h0))
+            return o, _state_out(ht, output_final_state, state_v_first)
     s = _scale(q, scale)
     # The forward saves the tables its backward takes (the training pair) when gradients will be needed
     # and the chunked form runs at its own chunk: not with l2norm_qk (normalized q, k are not kept), the
@@ -258,11 +396,11 @@ def _delta(fn, q, k, v, g, beta, scale, initial_state, output_final_state, l2nor
     save = (torch.is_grad_enabled() and not l2norm_qk and not recurrent and not config and cu_seqlens is None and
             any(t is not None and t.requires_grad for t in (q, k, v, g, beta, h0)))
     if g is None:
-        o, ht = _ops.call_delta_rule(q, k, v, beta, h0, cu_seqlens, cu_seqlens_cpu, s, bool(output_final_state),
-                                     bool(l2norm_qk), recurrent, config, save)[:2]
+        o, ht = _ops.call_delta_rule(q, k, v, beta, h0, cu_seqlens, cu_seqlens_cpu, s, output_final_state,
+                                     l2norm_qk, recurrent, config, save)[:2]
     else:
-        o, ht = _ops.call_gated_delta_rule(q, k, v, g, beta, h0, cu_seqlens, cu_seqlens_cpu, s,
-                                           bool(output_final_state), bool(l2norm_qk), recurrent, config, save)[:2]
+        o, ht = _ops.call_gated_delta_rule(q, k, v, g, beta, h0, cu_seqlens, cu_seqlens_cpu, s, output_final_state,
+                                           l2norm_qk, recurrent, config, save)[:2]
     return o, _state_out(ht, output_final_state, state_v_first)
 
 
@@ -272,7 +410,7 @@ def chunk_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final
     use_qk_l2norm_in_kernel=True). fp32 inputs are accepted (fla refuses them)."""
     fn = "chunk_delta_rule"
     return _delta(fn, q, k, v, None, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                  False, False, cu_seqlens, cu_seqlens_cpu, _config(fn, kwargs))
+                  False, False, cu_seqlens, cu_seqlens_cpu, _config(fn, kwargs) if kwargs else "")
 
 
 def fused_recurrent_delta_rule(q, k, v, beta=None, scale=None, initial_state=None, output_final_state=False,
@@ -281,7 +419,7 @@ def fused_recurrent_delta_rule(q, k, v, beta=None, scale=None, initial_state=Non
     fn = "fused_recurrent_delta_rule"
     cu_seqlens_cpu = kwargs.pop("cu_seqlens_cpu", None)
     return _delta(fn, q, k, v, None, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                  True, False, cu_seqlens, cu_seqlens_cpu, _config(fn, kwargs))
+                  True, False, cu_seqlens, cu_seqlens_cpu, _config(fn, kwargs) if kwargs else "")
 
 
 _GDN_UNSUPPORTED = ("use_gate_in_kernel", "A_log", "dt_bias")
@@ -294,9 +432,10 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     """fla.ops.gated_delta_rule.chunk_gated_delta_rule: Gated DeltaNet, g [B, T, H] log-decay, beta
     [B, T, H]. chunk_indices (fla's precomputed chunk table) is not needed and not read."""
     fn = "chunk_gated_delta_rule"
-    config = _config(fn, kwargs, allowed=_GDN_UNSUPPORTED)
-    _unsupported(fn, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
-                 cp_context=cp_context)
+    config = _config(fn, kwargs, allowed=_GDN_UNSUPPORTED) if kwargs else ""
+    if _any_set(use_beta_sigmoid_in_kernel, allow_neg_eigval, cp_context):
+        _unsupported(fn, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                     cp_context=cp_context)
     return _delta(fn, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, False,
                   state_v_first, cu_seqlens, cu_seqlens_cpu, config)
 
@@ -310,9 +449,10 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=Non
     without g: DeltaNet; gk, gv and the in-kernel gate/beta activations are not implemented)."""
     fn = "fused_recurrent_gated_delta_rule"
     cu_seqlens_cpu = kwargs.pop("cu_seqlens_cpu", None)
-    config = _config(fn, kwargs)
-    _unsupported(fn, gk=gk, gv=gv, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
-                 use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
+    config = _config(fn, kwargs) if kwargs else ""
+    if _any_set(gk, gv, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval):
+        _unsupported(fn, gk=gk, gv=gv, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
+                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
     return _delta(fn, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, True,
                   state_v_first, cu_seqlens, cu_seqlens_cpu, config)
 
@@ -325,7 +465,29 @@ def poly(q, k, v, a=1.0, b=1.0, c=0.5, scale=None, normalize=True, cu_seqlens=No
     with x_ts = scale q_t . k_s and f(x) = a + b x + c x^2 (no denominator when normalize=False).
     Returns o [B, T, H, V] (the op keeps no state)."""
     fn = "poly"
-    _check(fn, q, k, v, cu_seqlens, cu_seqlens_cpu)
+    key = entry = None
+    if (cu_seqlens is None and cu_seqlens_cpu is None and not _is_compiling() and type(q) in _PLAIN and
+            type(scale) in _NUMBERS and type(a) in _NUMBERS and type(b) in _NUMBERS and type(c) in _NUMBERS and
+            type(chunk_size) in _NUMBERS and type(normalize) is bool):
+        try:
+            key = (fn, scale, a, b, c, normalize, chunk_size,
+                   q.shape, q.dtype, q.device, q.is_contiguous(), k.shape, k.dtype, k.device, k.is_contiguous(),
+                   v.shape, v.dtype, v.device, v.is_contiguous())
+            entry = _signatures.get(key)
+        except (AttributeError, TypeError):  # not tensors: the checks say what is wrong
+            key = None
+    if entry is None:
+        _check(fn, q, k, v, cu_seqlens, cu_seqlens_cpu)
+    elif entry.direct and not (_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return entry.direct(q, (q, k, v))[0]  # before the options below: a Direct has its own
     config = "" if chunk_size is None else f"chunk_size={int(chunk_size)}"
-    return _ops.call_poly(q, k, v, cu_seqlens, cu_seqlens_cpu, _scale(q, scale), float(a), float(b), float(c),
-                          bool(normalize), config)
+    scale, a, b, c, normalize = _scale(q, scale), float(a), float(b), float(c), bool(normalize)
+    if entry is None and key is not None:
+        entry = _remember(key)
+    if (entry is not None and entry.direct is None and
+            not (_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
+        d = entry.direct = _ops.make_direct(b"poly", _ops.poly_options(scale, a, b, c, normalize, config),
+                                            ("q", "k", "v"), (q, k, v), False) or False
+        if d:
+            return d(q, (q, k, v))[0]
+    return _ops.call_poly(q, k, v, cu_seqlens, cu_seqlens_cpu, scale, a, b, c, normalize, config)

@@ -7,7 +7,8 @@ with every Python >= 3.9 and torch >= 2.4 (issue 19, point 7).
 The library is found at $LINAC_LIBRARY, else linac/lib/liblinac.so inside this package, else
 <repo>/build/liblinac.so (the package used from the source tree). Tensors are passed as the header's
 `linac_named_tensor` arrays, packed with one struct.pack_into per call into a buffer cached per call
-shape (names and ranks), so that a call costs a few microseconds of Python.
+shape (names and ranks), so that a call costs a few microseconds of Python. A prepared call (_Prepared)
+takes only addresses, packed the same way into an array it reuses.
 """
 
 import ctypes
@@ -68,6 +69,7 @@ class _Allocator(ctypes.Structure):
 _NAMED_FORMAT = "QQiiiiQQ"
 _NAMED_SIZE = struct.calcsize("<" + _NAMED_FORMAT)
 assert _NAMED_SIZE == ctypes.sizeof(_NamedTensor) == 48, "linac_named_tensor layout"
+assert ctypes.sizeof(ctypes.c_void_p) == 8, "a prepared call's addresses are packed as 64-bit words"
 
 
 def _candidates():
@@ -267,10 +269,41 @@ class _Prepared:
     on each call's addresses, with its GPU scratch as a torch tensor (from torch's caching allocator, on
     the current stream)."""
 
-    def __init__(self, lib_, handle, n):
-        self.lib, self.handle, self.n = lib_, handle, n
+    def __init__(self, lib_, handle, n, op):
+        self.lib, self.handle, self.n, self.op = lib_, handle, n, op
         self.array = ctypes.c_void_p * n
+        self.pack = struct.Struct(f"<{n}Q").pack_into
+        # Address arrays not in use: a run takes one, fills it and gives it back, so that a call builds no
+        # ctypes object and two threads never fill the same array (ctypes drops the GIL during the call).
+        self.free = [self.array()]
+        # Bound once per prepared call; tools/bench_torch_host.py replaces it on the library before the
+        # first call to time the Python layer alone.
+        self.fn = lib_.linac_call_run
         self.workspace = lib_.linac_call_workspace_bytes(handle)
+
+    def run(self, ptrs, dev, like):
+        """Queues the call on `ptrs`, the data addresses of its inputs then its outputs in the prepared
+        order. `dev`: the CUDA ordinal (its current stream; the caller made it the current device), or
+        -1 for host tensors; `like`: a tensor on that device, for the scratch."""
+        try:
+            addresses = self.free.pop()
+        except IndexError:
+            addresses = self.array()
+        self.pack(addresses, 0, *ptrs)
+        if dev < 0:
+            status = self.fn(self.handle, addresses, None, None, None)
+        elif self.workspace:
+            # Scratch as a torch tensor from torch's caching allocator on the current stream (capture-aware
+            # under CUDA graphs), released when the call is queued: stream order keeps it from being reused
+            # before the call is done. (raw_alloc/raw_delete measured slower: 2026-11-25,
+            # docs/doors-measured.md.)
+            scratch = like.new_empty(self.workspace, dtype=torch.uint8)
+            status = self.fn(self.handle, addresses, _current_stream(dev), scratch.data_ptr(), None)
+        else:
+            status = self.fn(self.handle, addresses, _current_stream(dev), None, None)
+        self.free.append(addresses)
+        if status != _OK:
+            _raise(status, self.op.decode())
 
     def __del__(self):
         try:
@@ -283,11 +316,15 @@ class _Prepared:
 # offsets' values), which runs through linac_op_run. Bounded like linac's own table.
 _calls = {}
 _MAX_CALLS = 4096
+# Clears of caches built on prepared calls (linac._api's call signatures), run by forget_prepared_calls.
+_on_forget = []
 
 
 def forget_prepared_calls():
     """Drops every prepared call (after a user's library replaced ops of the same names)."""
     _calls.clear()
+    for clear in _on_forget:
+        clear()
 
 
 def _prepare(lib_, key, op, options, names, tensors, n_in):
@@ -303,8 +340,31 @@ def _prepare(lib_, key, op, options, names, tensors, n_in):
                                      ctypes.byref(handle))
     if status != _OK:
         _raise(status, op.decode())
-    p = _calls[key] = _Prepared(lib_, handle.value, len(tensors))
+    p = _calls[key] = _Prepared(lib_, handle.value, len(tensors), op)
     return p
+
+
+def _key(op, options, in_names, out_names, inputs):
+    # The outputs are not in the key: linac's Python layer makes them from the inputs, options and names.
+    return (op, options, in_names, out_names, *[(t.shape, t.dtype, t.get_device()) for t in inputs])
+
+
+def prepared(op, options, in_names, inputs, out_names, outputs):
+    """The prepared call of run(op, options, in_names, inputs, out_names, outputs) (prepared now if it is
+    new), or None where the call cannot be prepared (varlen): for callers that keep it and call its run()."""
+    dev = inputs[0].get_device()
+    if dev >= 0 and dev != _current_device():
+        with torch.cuda.device(dev):
+            return _prepared(op, options, in_names, inputs, out_names, outputs)
+    return _prepared(op, options, in_names, inputs, out_names, outputs)
+
+
+def _prepared(op, options, in_names, inputs, out_names, outputs):
+    key = _key(op, options, in_names, out_names, inputs)
+    try:
+        return _calls[key]
+    except KeyError:
+        return _prepare(_lib or lib(), key, op, options, in_names + out_names, inputs + outputs, len(inputs))
 
 
 def run(op, options, in_names, inputs, out_names, outputs):
@@ -321,30 +381,11 @@ def run(op, options, in_names, inputs, out_names, outputs):
 
 
 def _run(op, options, in_names, inputs, out_names, outputs, dev):
-    lib_ = _lib or lib()
-    tensors = inputs + outputs
-    # The outputs are not in the key: linac's Python layer makes them from the inputs, options and names.
-    key = (op, options, in_names, out_names, *[(t.shape, t.dtype, t.get_device()) for t in inputs])
-    try:
-        p = _calls[key]
-    except KeyError:
-        p = _prepare(lib_, key, op, options, in_names + out_names, tensors, len(inputs))
+    p = _prepared(op, options, in_names, inputs, out_names, outputs)
     if p is None:
-        _run_unprepared(lib_, op, options, in_names, inputs, out_names, outputs, dev)
+        _run_unprepared(_lib or lib(), op, options, in_names, inputs, out_names, outputs, dev)
         return
-    data = p.array(*[t.data_ptr() for t in tensors])
-    if dev < 0:
-        status = lib_.linac_call_run(p.handle, data, None, None, None)
-    elif not p.workspace:
-        status = lib_.linac_call_run(p.handle, data, _current_stream(dev), None, None)
-    else:
-        # Scratch as a torch tensor from torch's caching allocator on the current stream (capture-aware
-        # under CUDA graphs), released when the call is queued: stream order keeps it from being reused
-        # before the call is done. (raw_alloc/raw_delete measured slower: 2026-11-25, docs/doors-measured.md.)
-        workspace = torch.empty(p.workspace, dtype=torch.uint8, device=inputs[0].device)
-        status = lib_.linac_call_run(p.handle, data, _current_stream(dev), workspace.data_ptr(), None)
-    if status != _OK:
-        _raise(status, op.decode())
+    p.run([t.data_ptr() for t in inputs + outputs], dev, inputs[0])
 
 
 def _run_unprepared(lib_, op, options, in_names, inputs, out_names, outputs, dev):

@@ -19,11 +19,14 @@ O(T*D)) and runs linac's backward (options backward=1), never PyTorch autodiff o
 Eager calls from the public functions (linac.chunk_gla, ...) skip the dispatcher: the custom op's own
 implementation runs directly, under a torch.autograd.Function when gradients are needed (the same
 setup and backward functions as the registered autograd), because the dispatcher and its Python
-autograd wrapper cost tens of microseconds per call. Under torch.compile, and for tensor subclasses
-(fake, functional, meta...), the calls go through torch.ops.linac.*.
+autograd wrapper cost tens of microseconds per call. A call that needs no gradient skips even that: the
+public function runs the Direct of its call signature (its prepared linac_call and outputs' shapes,
+made by make_direct below). Under torch.compile, and for tensor subclasses (fake, functional, meta...),
+the calls go through torch.ops.linac.*.
 """
 
 import threading
+from operator import itemgetter
 from typing import List, Optional, Tuple
 
 import torch
@@ -40,6 +43,7 @@ except AttributeError:  # pragma: no cover
     _is_compiling = torch._dynamo.is_compiling
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_data_ptr = torch.Tensor.data_ptr
 
 
 def eager(t):
@@ -62,6 +66,23 @@ def _options(pairs, config=""):
             parts.append(config)
         s = _options_cache[key] = ",".join(parts).encode()
     return s
+
+
+# Each forward op's options, shared by its implementation and its Direct calls (linac._api).
+def linear_attn_options(scale, normalize, recurrent, config):
+    return _options((("scale", scale), ("normalize", normalize), ("recurrent", recurrent)), config)
+
+
+def gla_options(scale, recurrent, config):
+    return _options((("scale", scale), ("recurrent", recurrent)), config)
+
+
+def delta_options(scale, l2norm_qk, recurrent, config):
+    return _options((("scale", scale), ("l2norm_qk", l2norm_qk), ("recurrent", recurrent)), config)
+
+
+def poly_options(scale, a, b, c, normalize, config):
+    return _options((("scale", scale), ("a", a), ("b", b), ("c", c), ("no_normalize", not normalize)), config)
 
 
 def _inputs(q, k, v, named, initial_state, cu_seqlens, cu_seqlens_cpu):
@@ -91,7 +112,7 @@ def _num_seqs(q, cu_seqlens):
 
 def _state_like(q, v, cu_seqlens):
     N, H, K, V = _num_seqs(q, cu_seqlens), q.shape[2], q.shape[3], v.shape[3]
-    return q.new_empty((N, H, K, V), dtype=_F32)
+    return q.new_empty(N, H, K, V, dtype=_F32)  # sizes as ints: see Direct
 
 
 # Set while an eager call without autograd runs an op's implementation directly (_Eager): its results go
@@ -107,14 +128,14 @@ def _none_tensor(q):
         dev = q.get_device()  # eager calls have host or CUDA tensors: the ordinal names the device
         t = _placeholders.get(dev)
         if t is None:
-            t = _placeholders[dev] = q.new_empty((0,), dtype=_F32)
+            t = _placeholders[dev] = q.new_empty(0, dtype=_F32)
         return t
-    return q.new_empty((0,), dtype=_F32)
+    return q.new_empty(0, dtype=_F32)
 
 
 def _forward(op, options, q, k, v, named, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state):
     names, tensors = _inputs(q, k, v, named, initial_state, cu_seqlens, cu_seqlens_cpu)
-    o = q.new_empty((*q.shape[:3], v.shape[3]))
+    o = q.new_empty(*q.shape[:3], v.shape[3])
     if output_final_state:
         ht = _state_like(q, v, cu_seqlens)
         _lib.run(op, options, tuple(names), tuple(tensors), ("o", "final_state"), (o, ht))
@@ -122,6 +143,52 @@ def _forward(op, options, q, k, v, named, initial_state, cu_seqlens, cu_seqlens_
         ht = _none_tensor(q)
         _lib.run(op, options, tuple(names), tuple(tensors), ("o",), (o,))
     return o, ht
+
+
+class Direct:
+    """An eager forward call that needs no autograd, at one call signature that linac._api has checked
+    (op, options, and each input's shape, dtype, device and contiguity): its outputs' shapes and its
+    prepared linac_call are fixed, so a call is the outputs' allocations, the inputs' addresses and
+    linac_call_run. Its results are _forward's: (o, final_state), final_state None when not asked for."""
+
+    __slots__ = ("prepared", "dev", "present", "o_shape", "h_shape")
+
+    def __init__(self, prepared, dev, present, o_shape, h_shape):
+        self.prepared, self.dev, self.o_shape, self.h_shape = prepared, dev, o_shape, h_shape
+        self.present = itemgetter(*present)  # the inputs that are not None, in order
+
+    def __call__(self, q, inputs):
+        """`inputs`: q, k, v and the op's other inputs in its order, None where absent (as at make)."""
+        # Sizes as separate ints: torch parses a tuple of sizes about 0.45 us slower (2026-11-25).
+        o = q.new_empty(*self.o_shape)
+        ptrs = [*map(_data_ptr, self.present(inputs)), o.data_ptr()]
+        ht = None
+        if self.h_shape is not None:
+            ht = q.new_empty(*self.h_shape, dtype=_F32)
+            ptrs.append(ht.data_ptr())
+        dev = self.dev
+        if dev >= 0 and dev != _lib._current_device():
+            with torch.cuda.device(dev):
+                self.prepared.run(ptrs, dev, q)
+        else:
+            self.prepared.run(ptrs, dev, q)
+        return o, ht
+
+
+def make_direct(op, options, names, inputs, output_final_state):
+    """The Direct of this call (its linac_call prepared now), or None where a call has none: an input
+    that is not contiguous (the general path copies it). `names` and `inputs`: q, k, v and the op's
+    other inputs in its order, None where absent; the Direct is called with inputs laid out alike."""
+    if not all(t is None or t.is_contiguous() for t in inputs):
+        return None
+    present = [i for i, t in enumerate(inputs) if t is not None]
+    q, v = inputs[0], inputs[2]
+    o_shape = (*q.shape[:3], v.shape[3])
+    h_shape = (q.shape[0], q.shape[2], q.shape[3], v.shape[3]) if output_final_state else None
+    outs = (q.new_empty(o_shape),) + ((q.new_empty(h_shape, dtype=_F32),) if h_shape else ())
+    prepared = _lib.prepared(op, options, tuple(names[i] for i in present), tuple(inputs[i] for i in present),
+                             ("o", "final_state")[:len(outs)], outs)
+    return Direct(prepared, q.get_device(), present, o_shape, h_shape)
 
 
 def _backward(op, options, q, k, v, named, initial_state, cu_seqlens, cu_seqlens_cpu, do, dfinal_state,
@@ -163,7 +230,7 @@ def _custom_op(name, impl):
 def _linear_attn(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], initial_state: Optional[Tensor],
                 cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], scale: float,
                 output_final_state: bool, normalize: bool, recurrent: bool, config: str) -> Tuple[Tensor, Tensor]:
-    opts = _options((("scale", scale), ("normalize", normalize), ("recurrent", recurrent)), config)
+    opts = linear_attn_options(scale, normalize, recurrent, config)
     return _forward(b"linear_attn", opts, q, k, v, (("g", g),), initial_state, cu_seqlens, cu_seqlens_cpu,
                     output_final_state)
 
@@ -171,7 +238,7 @@ def _linear_attn(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], initial_s
 def _gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
         cu_seqlens_cpu: Optional[Tensor], scale: float, output_final_state: bool, recurrent: bool,
         config: str) -> Tuple[Tensor, Tensor]:
-    opts = _options((("scale", scale), ("recurrent", recurrent)), config)
+    opts = gla_options(scale, recurrent, config)
     return _forward(b"gla", opts, q, k, v, (("g", g),), initial_state, cu_seqlens, cu_seqlens_cpu,
                     output_final_state)
 
@@ -208,7 +275,7 @@ def _delta_forward(op, opts, q, k, v, named, initial_state, output_final_state, 
     """The delta rules' forward without varlen when `save`: o, the final state and the tables the backward
     takes (the training pair: the backward then skips recomputing them)."""
     names, tensors = _inputs(q, k, v, named, initial_state, None, None)
-    o = q.new_empty((*q.shape[:3], v.shape[3]))
+    o = q.new_empty(*q.shape[:3], v.shape[3])
     out_names, outs = ["o"], [o]
     ht = _none_tensor(q)
     if output_final_state:
@@ -232,7 +299,7 @@ def _delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, initial_state: Op
                cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], scale: float,
                output_final_state: bool, l2norm_qk: bool, recurrent: bool, config: str,
                save: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    opts = _options((("scale", scale), ("l2norm_qk", l2norm_qk), ("recurrent", recurrent)), config)
+    opts = delta_options(scale, l2norm_qk, recurrent, config)
     if save:
         return _delta_forward(b"delta_rule", opts, q, k, v, (("beta", beta),), initial_state, output_final_state,
                               save)
@@ -244,7 +311,7 @@ def _gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
                      cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], scale: float,
                      output_final_state: bool, l2norm_qk: bool, recurrent: bool, config: str,
                      save: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    opts = _options((("scale", scale), ("l2norm_qk", l2norm_qk), ("recurrent", recurrent)), config)
+    opts = delta_options(scale, l2norm_qk, recurrent, config)
     if save:
         return _delta_forward(b"gated_delta_rule", opts, q, k, v, (("g", g), ("beta", beta)), initial_state,
                               output_final_state, save)
@@ -254,7 +321,7 @@ def _gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
 
 def _poly(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor],
          scale: float, a: float, b: float, c: float, normalize: bool, config: str) -> Tensor:
-    opts = _options((("scale", scale), ("a", a), ("b", b), ("c", c), ("no_normalize", not normalize)), config)
+    opts = poly_options(scale, a, b, c, normalize, config)
     return _forward(b"poly", opts, q, k, v, (), None, cu_seqlens, cu_seqlens_cpu, False)[0]
 
 
@@ -266,7 +333,7 @@ poly = _custom_op("poly", _poly)
 
 
 def _fake_forward(q, v, cu_seqlens, output_final_state):
-    o = q.new_empty((*q.shape[:3], v.shape[3]))
+    o = q.new_empty(*q.shape[:3], v.shape[3])
     return o, (_state_like(q, v, cu_seqlens) if output_final_state else _none_tensor(q))
 
 
@@ -286,7 +353,7 @@ def _fake_delta(op, q, k, v, named, initial_state, cu_seqlens, scale, output_fin
     o, ht = _fake_forward(q, v, cu_seqlens, output_final_state)
     if not save:
         return (o, ht, *(_none_tensor(q) for _ in _SAVED))
-    opts = _options((("scale", scale), ("l2norm_qk", l2norm_qk), ("recurrent", recurrent)), config)
+    opts = delta_options(scale, l2norm_qk, recurrent, config)
     specs = _saved_specs(op, q, v, len(named) == 2, initial_state, opts)
     return (o, ht, *(q.new_empty(shape, dtype=dtype) for shape, dtype in specs))
 

@@ -1,7 +1,7 @@
 #include "kernels/poly/bwd.h"
 
 #include "kernels/common/prologue.h"
-#include "kernels/poly/fwd.h"
+#include "kernels/poly/features.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -10,112 +10,184 @@ using namespace dsl;
 
 namespace {
 
-/// Rows of the inner (pair) loops.
-constexpr int64_t kPairRows = 16;
+/// What dq and dkv share: the parameters, the program's chunk and segment, the chunk's rows of the
+/// inputs, and the loop over the degree-2 blocks of the per-segment states.
+struct BwdProgram {
+  const PolyConfig& cfg;
+  Tensor q, k, v, dn, dd, cu, chunk_indices, seg_offsets, states, zstates;
+  Tile scale, a, b, c;
+  ChunkBounds ch;
+  Tile segment, row, Kdim;
+  int64_t deg2;
 
-struct Coefficients {
-  Tile a, b, c, scale;
+  BwdProgram(KernelBuilder& kb, const PolyConfig& cfg_, bool reverse) : cfg(cfg_) {
+    const DType dt = cfg.dtype, f32 = DType::f32;
+    auto qkv = declare_qkv(kb, dt);
+    q = qkv.q, k = qkv.k, v = qkv.v;
+    dn = kb.tensor("dn", dt, 4);
+    if (cfg.normalize) dd = kb.tensor("dd", f32, 3);
+    if (cfg.varlen) {
+      cu = kb.tensor("cu_seqlens", DType::i32, 1);
+      chunk_indices = kb.tensor("chunk_indices", DType::i32, 2);
+      seg_offsets = kb.tensor("segment_offsets", DType::i32, 1);
+    }
+    states = kb.tensor(reverse ? "rstates" : "states", dt, 5);
+    if (cfg.normalize) zstates = kb.tensor(reverse ? "rzstates" : "zstates", f32, 4);
+    ch = chunk_bounds(q, cu, chunk_indices, cfg.varlen, program_id(0), program_id(1), cfg.chunk);
+    segment = ch.chunk / cfg.segment_chunks;
+    row = first_segment(cfg, q, seg_offsets, ch.i_n) + segment;
+    Kdim = q.dim(3);
+    deg2 = poly_degree2_blocks(cfg);
+  }
+  void declare_scalars(KernelBuilder& kb) {
+    scale = kb.scalar("scale", DType::f32);
+    a = kb.scalar("a", DType::f32);
+    b = kb.scalar("b", DType::f32);
+    c = cfg.quadratic ? kb.scalar("c", DType::f32) : constant(0, DType::f32);
+  }
+
+  /// Rows t0 .. t0 + BT of x (cols columns), zero past the sequence.
+  Tile chunk(const Tensor& x, const Tile& t0, int64_t cols) const {
+    return load(x, {ch.b, t0, ch.i_h, 0}, {kIndex, cfg.chunk, kIndex, cols}, ch.in_seq);
+  }
+  Tile dd_rows(const Tile& t0) const { return load(dd, {ch.b, t0, ch.i_h}, {kIndex, cfg.chunk, kIndex}, ch.in_seq); }
+  Tile state(const Operand& block) const {
+    return load(states, {row, ch.i_h, block, 0, 0}, {kIndex, kIndex, kIndex, cfg.block_k, cfg.block_v});
+  }
+  Tile zstate(const Operand& block) const {
+    return load(zstates, {row, ch.i_h, block, 0}, {kIndex, kIndex, kIndex, cfg.block_k});
+  }
+
+  /// For m = 0 .. K/2: body(m, w_m, X rolled left by m, X rolled right by m, f32 [BT, BK]) with w_m the
+  /// block's weight; the rolls are products with the roll by one, carried from block to block.
+  void for_degree2(const Tile& X, const std::function<void(Tile, Tile, Tile, Tile)>& body, std::vector<Tile*> carried) {
+    if (deg2 == 0) return;
+    const int64_t BK = cfg.block_k;
+    Tile left1 = roll_matrix(BK, Kdim, constant(1, DType::i32), cfg.dtype);
+    Tile right1 = left1.T();  // the inverse permutation
+    Tile Xl = X, Xr = X;
+    carried.push_back(&Xl);
+    carried.push_back(&Xr);
+    Tile c2 = c * scale * scale;
+    for_range_carrying(0, Kdim / 2 + 1, [&](Tile m) {
+      body(m, degree2_weight(m, Kdim) * c2, Xl.to(DType::f32), Xr.to(DType::f32));
+      Xl = dot(Xl, left1).to(cfg.dtype);
+      Xr = dot(Xr, right1).to(cfg.dtype);
+    }, carried);
+  }
+
+  /// u's share of J_m(x)^T u, J_m the Jacobian of block m: from u = S y (+ z w) and u' = S' y (+ z' w),
+  /// S' the state with rows rolled right by m: u .* roll(x, m) + roll(u .* x, -m) = u .* Xl + u' .* Xr.
+  Tile rolled_rows_state(const Tile& m) const {
+    return rolled_rows(states, row, ch.i_h, m, Kdim, cfg.block_k, cfg.block_v, constant(0, DType::i32));
+  }
+  Tile rolled_rows_zstate(const Tile& m) const {
+    return rolled_rows(zstates, row, ch.i_h, m, Kdim, cfg.block_k, 0, constant(0, DType::i32));
+  }
 };
-
-Coefficients declare_coefficients(KernelBuilder& kb) {
-  return {kb.scalar("a", DType::f32), kb.scalar("b", DType::f32), kb.scalar("c", DType::f32),
-          kb.scalar("scale", DType::f32)};
-}
 
 }  // namespace
 
-/// One program per (sequence, head) walks its queries t: N_t and D_t over the keys s <= t (blocks of
-/// 16 rows, masked to s <= t), then dN_t, dD_t (stored for the key walk) and dq_t.
-std::shared_ptr<ir::Kernel> build_poly_bwd_q(const PolyBwdConfig& cfg) {
-  const int64_t BK = cfg.block_k, BV = cfg.block_v, R = kPairRows;
+std::shared_ptr<ir::Kernel> build_poly_bwd_dq(const PolyConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v, CPS = cfg.segment_chunks;
   const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("poly_bwd_q");
-  kb.set_num_warps(4);
-  kb.set_num_stages(1);
-  auto [q, k, v] = declare_qkv(kb, dt);
-  Tensor d_o = kb.tensor("do", dt, 4);
-  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor dn = kb.tensor("dn", f32, 4), dd = kb.tensor("dd", f32, 3), dq = kb.tensor("dq", dt, 4);
-  Coefficients co = declare_coefficients(kb);
-  const auto [i_nh, i_n, i_h, seq] = sequence_program(q, cu, cfg.varlen, 0);
-  Tile rows = iota(R);
-  for_range(seq.bos, seq.eos, [&](Tile t) {
-    Tile qt = load(q, {seq.b, t, i_h, 0}, {kIndex, kIndex, kIndex, BK}).to(f32);
-    Tile blocks = (t - seq.bos) / R + 1;
-    // Keys s in [bos, t]: block j covers bos + jR .. bos + jR + R - 1, masked past t.
-    auto pairs = [&](const Tile& j, auto&& body) {
-      Tile s0 = seq.bos + j * R;
-      AccessOptions upto_t{.limits = {{1, t + 1}}};
-      Tile Kb = load(k, {seq.b, s0, i_h, 0}, {kIndex, R, kIndex, BK}, upto_t).to(f32);
-      Tile Vb = load(v, {seq.b, s0, i_h, 0}, {kIndex, R, kIndex, BV}, upto_t).to(f32);
-      Tile valid = (s0 + rows) <= t;
-      Tile x = sum(Kb * expand_dims(qt, 0), 1) * co.scale;
-      Tile f = where(valid, co.a + x * co.b + x * x * co.c, 0.0f);
-      body(Kb, Vb, valid, x, f);
-    };
-    Tile N = zeros({BV}, f32), D = constant(0.0, f32);
-    for_range(0, blocks, [&](Tile j) {
-      pairs(j, [&](const Tile&, const Tile& Vb, const Tile&, const Tile&, const Tile& f) {
-        N = N + sum(expand_dims(f, 1) * Vb, 0);
-        D = D + sum(f, 0);
-      });
-    }, N, D);
-    Tile dot_ = load(d_o, {seq.b, t, i_h, 0}, {kIndex, kIndex, kIndex, BV}).to(f32);
-    Tile dN = dot_, dD = constant(0.0, f32);
-    if (cfg.normalize) {
-      Tile inv = 1.0f / (D + kPolyEps);
-      dN = dot_ * inv;
-      dD = -(sum(dot_ * (N * inv), 0) * inv);
-    }
-    store(dn, {seq.b, t, i_h, 0}, {kIndex, kIndex, kIndex, BV}, dN);
-    store(dd, {seq.b, t, i_h}, {kIndex, kIndex, kIndex}, dD);
-    Tile dqt = zeros({BK}, f32);
-    for_range(0, blocks, [&](Tile j) {
-      pairs(j, [&](const Tile& Kb, const Tile& Vb, const Tile& valid, const Tile& x, const Tile&) {
-        Tile g = where(valid, (sum(Vb * expand_dims(dN, 0), 1) + dD) * (co.b + x * (co.c * 2.0f)), 0.0f);
-        dqt = dqt + sum(expand_dims(g, 1) * Kb, 0);
-      });
-    }, dqt);
-    store(dq, {seq.b, t, i_h, 0}, {kIndex, kIndex, kIndex, BK}, (dqt * co.scale).to(dt));
-  });
+  KernelBuilder kb("poly_bwd_dq");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(cfg.num_stages);
+  kb.set_min_ctas_per_sm(1);
+  BwdProgram p(kb, cfg, /*reverse=*/false);
+  Tensor dq = kb.tensor("dq", dt, 4);
+  p.declare_scalars(kb);
+
+  const ChunkBounds& ch = p.ch;
+  Tile Q = p.chunk(p.q, ch.t0, BK);
+  Tile dN = p.chunk(p.dn, ch.t0, BV);
+  Tile dD = cfg.normalize ? p.dd_rows(ch.t0) : Tile();
+  // u = S dn (+ z dd) for a state S [BK, BV] (z [BK]) of the tokens before the segment.
+  auto feature_grad = [&](const Tile& S, const Tile& z) {
+    Tile u = dot(dN, S.T());
+    return cfg.normalize ? u + expand_dims(dD, 1) * expand_dims(z, 0) : u;
+  };
+
+  Tile dQ = zeros({BT, BK}, f32);
+  p.for_degree2(Q, [&](Tile m, Tile w, Tile Ql, Tile Qr) {
+    Tile u = feature_grad(p.state(m), cfg.normalize ? p.zstate(m) : Tile());
+    Tile u_rolled = feature_grad(p.rolled_rows_state(m), cfg.normalize ? p.rolled_rows_zstate(m) : Tile());
+    dQ = dQ + (u * Ql + u_rolled * Qr) * w;
+  }, {&dQ});
+  dQ = dQ + feature_grad(p.state(p.deg2), cfg.normalize ? p.zstate(p.deg2) : Tile()) * (p.b * p.scale);
+
+  // The segment's own keys up to this chunk: dq_t += scale sum_s g_ts f'(x_ts) k_s.
+  Tile causal = expand_dims(iota(BT), 1) >= expand_dims(iota(BT), 0);
+  for_range(p.segment * CPS, ch.chunk + 1, [&](Tile c) {
+    Tile t0 = ch.bos + c * BT;
+    Tile Kc = p.chunk(p.k, t0, BK);
+    Tile G = dot(dN, p.chunk(p.v, t0, BV).T());
+    if (cfg.normalize) G = G + expand_dims(dD, 1);
+    Tile X = dot(Q, Kc.T()) * p.scale;
+    Tile df = where(causal | (c < ch.chunk), p.b + 2.0f * p.c * X, 0.0f);
+    dQ = dQ + dot((G * df).to(dt), Kc) * p.scale;
+  }, dQ);
+  store(dq, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BK}, dQ.to(dt), ch.in_seq);
   return kb.finish();
 }
 
-/// One program per (sequence, head) walks its keys s: the queries t >= s in blocks of 16 rows.
-std::shared_ptr<ir::Kernel> build_poly_bwd_kv(const PolyBwdConfig& cfg) {
-  const int64_t BK = cfg.block_k, BV = cfg.block_v, R = kPairRows;
+std::shared_ptr<ir::Kernel> build_poly_bwd_dkv(const PolyConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v, CPS = cfg.segment_chunks;
   const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("poly_bwd_kv");
-  kb.set_num_warps(4);
-  kb.set_num_stages(1);
-  auto [q, k, v] = declare_qkv(kb, dt);
-  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor dn = kb.tensor("dn", f32, 4), dd = kb.tensor("dd", f32, 3);
-  Tensor dk = kb.tensor("dk", dt, 4), dv = kb.tensor("dv", dt, 4);
-  Coefficients co = declare_coefficients(kb);
-  const auto [i_nh, i_n, i_h, seq] = sequence_program(q, cu, cfg.varlen, 0);
-  Tile rows = iota(R);
-  AccessOptions in_seq{.limits = {{1, seq.eos}}};
-  for_range(seq.bos, seq.eos, [&](Tile s) {
-    Tile ks = load(k, {seq.b, s, i_h, 0}, {kIndex, kIndex, kIndex, BK}).to(f32);
-    Tile vs = load(v, {seq.b, s, i_h, 0}, {kIndex, kIndex, kIndex, BV}).to(f32);
-    Tile dks = zeros({BK}, f32), dvs = zeros({BV}, f32);
-    Tile blocks = (seq.eos - s + (R - 1)) / R;
-    for_range(0, blocks, [&](Tile j) {
-      Tile t0 = s + j * R;  // queries t0 .. t0 + R - 1, masked past the sequence end
-      Tile Qb = load(q, {seq.b, t0, i_h, 0}, {kIndex, R, kIndex, BK}, in_seq).to(f32);
-      Tile dNb = load(dn, {seq.b, t0, i_h, 0}, {kIndex, R, kIndex, BV}, in_seq);
-      Tile dDb = load(dd, {seq.b, t0, i_h}, {kIndex, R, kIndex}, in_seq);
-      Tile valid = (t0 + rows) < seq.eos;
-      Tile x = sum(Qb * expand_dims(ks, 0), 1) * co.scale;
-      Tile f = where(valid, co.a + x * co.b + x * x * co.c, 0.0f);
-      Tile g = where(valid, (sum(dNb * expand_dims(vs, 0), 1) + dDb) * (co.b + x * (co.c * 2.0f)), 0.0f);
-      dks = dks + sum(expand_dims(g, 1) * Qb, 0);
-      dvs = dvs + sum(expand_dims(f, 1) * dNb, 0);
-    }, dks, dvs);
-    store(dk, {seq.b, s, i_h, 0}, {kIndex, kIndex, kIndex, BK}, (dks * co.scale).to(dt));
-    store(dv, {seq.b, s, i_h, 0}, {kIndex, kIndex, kIndex, BV}, dvs.to(dt));
-  });
+  KernelBuilder kb("poly_bwd_dkv");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(cfg.num_stages);
+  kb.set_min_ctas_per_sm(1);
+  BwdProgram p(kb, cfg, /*reverse=*/true);
+  Tensor dk = kb.tensor("dk", dt, 4);
+  Tensor dv = kb.tensor("dv", dt, 4);
+  p.declare_scalars(kb);
+
+  const ChunkBounds& ch = p.ch;
+  Tile Kc = p.chunk(p.k, ch.t0, BK);
+  Tile Kf = Kc.to(f32);
+  Tile V = p.chunk(p.v, ch.t0, BV);
+  // u = R v (+ r) for a state R [BK, BV] (r [BK]) of the tokens after the segment.
+  auto feature_grad = [&](const Tile& R, const Tile& r) {
+    Tile u = dot(V, R.T());
+    return cfg.normalize ? u + expand_dims(r, 0) : u;
+  };
+
+  Tile dK = zeros({BT, BK}, f32);
+  Tile dV = zeros({BT, BV}, f32);
+  p.for_degree2(Kc, [&](Tile m, Tile w, Tile Kl, Tile Kr) {
+    Tile R = p.state(m);
+    dV = dV + dot((Kf * Kl * w).to(dt), R);
+    Tile u = feature_grad(R, cfg.normalize ? p.zstate(m) : Tile());
+    Tile u_rolled = feature_grad(p.rolled_rows_state(m), cfg.normalize ? p.rolled_rows_zstate(m) : Tile());
+    dK = dK + (u * Kl + u_rolled * Kr) * w;
+  }, {&dK, &dV});
+  Tile b1 = p.b * p.scale;
+  Tile R1 = p.state(p.deg2);
+  dV = dV + dot(Kc, R1) * b1;
+  dK = dK + feature_grad(R1, cfg.normalize ? p.zstate(p.deg2) : Tile()) * b1;
+  dV = dV + expand_dims(load(p.states, {p.row, ch.i_h, p.deg2 + 1, 0, 0}, {kIndex, kIndex, kIndex, kIndex, BV}).to(f32) * p.a, 0);
+
+  // The segment's own queries from this chunk on: dk_s += scale sum_t g_ts f'(x_ts) q_t, dv_s += sum_t
+  // f_ts dn_t (the products transposed: rows t, columns s).
+  Tile causal = expand_dims(iota(BT), 1) >= expand_dims(iota(BT), 0);
+  Tile chunks = (ch.eos - ch.bos + (BT - 1)) / BT;
+  for_range(ch.chunk, minimum((p.segment + 1) * CPS, chunks), [&](Tile c) {
+    Tile t0 = ch.bos + c * BT;
+    Tile Q = p.chunk(p.q, t0, BK);
+    Tile dN = p.chunk(p.dn, t0, BV);
+    Tile G = dot(dN, V.T());
+    if (cfg.normalize) G = G + expand_dims(p.dd_rows(t0), 1);
+    Tile X = dot(Q, Kc.T()) * p.scale;
+    Tile mask = causal | (c > ch.chunk);
+    Tile F = where(mask, cfg.quadratic ? p.a + X * (p.b + p.c * X) : p.a + p.b * X, 0.0f);
+    Tile df = where(mask, p.b + 2.0f * p.c * X, 0.0f);
+    dV = dV + dot(F.to(dt).T(), dN);
+    dK = dK + dot((G * df).to(dt).T(), Q) * p.scale;
+  }, dK, dV);
+  store(dk, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BK}, dK.to(dt), ch.in_seq);
+  store(dv, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BV}, dV.to(dt), ch.in_seq);
   return kb.finish();
 }
 

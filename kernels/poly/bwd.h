@@ -1,15 +1,21 @@
-// Backward of poly (`linac run poly ... do=do.npy --backward -o dq=.. -o dk=.. -o dv=..`) in the direct
-// pairwise form: the slow-but-correct one (O(T^2 D) work per sequence and head, O(T D) memory, no
-// degree-2 state at all). With x_ts = scale q_t . k_s, f = a + b x + c x^2 for s <= t:
-//   N_t = sum_s f_ts v_s,  D_t = sum_s f_ts,  o_t = N_t / (D_t + eps)   (o_t = N_t with --no-normalize)
-//   dN_t = do_t / (D_t + eps),  dD_t = -do_t . o_t / (D_t + eps)      (dN_t = do_t, dD_t = 0 unnormalized)
-//   g_ts = (dN_t . v_s + dD_t) (b + 2 c x_ts)
-//   dq_t = scale sum_{s<=t} g_ts k_s,  dk_s = scale sum_{t>=s} g_ts q_t,  dv_s = sum_{t>=s} f_ts dN_t
-// poly_bwd_q walks the queries (N, D, then dN, dD stored, dq); poly_bwd_kv walks the keys.
+// Backward of poly (`linac run poly ... do=do.npy --backward`), the analytic form of seed 000 on the
+// factorized state, in the segmented schedule of the forward (fwd.h). With f(x_ts) = sum_j w_j
+// phi_j(q_t) . phi_j(k_s) (features.h), o_t = N_t / D_t, N_t = sum_{s<=t} f_ts v_s, D_t = sum_s f_ts + eps:
+//   dn_t = do_t / D_t,  dd_t = -do_t . o_t / D_t          (dn = do, dd = 0 with --no-normalize)
+//   g_ts = dn_t . v_s + dd_t
+//   dq_t = sum_j w_j J_j(q_t)^T (S_j dn_t + z_j dd_t),   S_j = sum_{s<=t} phi_j(k_s) v_s^T, z_j = sum phi_j(k_s)
+//   dk_s = sum_j w_j J_j(k_s)^T (R_j v_s + r_j),        R_j = sum_{t>=s} phi_j(q_t) dn_t^T, r_j = sum phi_j(q_t) dd_t
+//   dv_s = sum_j w_j R_j^T phi_j(k_s)
+// J_j the Jacobian of phi_j: for the degree-2 block m, J_m(x)^T u = u .* roll(x, m) + roll(u .* x, -m)
+// (roll left by m, then right), for degree 1 the identity. The states S, z are the forward's (states,
+// zstates: before each segment); R, r come from the same sums and a reverse scan over the segments
+// (rstates, rzstates: after each segment). Inside a segment the pairs (t, s) are taken directly:
+// dq_t += scale sum_s g_ts f'(x_ts) k_s, dk_s += scale sum_t g_ts f'(x_ts) q_t, dv_s += sum_t f_ts dn_t,
+// f' = b + 2 c x. O(T (L + K^2) D) work and O(T D) + O(T/L K^2 V) memory, like the forward.
 #pragma once
 #include <memory>
 
-#include "linac/dtype.h"
+#include "kernels/poly/fwd.h"
 
 namespace linac {
 
@@ -17,17 +23,11 @@ namespace ir {
 struct Kernel;
 }
 
-/// Compile-time configuration of the pairwise backward kernels.
-struct PolyBwdConfig {
-  DType dtype = DType::f32;
-  int block_k = 64, block_v = 64;
-  bool normalize = true, varlen = false;
-};
-
-/// The query walk: N_t, D_t, then dN_t, dD_t (stored for the key walk) and dq_t. Parameters: q k v do
-/// [cu_seqlens] dn dd dq a b c scale.
-std::shared_ptr<ir::Kernel> build_poly_bwd_q(const PolyBwdConfig& cfg);
-/// The key walk: dk_s and dv_s from dn, dd. Parameters: q k v [cu_seqlens] dn dd dk dv a b c scale.
-std::shared_ptr<ir::Kernel> build_poly_bwd_kv(const PolyBwdConfig& cfg);
+/// Records dq: one program per (chunk, sequence x head) (one V block: cfg.block_v covers V).
+/// Parameters: q k v dn [dd] [cu_seqlens chunk_indices segment_offsets] states [zstates] dq scale a b [c].
+std::shared_ptr<ir::Kernel> build_poly_bwd_dq(const PolyConfig& cfg);
+/// Records dk and dv: one program per (chunk, sequence x head). Parameters: q k v dn [dd] [cu_seqlens
+/// chunk_indices segment_offsets] rstates [rzstates] dk dv scale a b [c].
+std::shared_ptr<ir::Kernel> build_poly_bwd_dkv(const PolyConfig& cfg);
 
 }  // namespace linac

@@ -1,6 +1,7 @@
 #include "kernels/poly/fwd.h"
 
 #include "kernels/common/prologue.h"
+#include "kernels/poly/features.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -18,69 +19,49 @@ Tile symmetric_weights(int64_t BK) {
   return where(iota(BK) == 0, full({BK}, 1.0, DType::f32), full({BK}, 2.0, DType::f32));
 }
 
-/// The [BK, BK] permutation that rolls the columns of a tile left by m along K: (X P)[:, j] =
-/// X[:, (j + m) mod K] for j < K, 0 past K. A product on the tensor cores (exact: one 1 per column)
-/// is far cheaper than loading x at a column offset that is not a multiple of the vector width.
-Tile roll_matrix(int64_t BK, const Tile& K, const Tile& m, DType dt) {
-  Tile col = expand_dims(iota(BK), 0) + m;
-  Tile source = where(col < K, col, col - K);
-  Tile hit = (expand_dims(iota(BK), 1) == source) & (expand_dims(iota(BK), 0) < K);
-  return where(hit, full({BK, BK}, 1.0, dt), 0.0f);
-}
-
-/// The weight of degree-2 block m in f, over c scale^2: the diagonals m = 0 and m = K/2 list each
-/// pair once for (d, e) and (e, d) together, the others once for each.
-Tile degree2_weight(const Tile& m, const Tile& K) {
-  return where((m == 0) | (2 * m == K), constant(1, DType::f32), 2.0f);
-}
-
-/// Columns of the ones tile whose product with phi^T sums phi over rows (the narrowest dot operand).
-constexpr int64_t kSumColumns = 16;
-
-/// The first row of sequence i_n's segments in the state tables.
-Tile first_segment(const PolyConfig& cfg, const Tensor& x, const Tensor& segment_offsets, const Tile& i_n) {
-  if (cfg.varlen) return load(segment_offsets, {i_n}, {kIndex});
-  const int64_t L = int64_t{cfg.chunk} * cfg.segment_chunks;
-  return i_n * ((x.dim(1) + (L - 1)) / L);
-}
-
 }  // namespace
 
 int poly_feature_blocks(const PolyConfig& cfg) { return poly_degree2_blocks(cfg) + 2; }
 
 int poly_degree2_blocks(const PolyConfig& cfg) { return cfg.quadratic ? cfg.block_k / 2 + 1 : 0; }
 
-// poly_fwd_sums: grid axis 0 runs over (feature block, V block). Degree-2 block m sums phi_m(k)^T v
-// and, for the normalizer, phi_m(k)^T 1 on the tensor cores beside it; the last block sums the degrees
-// 1 and 0 (S1 = k^T v into block deg2, s0 = sum v into row 0 of block deg2 + 1; the degree-0
-// normalizer is the count of tokens, which poly_fwd_out knows), its column sums accumulated
-// elementwise and reduced once.
-std::shared_ptr<ir::Kernel> build_poly_fwd_sums(const PolyConfig& cfg) {
+// poly_*_sums: grid axis 0 runs over (feature block, V block). Degree-2 block m sums phi_m(x)^T y and,
+// for the normalizer, phi_m(x)^T w on the tensor cores beside it (w as column 0 of a narrow tile); the
+// last program sums the degrees 1 and 0 (x^T y into block deg2; sum y into row 0 of block deg2 + 1;
+// x^T w and sum w into the z of those blocks), its column sums accumulated elementwise and reduced
+// once. Forward: x = k, y = v, w = 1 on the sequence's rows; backward: x = q, y = dn, w = dd.
+std::shared_ptr<ir::Kernel> build_poly_sums(const PolyConfig& cfg, bool backward) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v, CPS = cfg.segment_chunks;
   const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("poly_fwd_sums");
+  KernelBuilder kb(backward ? "poly_bwd_sums" : "poly_fwd_sums");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
   kb.set_min_ctas_per_sm(1);  // ptxas would cap it at 168 registers (three blocks), and spill
-  Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
+  Tensor x = kb.tensor(backward ? "q" : "k", dt, 4);
+  Tensor y = kb.tensor(backward ? "dn" : "v", dt, 4);
+  Tensor w = backward && cfg.normalize ? kb.tensor("dd", f32, 3) : Tensor();
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor seg_indices = cfg.varlen ? kb.tensor("segment_indices", DType::i32, 2) : Tensor();
   Tensor sums = kb.tensor("sums", f32, 5);
   Tensor zsums = cfg.normalize ? kb.tensor("zsums", f32, 4) : Tensor();
 
-  Tile v_blocks = (v.dim(3) + (BV - 1)) / BV;
+  Tile v_blocks = (y.dim(3) + (BV - 1)) / BV;
   Tile i_f = program_id(0) / v_blocks;
   Tile i_v = program_id(0) % v_blocks;
   // A segment is a chunk of L rows to chunk_bounds: its sequence, first row t0 and table row.
-  const ChunkBounds seg = chunk_bounds(k, cu, seg_indices, cfg.varlen, program_id(1), program_id(2), BT * CPS);
+  const ChunkBounds seg = chunk_bounds(x, cu, seg_indices, cfg.varlen, program_id(1), program_id(2), BT * CPS);
   Tile b = seg.b, i_h = seg.i_h, row = seg.global_chunk;
   Tile v0 = i_v * BV;
   const int64_t deg2 = poly_degree2_blocks(cfg);
   // Only the first V block stores z (every block computes the same).
   AccessOptions z_rows{.limits = {{3, BK * (1 - minimum(i_v, 1))}}};
-  auto chunk_of = [&](const Tensor& x, const Tile& t0, const Operand& col0, int64_t cols) {
-    return load(x, {b, t0, i_h, col0}, {kIndex, BT, kIndex, cols}, seg.in_seq);
+  auto chunk_of = [&](const Tensor& t, const Tile& t0, const Operand& col0, int64_t cols) {
+    return load(t, {b, t0, i_h, col0}, {kIndex, BT, kIndex, cols}, seg.in_seq);
+  };
+  // w on the chunk's rows, 0 past the sequence.
+  auto weights = [&](const Tile& t0) {
+    if (backward) return load(w, {b, t0, i_h}, {kIndex, BT, kIndex}, seg.in_seq);
+    return where(iota(BT) < seg.eos - t0, full({BT}, 1.0, f32), 0.0f);
   };
   auto over_chunks = [&](const std::function<void(Tile)>& update, const std::vector<Tile*>& carried) {
     Tile first = seg.t0, last = minimum(seg.t0 + BT * CPS, seg.eos);
@@ -88,18 +69,18 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_sums(const PolyConfig& cfg) {
   };
 
   auto degree2 = [&] {
-    Tile roll = roll_matrix(BK, k.dim(3), i_f, dt);
-    Tile ones = where(expand_dims(iota(kSumColumns), 0) == 0, full({BT, kSumColumns}, 1.0, dt), 0.0f);
+    Tile roll = roll_matrix(BK, x.dim(3), i_f, dt);
+    Tile column0 = expand_dims(iota(kSumColumns), 0) == 0;
     Tile S = zeros({BK, BV}, f32);
-    Tile Z = zeros({BK, kSumColumns}, f32);  // column 0: sum phi (normalize)
+    Tile Z = zeros({BK, kSumColumns}, f32);  // column 0: phi^T w (normalize)
     std::vector<Tile*> carried = {&S};
     if (cfg.normalize) carried.push_back(&Z);
     over_chunks(
         [&](Tile t0) {
-          Tile Kc = chunk_of(k, t0, 0, BK);
-          Tile phi_t = (Kc.to(f32) * dot(Kc, roll)).to(dt).T();  // k_j k_{(j+m) mod K}, transposed
-          S = S + dot(phi_t, chunk_of(v, t0, v0, BV));
-          if (cfg.normalize) Z = Z + dot(phi_t, ones);
+          Tile X = chunk_of(x, t0, 0, BK);
+          Tile phi_t = (X.to(f32) * dot(X, roll)).to(dt).T();  // x_j x_{(j+m) mod K}, transposed
+          S = S + dot(phi_t, chunk_of(y, t0, v0, BV));
+          if (cfg.normalize) Z = Z + dot(phi_t, where(column0, expand_dims(weights(t0), 1), 0.0f).to(dt));
         },
         carried);
     store(sums, {row, i_h, i_f, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S);
@@ -107,23 +88,33 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_sums(const PolyConfig& cfg) {
   };
   auto low_degrees = [&] {
     Tile S1 = zeros({BK, BV}, f32);
-    Tile V0 = zeros({BT, BV}, f32);  // v summed row by row
-    Tile Z = zeros({BT, BK}, f32);   // k summed row by row (normalize)
-    std::vector<Tile*> carried = {&S1, &V0};
-    if (cfg.normalize) carried.push_back(&Z);
+    Tile Y0 = zeros({BT, BV}, f32);  // y summed row by row
+    Tile Z1 = zeros({BT, BK}, f32);  // x w summed row by row (normalize)
+    Tile Z0 = zeros({BT}, f32);      // w summed (normalize)
+    std::vector<Tile*> carried = {&S1, &Y0};
+    if (cfg.normalize) carried.insert(carried.end(), {&Z1, &Z0});
     over_chunks(
         [&](Tile t0) {
-          Tile Kc = chunk_of(k, t0, 0, BK);
-          Tile V = chunk_of(v, t0, v0, BV);
-          S1 = S1 + dot(Kc.T(), V);
-          V0 = V0 + V.to(f32);
-          if (cfg.normalize) Z = Z + Kc.to(f32);
+          Tile X = chunk_of(x, t0, 0, BK);
+          Tile Y = chunk_of(y, t0, v0, BV);
+          S1 = S1 + dot(X.T(), Y);
+          Y0 = Y0 + Y.to(f32);
+          if (cfg.normalize) {
+            Tile wt = weights(t0);
+            Z1 = Z1 + X.to(f32) * expand_dims(wt, 1);
+            Z0 = Z0 + wt;
+          }
         },
         carried);
+    Tile first_row = expand_dims(iota(BK), 1) == 0;
     store(sums, {row, i_h, deg2, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S1);
-    Tile s0 = where(expand_dims(iota(BK), 1) == 0, expand_dims(sum(V0, 0), 0), 0.0f);  // row 0, zeros below
-    store(sums, {row, i_h, deg2 + 1, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, s0);
-    if (cfg.normalize) store(zsums, {row, i_h, deg2, 0}, {kIndex, kIndex, kIndex, BK}, sum(Z, 0), z_rows);
+    store(sums, {row, i_h, deg2 + 1, 0, v0}, {kIndex, kIndex, kIndex, BK, BV},
+          where(first_row, expand_dims(sum(Y0, 0), 0), 0.0f));
+    if (cfg.normalize) {
+      store(zsums, {row, i_h, deg2, 0}, {kIndex, kIndex, kIndex, BK}, sum(Z1, 0), z_rows);
+      store(zsums, {row, i_h, deg2 + 1, 0}, {kIndex, kIndex, kIndex, BK},
+            where(iota(BK) == 0, full({BK}, 1.0, f32) * sum(Z0, 0), 0.0f), z_rows);
+    }
   };
   if (deg2 > 0)
     if_then_else(i_f < deg2, degree2, low_degrees);
@@ -132,42 +123,41 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_sums(const PolyConfig& cfg) {
   return kb.finish();
 }
 
-// poly_fwd_scan: one program per (feature block x V block, sequence x head) walks the segments,
-// storing the running sum before adding each segment's.
-std::shared_ptr<ir::Kernel> build_poly_fwd_scan(const PolyConfig& cfg) {
+// poly_*_scan: one program per (feature block x V block, sequence x head) walks the segments, storing
+// the running sum before adding each segment's (forward), or from the last segment, after (backward).
+std::shared_ptr<ir::Kernel> build_poly_scan(const PolyConfig& cfg, bool reverse) {
   const int64_t BK = cfg.block_k, BV = cfg.block_v, L = int64_t{cfg.chunk} * cfg.segment_chunks;
   const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("poly_fwd_scan");
+  KernelBuilder kb(reverse ? "poly_bwd_scan" : "poly_fwd_scan");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
-  Tensor k = kb.tensor("k", dt, 4);  // for the sequences' bounds
+  Tensor x = kb.tensor(reverse ? "q" : "k", dt, 4);  // for the sequences' bounds
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor seg_offsets = cfg.varlen ? kb.tensor("segment_offsets", DType::i32, 1) : Tensor();
   Tensor sums = kb.tensor("sums", f32, 5);
   Tensor zsums = cfg.normalize ? kb.tensor("zsums", f32, 4) : Tensor();
-  Tensor states = kb.tensor("states", dt, 5);
-  Tensor zstates = cfg.normalize ? kb.tensor("zstates", f32, 4) : Tensor();
+  Tensor states = kb.tensor(reverse ? "rstates" : "states", dt, 5);
+  Tensor zstates = cfg.normalize ? kb.tensor(reverse ? "rzstates" : "zstates", f32, 4) : Tensor();
 
   Tile v_blocks = (sums.dim(4) + (BV - 1)) / BV;
   Tile i_f = program_id(0) / v_blocks;
   Tile i_v = program_id(0) % v_blocks;
-  const auto [i_nh, i_n, i_h, seq] = sequence_program(k, cu, cfg.varlen, 1);
-  Tile row0 = first_segment(cfg, k, seg_offsets, i_n);
+  const auto [i_nh, i_n, i_h, seq] = sequence_program(x, cu, cfg.varlen, 1);
+  Tile row0 = first_segment(cfg, x, seg_offsets, i_n);
+  Tile segments = (seq.eos - seq.bos + (L - 1)) / L;
   Tile v0 = i_v * BV;
-  // z: in the first V block only, and not in the last block (s0's, whose normalizer is the count).
-  Tile z_block = i_f < poly_feature_blocks(cfg) - 1;
-  AccessOptions z_rows{.limits = {{3, BK * (1 - minimum(i_v, 1)) * where(z_block, constant(1, DType::i32), 0)}}};
+  AccessOptions z_rows{.limits = {{3, BK * (1 - minimum(i_v, 1))}}};
   Tile S = zeros({BK, BV}, f32);
   Tile z = zeros({BK}, f32);
   std::vector<Tile*> carried = {&S};
   if (cfg.normalize) carried.push_back(&z);
-  for_range_carrying(0, (seq.eos - seq.bos + (L - 1)) / L, [&](Tile s) {
-    Tile row = row0 + s;
+  for_range_carrying(0, segments, [&](Tile s) {
+    Tile row = row0 + (reverse ? segments - 1 - s : s);
     store(states, {row, i_h, i_f, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S.to(dt));
     S = S + load(sums, {row, i_h, i_f, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
     if (cfg.normalize) {
       store(zstates, {row, i_h, i_f, 0}, {kIndex, kIndex, kIndex, BK}, z, z_rows);
-      z = z + load(zsums, {row, i_h, i_f, 0}, {kIndex, kIndex, kIndex, BK}, z_rows);
+      z = z + load(zsums, {row, i_h, i_f, 0}, {kIndex, kIndex, kIndex, BK});
     }
   }, carried);
   return kb.finish();
@@ -176,21 +166,25 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_scan(const PolyConfig& cfg) {
 // poly_fwd_out: the degree-2 blocks in order m = 0, 1, ... with Q rolled one more column each time (a
 // product with the loop-invariant roll by 1), then degrees 1 and 0; the segment's own chunks last.
 // The denominator's row sums stay inside a warp (the dots' rows are split over warps), so each
-// iteration reduces its own.
-std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg) {
+// iteration reduces its own. With `grad` (the backward's first step) it stores what the backward
+// needs of o instead of o: dn = do / den and dd = -(do . o) / den (one V block: the whole row of o).
+std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v, CPS = cfg.segment_chunks;
   const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("poly_fwd_out");
+  KernelBuilder kb(grad ? "poly_bwd_prepare" : "poly_fwd_out");
   kb.set_num_warps(cfg.num_warps);
-  kb.set_min_ctas_per_sm(1);  // at 8 warps ptxas would keep 128 registers for two blocks, and spill
   kb.set_num_stages(cfg.num_stages);
+  kb.set_min_ctas_per_sm(1);  // at 8 warps ptxas would keep 128 registers for two blocks, and spill
   auto [q, k, v] = declare_qkv(kb, dt);
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
   Tensor seg_offsets = cfg.varlen ? kb.tensor("segment_offsets", DType::i32, 1) : Tensor();
   Tensor states = kb.tensor("states", dt, 5);
   Tensor zstates = cfg.normalize ? kb.tensor("zstates", f32, 4) : Tensor();
-  Tensor o = kb.tensor("o", dt, 4);
+  Tensor d_o = grad ? kb.tensor("do", dt, 4) : Tensor();
+  Tensor o = grad ? Tensor() : kb.tensor("o", dt, 4);
+  Tensor dn = grad ? kb.tensor("dn", dt, 4) : Tensor();
+  Tensor dd = grad ? kb.tensor("dd", f32, 3) : Tensor();
   Tile scale = kb.scalar("scale", f32);
   Tile ca = kb.scalar("a", f32);
   Tile cb = kb.scalar("b", f32);
@@ -205,8 +199,10 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg) {
   const int64_t deg2 = poly_degree2_blocks(cfg);
   Tile Q = load(q, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BK}, ch.in_seq);
   Tile Qf = Q.to(f32);
-  auto state = [&](const Tile& block) { return load(states, {row, ch.i_h, block, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}); };
-  auto zstate = [&](const Tile& block) { return load(zstates, {row, ch.i_h, block, 0}, {kIndex, kIndex, kIndex, BK}); };
+  auto state = [&](const Operand& block) {
+    return load(states, {row, ch.i_h, block, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
+  };
+  auto zstate = [&](const Operand& block) { return load(zstates, {row, ch.i_h, block, 0}, {kIndex, kIndex, kIndex, BK}); };
 
   // Everything before the segment, from its stored states.
   Tile O = zeros({BT, BV}, f32);
@@ -225,9 +221,12 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg) {
     }, carried);
   }
   Tile b1 = cb * scale;
-  O = O + dot(Q, state(constant(deg2, DType::i32))) * b1;
+  O = O + dot(Q, state(deg2)) * b1;
   O = O + expand_dims(load(states, {row, ch.i_h, deg2 + 1, 0, v0}, {kIndex, kIndex, kIndex, kIndex, BV}).to(f32) * ca, 0);
-  if (cfg.normalize) den = den + sum(Qf * expand_dims(zstate(constant(deg2, DType::i32)) * b1, 0), 1);
+  if (cfg.normalize) {
+    den = den + sum(Qf * expand_dims(zstate(deg2) * b1, 0), 1);
+    den = den + load(zstates, {row, ch.i_h, deg2 + 1, 0}, {kIndex, kIndex, kIndex, kIndex}) * ca;  // a per token
+  }
 
   // The segment's own chunks up to this one, directly: f on the scores, causal inside this chunk.
   Tile causal = expand_dims(iota(BT), 1) >= expand_dims(iota(BT), 0);
@@ -244,11 +243,16 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg) {
     if (cfg.normalize) den = den + sum(F, 1);
   }, carried);
   if (cfg.normalize) {
-    // The degree-0 normalizer: a for each token before the segment.
-    Tile before = (segment * (CPS * BT)).to(f32) * ca;
-    O = O / expand_dims(den + (before + kPolyEps), 1);
+    den = den + kPolyEps;
+    O = O / expand_dims(den, 1);
   }
-  store(o, {ch.b, ch.t0, ch.i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), ch.in_seq);
+  if (!grad) {
+    store(o, {ch.b, ch.t0, ch.i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), ch.in_seq);
+    return kb.finish();
+  }
+  Tile dO = load(d_o, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BV}, ch.in_seq).to(f32);
+  store(dn, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BV}, (dO / expand_dims(den, 1)).to(dt), ch.in_seq);
+  store(dd, {ch.b, ch.t0, ch.i_h}, {kIndex, BT, kIndex}, -sum(dO * O, 1) / den, ch.in_seq);
   return kb.finish();
 }
 

@@ -57,20 +57,24 @@ int poly_feature_blocks(const PolyConfig& cfg);
 /// Degree-2 blocks: BK/2 + 1 when quadratic (those past floor(K/2) are unused), else 0.
 int poly_degree2_blocks(const PolyConfig& cfg);
 
-/// Records the segmented form's first kernel: each segment's own sums, sums [segments, H, blocks, BK, V]
-/// fp32 (and zsums [segments, H, blocks, BK] fp32 with normalize). Grid (blocks x V blocks, segments of a
-/// sequence, N*H), or with varlen (.., total segments, H) and segment_indices [segments, 2] = (sequence,
-/// segment of it). Parameters: k v [cu_seqlens segment_indices] sums [zsums].
-std::shared_ptr<ir::Kernel> build_poly_fwd_sums(const PolyConfig& cfg);
-/// Records the segmented form's scan: the state before every segment, states [segments, H, blocks, BK,
-/// V] in cfg.dtype (zstates fp32), the running sum of sums over the sequence's segments. Grid (blocks x
-/// V blocks, N*H). Parameters: k [cu_seqlens segment_offsets] sums [zsums] states [zstates];
-/// segment_offsets [N+1] the first segment of each sequence (varlen; dense: n * ceil(T / L)).
-std::shared_ptr<ir::Kernel> build_poly_fwd_scan(const PolyConfig& cfg);
+/// Records the segmented form's first kernel: each segment's own sums of the feature blocks' states,
+/// sums [segments, H, blocks, BK, V] fp32 and with normalize zsums [segments, H, blocks, BK] fp32. Forward:
+/// phi(k)^T v and phi(k)^T 1; backward: phi(q)^T dn and phi(q)^T dd. Grid (blocks - 1 times V blocks,
+/// segments of a sequence, N*H), or with varlen (.., all segments, H) and segment_indices [segments, 2]
+/// = (sequence, segment of it). Parameters: k v (backward: q dn [dd]) [cu_seqlens segment_indices] sums
+/// [zsums].
+std::shared_ptr<ir::Kernel> build_poly_sums(const PolyConfig& cfg, bool backward);
+/// Records the scan of the sums over each sequence's segments: the state before every segment, states
+/// [segments, H, blocks, BK, V] in cfg.dtype (zstates fp32), or with `reverse` after it (rstates,
+/// rzstates). Grid (blocks x V blocks, N*H). Parameters: k (reverse: q) [cu_seqlens segment_offsets]
+/// sums [zsums] states [zstates]; segment_offsets [N+1] the first segment of each sequence (varlen;
+/// dense: n * ceil(T / L)).
+std::shared_ptr<ir::Kernel> build_poly_scan(const PolyConfig& cfg, bool reverse);
 /// Records the segmented form's output kernel. Grid (chunks, V blocks, N*H), or (total chunks, V blocks,
 /// H) with varlen. Parameters: q k v [cu_seqlens chunk_indices segment_offsets] states [zstates] o
-/// scale a b [c].
-std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg);
+/// scale a b [c]. With `grad` (normalize, one V block): do instead of o in, dn = do / den (cfg.dtype)
+/// and dd = -(do . o) / den ([B, T, H] fp32) out.
+std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad = false);
 /// Records the token-by-token forward kernel: one program per (V block, sequence x head) walks the tokens
 /// (cfg.chunk is unused). The degree-2 state lives in scratch the op allocates, state2 [N*H, K(K+1)/2, V]
 /// fp32, the symmetric part row by row (entries (d, e >= d) at row d*K - d(d-1)/2 + (e - d)), and its

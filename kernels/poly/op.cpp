@@ -10,6 +10,7 @@
 
 #include "kernels/common/noise_dropout.h"
 #include "kernels/common/op_support.h"
+#include "kernels/poly/bwd.h"
 #include "kernels/poly/fwd.h"
 #include "linac/error.h"
 
@@ -35,57 +36,12 @@ namespace {
 const std::vector<std::pair<std::string, std::string>>& poly_config_keys() {
   static const std::vector<std::pair<std::string, std::string>> keys = {
       {"chunk", "rows per chunk (16, 32, 64, 128)"},
-      {"segment", "chunks per segment (1, 2, 4, ..., 64): the earlier tokens each output chunk sums directly"},
+      {"segment", "chunks per segment (1, 2, 4, ..., 128): the earlier tokens each output chunk sums directly"},
       {"bv", "value columns per program (16..128)"},
       {"warps", "warps per program (2, 4, 8)"},
       {"stages", "pipeline stages of the loads (1 or 2)"},
   };
   return keys;
-}
-
-enum class PolyKernel { sums, scan, out, recurrent };
-
-/// Kernels are recorded once per configuration and shared (the IR is immutable once built).
-std::shared_ptr<ir::Kernel> cached_poly_kernel(const PolyConfig& cfg, PolyKernel which) {
-  static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
-                                cfg.chunk, cfg.segment_chunks, cfg.block_k, cfg.block_v, cfg.normalize, cfg.quadratic,
-                                cfg.varlen, cfg.num_warps, cfg.num_stages);
-  return memo.get(key, [&] {
-    switch (which) {
-      case PolyKernel::sums: return build_poly_fwd_sums(cfg);
-      case PolyKernel::scan: return build_poly_fwd_scan(cfg);
-      case PolyKernel::out: return build_poly_fwd_out(cfg);
-      case PolyKernel::recurrent: break;
-    }
-    return build_poly_recurrent(cfg);
-  });
-}
-
-/// The configuration of kernel `which` for the given head dims (opts.config and --chunk-size override
-/// the defaults, for every kernel alike).
-PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel which, bool quadratic = true) {
-  check_config_keys("poly", opts, poly_config_keys());
-  PolyConfig cfg;
-  cfg.dtype = opts.dtype;
-  cfg.block_k = padded_head_dim(K);
-  cfg.quadratic = quadratic;
-  cfg.normalize = !opts.no_normalize;
-  // The defaults (what runs untuned, and the tuner's first candidate) are configurations that ptxas
-  // assembles without spills for sm_80 and sm_90a in every dtype (tests/python/test_ptxas.py). The two
-  // segmented kernels must cut chunks and segments alike; warps may differ.
-  int warps = 4;
-  if (which == PolyKernel::out && cfg.block_k > 64) warps = 8;
-  if (which == PolyKernel::recurrent && cfg.block_k > 64) warps = 8;
-  // Chunks of 64 rows at BK = 128 spill poly_fwd_out (and need 266 KB of shared memory in fp32).
-  const int chunk = cfg.block_k <= 64 ? 64 : 32;
-  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, chunk), {16, 32, 64, 128}));
-  cfg.segment_chunks = static_cast<int>(config_value(opts, "segment", 16, {1, 2, 4, 8, 16, 32, 64}));
-  cfg.block_v = static_cast<int>(config_value(opts, "bv", std::min(64, padded_head_dim(V)), {16, 32, 64, 128}));
-  cfg.num_warps = static_cast<int>(config_value(opts, "warps", warps, {2, 4, 8}));
-  // fp32: two stages of the chunk's tiles are more shared memory than sm_80 gives a block.
-  cfg.num_stages = static_cast<int>(config_value(opts, "stages", opts.dtype == DType::f32 ? 1 : 2, {1, 2}));
-  return cfg;
 }
 
 /// The defaults first, then shorter and longer segments (the direct part against the states' reads),
@@ -99,6 +55,105 @@ std::vector<Config> poly_tuning_space(const ProblemShape& s, DType) {
   space.push_back({{"stages", 1}});
   return space;
 }
+
+}  // namespace
+
+std::shared_ptr<ir::Kernel> poly_kernel(const PolyConfig& cfg, PolyKernel which) {
+  static KernelMemo memo;
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
+                                cfg.chunk, cfg.segment_chunks, cfg.block_k, cfg.block_v, cfg.normalize, cfg.quadratic,
+                                cfg.varlen, cfg.num_warps, cfg.num_stages);
+  return memo.get(key, [&] {
+    switch (which) {
+      case PolyKernel::sums: return build_poly_sums(cfg, false);
+      case PolyKernel::scan: return build_poly_scan(cfg, false);
+      case PolyKernel::out: return build_poly_fwd_out(cfg);
+      case PolyKernel::recurrent: return build_poly_recurrent(cfg);
+      case PolyKernel::bwd_sums: return build_poly_sums(cfg, true);
+      case PolyKernel::bwd_scan: return build_poly_scan(cfg, true);
+      case PolyKernel::bwd_prepare: return build_poly_fwd_out(cfg, true);
+      case PolyKernel::bwd_dq: return build_poly_bwd_dq(cfg);
+      case PolyKernel::bwd_dkv: return build_poly_bwd_dkv(cfg);
+    }
+    return std::shared_ptr<ir::Kernel>();
+  });
+}
+
+PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel which, bool quadratic, bool backward) {
+  check_config_keys("poly", opts, poly_config_keys());
+  PolyConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.block_k = padded_head_dim(K);
+  cfg.quadratic = quadratic;
+  cfg.normalize = !opts.no_normalize;
+  const bool wide = cfg.block_k > 64;
+  // The defaults (what runs untuned, and the tuner's first candidate) are configurations that ptxas
+  // assembles without spills for sm_80 and sm_90a in every dtype (tests/python/test_ptxas.py), within
+  // both targets' shared memory. The kernels of one plan must cut chunks and segments alike (so the
+  // chunk and segment defaults depend on `backward`, never on `which`); warps may differ.
+  int warps = 4;
+  if (which == PolyKernel::out && wide) warps = 8;
+  // dq and dk, dv carry two gradients and two rolled copies of the chunk: 4 warps spill.
+  if (which == PolyKernel::bwd_dq || which == PolyKernel::bwd_dkv) warps = 8;
+  if (which == PolyKernel::recurrent && wide) warps = 8;
+  // The scans carry a [BK, BV] fp32 sum, the sums one beside their tiles: at 128 x 128 4 warps spill.
+  const bool square_128 = wide || padded_head_dim(V) > 64;
+  if ((which == PolyKernel::scan || which == PolyKernel::bwd_scan || which == PolyKernel::bwd_sums) && square_128) warps = 8;
+  // At BK = 128 chunks of 64 rows spill poly_fwd_out (and need 266 KB of shared memory in fp32), and
+  // poly_bwd_dkv needs 165 KB at chunks of 32 with one stage (sm_80 gives 163).
+  const int chunk = !wide ? 64 : backward ? 16 : 32;
+  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, chunk), {16, 32, 64, 128}));
+  // Segments of about 1024 tokens (4096 at BK = 128): the per-segment tables then take about as many
+  // bytes as q, k and v (K^2 V per segment against (2K + V) L), and the direct part of a chunk stays
+  // short.
+  const int64_t segment_rows = wide ? 4096 : 1024;
+  const int64_t segment = std::clamp<int64_t>(segment_rows / cfg.chunk, 1, 128);
+  cfg.segment_chunks = static_cast<int>(config_value(opts, "segment", segment, {1, 2, 4, 8, 16, 32, 64, 128}));
+  cfg.block_v = static_cast<int>(config_value(opts, "bv", std::min(64, padded_head_dim(V)), {16, 32, 64, 128}));
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", warps, {2, 4, 8}));
+  // fp32, and the backward at BK = 128: two stages of the chunk's tiles are more shared memory than
+  // sm_80 gives a block.
+  const int stages = opts.dtype == DType::f32 || (backward && wide) ? 1 : 2;
+  cfg.num_stages = static_cast<int>(config_value(opts, "stages", stages, {1, 2}));
+  return cfg;
+}
+
+
+SegmentedPlan add_segment_tables(OpPlan& plan, const SequenceLayout& seq, const PolyConfig& cfg) {
+  SegmentedPlan sp;
+  const int64_t L = int64_t{cfg.chunk} * cfg.segment_chunks;
+  HostTensor segment_offsets, segment_indices, chunk_offsets, chunk_indices;
+  sp.segments = chunk_tables(seq, L, &segment_offsets, &segment_indices);
+  sp.chunks = chunk_tables(seq, cfg.chunk, &chunk_offsets, &chunk_indices);
+  if (sp.segments == 0) return sp;
+  if (seq.varlen) {
+    plan.tensors["segment_offsets"] = segment_offsets;
+    plan.tensors["segment_indices"] = segment_indices;
+    plan.tensors["chunk_indices"] = chunk_indices;
+  }
+  sp.blocks = poly_feature_blocks(cfg);
+  sp.v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
+  plan.tensors["sums"] = HostTensor::zeros(DType::f32, {sp.segments, seq.H, sp.blocks, cfg.block_k, seq.V});
+  if (cfg.normalize)
+    plan.tensors["zsums"] = HostTensor::zeros(DType::f32, {sp.segments, seq.H, sp.blocks, cfg.block_k});
+  // The per-segment and per-chunk kernels run over the segments (chunks) of a sequence and B*H, or
+  // with varlen over all of them and H.
+  const int64_t sequences_per_axis = seq.varlen ? 1 : seq.B;
+  sp.heads_axis = seq.varlen ? seq.H : seq.B * seq.H;
+  sp.sums_grid = {(sp.blocks - 1) * sp.v_blocks, sp.segments / sequences_per_axis, sp.heads_axis};
+  sp.scan_grid = {sp.blocks * sp.v_blocks, seq.N * seq.H, 1};
+  sp.chunks_per_axis = sp.chunks / sequences_per_axis;
+  return sp;
+}
+
+void add_states(OpPlan& plan, const SequenceLayout& seq, const PolyConfig& cfg, const SegmentedPlan& sp, bool reverse) {
+  const int64_t blocks = sp.blocks;
+  plan.tensors[reverse ? "rstates" : "states"] = HostTensor::zeros(cfg.dtype, {sp.segments, seq.H, blocks, cfg.block_k, seq.V});
+  if (cfg.normalize)
+    plan.tensors[reverse ? "rzstates" : "zstates"] = HostTensor::zeros(DType::f32, {sp.segments, seq.H, blocks, cfg.block_k});
+}
+
+namespace {
 
 OpPlan plan_poly_form(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
   SequenceLayout seq = check_qkv_inputs("poly", inputs);
@@ -132,41 +187,20 @@ OpPlan plan_poly_form(const TensorMap& inputs, const OpOptions& opts, const std:
     // Z2's symmetric part, per program: every V block computes the denominator itself.
     if (cfg.quadratic && cfg.normalize)
       plan.tensors["norm2"] = HostTensor::zeros(DType::f32, {v_blocks * seq.N * seq.H, seq.K * (seq.K + 1) / 2, 1});
-    plan.launches.push_back(plan_launch(plan, cached_poly_kernel(cfg, PolyKernel::recurrent),
+    plan.launches.push_back(plan_launch(plan, poly_kernel(cfg, PolyKernel::recurrent),
                                         {v_blocks, seq.N * seq.H, 1}, scalars));
   } else {
-    // Each segment's sums, then the state before every segment (rows: global segments; those of
-    // sequence n start at segment_offsets[n], or n * ceil(T / L) without varlen).
-    const int64_t L = int64_t{cfg.chunk} * cfg.segment_chunks;
-    HostTensor segment_offsets, segment_indices, chunk_offsets, chunk_indices;
-    const int64_t segments = chunk_tables(seq, L, &segment_offsets, &segment_indices);
-    const int64_t chunks = chunk_tables(seq, cfg.chunk, &chunk_offsets, &chunk_indices);
-    if (segments == 0) {  // every sequence is empty
+    // Each segment's sums, then the state before every segment, then the outputs.
+    const SegmentedPlan sp = add_segment_tables(plan, seq, cfg);
+    if (sp.segments == 0) {  // every sequence is empty
       if (wants(wanted, "o")) plan.outputs["o"] = "o";
       return plan;
     }
-    if (seq.varlen) {
-      plan.tensors["segment_offsets"] = segment_offsets;
-      plan.tensors["segment_indices"] = segment_indices;
-      plan.tensors["chunk_indices"] = chunk_indices;
-    }
-    const int64_t blocks = poly_feature_blocks(cfg);
-    plan.tensors["sums"] = HostTensor::zeros(DType::f32, {segments, seq.H, blocks, cfg.block_k, seq.V});
-    plan.tensors["states"] = HostTensor::zeros(cfg.dtype, {segments, seq.H, blocks, cfg.block_k, seq.V});
-    if (cfg.normalize) {
-      plan.tensors["zsums"] = HostTensor::zeros(DType::f32, {segments, seq.H, blocks, cfg.block_k});
-      plan.tensors["zstates"] = HostTensor::zeros(DType::f32, {segments, seq.H, blocks, cfg.block_k});
-    }
-    // The per-segment and per-chunk kernels run over the segments (chunks) of a sequence and B*H, or
-    // with varlen over all of them and H.
-    const int64_t sequences_per_axis = seq.varlen ? 1 : seq.B;
-    const int64_t heads_axis = seq.varlen ? seq.H : seq.B * seq.H;
-    plan.launches.push_back(plan_launch(plan, cached_poly_kernel(config_of(PolyKernel::sums), PolyKernel::sums),
-                                        {(blocks - 1) * v_blocks, segments / sequences_per_axis, heads_axis}, {}));
-    plan.launches.push_back(plan_launch(plan, cached_poly_kernel(config_of(PolyKernel::scan), PolyKernel::scan),
-                                        {blocks * v_blocks, seq.N * seq.H, 1}, {}));
-    const std::array<int64_t, 3> out_grid = {chunks / sequences_per_axis, v_blocks, heads_axis};
-    plan.launches.push_back(plan_launch(plan, cached_poly_kernel(cfg, PolyKernel::out), out_grid, scalars));
+    add_states(plan, seq, cfg, sp, /*reverse=*/false);
+    plan.launches.push_back(plan_launch(plan, poly_kernel(config_of(PolyKernel::sums), PolyKernel::sums), sp.sums_grid, {}));
+    plan.launches.push_back(plan_launch(plan, poly_kernel(config_of(PolyKernel::scan), PolyKernel::scan), sp.scan_grid, {}));
+    const std::array<int64_t, 3> out_grid = {sp.chunks_per_axis, sp.v_blocks, sp.heads_axis};
+    plan.launches.push_back(plan_launch(plan, poly_kernel(cfg, PolyKernel::out), out_grid, scalars));
   }
   if (wants(wanted, "o")) plan.outputs["o"] = "o";
   return plan;
@@ -188,7 +222,7 @@ OpDef poly_op() {
   };
   op.outputs = {
       {"o", true, "[B,T,H,V]", "outputs"},
-      {"dq", false, "[B,T,H,K]", "--backward (pairwise, O(T^2): slow): gradient w.r.t. q"},
+      {"dq", false, "[B,T,H,K]", "--backward: gradient w.r.t. q"},
       {"dk", false, "[B,T,H,K]", "--backward: gradient w.r.t. k"},
       {"dv", false, "[B,T,H,V]", "--backward: gradient w.r.t. v"},
   };
@@ -217,12 +251,8 @@ OpDef poly_op() {
     std::vector<std::shared_ptr<ir::Kernel>> out;
     for (int64_t d : {64, 128})
       for (PolyKernel which : {PolyKernel::sums, PolyKernel::scan, PolyKernel::out, PolyKernel::recurrent})
-        out.push_back(cached_poly_kernel(poly_config(opts, d, d, which), which));
-    // The pairwise backward: its 16-bit variants spill 4-16 bytes on sm_80 / sm_90a (ptxas keeps them at
-    // 32-64 registers, at 2 or 4 warps alike): left out of the zero-spill list, like linear_attn's fp32
-    // backward, until they do not.
-    if (opts.dtype == DType::f32)
-      for (auto& k : poly_bwd_kernels(opts)) out.push_back(k);
+        out.push_back(poly_kernel(poly_config(opts, d, d, which), which));
+    for (auto& k : poly_bwd_kernels(opts)) out.push_back(k);
     return out;
   };
   return op;

@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/op_support.h"
 #include "kernels/op.h"
+#include "kernels/poly/fwd.h"
 
 namespace linac {
 
@@ -17,10 +19,35 @@ OpDef poly_op();
 /// UserError naming the coefficients otherwise.
 void check_poly_coefficients(double a, double b, double c, bool normalize);
 
-/// The plan of `linac run poly --backward` (the pairwise form) for coefficients a, b, c.
+/// poly's kernels.
+enum class PolyKernel { sums, scan, out, recurrent, bwd_sums, bwd_scan, bwd_prepare, bwd_dq, bwd_dkv };
+
+/// Kernel `which` at `cfg`, recorded once per configuration and shared (the IR is immutable once built).
+std::shared_ptr<ir::Kernel> poly_kernel(const PolyConfig& cfg, PolyKernel which);
+
+/// The configuration of kernel `which` for head dims K, V (opts.config and --chunk-size override the
+/// defaults, for every kernel alike); `quadratic`: c != 0; `backward`: for a kernel of the backward's plan.
+PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel which, bool quadratic = true,
+                       bool backward = false);
+
+/// The segmented schedule's tables in a plan (fwd.h): segment and chunk tables with varlen, the
+/// per-segment sums scratch, and the launch grids.
+struct SegmentedPlan {
+  int64_t segments = 0, chunks = 0, blocks = 0, v_blocks = 0;
+  int64_t chunks_per_axis = 0, heads_axis = 0;  // per-chunk grids: (chunks_per_axis, .., heads_axis)
+  std::array<int64_t, 3> sums_grid{}, scan_grid{};
+};
+/// Adds the tables for `cfg` (nothing when every sequence is empty: segments == 0).
+SegmentedPlan add_segment_tables(OpPlan& plan, const SequenceLayout& seq, const PolyConfig& cfg);
+/// Adds the per-segment states the scan writes: before each segment (states, zstates) or, `reverse`,
+/// after it (rstates, rzstates).
+void add_states(OpPlan& plan, const SequenceLayout& seq, const PolyConfig& cfg, const SegmentedPlan& sp, bool reverse);
+
+/// The plan of `linac run poly --backward` for coefficients a, b, c.
 OpPlan plan_poly_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted, double a,
                      double b, double c);
-/// The backward's kernels at head dim 64, for dump/compile and the ptxas check.
+/// The backward's kernels at head dims 64 and 128 (the segmented ones, then in fp32 the pairwise form's
+/// at 64), for dump/compile and the ptxas check.
 std::vector<std::shared_ptr<ir::Kernel>> poly_bwd_kernels(const OpOptions& opts);
 
 }  // namespace linac

@@ -1,9 +1,11 @@
-// The backward of the op "poly" (docs/ops/poly.md): the plan of the pairwise form (bwd.h).
+// The backward of the op "poly" (docs/ops/poly.md): the plan of the segmented analytic form (bwd.h), or
+// with --config tokenwise=1 the pairwise O(T^2) form (bwd_pairwise.h), kept as a reference.
 #include <cmath>
 #include <fmt/format.h>
 
 #include "kernels/common/op_support.h"
 #include "kernels/poly/bwd.h"
+#include "kernels/poly/bwd_pairwise.h"
 #include "kernels/poly/op.h"
 #include "linac/error.h"
 
@@ -11,55 +13,121 @@ namespace linac {
 
 namespace {
 
-std::shared_ptr<ir::Kernel> cached_poly_bwd(const PolyBwdConfig& cfg, bool q_kernel) {
+std::shared_ptr<ir::Kernel> cached_poly_bwd_pairwise(const PolyBwdConfig& cfg, bool q_kernel) {
   static KernelMemo memo;
   return memo.get(fmt::format("{}/{}/{}/{}/{}{}", q_kernel, dtype_name(cfg.dtype), cfg.block_k, cfg.block_v,
                               cfg.normalize, cfg.varlen),
                   [&] { return q_kernel ? build_poly_bwd_q(cfg) : build_poly_bwd_kv(cfg); });
 }
 
-}  // namespace
-
-OpPlan plan_poly_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted, double a,
-                     double b, double c) {
-  if (opts.recurrent) throw UserError("poly: --backward is not implemented with --recurrent");
-  if (opts.chunk_size || !opts.config.empty())
-    throw UserError("poly --backward runs the pairwise form: --chunk-size and --config do not apply");
-  SequenceLayout seq = check_qkv_inputs("poly", inputs);
-  if (!inputs.count("do")) throw UserError("poly --backward: missing input 'do' (dL/do, [B,T,H,V])");
-  check_shape("do", inputs.at("do"), {seq.B, seq.T, seq.H, seq.V});
-  for (const auto& w : wanted)
-    if (w != "dq" && w != "dk" && w != "dv") throw UserError(fmt::format("poly --backward produces dq, dk and dv, not '{}'", w));
+PolyBwdConfig pairwise_config(const OpOptions& opts, const SequenceLayout& seq) {
   PolyBwdConfig cfg;
   cfg.dtype = opts.dtype;
   cfg.block_k = padded_head_dim(seq.K);
   cfg.block_v = padded_head_dim(seq.V);
   cfg.normalize = !opts.no_normalize;
   cfg.varlen = seq.varlen;
+  return cfg;
+}
 
-  OpPlan plan;
-  add_backward_inputs(plan, inputs, seq, cfg.dtype, {});
+OpPlan plan_pairwise(const OpOptions& opts, const SequenceLayout& seq, OpPlan plan,
+                     const std::map<std::string, double>& scalars) {
+  if (opts.chunk_size || !opts.config.empty())
+    throw UserError("poly --backward runs the pairwise form here (--config tokenwise=1, or fp32 with K > 64): --chunk-size and other --config keys do not apply");
+  const PolyBwdConfig cfg = pairwise_config(opts, seq);
   plan.tensors["dn"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.V});
   plan.tensors["dd"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
-  plan.tensors["dq"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
-  plan.tensors["dk"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
-  plan.tensors["dv"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
-  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
   const std::array<int64_t, 3> grid = {seq.N * seq.H, 1, 1};
-  const std::map<std::string, double> scalars = {{"a", a}, {"b", b}, {"c", c}, {"scale", scale}};
-  plan.launches.push_back(plan_launch(plan, cached_poly_bwd(cfg, true), grid,
+  plan.launches.push_back(plan_launch(plan, cached_poly_bwd_pairwise(cfg, true), grid,
                                       {"q", "k", "v", "do", "cu_seqlens", "dn", "dd", "dq"}, scalars));
-  plan.launches.push_back(plan_launch(plan, cached_poly_bwd(cfg, false), grid,
+  plan.launches.push_back(plan_launch(plan, cached_poly_bwd_pairwise(cfg, false), grid,
                                       {"q", "k", "v", "cu_seqlens", "dn", "dd", "dk", "dv"}, scalars));
+  return plan;
+}
+
+}  // namespace
+
+OpPlan plan_poly_bwd(const TensorMap& inputs, const OpOptions& opts_in, const std::vector<std::string>& wanted, double a,
+                     double b, double c) {
+  if (opts_in.recurrent) throw UserError("poly: --backward is not implemented with --recurrent");
+  OpOptions opts = opts_in;
+  SequenceLayout seq = check_qkv_inputs("poly", inputs);
+  // fp32 at K > 64: the segmented kernels' [128, 128] fp32 tiles (states, their rolled rows, the roll)
+  // are more shared memory than a block has; that case takes the pairwise form (slow, O(T^2)).
+  const bool pairwise = take_tokenwise(opts) || (opts.dtype == DType::f32 && padded_head_dim(seq.K) > 64);
+  if (!inputs.count("do")) throw UserError("poly --backward: missing input 'do' (dL/do, [B,T,H,V])");
+  check_shape("do", inputs.at("do"), {seq.B, seq.T, seq.H, seq.V});
+  for (const auto& w : wanted)
+    if (w != "dq" && w != "dk" && w != "dv") throw UserError(fmt::format("poly --backward produces dq, dk and dv, not '{}'", w));
+
+  OpPlan plan;
+  add_backward_inputs(plan, inputs, seq, opts.dtype, {});
+  plan.tensors["dq"] = HostTensor::zeros(opts.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dk"] = HostTensor::zeros(opts.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["dv"] = HostTensor::zeros(opts.dtype, {seq.B, seq.T, seq.H, seq.V});
   for (const char* n : {"dq", "dk", "dv"})
     if (wants(wanted, n)) plan.outputs[n] = n;
+  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  std::map<std::string, double> scalars = {{"a", a}, {"b", b}, {"c", c}, {"scale", scale}};
+  if (pairwise) return plan_pairwise(opts, seq, std::move(plan), scalars);
+
+  // The segmented form: the forward's states (before each segment), dn and dd from a forward pass over
+  // the outputs (normalize; else dn = do), the backward's states (after each segment), then dq and dk, dv.
+  // One V block: dd and the products with the states' transposes need whole rows of v.
+  auto config_of = [&](PolyKernel which) {
+    PolyConfig cfg = poly_config(opts, seq.K, seq.V, which, c != 0, /*backward=*/true);
+    cfg.varlen = seq.varlen;
+    cfg.block_v = padded_head_dim(seq.V);
+    return cfg;
+  };
+  const PolyConfig cfg = config_of(PolyKernel::bwd_dq);
+  if (!cfg.quadratic) scalars.erase("c");
+  const SegmentedPlan sp = add_segment_tables(plan, seq, cfg);
+  if (sp.segments == 0) return plan;  // every sequence is empty
+  add_states(plan, seq, cfg, sp, /*reverse=*/false);
+  add_states(plan, seq, cfg, sp, /*reverse=*/true);
+  const std::array<int64_t, 3> per_chunk = {sp.chunks_per_axis, 1, sp.heads_axis};
+  auto launch = [&](PolyKernel which, std::array<int64_t, 3> grid, const std::map<std::string, double>& s) {
+    plan.launches.push_back(plan_launch(plan, poly_kernel(config_of(which), which), grid, s));
+  };
+  launch(PolyKernel::sums, sp.sums_grid, {});
+  launch(PolyKernel::scan, sp.scan_grid, {});
+  if (cfg.normalize) {
+    plan.tensors["dn"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+    plan.tensors["dd"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
+    launch(PolyKernel::bwd_prepare, per_chunk, scalars);
+  } else {
+    plan.tensors["dn"] = plan.tensors.at("do");
+  }
+  launch(PolyKernel::bwd_sums, sp.sums_grid, {});
+  launch(PolyKernel::bwd_scan, sp.scan_grid, {});
+  launch(PolyKernel::bwd_dq, {sp.chunks_per_axis, sp.heads_axis, 1}, scalars);
+  launch(PolyKernel::bwd_dkv, {sp.chunks_per_axis, sp.heads_axis, 1}, scalars);
   return plan;
 }
 
 std::vector<std::shared_ptr<ir::Kernel>> poly_bwd_kernels(const OpOptions& opts) {
-  PolyBwdConfig cfg;
-  cfg.dtype = opts.dtype;
-  return {cached_poly_bwd(cfg, true), cached_poly_bwd(cfg, false)};
+  // The segmented form at K = V = 64 and 128, one V block as its plan has.
+  std::vector<std::shared_ptr<ir::Kernel>> out;
+  for (int64_t d : {64, 128}) {
+    if (d > 64 && opts.dtype == DType::f32) continue;  // the pairwise form's (plan_poly_bwd)
+    for (PolyKernel which : {PolyKernel::bwd_prepare, PolyKernel::bwd_sums, PolyKernel::bwd_scan, PolyKernel::bwd_dq,
+                             PolyKernel::bwd_dkv}) {
+      PolyConfig cfg = poly_config(opts, d, d, which, true, /*backward=*/true);
+      cfg.block_v = static_cast<int>(d);
+      out.push_back(poly_kernel(cfg, which));
+    }
+  }
+  // The pairwise form: its 16-bit variants spill 4-16 bytes on sm_80 / sm_90a (ptxas keeps them at
+  // 32-64 registers, at 2 or 4 warps alike): left out of the zero-spill list, like linear_attn's fp32
+  // backward, until they do not.
+  if (opts.dtype == DType::f32) {
+    PolyBwdConfig pairwise;
+    pairwise.dtype = opts.dtype;
+    out.push_back(cached_poly_bwd_pairwise(pairwise, true));
+    out.push_back(cached_poly_bwd_pairwise(pairwise, false));
+  }
+  return out;
 }
 
 }  // namespace linac

@@ -1,0 +1,37 @@
+#include "kernels/poly/features.h"
+
+namespace linac {
+
+using namespace dsl;
+
+Tile roll_matrix(int64_t BK, const Tile& K, const Tile& m, DType dt, bool transposed) {
+  // Rolled left by m, column j reads row (j + m) mod K; rolled right, row j of the permutation is
+  // column (j + m) mod K.
+  Tile shifted = expand_dims(iota(BK), transposed ? 1 : 0) + m;
+  Tile source = where(shifted < K, shifted, shifted - K);
+  Tile other = expand_dims(iota(BK), transposed ? 0 : 1);
+  Tile hit = (other == source) & (expand_dims(iota(BK), transposed ? 1 : 0) < K);
+  return where(hit, full({BK, BK}, 1.0, dt), 0.0f);
+}
+
+Tile degree2_weight(const Tile& m, const Tile& K) {
+  return where((m == 0) | (2 * m == K), constant(1, DType::f32), 2.0f);
+}
+
+Tile first_segment(const PolyConfig& cfg, const Tensor& x, const Tensor& segment_offsets, const Tile& i_n) {
+  if (cfg.varlen) return load(segment_offsets, {i_n}, {kIndex});
+  const int64_t L = int64_t{cfg.chunk} * cfg.segment_chunks;
+  return i_n * ((x.dim(1) + (L - 1)) / L);
+}
+
+Tile rolled_rows(const Tensor& t, const Tile& row, const Tile& h, const Tile& m, const Tile& K, int64_t BK,
+                 int64_t cols, const Tile& col0) {
+  AccessOptions within_k{.limits = {{3, K}}};
+  if (cols == 0)  // a [.., BK] table
+    return load(t, {row, h, m, 0 - m}, {kIndex, kIndex, kIndex, BK}, within_k) +
+           load(t, {row, h, m, K - m}, {kIndex, kIndex, kIndex, BK}, within_k);
+  return load(t, {row, h, m, 0 - m, col0}, {kIndex, kIndex, kIndex, BK, cols}, within_k) +
+         load(t, {row, h, m, K - m, col0}, {kIndex, kIndex, kIndex, BK, cols}, within_k);
+}
+
+}  // namespace linac

@@ -1,0 +1,40 @@
+// The feature blocks of poly's factorized kernel (docs/ops/poly.md, "Math"): f(q.k) = a + b x + c x^2,
+// x = scale q.k, as a weighted sum of phi_j(q) . phi_j(k) over blocks j of K features each:
+//   j < deg2:  phi_m(x)_i = x_i x_{(i+m) mod K}  (m = j, the circulant diagonals of x (x) x: every
+//              unordered pair {d, e} once), weight c scale^2 times degree2_weight(m)
+//   j = deg2:  phi(x) = x, weight b scale                        (degree 1)
+//   j = deg2 + 1: phi(x) = 1 (element 0 of the block), weight a  (degree 0)
+// and the DSL pieces the forward and backward kernels share to build them on chip.
+#pragma once
+#include <cstdint>
+
+#include "kernels/poly/fwd.h"
+#include "linac/dsl.h"
+
+namespace linac {
+
+/// Columns of the tile whose product with phi^T sums phi over rows (the narrowest dot operand).
+inline constexpr int64_t kSumColumns = 16;
+
+/// The [BK, BK] permutation that rolls the columns of a tile left by m along K: (X P)[:, j] =
+/// X[:, (j + m) mod K] for j < K, 0 past K. transposed: right by m, (X P^T)[:, j] = X[:, (j - m) mod K].
+/// A product on the tensor cores (exact: one 1 per column) is far cheaper than loading x at a column
+/// offset that is not a multiple of the vector width.
+dsl::Tile roll_matrix(int64_t BK, const dsl::Tile& K, const dsl::Tile& m, DType dt, bool transposed = false);
+
+/// The weight of degree-2 block m over c scale^2: the diagonals m = 0 and m = K/2 list each pair once
+/// for (d, e) and (e, d) together, the others once for each.
+dsl::Tile degree2_weight(const dsl::Tile& m, const dsl::Tile& K);
+
+/// The first row of sequence i_n's segments in the per-segment tables (segment_offsets[i_n] with
+/// varlen, else i_n * ceil(T / L)). `x` is any [B, T, H, .] input.
+dsl::Tile first_segment(const PolyConfig& cfg, const dsl::Tensor& x, const dsl::Tensor& segment_offsets,
+                        const dsl::Tile& i_n);
+
+/// A [BK, cols] block of a per-segment table `t` ([segments, H, blocks, BK(, V)]) with its rows rolled
+/// right by m along K (row i holds row (i - m) mod K; rows past K hold garbage that a zero column of
+/// the rolled features cancels). Two loads at row offsets -m and K - m.
+dsl::Tile rolled_rows(const dsl::Tensor& t, const dsl::Tile& row, const dsl::Tile& h, const dsl::Tile& m,
+                      const dsl::Tile& K, int64_t BK, int64_t cols, const dsl::Tile& col0);
+
+}  // namespace linac

@@ -42,7 +42,7 @@ inline constexpr double kPolyEps = 1e-6;
 struct PolyConfig {
   DType dtype = DType::f32;  // q, k, v and o
   int chunk = 64;            // BT: rows per chunk (segmented form; both kernels alike)
-  int segment_chunks = 16;   // chunks per segment (segmented form; both kernels alike)
+  int segment_chunks = 16;   // chunks per segment: every kernel of a plan cuts the same segments (rows)
   int block_k = 64;          // BK >= K (the whole key dim lives in one program; masked past K)
   int block_v = 64;          // BV: value columns per program
   bool normalize = true;     // divide by the kernel sum (+ kPolyEps); false: the plain numerator

@@ -36,7 +36,7 @@ namespace {
 const std::vector<std::pair<std::string, std::string>>& poly_config_keys() {
   static const std::vector<std::pair<std::string, std::string>> keys = {
       {"chunk", "rows per chunk (16, 32, 64, 128)"},
-      {"segment", "chunks per segment (1, 2, 4, ..., 128): the earlier tokens each output chunk sums directly"},
+      {"segment", "rows per segment (16, 32, ..., 8192; a multiple of chunk): the earlier tokens each output chunk sums directly"},
       {"bv", "value columns per program (16..128)"},
       {"warps", "warps per program (2, 4, 8)"},
       {"stages", "pipeline stages of the loads (1 or 2)"},
@@ -48,9 +48,9 @@ const std::vector<std::pair<std::string, std::string>>& poly_config_keys() {
 /// smaller chunks and value blocks (more programs for few sequences x heads).
 std::vector<Config> poly_tuning_space(const ProblemShape& s, DType) {
   std::vector<Config> space = {{}};
-  space.push_back({{"segment", 8}});
-  space.push_back({{"segment", 32}});
-  space.push_back({{"chunk", 32}, {"segment", 32}});
+  space.push_back({{"segment", 512}});
+  space.push_back({{"segment", 2048}});
+  space.push_back({{"chunk", 32}, {"segment", 1024}});
   if (s.V > 32) space.push_back({{"bv", 32}});
   space.push_back({{"stages", 1}});
   return space;
@@ -89,31 +89,40 @@ PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel w
   const bool wide = cfg.block_k > 64;
   // The defaults (what runs untuned, and the tuner's first candidate) are configurations that ptxas
   // assembles without spills for sm_80 and sm_90a in every dtype (tests/python/test_ptxas.py), within
-  // both targets' shared memory. The kernels of one plan must cut chunks and segments alike (so the
-  // chunk and segment defaults depend on `backward`, never on `which`); warps may differ.
+  // both targets' shared memory. The kernels of one plan must cut the same segments (L rows); their
+  // chunks (rows per step) may differ, as may their warps.
+  const bool per_chunk_bwd = which == PolyKernel::bwd_prepare || which == PolyKernel::bwd_dq || which == PolyKernel::bwd_dkv;
   int warps = 4;
   if (which == PolyKernel::out && wide) warps = 8;
-  // dq and dk, dv carry two gradients and two rolled copies of the chunk: 4 warps spill.
-  if (which == PolyKernel::bwd_dq || which == PolyKernel::bwd_dkv) warps = 8;
+  // dq and dk, dv carry two gradients and two rolled copies of the chunk: 4 warps spill; the backward's
+  // per-chunk kernels take chunks of 128 rows in 16 bits (at 64, dq and dkv were 20-25% slower on an
+  // H200: docs/ops/poly.md, "Measured").
+  if (per_chunk_bwd) warps = 8;
   if (which == PolyKernel::recurrent && wide) warps = 8;
   // The scans carry a [BK, BV] fp32 sum, the sums one beside their tiles: at 128 x 128 4 warps spill.
   const bool square_128 = wide || padded_head_dim(V) > 64;
   if ((which == PolyKernel::scan || which == PolyKernel::bwd_scan || which == PolyKernel::bwd_sums) && square_128) warps = 8;
-  // At BK = 128 chunks of 64 rows spill poly_fwd_out (and need 266 KB of shared memory in fp32), and
-  // poly_bwd_dkv needs 165 KB at chunks of 32 with one stage (sm_80 gives 163).
-  const int chunk = !wide ? 64 : backward ? 16 : 32;
-  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, chunk), {16, 32, 64, 128}));
-  // Segments of about 1024 tokens (4096 at BK = 128): the per-segment tables then take about as many
-  // bytes as q, k and v (K^2 V per segment against (2K + V) L), and the direct part of a chunk stays
+  // Segments of about 1024 tokens (4096 at BK = 128): the per-segment tables then take about twice the
+  // bytes of q, k and v (K^2 V per segment against (2K + V) L), and the direct part of a chunk stays
   // short.
-  const int64_t segment_rows = wide ? 4096 : 1024;
-  const int64_t segment = std::clamp<int64_t>(segment_rows / cfg.chunk, 1, 128);
-  cfg.segment_chunks = static_cast<int>(config_value(opts, "segment", segment, {1, 2, 4, 8, 16, 32, 64, 128}));
+  const int64_t segment =
+      config_value(opts, "segment", wide ? 4096 : 1024, {16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192});
+  // At BK = 128 chunks of 64 rows spill poly_fwd_out (and need 266 KB of shared memory in fp32), and
+  // poly_bwd_dkv needs 165 KB at chunks of 32 with one stage (sm_80 gives 163); in fp32 chunks of 128
+  // take poly_bwd_prepare to 195 KB.
+  const int64_t chunk = wide ? (backward ? 16 : 32) : per_chunk_bwd && opts.dtype != DType::f32 ? 128 : 64;
+  cfg.chunk = static_cast<int>(
+      config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, static_cast<int>(std::min(chunk, segment))), {16, 32, 64, 128}));
+  if (segment % cfg.chunk != 0)
+    throw UserError(fmt::format("poly: --config segment={} must be a multiple of the chunk ({} rows)", segment, cfg.chunk));
+  cfg.segment_chunks = static_cast<int>(segment / cfg.chunk);
   cfg.block_v = static_cast<int>(config_value(opts, "bv", std::min(64, padded_head_dim(V)), {16, 32, 64, 128}));
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", warps, {2, 4, 8}));
-  // fp32, and the backward at BK = 128: two stages of the chunk's tiles are more shared memory than
+  // fp32, the backward at BK = 128, and its per-chunk kernels at chunks of 128 (195 and 200 KB for
+  // poly_bwd_prepare and poly_bwd_dkv): two stages of the chunk's tiles are more shared memory than
   // sm_80 gives a block.
-  const int stages = opts.dtype == DType::f32 || (backward && wide) ? 1 : 2;
+  const bool big_tiles = opts.dtype == DType::f32 || (backward && wide) || (per_chunk_bwd && cfg.chunk > 64);
+  const int stages = big_tiles ? 1 : 2;
   cfg.num_stages = static_cast<int>(config_value(opts, "stages", stages, {1, 2}));
   return cfg;
 }

@@ -84,9 +84,9 @@ def test_chunk_sizes_agree(linac):
 # stored per-segment states (every feature block of the circulant degree-2 split: K odd, K < the key
 # block, K a power of two), and the segment's own tokens directly.
 @pytest.mark.parametrize("K", [7, 16, 24])
-@pytest.mark.parametrize("segment", [1, 2, 4])
+@pytest.mark.parametrize("segment", [16, 32, 64])
 def test_segments(linac, K, segment):
-    inputs = make_inputs(150 + K + segment, B=2, T=150, H=2, K=K, V=20)
+    inputs = make_inputs(150 + K + segment // 16, B=2, T=150, H=2, K=K, V=20)
     run_and_check(linac, inputs, options=["--config", f"chunk=16,segment={segment}"])
 
 
@@ -97,7 +97,7 @@ def test_segments(linac, K, segment):
 ], ids=["no_normalize", "linear_no_normalize", "constant"])
 def test_segments_with_options(linac, options, ref_args):
     inputs = make_inputs(160, B=1, T=100, H=2, K=16, V=16)
-    run_and_check(linac, inputs, options=["--config", "chunk=16,segment=2", *options], **ref_args)
+    run_and_check(linac, inputs, options=["--config", "chunk=16,segment=32", *options], **ref_args)
 
 
 def test_varlen_segments(linac):
@@ -105,7 +105,7 @@ def test_varlen_segments(linac):
     # zero or one segment each.
     inputs = make_inputs(170, B=1, T=130, H=2, K=16, V=16)
     inputs["cu_seqlens"] = np.array([0, 1, 17, 17, 80, 81, 130], dtype=np.int32)
-    run_and_check(linac, inputs, options=["--config", "chunk=16,segment=2"])
+    run_and_check(linac, inputs, options=["--config", "chunk=16,segment=32"])
 
 
 def test_varlen(linac):

@@ -68,29 +68,30 @@ def test_bf16(linac):
 # segment from the forward's states (dq) and the backward's reversed ones (dk, dv), every degree-2 block
 # (K odd, K below the key block, K a power of two), the segment's own tokens directly.
 @pytest.mark.parametrize("K", [7, 16])
-@pytest.mark.parametrize("segment", [1, 2])
+@pytest.mark.parametrize("segment", [16, 32])
 def test_segments(linac, K, segment):
-    check(linac, make_inputs(90 + K + segment, B=2, T=70, H=2, K=K, V=6), options=["--config", f"chunk=16,segment={segment}"])
+    check(linac, make_inputs(90 + K + segment // 16, B=2, T=70, H=2, K=K, V=6),
+          options=["--config", f"chunk=16,segment={segment}"])
 
 
 @pytest.mark.parametrize("coeffs,normalize", [((0.5, -1.0, 1.0), False), ((2.0, 0.5, 0.0), False), ((3.0, 0.0, 0.0), True)],
                          ids=["no_normalize", "linear_no_normalize", "constant"])
 def test_segments_with_options(linac, coeffs, normalize):
     check(linac, make_inputs(95, B=1, T=50, H=2, K=8, V=8), coeffs=coeffs, normalize=normalize,
-          options=["--config", "chunk=16,segment=1"])
+          options=["--config", "chunk=16,segment=16"])
 
 
 def test_varlen_segments(linac):
     x = make_inputs(96, B=1, T=70, H=2, K=8, V=8)
     x["cu_seqlens"] = np.array([0, 1, 17, 17, 50, 70], dtype=np.int32)
-    check(linac, x, options=["--config", "chunk=16,segment=1"])
+    check(linac, x, options=["--config", "chunk=16,segment=16"])
 
 
 def test_pairwise_form_agrees(linac):
     # The O(T^2) pairwise form stays as a reference behind --config tokenwise=1.
     x = make_inputs(97, B=1, T=40, H=2, K=8, V=8)
     opts = ["--backward"]
-    seg = linac.run_op("poly", x, outputs=("dq", "dk", "dv"), options=[*opts, "--config", "chunk=16,segment=1"])
+    seg = linac.run_op("poly", x, outputs=("dq", "dk", "dv"), options=[*opts, "--config", "chunk=16,segment=16"])
     pair = linac.run_op("poly", x, outputs=("dq", "dk", "dv"), options=[*opts, "--config", "tokenwise=1"])
     for name in ("dq", "dk", "dv"):
         assert reference.rel_err(seg[name], pair[name]) < 1e-4, name
@@ -101,7 +102,7 @@ def test_wide_keys(linac):
     # the pairwise one (its segmented tiles would not fit a block's shared memory): they agree.
     x = make_inputs(98, B=1, T=40, H=1, K=72, V=16)
     got = linac.run_op("poly", x, outputs=("dq", "dk", "dv"),
-                       options=["--backward", "--dtype", "bf16", "--config", "segment=1"])
+                       options=["--backward", "--dtype", "bf16", "--config", "segment=16"])
     rounded = {n: reference.round_to_bf16(a) for n, a in x.items()}
     check(linac, rounded)  # the fp32 (pairwise) gradients are right
     ref = linac.run_op("poly", rounded, outputs=("dq", "dk", "dv"), options=["--backward"])

@@ -88,6 +88,10 @@ struct BwdProgram {
 
 }  // namespace
 
+// With cfg.coefficient_grads it also sums, over its rows, the gradients of a, b and c: with
+// N_t = a N0 + b N1 + c N2 and D_t likewise, dL/da = sum_t dn_t . N0_t + dd_t D0_t (and b, c alike):
+// sum_{s<=t} g_ts (1, x_ts, x_ts^2), from the states (the degree-0, -1 and -2 blocks' shares of u) and
+// directly inside the segment.
 std::shared_ptr<ir::Kernel> build_poly_bwd_dq(const PolyConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v, CPS = cfg.segment_chunks;
   const DType dt = cfg.dtype, f32 = DType::f32;
@@ -97,10 +101,13 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_dq(const PolyConfig& cfg) {
   kb.set_min_ctas_per_sm(1);
   BwdProgram p(kb, cfg, /*reverse=*/false);
   Tensor dq = kb.tensor("dq", dt, 4);
+  Tensor coef = cfg.coefficient_grads ? kb.tensor("coef_partials", f32, 2) : Tensor();
   p.declare_scalars(kb);
+  const bool coefs = cfg.coefficient_grads;
 
   const ChunkBounds& ch = p.ch;
   Tile Q = p.chunk(p.q, ch.t0, BK);
+  Tile Qf = coefs ? Q.to(f32) : Tile();
   Tile dN = p.chunk(p.dn, ch.t0, BV);
   Tile dD = cfg.normalize ? p.dd_rows(ch.t0) : Tile();
   // u = S dn (+ z dd) for a state S [BK, BV] (z [BK]) of the tokens before the segment.
@@ -110,25 +117,78 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_dq(const PolyConfig& cfg) {
   };
 
   Tile dQ = zeros({BT, BK}, f32);
+  Tile dA = zeros({BT}, f32), dB = zeros({BT}, f32), dC = zeros({BT}, f32);  // per row (coefs)
+  std::vector<Tile*> carried = {&dQ};
+  if (coefs) carried.push_back(&dC);
+  Tile s2 = p.scale * p.scale;
   p.for_degree2(Q, [&](Tile m, Tile w, Tile Ql, Tile Qr) {
     Tile u = feature_grad(p.state(m), cfg.normalize ? p.zstate(m) : Tile());
     Tile u_rolled = feature_grad(p.rolled_rows_state(m), cfg.normalize ? p.rolled_rows_zstate(m) : Tile());
     dQ = dQ + (u * Ql + u_rolled * Qr) * w;
-  }, {&dQ});
-  dQ = dQ + feature_grad(p.state(p.deg2), cfg.normalize ? p.zstate(p.deg2) : Tile()) * (p.b * p.scale);
+    if (coefs) dC = dC + sum(Qf * Ql * u, 1) * (degree2_weight(m, p.Kdim) * s2);
+  }, carried);
+  Tile u1 = feature_grad(p.state(p.deg2), cfg.normalize ? p.zstate(p.deg2) : Tile());
+  dQ = dQ + u1 * (p.b * p.scale);
+  if (coefs) {
+    dB = sum(Qf * u1, 1) * p.scale;
+    Tile s0 = load(p.states, {p.row, ch.i_h, p.deg2 + 1, 0, 0}, {kIndex, kIndex, kIndex, kIndex, BV}).to(f32);
+    dA = sum(dN.to(f32) * expand_dims(s0, 0), 1);
+    if (cfg.normalize) dA = dA + dD * load(p.zstates, {p.row, ch.i_h, p.deg2 + 1, 0}, {kIndex, kIndex, kIndex, kIndex});
+  }
 
   // The segment's own keys up to this chunk: dq_t += scale sum_s g_ts f'(x_ts) k_s.
   Tile causal = expand_dims(iota(BT), 1) >= expand_dims(iota(BT), 0);
-  for_range(p.segment * CPS, ch.chunk + 1, [&](Tile c) {
+  std::vector<Tile*> intra_carried = {&dQ};
+  if (coefs) {
+    intra_carried.push_back(&dA);
+    intra_carried.push_back(&dB);
+    intra_carried.push_back(&dC);
+  }
+  for_range_carrying(p.segment * CPS, ch.chunk + 1, [&](Tile c) {
     Tile t0 = ch.bos + c * BT;
     Tile Kc = p.chunk(p.k, t0, BK);
     Tile G = dot(dN, p.chunk(p.v, t0, BV).T());
     if (cfg.normalize) G = G + expand_dims(dD, 1);
     Tile X = dot(Q, Kc.T()) * p.scale;
-    Tile df = where(causal | (c < ch.chunk), p.b + 2.0f * p.c * X, 0.0f);
+    Tile mask = causal | (c < ch.chunk);
+    Tile df = where(mask, p.b + 2.0f * p.c * X, 0.0f);
     dQ = dQ + dot((G * df).to(dt), Kc) * p.scale;
-  }, dQ);
+    if (coefs) {
+      Tile Gm = where(mask, G, 0.0f);
+      dA = dA + sum(Gm, 1);
+      dB = dB + sum(Gm * X, 1);
+      dC = dC + sum(Gm * X * X, 1);
+    }
+  }, intra_carried);
   store(dq, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BK}, dQ.to(dt), ch.in_seq);
+  if (coefs) {
+    // Rows past the sequence have dn = dd = 0: they add nothing.
+    Tile col = iota(kSumColumns);
+    Tile part = where(col == 0, full({kSumColumns}, 1.0, f32) * sum(dA, 0),
+                      where(col == 1, full({kSumColumns}, 1.0, f32) * sum(dB, 0),
+                            where(col == 2, full({kSumColumns}, 1.0, f32) * sum(dC, 0), 0.0f)));
+    store(coef, {program_id(0) * num_programs(1) + program_id(1), 0}, {kIndex, kSumColumns}, part);
+  }
+  return kb.finish();
+}
+
+std::shared_ptr<ir::Kernel> build_poly_bwd_coefficients(const PolyConfig& cfg) {
+  constexpr int64_t kRows = 128;
+  const DType f32 = DType::f32;
+  KernelBuilder kb("poly_bwd_coefficients");
+  kb.set_num_warps(4);
+  kb.set_num_stages(cfg.num_stages);
+  Tensor coef = kb.tensor("coef_partials", f32, 2);
+  Tensor da = kb.tensor("da", f32, 1);
+  Tensor db = kb.tensor("db", f32, 1);
+  Tensor dc = kb.tensor("dc", f32, 1);
+  Tile total = zeros({kSumColumns}, f32);
+  for_range(0, (coef.dim(0) + (kRows - 1)) / kRows, [&](Tile i) {
+    total = total + sum(load(coef, {i * kRows, 0}, {kRows, kSumColumns}), 0);
+  }, total);
+  store(da, {0}, {kIndex}, take(total, 0, 0));
+  store(db, {0}, {kIndex}, take(total, 1, 0));
+  store(dc, {0}, {kIndex}, take(total, 2, 0));
   return kb.finish();
 }
 

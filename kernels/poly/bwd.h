@@ -24,8 +24,12 @@ struct Kernel;
 }
 
 /// Records dq: one program per (chunk, sequence x head) (one V block: cfg.block_v covers V).
-/// Parameters: q k v dn [dd] [cu_seqlens chunk_indices segment_offsets] states [zstates] dq scale a b [c].
+/// Parameters: q k v dn [dd] [cu_seqlens chunk_indices segment_offsets] states [zstates] dq
+/// [coef_partials: [programs, 16] fp32, row program_id(0) * num_programs(1) + program_id(1)] scale a b [c].
 std::shared_ptr<ir::Kernel> build_poly_bwd_dq(const PolyConfig& cfg);
+/// Records the sum of poly_bwd_dq's per-program partial gradients of a, b, c (cfg.coefficient_grads):
+/// one program. Parameters: coef_partials [programs, 16] fp32 (columns 0, 1, 2) da db dc ([1] fp32).
+std::shared_ptr<ir::Kernel> build_poly_bwd_coefficients(const PolyConfig& cfg);
 /// Records dk and dv: one program per (chunk, sequence x head). Parameters: q k v dn [dd] [cu_seqlens
 /// chunk_indices segment_offsets] rstates [rzstates] dk dv scale a b [c].
 std::shared_ptr<ir::Kernel> build_poly_bwd_dkv(const PolyConfig& cfg);

@@ -48,6 +48,7 @@ struct PolyConfig {
   bool normalize = true;     // divide by the kernel sum (+ kPolyEps); false: the plain numerator
   bool quadratic = true;     // c != 0: the degree-2 blocks (none when c == 0)
   bool varlen = false;       // cu_seqlens [N+1] present, B == 1
+  bool coefficient_grads = false;  // poly_bwd_dq: also the gradients of a, b, c (partial sums per program)
   int num_warps = 4;
   int num_stages = 2;
 };

@@ -60,9 +60,9 @@ std::vector<Config> poly_tuning_space(const ProblemShape& s, DType) {
 
 std::shared_ptr<ir::Kernel> poly_kernel(const PolyConfig& cfg, PolyKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
                                 cfg.chunk, cfg.segment_chunks, cfg.block_k, cfg.block_v, cfg.normalize, cfg.quadratic,
-                                cfg.varlen, cfg.num_warps, cfg.num_stages);
+                                cfg.varlen, cfg.coefficient_grads, cfg.num_warps, cfg.num_stages);
   return memo.get(key, [&] {
     switch (which) {
       case PolyKernel::sums: return build_poly_sums(cfg, false);
@@ -74,6 +74,7 @@ std::shared_ptr<ir::Kernel> poly_kernel(const PolyConfig& cfg, PolyKernel which)
       case PolyKernel::bwd_prepare: return build_poly_fwd_out(cfg, true);
       case PolyKernel::bwd_dq: return build_poly_bwd_dq(cfg);
       case PolyKernel::bwd_dkv: return build_poly_bwd_dkv(cfg);
+      case PolyKernel::bwd_coefficients: return build_poly_bwd_coefficients(cfg);
     }
     return std::shared_ptr<ir::Kernel>();
   });
@@ -234,6 +235,9 @@ OpDef poly_op() {
       {"dq", false, "[B,T,H,K]", "--backward: gradient w.r.t. q"},
       {"dk", false, "[B,T,H,K]", "--backward: gradient w.r.t. k"},
       {"dv", false, "[B,T,H,V]", "--backward: gradient w.r.t. v"},
+      {"da", false, "[1]", "--backward: gradient w.r.t. the coefficient a (fp32; likewise db, dc)"},
+      {"db", false, "[1]", "--backward: gradient w.r.t. b"},
+      {"dc", false, "[1]", "--backward: gradient w.r.t. c"},
   };
   op.flags = {"recurrent", "no_normalize", "coefficients", "noise_dropout", "backward"};
   op.prepare = [](const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {

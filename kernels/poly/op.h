@@ -20,7 +20,7 @@ OpDef poly_op();
 void check_poly_coefficients(double a, double b, double c, bool normalize);
 
 /// poly's kernels.
-enum class PolyKernel { sums, scan, out, recurrent, bwd_sums, bwd_scan, bwd_prepare, bwd_dq, bwd_dkv };
+enum class PolyKernel { sums, scan, out, recurrent, bwd_sums, bwd_scan, bwd_prepare, bwd_dq, bwd_dkv, bwd_coefficients };
 
 /// Kernel `which` at `cfg`, recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> poly_kernel(const PolyConfig& cfg, PolyKernel which);

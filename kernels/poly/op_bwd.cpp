@@ -1,11 +1,13 @@
 // The backward of the op "poly" (docs/ops/poly.md): the plan of the segmented analytic form (bwd.h), or
 // with --config tokenwise=1 the pairwise O(T^2) form (bwd_pairwise.h), kept as a reference.
+#include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
 
 #include "kernels/common/op_support.h"
 #include "kernels/poly/bwd.h"
 #include "kernels/poly/bwd_pairwise.h"
+#include "kernels/poly/features.h"
 #include "kernels/poly/op.h"
 #include "linac/error.h"
 
@@ -57,8 +59,11 @@ OpPlan plan_poly_bwd(const TensorMap& inputs, const OpOptions& opts_in, const st
   const bool pairwise = take_tokenwise(opts) || (opts.dtype == DType::f32 && padded_head_dim(seq.K) > 64);
   if (!inputs.count("do")) throw UserError("poly --backward: missing input 'do' (dL/do, [B,T,H,V])");
   check_shape("do", inputs.at("do"), {seq.B, seq.T, seq.H, seq.V});
+  const std::vector<std::string> gradients = {"dq", "dk", "dv", "da", "db", "dc"};
   for (const auto& w : wanted)
-    if (w != "dq" && w != "dk" && w != "dv") throw UserError(fmt::format("poly --backward produces dq, dk and dv, not '{}'", w));
+    if (std::find(gradients.begin(), gradients.end(), w) == gradients.end())
+      throw UserError(fmt::format("poly --backward produces dq, dk, dv, da, db and dc, not '{}'", w));
+  const bool coefficient_grads = wants(wanted, "da") || wants(wanted, "db") || wants(wanted, "dc");
 
   OpPlan plan;
   add_backward_inputs(plan, inputs, seq, opts.dtype, {});
@@ -69,7 +74,11 @@ OpPlan plan_poly_bwd(const TensorMap& inputs, const OpOptions& opts_in, const st
     if (wants(wanted, n)) plan.outputs[n] = n;
   const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
   std::map<std::string, double> scalars = {{"a", a}, {"b", b}, {"c", c}, {"scale", scale}};
-  if (pairwise) return plan_pairwise(opts, seq, std::move(plan), scalars);
+  if (pairwise) {
+    if (coefficient_grads)
+      throw UserError("poly --backward: the pairwise form (--config tokenwise=1, or fp32 with K > 64) computes no da, db, dc");
+    return plan_pairwise(opts, seq, std::move(plan), scalars);
+  }
 
   // The segmented form: the forward's states (before each segment), dn and dd from a forward pass over
   // the outputs (normalize; else dn = do), the backward's states (after each segment), then dq and dk, dv.
@@ -78,11 +87,25 @@ OpPlan plan_poly_bwd(const TensorMap& inputs, const OpOptions& opts_in, const st
     PolyConfig cfg = poly_config(opts, seq.K, seq.V, which, c != 0, /*backward=*/true);
     cfg.varlen = seq.varlen;
     cfg.block_v = padded_head_dim(seq.V);
+    cfg.coefficient_grads = coefficient_grads && which == PolyKernel::bwd_dq;
+    // The coefficients' row sums of [128, 128] score tiles take dq past a block's shared memory on
+    // sm_80: the per-chunk kernels (which share chunks) then take chunks of 64 unless --config says.
+    const bool per_chunk = which == PolyKernel::bwd_prepare || which == PolyKernel::bwd_dq || which == PolyKernel::bwd_dkv;
+    if (coefficient_grads && per_chunk && !opts.config.count("chunk") && !opts.chunk_size && cfg.chunk > 64) {
+      cfg.segment_chunks = cfg.segment_chunks * cfg.chunk / 64;
+      cfg.chunk = 64;
+      if (!opts.config.count("stages") && cfg.dtype != DType::f32) cfg.num_stages = 2;
+    }
     return cfg;
   };
   const PolyConfig cfg = config_of(PolyKernel::bwd_dq);
   if (!cfg.quadratic) scalars.erase("c");
   const SegmentedPlan sp = add_segment_tables(plan, seq, cfg);
+  if (coefficient_grads)
+    for (const char* n : {"da", "db", "dc"}) {
+      plan.tensors[n] = HostTensor::zeros(DType::f32, {1});
+      if (wants(wanted, n)) plan.outputs[n] = n;
+    }
   if (sp.segments == 0) return plan;  // every sequence is empty
   add_states(plan, seq, cfg, sp, /*reverse=*/false);
   add_states(plan, seq, cfg, sp, /*reverse=*/true);
@@ -101,7 +124,10 @@ OpPlan plan_poly_bwd(const TensorMap& inputs, const OpOptions& opts_in, const st
   }
   launch(PolyKernel::bwd_sums, sp.sums_grid, {});
   launch(PolyKernel::bwd_scan, sp.scan_grid, {});
+  if (coefficient_grads)
+    plan.tensors["coef_partials"] = HostTensor::zeros(DType::f32, {sp.chunks_per_axis * sp.heads_axis, kSumColumns});
   launch(PolyKernel::bwd_dq, {sp.chunks_per_axis, sp.heads_axis, 1}, scalars);
+  if (coefficient_grads) launch(PolyKernel::bwd_coefficients, {1, 1, 1}, {});
   launch(PolyKernel::bwd_dkv, {sp.chunks_per_axis, sp.heads_axis, 1}, scalars);
   return plan;
 }
@@ -117,6 +143,18 @@ std::vector<std::shared_ptr<ir::Kernel>> poly_bwd_kernels(const OpOptions& opts)
       cfg.block_v = static_cast<int>(d);
       out.push_back(poly_kernel(cfg, which));
     }
+  }
+  // dq with the coefficients' gradients (at the chunks of 64 its plan gives it), and their sum.
+  for (PolyKernel which : {PolyKernel::bwd_dq, PolyKernel::bwd_coefficients}) {
+    PolyConfig cfg = poly_config(opts, 64, 64, which, true, /*backward=*/true);
+    cfg.block_v = 64;
+    cfg.coefficient_grads = which == PolyKernel::bwd_dq;
+    if (cfg.coefficient_grads && cfg.chunk > 64) {
+      cfg.segment_chunks = cfg.segment_chunks * cfg.chunk / 64;
+      cfg.chunk = 64;
+      if (cfg.dtype != DType::f32) cfg.num_stages = 2;
+    }
+    out.push_back(poly_kernel(cfg, which));
   }
   // The pairwise form: its 16-bit variants spill 4-16 bytes on sm_80 / sm_90a (ptxas keeps them at
   // 32-64 registers, at 2 or 4 warps alike): left out of the zero-spill list, like linear_attn's fp32

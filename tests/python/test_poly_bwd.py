@@ -108,3 +108,38 @@ def test_wide_keys(linac):
     ref = linac.run_op("poly", rounded, outputs=("dq", "dk", "dv"), options=["--backward"])
     for name in ("dq", "dk", "dv"):
         assert reference.rel_err(got[name], ref[name]) < 3e-2, name
+
+
+@pytest.mark.parametrize("normalize", [True, False], ids=["normalized", "no_normalize"])
+def test_coefficient_gradients(linac, normalize):
+    # da, db, dc (the paper's learnable coefficients) against central differences of the float64
+    # forward in each coefficient, over two segments (chunks of 16) and varlen.
+    x = make_inputs(99, B=1, T=60, H=2, K=8, V=8)
+    x["cu_seqlens"] = np.array([0, 5, 40, 60], dtype=np.int32)
+    coeffs = {"a": 1.5, "b": 0.5, "c": 0.75}
+    opts = ["--backward", "--config", "chunk=16,segment=16"]
+    for n, v in coeffs.items():
+        opts += [f"--{n}", str(v)]
+    if not normalize:
+        opts.append("--no-normalize")
+    got = linac.run_op("poly", x, outputs=("da", "db", "dc", "dq"), options=opts)
+    xd = {n: a.astype(np.float64) for n, a in x.items() if n != "cu_seqlens"}
+
+    def loss(**c):
+        o = reference_poly.poly(xd["q"], xd["k"], xd["v"], cu_seqlens=x["cu_seqlens"], normalize=normalize, **c)
+        return np.sum(o * xd["do"])
+    for name in coeffs:
+        h = 1e-4
+        plus, minus = dict(coeffs), dict(coeffs)
+        plus[name] += h
+        minus[name] -= h
+        want = (loss(**plus) - loss(**minus)) / (2 * h)
+        have = float(got["d" + name].reshape(-1)[0])
+        assert abs(have - want) <= 1e-3 * max(1.0, abs(want)), f"d{name}: {have} vs finite differences {want}"
+
+
+def test_coefficient_gradients_not_in_pairwise_form(linac):
+    x = make_inputs(100, B=1, T=8, H=1, K=8, V=8)
+    proc = linac.run("run", "poly", *[f"{n}={linac.write(n, a)}" for n, a in x.items()], "-o", "da=da.npy",
+                     "--backward", "--config", "tokenwise=1", "--device", "cpu")
+    assert proc.returncode == 1 and "computes no da" in proc.stderr, proc.stderr

@@ -248,8 +248,12 @@ std::shared_ptr<PreparedCall> prepare_call(const OpDef& op, const ops::Tensors& 
   call->plan = op.prepare(meta, opts, wanted);
   OpPlan& plan = call->plan;
 
-  std::map<std::string, std::string> output_of;  // plan tensor -> the caller's output
-  for (const auto& [output, tensor] : plan.outputs) output_of[tensor] = output;
+  // Plan tensor -> the caller's output. An output the plan offers but the caller did not ask for is
+  // scratch like the rest (it has no caller buffer).
+  std::map<std::string, std::string> output_of;
+  for (const auto& [output, tensor] : plan.outputs)
+    if (std::any_of(outputs.begin(), outputs.end(), [&](const auto& o) { return o.first == output; }))
+      output_of[tensor] = output;
   for (const auto& [name, t] : outputs) {
     auto it = plan.outputs.find(name);
     if (it == plan.outputs.end())

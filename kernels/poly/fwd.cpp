@@ -185,6 +185,7 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
   Tensor o = grad ? Tensor() : kb.tensor("o", dt, 4);
   Tensor dn = grad ? kb.tensor("dn", dt, 4) : Tensor();
   Tensor dd = grad ? kb.tensor("dd", f32, 3) : Tensor();
+  Tensor den_out = !grad && cfg.store_den && cfg.normalize ? kb.tensor("den", f32, 3) : Tensor();
   Tile scale = kb.scalar("scale", f32);
   Tile ca = kb.scalar("a", f32);
   Tile cb = kb.scalar("b", f32);
@@ -248,11 +249,39 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
   }
   if (!grad) {
     store(o, {ch.b, ch.t0, ch.i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), ch.in_seq);
+    if (den_out.value() != nullptr) {
+      // The first V block stores it (the others' stores mask every row).
+      AccessOptions first_block{.limits = {{1, ch.eos * (1 - minimum(i_v, 1))}}};
+      store(den_out, {ch.b, ch.t0, ch.i_h}, {kIndex, BT, kIndex}, den, first_block);
+    }
     return kb.finish();
   }
   Tile dO = load(d_o, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BV}, ch.in_seq).to(f32);
   store(dn, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BV}, (dO / expand_dims(den, 1)).to(dt), ch.in_seq);
   store(dd, {ch.b, ch.t0, ch.i_h}, {kIndex, BT, kIndex}, -sum(dO * O, 1) / den, ch.in_seq);
+  return kb.finish();
+}
+
+std::shared_ptr<ir::Kernel> build_poly_bwd_from_saved(const PolyConfig& cfg) {
+  const int64_t BT = cfg.chunk, BV = cfg.block_v;
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  KernelBuilder kb("poly_bwd_from_saved");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(cfg.num_stages);
+  Tensor d_o = kb.tensor("do", dt, 4);
+  Tensor o = kb.tensor("o", dt, 4);
+  Tensor den = kb.tensor("den", f32, 3);
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  Tensor dn = kb.tensor("dn", dt, 4);
+  Tensor dd = kb.tensor("dd", f32, 3);
+  const ChunkBounds ch = chunk_bounds(d_o, cu, chunk_indices, cfg.varlen, program_id(0), program_id(1), BT);
+  Tile dO = load(d_o, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BV}, ch.in_seq).to(f32);
+  Tile O = load(o, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BV}, ch.in_seq).to(f32);
+  // Rows past the sequence read den = 0 and are not stored.
+  Tile D = load(den, {ch.b, ch.t0, ch.i_h}, {kIndex, BT, kIndex}, ch.in_seq);
+  store(dn, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BV}, (dO / expand_dims(D, 1)).to(dt), ch.in_seq);
+  store(dd, {ch.b, ch.t0, ch.i_h}, {kIndex, BT, kIndex}, -sum(dO * O, 1) / D, ch.in_seq);
   return kb.finish();
 }
 

@@ -49,6 +49,7 @@ struct PolyConfig {
   bool quadratic = true;     // c != 0: the degree-2 blocks (none when c == 0)
   bool varlen = false;       // cu_seqlens [N+1] present, B == 1
   bool coefficient_grads = false;  // poly_bwd_dq: also the gradients of a, b, c (partial sums per program)
+  bool store_den = false;          // poly_fwd_out (normalize): also den [B, T, H] fp32 for the backward
   int num_warps = 4;
   int num_stages = 2;
 };
@@ -73,9 +74,12 @@ std::shared_ptr<ir::Kernel> build_poly_sums(const PolyConfig& cfg, bool backward
 std::shared_ptr<ir::Kernel> build_poly_scan(const PolyConfig& cfg, bool reverse);
 /// Records the segmented form's output kernel. Grid (chunks, V blocks, N*H), or (total chunks, V blocks,
 /// H) with varlen. Parameters: q k v [cu_seqlens chunk_indices segment_offsets] states [zstates] o
-/// scale a b [c]. With `grad` (normalize, one V block): do instead of o in, dn = do / den (cfg.dtype)
+/// [den: cfg.store_den, the denominator with eps, fp32 [B, T, H]] scale a b [c]. With `grad` (normalize, one V block): do instead of o in, dn = do / den (cfg.dtype)
 /// and dd = -(do . o) / den ([B, T, H] fp32) out.
 std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad = false);
+/// Records dn = do / den and dd = -(do . o) / den from the forward's o and den (saved): one program per
+/// (chunk, sequence x head), one V block. Parameters: do o den [cu_seqlens chunk_indices] dn dd.
+std::shared_ptr<ir::Kernel> build_poly_bwd_from_saved(const PolyConfig& cfg);
 /// Records the token-by-token forward kernel: one program per (V block, sequence x head) walks the tokens
 /// (cfg.chunk is unused). The degree-2 state lives in scratch the op allocates, state2 [N*H, K(K+1)/2, V]
 /// fp32, the symmetric part row by row (entries (d, e >= d) at row d*K - d(d-1)/2 + (e - d)), and its

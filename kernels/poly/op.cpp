@@ -58,11 +58,20 @@ std::vector<Config> poly_tuning_space(const ProblemShape& s, DType) {
 
 }  // namespace
 
+const std::vector<PolySavedTensor>& poly_saved_tensors() {
+  static const std::vector<PolySavedTensor> saved = {
+      {"saved_states", "states", "[segments,H,blocks,BK,V]", false},
+      {"saved_zstates", "zstates", "[segments,H,blocks,BK]", true},
+      {"saved_den", "den", "[B,T,H]", true},
+  };
+  return saved;
+}
+
 std::shared_ptr<ir::Kernel> poly_kernel(const PolyConfig& cfg, PolyKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
                                 cfg.chunk, cfg.segment_chunks, cfg.block_k, cfg.block_v, cfg.normalize, cfg.quadratic,
-                                cfg.varlen, cfg.coefficient_grads, cfg.num_warps, cfg.num_stages);
+                                cfg.varlen, cfg.coefficient_grads, cfg.store_den, cfg.num_warps, cfg.num_stages);
   return memo.get(key, [&] {
     switch (which) {
       case PolyKernel::sums: return build_poly_sums(cfg, false);
@@ -72,6 +81,7 @@ std::shared_ptr<ir::Kernel> poly_kernel(const PolyConfig& cfg, PolyKernel which)
       case PolyKernel::bwd_sums: return build_poly_sums(cfg, true);
       case PolyKernel::bwd_scan: return build_poly_scan(cfg, true);
       case PolyKernel::bwd_prepare: return build_poly_fwd_out(cfg, true);
+      case PolyKernel::bwd_from_saved: return build_poly_bwd_from_saved(cfg);
       case PolyKernel::bwd_dq: return build_poly_bwd_dq(cfg);
       case PolyKernel::bwd_dkv: return build_poly_bwd_dkv(cfg);
       case PolyKernel::bwd_coefficients: return build_poly_bwd_coefficients(cfg);
@@ -92,13 +102,14 @@ PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel w
   // assembles without spills for sm_80 and sm_90a in every dtype (tests/python/test_ptxas.py), within
   // both targets' shared memory. The kernels of one plan must cut the same segments (L rows); their
   // chunks (rows per step) may differ, as may their warps.
-  const bool per_chunk_bwd = which == PolyKernel::bwd_prepare || which == PolyKernel::bwd_dq || which == PolyKernel::bwd_dkv;
+  const bool per_chunk_bwd = which == PolyKernel::bwd_prepare || which == PolyKernel::bwd_from_saved ||
+                             which == PolyKernel::bwd_dq || which == PolyKernel::bwd_dkv;
   int warps = 4;
   if (which == PolyKernel::out && wide) warps = 8;
   // dq and dk, dv carry two gradients and two rolled copies of the chunk: 4 warps spill; the backward's
   // per-chunk kernels take chunks of 128 rows in 16 bits (at 64, dq and dkv were 20-25% slower on an
   // H200: docs/ops/poly.md, "Measured").
-  if (per_chunk_bwd) warps = 8;
+  if (per_chunk_bwd && which != PolyKernel::bwd_from_saved) warps = 8;
   if (which == PolyKernel::recurrent && wide) warps = 8;
   // The scans carry a [BK, BV] fp32 sum, the sums one beside their tiles: at 128 x 128 4 warps spill.
   const bool square_128 = wide || padded_head_dim(V) > 64;
@@ -135,14 +146,14 @@ SegmentedPlan add_segment_tables(OpPlan& plan, const SequenceLayout& seq, const 
   HostTensor segment_offsets, segment_indices, chunk_offsets, chunk_indices;
   sp.segments = chunk_tables(seq, L, &segment_offsets, &segment_indices);
   sp.chunks = chunk_tables(seq, cfg.chunk, &chunk_offsets, &chunk_indices);
+  sp.blocks = poly_feature_blocks(cfg);
+  sp.v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
   if (sp.segments == 0) return sp;
   if (seq.varlen) {
     plan.tensors["segment_offsets"] = segment_offsets;
     plan.tensors["segment_indices"] = segment_indices;
     plan.tensors["chunk_indices"] = chunk_indices;
   }
-  sp.blocks = poly_feature_blocks(cfg);
-  sp.v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
   plan.tensors["sums"] = HostTensor::zeros(DType::f32, {sp.segments, seq.H, sp.blocks, cfg.block_k, seq.V});
   if (cfg.normalize)
     plan.tensors["zsums"] = HostTensor::zeros(DType::f32, {sp.segments, seq.H, sp.blocks, cfg.block_k});
@@ -180,7 +191,12 @@ OpPlan plan_poly_form(const TensorMap& inputs, const OpOptions& opts, const std:
     cfg.varlen = seq.varlen;
     return cfg;
   };
-  const PolyConfig cfg = config_of(opts.recurrent ? PolyKernel::recurrent : PolyKernel::out);
+  // Saving for the backward (any saved_* output wanted): the out kernel also stores den.
+  bool save = false;
+  for (const auto& t : poly_saved_tensors()) save = save || wants(wanted, t.name);
+  if (save && opts.recurrent) throw UserError("poly: saved_* outputs come from the segmented form, not --recurrent");
+  PolyConfig cfg = config_of(opts.recurrent ? PolyKernel::recurrent : PolyKernel::out);
+  cfg.store_den = save && cfg.normalize;
 
   OpPlan plan;
   for (const char* name : {"q", "k", "v"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
@@ -202,11 +218,20 @@ OpPlan plan_poly_form(const TensorMap& inputs, const OpOptions& opts, const std:
   } else {
     // Each segment's sums, then the state before every segment, then the outputs.
     const SegmentedPlan sp = add_segment_tables(plan, seq, cfg);
+    add_states(plan, seq, cfg, sp, /*reverse=*/false);
+    if (save) {
+      if (cfg.normalize) plan.tensors["den"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
+      for (const auto& t : poly_saved_tensors())
+        if (wants(wanted, t.name)) {
+          if (!plan.tensors.count(t.tensor))
+            throw UserError(fmt::format("poly: {} is saved by the normalized form only (--no-normalize saves saved_states)", t.name));
+          plan.outputs[t.name] = t.tensor;
+        }
+    }
     if (sp.segments == 0) {  // every sequence is empty
       if (wants(wanted, "o")) plan.outputs["o"] = "o";
       return plan;
     }
-    add_states(plan, seq, cfg, sp, /*reverse=*/false);
     plan.launches.push_back(plan_launch(plan, poly_kernel(config_of(PolyKernel::sums), PolyKernel::sums), sp.sums_grid, {}));
     plan.launches.push_back(plan_launch(plan, poly_kernel(config_of(PolyKernel::scan), PolyKernel::scan), sp.scan_grid, {}));
     const std::array<int64_t, 3> out_grid = {sp.chunks_per_axis, sp.v_blocks, sp.heads_axis};
@@ -229,7 +254,10 @@ OpDef poly_op() {
       {"v", true, "[B,T,H,V]", "values (a non-finite one makes the outputs of its chunk and of every later chunk non-finite)"},
       {"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"},
       {"do", false, "[B,T,H,V]", "--backward: gradient of the loss w.r.t. o"},
+      {"o", false, "[B,T,H,V]", "--backward with saved_*: the forward's output"},
   };
+  for (const auto& t : poly_saved_tensors())
+    op.inputs.push_back({t.name, false, t.shape, "--backward: the forward's output of that name (with o; all or none)"});
   op.outputs = {
       {"o", true, "[B,T,H,V]", "outputs"},
       {"dq", false, "[B,T,H,K]", "--backward: gradient w.r.t. q"},
@@ -239,6 +267,9 @@ OpDef poly_op() {
       {"db", false, "[1]", "--backward: gradient w.r.t. b"},
       {"dc", false, "[1]", "--backward: gradient w.r.t. c"},
   };
+  for (const auto& t : poly_saved_tensors())
+    op.outputs.push_back({t.name, false, t.shape,
+                          t.normalized_only ? "for --backward (inputs saved_*): normalized only" : "for --backward (inputs saved_*)"});
   op.flags = {"recurrent", "no_normalize", "coefficients", "noise_dropout", "backward"};
   op.prepare = [](const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
     OpPlan plan = plan_poly_form(inputs, opts, wanted);

@@ -20,7 +20,19 @@ OpDef poly_op();
 void check_poly_coefficients(double a, double b, double c, bool normalize);
 
 /// poly's kernels.
-enum class PolyKernel { sums, scan, out, recurrent, bwd_sums, bwd_scan, bwd_prepare, bwd_dq, bwd_dkv, bwd_coefficients };
+enum class PolyKernel {
+  sums, scan, out, recurrent, bwd_sums, bwd_scan, bwd_prepare, bwd_from_saved, bwd_dq, bwd_dkv, bwd_coefficients
+};
+
+/// What the forward saves for the backward (outputs saved_*, --backward inputs of the same names with
+/// the forward's o): the states before each segment and, normalized, their normalizer and den.
+struct PolySavedTensor {
+  const char* name;    // saved_states, saved_zstates, saved_den
+  const char* tensor;  // the plan tensor that holds it on both sides
+  const char* shape;   // as `linac list` shows it
+  bool normalized_only;
+};
+const std::vector<PolySavedTensor>& poly_saved_tensors();
 
 /// Kernel `which` at `cfg`, recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> poly_kernel(const PolyConfig& cfg, PolyKernel which);

@@ -90,7 +90,8 @@ OpPlan plan_poly_bwd(const TensorMap& inputs, const OpOptions& opts_in, const st
     cfg.coefficient_grads = coefficient_grads && which == PolyKernel::bwd_dq;
     // The coefficients' row sums of [128, 128] score tiles take dq past a block's shared memory on
     // sm_80: the per-chunk kernels (which share chunks) then take chunks of 64 unless --config says.
-    const bool per_chunk = which == PolyKernel::bwd_prepare || which == PolyKernel::bwd_dq || which == PolyKernel::bwd_dkv;
+    const bool per_chunk = which == PolyKernel::bwd_prepare || which == PolyKernel::bwd_from_saved ||
+                           which == PolyKernel::bwd_dq || which == PolyKernel::bwd_dkv;
     if (coefficient_grads && per_chunk && !opts.config.count("chunk") && !opts.chunk_size && cfg.chunk > 64) {
       cfg.segment_chunks = cfg.segment_chunks * cfg.chunk / 64;
       cfg.chunk = 64;
@@ -100,25 +101,65 @@ OpPlan plan_poly_bwd(const TensorMap& inputs, const OpOptions& opts_in, const st
   };
   const PolyConfig cfg = config_of(PolyKernel::bwd_dq);
   if (!cfg.quadratic) scalars.erase("c");
-  const SegmentedPlan sp = add_segment_tables(plan, seq, cfg);
   if (coefficient_grads)
     for (const char* n : {"da", "db", "dc"}) {
       plan.tensors[n] = HostTensor::zeros(DType::f32, {1});
       if (wants(wanted, n)) plan.outputs[n] = n;
     }
+  // What the forward saved (saved_states, and normalized saved_zstates, saved_den with its o): all of it
+  // or none. With it the backward skips the forward's sums and scan and the pass that recomputes the
+  // outputs for dn and dd.
+  std::vector<std::string> saved_names;
+  size_t saved_count = 0;
+  for (const auto& t : poly_saved_tensors()) {
+    if (t.normalized_only && !cfg.normalize) continue;
+    saved_names.push_back(t.name);
+    saved_count += inputs.count(t.name);
+  }
+  if (cfg.normalize) saved_names.push_back("o"), saved_count += inputs.count("o");
+  const bool saved = saved_count == saved_names.size();
+  if (saved_count > 0 && !saved)
+    throw UserError(fmt::format("poly --backward: give all of {} (the forward's, with -o) or none of them",
+                                fmt::join(saved_names, ", ")));
+  const SegmentedPlan sp = add_segment_tables(plan, seq, cfg);
+  if (saved) {
+    const std::map<std::string, std::vector<int64_t>> shapes = {
+        {"states", {sp.segments, seq.H, sp.blocks, cfg.block_k, seq.V}},
+        {"zstates", {sp.segments, seq.H, sp.blocks, cfg.block_k}},
+        {"den", {seq.B, seq.T, seq.H}}};
+    for (const auto& t : poly_saved_tensors()) {
+      if (t.normalized_only && !cfg.normalize) continue;
+      const HostTensor& x = inputs.at(t.name);
+      if (x.shape != shapes.at(t.tensor))
+        throw UserError(fmt::format("poly --backward: {} has shape {}, expected {} (the forward's at this size, "
+                                    "with the same --config segment and head dims)",
+                                    t.name, x.shape_str(), fmt::format("[{}]", fmt::join(shapes.at(t.tensor), ", "))));
+      plan.tensors[t.tensor] = x.cast(std::string(t.tensor) == "states" ? cfg.dtype : DType::f32);
+    }
+    if (cfg.normalize) {
+      check_shape("o", inputs.at("o"), {seq.B, seq.T, seq.H, seq.V});
+      plan.tensors["o"] = inputs.at("o").cast(cfg.dtype);
+    }
+  } else {
+    add_states(plan, seq, cfg, sp, /*reverse=*/false);
+  }
   if (sp.segments == 0) return plan;  // every sequence is empty
-  add_states(plan, seq, cfg, sp, /*reverse=*/false);
   add_states(plan, seq, cfg, sp, /*reverse=*/true);
   const std::array<int64_t, 3> per_chunk = {sp.chunks_per_axis, 1, sp.heads_axis};
   auto launch = [&](PolyKernel which, std::array<int64_t, 3> grid, const std::map<std::string, double>& s) {
     plan.launches.push_back(plan_launch(plan, poly_kernel(config_of(which), which), grid, s));
   };
-  launch(PolyKernel::sums, sp.sums_grid, {});
-  launch(PolyKernel::scan, sp.scan_grid, {});
+  if (!saved) {
+    launch(PolyKernel::sums, sp.sums_grid, {});
+    launch(PolyKernel::scan, sp.scan_grid, {});
+  }
   if (cfg.normalize) {
     plan.tensors["dn"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
     plan.tensors["dd"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
-    launch(PolyKernel::bwd_prepare, per_chunk, scalars);
+    if (saved)
+      launch(PolyKernel::bwd_from_saved, {sp.chunks_per_axis, sp.heads_axis, 1}, {});
+    else
+      launch(PolyKernel::bwd_prepare, per_chunk, scalars);
   } else {
     plan.tensors["dn"] = plan.tensors.at("do");
   }
@@ -137,7 +178,7 @@ std::vector<std::shared_ptr<ir::Kernel>> poly_bwd_kernels(const OpOptions& opts)
   std::vector<std::shared_ptr<ir::Kernel>> out;
   for (int64_t d : {64, 128}) {
     if (d > 64 && opts.dtype == DType::f32) continue;  // the pairwise form's (plan_poly_bwd)
-    for (PolyKernel which : {PolyKernel::bwd_prepare, PolyKernel::bwd_sums, PolyKernel::bwd_scan, PolyKernel::bwd_dq,
+    for (PolyKernel which : {PolyKernel::bwd_prepare, PolyKernel::bwd_from_saved, PolyKernel::bwd_sums, PolyKernel::bwd_scan, PolyKernel::bwd_dq,
                              PolyKernel::bwd_dkv}) {
       PolyConfig cfg = poly_config(opts, d, d, which, true, /*backward=*/true);
       cfg.block_v = static_cast<int>(d);

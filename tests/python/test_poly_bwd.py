@@ -143,3 +143,32 @@ def test_coefficient_gradients_not_in_pairwise_form(linac):
     proc = linac.run("run", "poly", *[f"{n}={linac.write(n, a)}" for n, a in x.items()], "-o", "da=da.npy",
                      "--backward", "--config", "tokenwise=1", "--device", "cpu")
     assert proc.returncode == 1 and "computes no da" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("normalize", [True, False], ids=["normalized", "no_normalize"])
+def test_saved_tensors(linac, normalize):
+    # The training pair: the forward saves its states (and den), the backward takes them with o instead
+    # of recomputing: the same gradients. Varlen, segments of one chunk.
+    x = make_inputs(101, B=1, T=70, H=2, K=8, V=8)
+    x["cu_seqlens"] = np.array([0, 5, 50, 70], dtype=np.int32)
+    opts = ["--config", "chunk=16,segment=16"] + ([] if normalize else ["--no-normalize"])
+    names = ["saved_states"] + (["saved_zstates", "saved_den"] if normalize else [])
+    fwd_in = {n: x[n] for n in ("q", "k", "v", "cu_seqlens")}
+    fwd = linac.run_op("poly", fwd_in, outputs=("o", *names), options=opts)
+    bwd_in = dict(x, **{n: fwd[n] for n in names})
+    if normalize:
+        bwd_in["o"] = fwd["o"]
+    from_saved = linac.run_op("poly", bwd_in, outputs=("dq", "dk", "dv"), options=["--backward", *opts])
+    recomputed = linac.run_op("poly", x, outputs=("dq", "dk", "dv"), options=["--backward", *opts])
+    for name in ("dq", "dk", "dv"):
+        assert reference.rel_err(from_saved[name], recomputed[name]) < 1e-5, name
+
+
+def test_saved_tensors_all_or_none(linac):
+    x = make_inputs(102, B=1, T=20, H=1, K=8, V=8)
+    fwd = linac.run_op("poly", {n: x[n] for n in ("q", "k", "v")}, outputs=("o", "saved_states"))
+    bwd_in = dict(x, saved_states=fwd["saved_states"])
+    args = ["run", "poly", *[f"{n}={linac.write(n, a)}" for n, a in bwd_in.items()], "-o", "dq=dq.npy",
+            "--backward", "--device", "cpu"]
+    proc = linac.run(*args)
+    assert proc.returncode == 1 and "give all of" in proc.stderr, proc.stderr

@@ -116,7 +116,7 @@ scratch it allocates (e.g. poly's degree-2 state), each of which a run reads or 
   --iters N             timed runs (default 50)
   --backward            also time the backward (ops with --backward: gradients from random do; at the
                         backward kernels' defaults) and report fwd+bwd and the backward's device memory.
-                        Ops whose forward saves intermediates for it (saved_* outputs: the delta rules)
+                        Ops whose forward saves intermediates for it (saved_* outputs: the delta rules, poly)
                         time the training pair, the forward saving them and the backward given them,
                         and the backward that recomputes them beside it
   --bwd-config K=V,...  the backward's configuration (e.g. linear_attn: chunk, bk, bv, warps)
@@ -799,7 +799,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (!r.launch_ms.empty()) fmt::print("  per kernel (each timed alone, median): {}\n", kernel_times(r));
   // The backward: gradients of every differentiable input from a random do, at the backward kernels'
   // defaults or --bwd-config (the forward's tuned configuration has keys of its own kernels). For ops
-  // whose forward can save intermediates for the backward (outputs saved_*: the delta rules), the
+  // whose forward can save intermediates for the backward (outputs saved_*: the delta rules, poly), the
   // training pair is timed: the forward saving them, then the backward given them; the backward that
   // recomputes them from the inputs alone is timed beside it.
   BenchResult rb, rs, rr;
@@ -831,6 +831,9 @@ int cmd_bench(const std::vector<std::string>& args) {
                  in_parens(rs));
       TensorMap got = run_op(op, fwd_inputs, opts, wanted);
       for (const auto& n : saved) inputs[n] = std::move(got.at(n));
+      // Forward outputs the backward takes with them (poly's o).
+      for (const auto& in : op.inputs)
+        if (!inputs.count(in.name) && got.count(in.name)) inputs[in.name] = got.at(in.name);
       // The saved tensors fix the backward's chunk (the forward's).
       bo.config.erase("chunk");
     }

@@ -459,11 +459,35 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=Non
 
 # --- poly (linac's own) --------------------------------------------------------------------------------
 
+def _coefficients(fn, a, b, c):
+    """None when a, b, c are Python numbers; else [3] float64 (a, b, c) on the device of the tensors given,
+    differentiable: its gradient reaches each tensor in that tensor's shape and dtype."""
+    tensors = [x for x in (a, b, c) if isinstance(x, torch.Tensor)]
+    if not tensors:
+        return None
+    device = tensors[0].device
+    parts = []
+    for name, x in zip("abc", (a, b, c)):
+        if isinstance(x, torch.Tensor):
+            if not x.is_floating_point() or x.numel() != 1:
+                _fail(fn, f"{name} must be a Python number or a float tensor of one element; got {x.dtype} of "
+                          f"shape {tuple(x.shape)}")
+            parts.append(x.reshape(()).to(device=device, dtype=torch.float64))
+        else:
+            parts.append(torch.full((), float(x), dtype=torch.float64, device=device))
+    return torch.stack(parts)
+
+
 def poly(q, k, v, a=1.0, b=1.0, c=0.5, scale=None, normalize=True, cu_seqlens=None, cu_seqlens_cpu=None,
          chunk_size=None):
     """Polynomial-kernel attention (docs/ops/poly.md): o_t = sum_{s<=t} f(x_ts) v_s / (sum_s f(x_ts) + 1e-6)
     with x_ts = scale q_t . k_s and f(x) = a + b x + c x^2 (no denominator when normalize=False).
-    Returns o [B, T, H, V] (the op keeps no state)."""
+    Returns o [B, T, H, V] (the op keeps no state).
+
+    a, b, c: Python numbers, or float tensors of one element (learned coefficients: gradients flow to
+    those that require grad). A tensor's value is read on the host at every forward (a device-to-host
+    copy and a wait for the stream when it is on the GPU), and each new value prepares a new call; with
+    normalize=True, f must stay positive (c > 0 and b^2 < 4ac, or b = c = 0 < a), else InvalidCallError."""
     fn = "poly"
     key = entry = None
     if (cu_seqlens is None and cu_seqlens_cpu is None and not _is_compiling() and type(q) in _PLAIN and
@@ -476,18 +500,27 @@ def poly(q, k, v, a=1.0, b=1.0, c=0.5, scale=None, normalize=True, cu_seqlens=No
             entry = _signatures.get(key)
         except (AttributeError, TypeError):  # not tensors: the checks say what is wrong
             key = None
+    coefficients = None
     if entry is None:
         _check(fn, q, k, v, cu_seqlens, cu_seqlens_cpu)
+        coefficients = _coefficients(fn, a, b, c)
     elif entry.direct and not (_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         return entry.direct(q, (q, k, v))[0]  # before the options below: a Direct has its own
     config = "" if chunk_size is None else f"chunk_size={int(chunk_size)}"
-    scale, a, b, c, normalize = _scale(q, scale), float(a), float(b), float(c), bool(normalize)
+    scale, normalize = _scale(q, scale), bool(normalize)
+    # With learned coefficients the op reads the values from `coefficients`; these floats are unused.
+    a, b, c = (float(a), float(b), float(c)) if coefficients is None else (0.0, 0.0, 0.0)
+    grad = _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                                (coefficients is not None and coefficients.requires_grad))
     if entry is None and key is not None:
         entry = _remember(key)
-    if (entry is not None and entry.direct is None and
-            not (_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
+    if entry is not None and entry.direct is None and not grad:
         d = entry.direct = _ops.make_direct(b"poly", _ops.poly_options(scale, a, b, c, normalize, config),
                                             ("q", "k", "v"), (q, k, v), False) or False
         if d:
             return d(q, (q, k, v))[0]
-    return _ops.call_poly(q, k, v, cu_seqlens, cu_seqlens_cpu, scale, a, b, c, normalize, config)
+    # When gradients will be needed the forward saves what its backward takes (the training pair,
+    # docs/python.md), varlen too: under torch.compile the tables' length, which depends on the offsets'
+    # values, is then an unbacked size in the graph.
+    return _ops.call_poly(q, k, v, cu_seqlens, cu_seqlens_cpu, coefficients, scale, a, b, c, normalize, config,
+                          grad)[0]

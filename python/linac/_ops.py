@@ -3,18 +3,27 @@ through linac's backward kernels.
 
 One forward op and one backward op per family, with fixed schemas: optional inputs are `Tensor?`, and an
 output that a call does not produce (final_state without output_final_state, dg without a gate, ...)
-is an empty tensor. The backward saves only the inputs (q, k, v, gates, betas, initial state, cu_seqlens:
-O(T*D)) and runs linac's backward (options backward=1), never PyTorch autodiff of the forward.
+is an empty tensor. The backward saves the inputs (q, k, v, gates, betas, initial state, cu_seqlens:
+O(T*D)) and, where the forward saved them, its tables (`save`, below), and runs linac's backward (options
+backward=1), never PyTorch autodiff of the forward.
 
   linear_attn(q, k, v, g?, initial_state?, cu_seqlens?, cu_seqlens_cpu?, scale, output_final_state,
               normalize, recurrent, config) -> (o, final_state)
   gla(q, k, v, g, initial_state?, ...)                         -> (o, final_state)
   delta_rule(q, k, v, beta, initial_state?, ..., l2norm_qk, recurrent, config) -> (o, final_state)
   gated_delta_rule(q, k, v, g, beta, initial_state?, ...)      -> (o, final_state)
-  poly(q, k, v, cu_seqlens?, cu_seqlens_cpu?, scale, a, b, c, normalize, config) -> o
+  poly(q, k, v, cu_seqlens?, cu_seqlens_cpu?, coefficients?, scale, a, b, c, normalize, config, save)
+      -> (o, saved_states, saved_zstates, saved_den, coefficients used)
   <op>_bwd(the forward's inputs, do, dfinal_state?, ...)       -> (dq, dk, dv, [dg,] [dbeta,] dinitial_state)
+  poly_bwd(q, k, v, cu_seqlens?, cu_seqlens_cpu?, do, o?, saved_*?, coefficients?, scale, a, b, c, normalize,
+           config, coefficient_grads)                          -> (dq, dk, dv, (da, db, dc))
 
-`config` is extra "key=value,..." options for the forward (chunk_size=C, tuning parameters).
+poly's `coefficients` ([3]: a, b, c, for learned ones) replaces the floats a, b, c with its values, read on
+the host; the forward returns them as a host tensor, which its backward takes. `save` (delta rules,
+poly): the forward also returns the tables its backward takes (the training pair), else empty tensors.
+
+`config` is extra "key=value,..." options for the forward (chunk_size=C, tuning parameters); poly's
+backward takes the forward's `segment` (the saved tables' shapes depend on it).
 
 Eager calls from the public functions (linac.chunk_gla, ...) skip the dispatcher: the custom op's own
 implementation runs directly, under a torch.autograd.Function when gradients are needed (the same
@@ -56,15 +65,20 @@ def eager(t):
 _options_cache = {}
 
 
+def _options_text(pairs, config=""):
+    """b"k=v,..." for (key, value) pairs (None/False dropped, True -> 1) plus `config`."""
+    parts = [f"{k}={1 if v is True else v!r}" for k, v in pairs if v is not None and v is not False]
+    if config:
+        parts.append(config)
+    return ",".join(parts).encode()
+
+
 def _options(pairs, config=""):
-    """b"k=v,..." for (key, value) pairs (None/False dropped, True -> 1) plus `config`; cached."""
+    """_options_text, cached (for options a program repeats; not for learned coefficients' values)."""
     key = (pairs, config)
     s = _options_cache.get(key)
     if s is None:
-        parts = [f"{k}={1 if v is True else v!r}" for k, v in pairs if v is not None and v is not False]
-        if config:
-            parts.append(config)
-        s = _options_cache[key] = ",".join(parts).encode()
+        s = _options_cache[key] = _options_text(pairs, config)
     return s
 
 
@@ -83,6 +97,20 @@ def delta_options(scale, l2norm_qk, recurrent, config):
 
 def poly_options(scale, a, b, c, normalize, config):
     return _options((("scale", scale), ("a", a), ("b", b), ("c", c), ("no_normalize", not normalize)), config)
+
+
+def _poly_coefficients(coefficients, a, b, c):
+    """(a, b, c, cached): the floats, or the values of `coefficients` ([3]: a, b, c; learned ones) read on
+    the host (a sync when it is on the GPU). Their options are then not cached: every step of training
+    has new values. A learned c of 0 runs as 1e-300, 0 in the kernels' arithmetic: the op compiles the
+    degree-2 blocks out at c = 0, and the saved tables' shapes may not depend on a tensor's value."""
+    if coefficients is None:
+        return a, b, c, True
+    if coefficients.numel() != 3:
+        raise InvalidCallError(f"poly: coefficients must hold a, b, c (3 values); got shape "
+                               f"{tuple(coefficients.shape)}")
+    a, b, c = coefficients.detach().to("cpu", torch.float64).tolist()
+    return a, b, (c if c != 0 else 1e-300), False
 
 
 def _inputs(q, k, v, named, initial_state, cu_seqlens, cu_seqlens_cpu):
@@ -319,10 +347,82 @@ def _gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
                       cu_seqlens_cpu, output_final_state), *_no_saved(q))
 
 
+_POLY_SAVED = ("saved_states", "saved_zstates", "saved_den")
+_poly_layout_cache = {}
+_LONGEST_SEGMENT = 8192  # the op's largest --config segment (rows)
+
+
+def _poly_layout(q, v, normalize, quadratic, config):
+    """What poly's saved tables look like at these head dims, dtype and options, from
+    linac_op_output_shape (asked once per key, on meta tensors): (L, the segment's rows; saved_states'
+    shape past its segments axis and dtype; saved_zstates' likewise; saved_den's dtype). The tables
+    have one row per segment of L tokens of every sequence (B * ceil(T / L) without varlen), which the
+    callers count: T may be symbolic under torch.compile. L comes from the count at T = 8192 (segments
+    are powers of two up to 8192 rows). The coefficients asked with are any positive f: the shapes
+    depend on c != 0 only."""
+    H, K, V = int(q.shape[2]), int(q.shape[3]), int(v.shape[3])
+    key = (H, K, V, q.dtype, normalize, quadratic, config)
+    layout = _poly_layout_cache.get(key)
+    if layout is None:
+        opts = _options_text((("a", 1.0), ("b", 0.0), ("c", 0.5 if quadratic else 0.0),
+                              ("no_normalize", not normalize)), config).decode()
+
+        def ask(T, name):
+            qk = torch.empty((1, T, H, K), dtype=q.dtype, device="meta")
+            meta = {"q": qk, "k": qk, "v": torch.empty((1, T, H, V), dtype=q.dtype, device="meta")}
+            return _lib.output_shape("poly", name, meta, opts, shapes_only=True)
+
+        (states, states_dtype), (longest, _) = ask(1, "saved_states"), ask(_LONGEST_SEGMENT, "saved_states")
+        z_tail = z_dtype = den_dtype = None
+        if normalize:
+            zstates, z_dtype = ask(1, "saved_zstates")
+            z_tail, den_dtype = zstates[1:], ask(1, "saved_den")[1]
+        layout = _poly_layout_cache[key] = (_LONGEST_SEGMENT // longest[0], states[1:], states_dtype, z_tail,
+                                            z_dtype, den_dtype)
+    return layout
+
+
+def _poly_saved_like(q, segments, layout):
+    """Empty saved tables for `segments` segments (None for those the form does not save)."""
+    _, states, states_dtype, zstates, z_dtype, den_dtype = layout
+    return (q.new_empty((segments, *states), dtype=states_dtype),
+            None if zstates is None else q.new_empty((segments, *zstates), dtype=z_dtype),
+            None if den_dtype is None else q.new_empty(q.shape[:3], dtype=den_dtype))
+
+
+def _no_poly_saved(q):
+    if getattr(_direct, "active", False):
+        return (_none_tensor(q),) * len(_POLY_SAVED)
+    return tuple(_none_tensor(q) for _ in _POLY_SAVED)  # custom op outputs may not alias each other
+
+
 def _poly(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor],
-         scale: float, a: float, b: float, c: float, normalize: bool, config: str) -> Tensor:
-    opts = poly_options(scale, a, b, c, normalize, config)
-    return _forward(b"poly", opts, q, k, v, (), None, cu_seqlens, cu_seqlens_cpu, False)[0]
+         coefficients: Optional[Tensor], scale: float, a: float, b: float, c: float, normalize: bool, config: str,
+         save: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    a, b, c, cached = _poly_coefficients(coefficients, a, b, c)
+    pairs = (("scale", scale), ("a", a), ("b", b), ("c", c), ("no_normalize", not normalize))
+    opts = _options(pairs, config) if cached else _options_text(pairs, config)
+    # The values used, on the host, for the backward (which then reads no device memory to get them).
+    used = _none_tensor(q) if coefficients is None else torch.tensor((a, b, c), dtype=torch.float64)
+    if not save:
+        o = _forward(b"poly", opts, q, k, v, (), None, cu_seqlens, cu_seqlens_cpu, False)[0]
+        return (o, *_no_poly_saved(q), used)
+    # The training pair: the forward also writes its per-segment states (and, normalized, their
+    # normalizer and its denominator), which the backward then does not recompute.
+    layout = _poly_layout(q, v, normalize, coefficients is not None or c != 0, config)
+    L = layout[0]
+    if cu_seqlens is None:
+        segments = q.shape[0] * ((q.shape[1] + L - 1) // L)
+    else:
+        host = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens.cpu()
+        segments = int(((host[1:] - host[:-1] + L - 1) // L).sum())
+        cu_seqlens_cpu = host  # spares linac its own read of the offsets
+    saved = _poly_saved_like(q, segments, layout)
+    names, tensors = _inputs(q, k, v, (), None, cu_seqlens, cu_seqlens_cpu)
+    o = q.new_empty(*q.shape[:3], v.shape[3])
+    out_names = ("o",) + tuple(n for n, t in zip(_POLY_SAVED, saved) if t is not None)
+    _lib.run(b"poly", opts, tuple(names), tuple(tensors), out_names, (o, *(t for t in saved if t is not None)))
+    return (o, *(_none_tensor(q) if t is None else t for t in saved), used)
 
 
 linear_attn = _custom_op("linear_attn", _linear_attn)
@@ -373,8 +473,18 @@ def _(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output
 
 
 @poly.register_fake
-def _(q, k, v, cu_seqlens, cu_seqlens_cpu, scale, a, b, c, normalize, config):
-    return q.new_empty((*q.shape[:3], v.shape[3]))
+def _(q, k, v, cu_seqlens, cu_seqlens_cpu, coefficients, scale, a, b, c, normalize, config, save):
+    o = q.new_empty((*q.shape[:3], v.shape[3]))
+    used = _none_tensor(q) if coefficients is None else torch.empty(3, dtype=torch.float64, device="cpu")
+    if not save:
+        return (o, *_no_poly_saved(q), used)
+    layout = _poly_layout(q, v, normalize, coefficients is not None or c != 0, config)
+    if cu_seqlens is None:
+        segments = q.shape[0] * ((q.shape[1] + layout[0] - 1) // layout[0])
+    else:  # the count depends on the offsets' values
+        segments = torch.library.get_ctx().new_dynamic_size()
+    saved = _poly_saved_like(q, segments, layout)
+    return (o, *(_none_tensor(q) if t is None else t for t in saved), used)
 
 
 # --- backward ops -----------------------------------------------------------------------------------------
@@ -425,11 +535,25 @@ def _gated_delta_rule_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tens
 
 
 def _poly_bwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor],
-             do: Tensor, scale: float, a: float, b: float, c: float,
-             normalize: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    opts = _options((("backward", True), ("scale", scale), ("a", a), ("b", b), ("c", c),
-                     ("no_normalize", not normalize)))
-    return _backward(b"poly", opts, q, k, v, (), None, cu_seqlens, cu_seqlens_cpu, do, None, ())
+             do: Tensor, o: Optional[Tensor], saved_states: Optional[Tensor], saved_zstates: Optional[Tensor],
+             saved_den: Optional[Tensor], coefficients: Optional[Tensor], scale: float, a: float, b: float, c: float,
+             normalize: bool, config: str, coefficient_grads: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv and, with coefficient_grads, (da, db, dc) fp32 [3] (else an empty tensor). Given the
+    forward's saved tables (and its o when normalized), the backward skips recomputing them."""
+    a, b, c, cached = _poly_coefficients(coefficients, a, b, c)
+    pairs = (("backward", True), ("scale", scale), ("a", a), ("b", b), ("c", c), ("no_normalize", not normalize))
+    opts = _options(pairs, config) if cached else _options_text(pairs, config)
+    saved = (("o", o), ("saved_states", saved_states), ("saved_zstates", saved_zstates), ("saved_den", saved_den))
+    names, tensors = _inputs(q, k, v, saved if saved_states is not None else (), None, cu_seqlens, cu_seqlens_cpu)
+    names.append("do")
+    tensors.append(do.contiguous())
+    outs = [torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v)]
+    out_names = ["dq", "dk", "dv"]
+    if coefficient_grads:
+        out_names += ["da", "db", "dc"]
+        outs += [q.new_empty(1, dtype=_F32) for _ in range(3)]
+    _lib.run(b"poly", opts, tuple(names), tuple(tensors), tuple(out_names), tuple(outs))
+    return (*outs[:3], torch.cat(outs[3:]) if coefficient_grads else _none_tensor(q))
 
 
 linear_attn_bwd = _custom_op("linear_attn_bwd", _linear_attn_bwd)
@@ -467,8 +591,9 @@ def _(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, do, dfinal_st
 
 
 @poly_bwd.register_fake
-def _(q, k, v, cu_seqlens, cu_seqlens_cpu, do, scale, a, b, c, normalize):
-    return _fake_grads(q, k, v, ())
+def _(q, k, v, cu_seqlens, cu_seqlens_cpu, do, o, saved_states, saved_zstates, saved_den, coefficients, scale, a, b, c,
+      normalize, config, coefficient_grads):
+    return (*_fake_grads(q, k, v, ()), q.new_empty(3, dtype=_F32) if coefficient_grads else _none_tensor(q))
 
 
 # --- autograd ---------------------------------------------------------------------------------------------
@@ -560,16 +685,38 @@ def _backward_delta(ctx, do, dht, *_saved_grads):
     return (dq, dk, dv, _cast(dbeta, beta), *rest)
 
 
+def _poly_bwd_config(config):
+    """The forward's `segment` for the backward (the saved tables' shapes depend on it); not its chunk or
+    tuning keys: the backward's per-chunk kernels have defaults of their own."""
+    return ",".join(item for item in config.split(",") if item.startswith("segment="))
+
+
 def _setup_poly(ctx, inputs, output):
-    q, k, v, cu, cu_cpu, scale, a, b, c, normalize, config = inputs
-    ctx.save_for_backward(q, k, v, cu, cu_cpu)
-    ctx.params = (scale, a, b, c, normalize)
+    q, k, v, cu, cu_cpu, coefficients, scale, a, b, c, normalize, config, save = inputs
+    o, states, zstates, den, used = output
+    # The training pair: the per-segment states (O(T/L * K^2 V)) and, normalized, their normalizer, the
+    # denominator [B, T, H] and o, else the backward recomputes them. `used`: the coefficients' values
+    # the forward ran with, on the host.
+    saved = (None,) * 4
+    if save:
+        saved = (o, states, zstates, den) if normalize else (None, states, None, None)
+    ctx.save_for_backward(q, k, v, cu, cu_cpu, *saved, None if coefficients is None else used)
+    ctx.params = (scale, a, b, c, normalize, _poly_bwd_config(config))
+    ctx.coefficients = None if coefficients is None else (coefficients.dtype, coefficients.device)
+    ctx.set_materialize_grads(False)
 
 
-def _backward_poly(ctx, do):
-    q, k, v, cu, cu_cpu = ctx.saved_tensors
-    dq, dk, dv = _bwd_op(poly_bwd, q)(q, k, v, cu, cu_cpu, do, *ctx.params)
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+def _backward_poly(ctx, do, *_saved_grads):
+    q, k, v, cu, cu_cpu, o, states, zstates, den, used = ctx.saved_tensors
+    coefficient_grads = ctx.coefficients is not None and ctx.needs_input_grad[5]
+    dq, dk, dv, dcoef = _bwd_op(poly_bwd, q)(q, k, v, cu, cu_cpu, _do(ctx, do, (q, v)), o, states, zstates, den,
+                                             used, *ctx.params, coefficient_grads)
+    if coefficient_grads:
+        dtype, device = ctx.coefficients
+        dcoef = dcoef.to(device=device, dtype=dtype)
+    else:
+        dcoef = None
+    return dq, dk, dv, None, None, dcoef, None, None, None, None, None, None, None
 
 
 linear_attn.register_autograd(_backward_linear_attn, setup_context=_setup_linear_attn)
@@ -621,7 +768,7 @@ call_gla = _Eager("GlaFunction", gla, _setup_gla, _backward_gla, (0, 1, 2, 3, 4)
 call_delta_rule = _Eager("DeltaRuleFunction", delta_rule, _setup_delta, _backward_delta, (0, 1, 2, 3, 4))
 call_gated_delta_rule = _Eager("GatedDeltaRuleFunction", gated_delta_rule, _setup_delta, _backward_delta,
                                (0, 1, 2, 3, 4, 5))
-call_poly = _Eager("PolyFunction", poly, _setup_poly, _backward_poly, (0, 1, 2))
+call_poly = _Eager("PolyFunction", poly, _setup_poly, _backward_poly, (0, 1, 2, 5))
 
 FORWARD_OPS = {"linear_attn": linear_attn, "gla": gla, "delta_rule": delta_rule,
                "gated_delta_rule": gated_delta_rule, "poly": poly}

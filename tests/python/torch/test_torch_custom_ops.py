@@ -19,6 +19,8 @@ def sample(seed=50, varlen=False, init=True, grad=False):
     t["cu"], t["cu_cpu"] = cu([0, 8, 21]) if varlen else (None, None)
     t["do"] = torch.randn_like(t["v"])
     t["dht"] = torch.randn_like(t["initial_state"])
+    # poly's learned coefficients (a, b, c) as the public function stacks them
+    t["coef"] = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64, device=t["q"].device, requires_grad=grad)
     return t
 
 
@@ -40,7 +42,11 @@ def forward_cases(t):
          (q, k, v, beta, h0 if c is None else None, None, None, s, True, False, False, "", True)),
         ("gated_delta_rule saving", ops.gated_delta_rule,
          (q, k, v, gh, beta, h0 if c is None else None, None, None, s, True, False, False, "", True)),
-        ("poly", ops.poly, (q, k, v, c, cc, s, 1.0, 1.0, 0.5, False, "")),
+        ("poly", ops.poly, (q, k, v, c, cc, None, s, 1.0, 1.0, 0.5, False, "", False)),
+        # poly's training pair (segments of 16 rows: two per sequence at T = 21), and learned coefficients.
+        ("poly saving", ops.poly, (q, k, v, c, cc, None, s, 1.0, 1.0, 0.5, True, "segment=16", True)),
+        ("poly saving plain", ops.poly, (q, k, v, c, cc, None, s, 1.0, 1.0, 0.5, False, "segment=16", True)),
+        ("poly coefficients", ops.poly, (q, k, v, c, cc, t["coef"], s, 0.0, 0.0, 0.0, True, "segment=16", True)),
     ]
 
 
@@ -57,20 +63,48 @@ def backward_cases(t):
          (q, k, v, beta, h0, c, cc, do, dht, s, True, None, None, None, None)),
         ("gated_delta_rule_bwd", ops.gated_delta_rule_bwd,
          (q, k, v, gh, beta, h0, c, cc, do, None, s, False, None, None, None, None)),
-        ("poly_bwd", ops.poly_bwd, (q, k, v, c, cc, do, s, 1.0, 1.0, 0.5, True)),
+        ("poly_bwd", ops.poly_bwd, (q, k, v, c, cc, do, None, None, None, None, None, s, 1.0, 1.0, 0.5, True, "",
+                                    False)),
+        ("poly_bwd saved", ops.poly_bwd, (q, k, v, c, cc, do, *poly_saved(t, True), None, s, 1.0, 1.0, 0.5, True,
+                                          "segment=16", False)),
+        ("poly_bwd saved plain", ops.poly_bwd, (q, k, v, c, cc, do, *poly_saved(t, False), None, s, 1.0, 1.0, 0.5,
+                                                False, "segment=16", False)),
+        ("poly_bwd coefficients", ops.poly_bwd, (q, k, v, c, cc, do, None, None, None, None, t["coef"].detach(), s,
+                                                 0.0, 0.0, 0.0, True, "", True)),
     ]
 
 
+def poly_saved(t, normalize):
+    """o and the saved tables of a poly forward at segments of 16 rows (None where the form saves none)."""
+    q, k, v, c, cc = (t[n].detach() if t[n] is not None else None for n in ("q", "k", "v", "cu", "cu_cpu"))
+    o, states, zstates, den, _ = ops.poly(q, k, v, c, cc, None, q.shape[-1] ** -0.5, 1.0, 1.0, 0.5, normalize,
+                                          "segment=16", True)
+    return (o, states, zstates, den) if normalize else (None, states, None, None)
+
+
 @pytest.mark.parametrize("varlen", [False, True])
-@pytest.mark.parametrize("case", range(10))
+@pytest.mark.parametrize("case", range(13))
 def test_opcheck_forward(case, varlen):
     name, op, args = forward_cases(sample(varlen=varlen, grad=True))[case]
     torch.library.opcheck(op, args)
 
 
-@pytest.mark.parametrize("case", range(6))
+def test_case_counts():
+    """The parametrized ranges above and below cover every case."""
+    assert len(forward_cases(sample())) == 13 and len(backward_cases(sample())) == 10
+
+
+@pytest.mark.parametrize("case", range(10))
 def test_opcheck_backward(case):
     name, op, args = backward_cases(sample())[case]
+    torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("case", range(6, 10))
+def test_opcheck_poly_backward_varlen(case):
+    """poly_bwd on packed sequences, the saved tables' segments counted per sequence."""
+    name, op, args = backward_cases(sample(varlen=True))[case]
+    assert name.startswith("poly_bwd")
     torch.library.opcheck(op, args)
 
 
@@ -83,14 +117,14 @@ def abi_cases(t):
         ("gla", "", dict(q=q, k=k, v=v, g=g, initial_state=h0), ["o", "final_state"]),
         ("delta_rule", "", dict(q=q, k=k, v=v, beta=beta, initial_state=h0), ["o", "final_state"]),
         ("gated_delta_rule", "", dict(q=q, k=k, v=v, g=gh, beta=beta), ["o", "final_state"]),
-        ("poly", "", dict(q=q, k=k, v=v), ["o"]),
+        ("poly", "segment=16", dict(q=q, k=k, v=v), ["o", "saved_states", "saved_zstates", "saved_den"]),
         ("linear_attn", "backward=1", dict(q=q, k=k, v=v, g=gh, initial_state=h0, do=do, dfinal_state=dht),
          ["dq", "dk", "dv", "dg", "dinitial_state"]),
         ("gla", "backward=1", dict(q=q, k=k, v=v, g=g, initial_state=h0, do=do),
          ["dq", "dk", "dv", "dg", "dinitial_state"]),
         ("gated_delta_rule", "backward=1", dict(q=q, k=k, v=v, g=gh, beta=beta, initial_state=h0, do=do),
          ["dq", "dk", "dv", "dg", "dbeta", "dinitial_state"]),
-        ("poly", "backward=1", dict(q=q, k=k, v=v, do=do), ["dq", "dk", "dv"]),
+        ("poly", "backward=1", dict(q=q, k=k, v=v, do=do), ["dq", "dk", "dv", "da", "db", "dc"]),
     ]
 
 
@@ -104,7 +138,7 @@ def test_fake_outputs_match_c_abi(dtype):
         bwd = options == "backward=1"
         s = 0.25
         mode = FakeTensorMode()
-        fake_ins = {n: mode.from_tensor(v) for n, v in ins.items()}
+        fake_ins = {n: mode.from_tensor(v) for n, v in dict(ins, coef=t["coef"]).items()}
         with mode:
             f = fake_ins
             if not bwd:
@@ -120,7 +154,8 @@ def test_fake_outputs_match_c_abi(dtype):
                     res = ops.gated_delta_rule(f["q"], f["k"], f["v"], f["g"], f["beta"], None, None, None, s, True,
                                                False, False, "", False)
                 else:
-                    res = (ops.poly(f["q"], f["k"], f["v"], None, None, s, 1.0, 1.0, 0.5, True, ""),)
+                    res = ops.poly(f["q"], f["k"], f["v"], None, None, None, s, 1.0, 1.0, 0.5, True, "segment=16",
+                                   True)
             else:
                 if op == "linear_attn":
                     res = ops.linear_attn_bwd(f["q"], f["k"], f["v"], f["g"], f["initial_state"], None, None,
@@ -132,7 +167,9 @@ def test_fake_outputs_match_c_abi(dtype):
                     res = ops.gated_delta_rule_bwd(f["q"], f["k"], f["v"], f["g"], f["beta"], f["initial_state"],
                                                    None, None, f["do"], None, s, False, None, None, None, None)
                 else:
-                    res = ops.poly_bwd(f["q"], f["k"], f["v"], None, None, f["do"], s, 1.0, 1.0, 0.5, True)
+                    res = ops.poly_bwd(f["q"], f["k"], f["v"], None, None, f["do"], None, None, None, None,
+                                       f["coef"], s, 0.0, 0.0, 0.0, True, "", True)
+                    res = (*res[:3], *res[3].split(1))
         for name, fake in zip(outs, res):
             shape, abi_dtype = linac.output_shape(op, name, ins, options)
             assert tuple(fake.shape) == shape, f"{op} {options} {name}: fake {tuple(fake.shape)}, C ABI {shape}"

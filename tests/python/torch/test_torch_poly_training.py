@@ -62,6 +62,11 @@ def sample(seed, varlen, T=40):
     return x, offsets, do
 
 
+def float64_like(a, like):
+    """`a` as a float64 tensor on `like`'s device (the reference's do: LINAC_TEST_DEVICE=cuda runs there)."""
+    return torch.as_tensor(a, device=like.device).double()
+
+
 def grads(fn, x, do, coefficients=()):
     """fn(q, k, v) backpropagated with do: {name: grad} for q, k, v and the coefficient tensors."""
     t = {n: a.clone().requires_grad_() for n, a in to_torch(x).items()}
@@ -91,7 +96,7 @@ def test_saved_equals_recompute(path, backward_inputs, normalize, varlen):
     assert backward_inputs[0] >= wanted and not backward_inputs[0] & ({"saved_zstates", "saved_den", "o"} - wanted)
     assert not backward_inputs[1] & wanted
     t = to_torch(x, grad=True)
-    poly64(t["q"], t["k"], t["v"], 1.0, 0.5, 0.25, normalize, offsets).backward(torch.as_tensor(do).double())
+    poly64(t["q"], t["k"], t["v"], 1.0, 0.5, 0.25, normalize, offsets).backward(float64_like(do, t["q"]))
     for n in "qkv":
         assert_close(saved[n], numpy(recomputed[n]), 1e-6, f"d{n} saved against recomputed")
         assert_close(saved[n], numpy(t[n].grad), 1e-4, f"d{n} against the float64 reference")
@@ -105,7 +110,7 @@ def test_public_function_saves(backward_inputs, varlen):
     got = grads(lambda q, k, v: linac.poly(q, k, v, cu_seqlens=cu_t, cu_seqlens_cpu=cu_cpu), x, do)
     assert len(backward_inputs) == 1 and {"saved_states", "saved_zstates", "saved_den", "o"} <= backward_inputs[0]
     t = to_torch(x, grad=True)
-    poly64(t["q"], t["k"], t["v"], 1.0, 1.0, 0.5, True, offsets).backward(torch.as_tensor(do).double())
+    poly64(t["q"], t["k"], t["v"], 1.0, 1.0, 0.5, True, offsets).backward(float64_like(do, t["q"]))
     for n in "qkv":
         assert_close(got[n], numpy(t[n].grad), 1e-4, f"d{n}")
 
@@ -139,7 +144,7 @@ def test_learned_coefficients(path, backward_inputs, normalize, varlen):
     assert "saved_states" in backward_inputs[0]
     t = to_torch(x, grad=True)
     coef = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (1.0, 0.5, 0.25)]
-    poly64(t["q"], t["k"], t["v"], *coef, normalize, offsets).backward(torch.as_tensor(do).double())
+    poly64(t["q"], t["k"], t["v"], *coef, normalize, offsets).backward(float64_like(do, t["q"]))
     for n in "qkv":
         assert_close(got[n], numpy(t[n].grad), 1e-4, f"d{n}")
     assert_close(got["a"], numpy(coef[0].grad), 1e-4, "da")
@@ -155,7 +160,7 @@ def test_learned_coefficients_all_three(path):
                                                      "segment=16", True)[0], x, do, [("coef", coef)])
     t = to_torch(x, grad=True)
     ref = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (1.0, 0.5, 0.25)]
-    poly64(t["q"], t["k"], t["v"], *ref).backward(torch.as_tensor(do).double())
+    poly64(t["q"], t["k"], t["v"], *ref).backward(float64_like(do, t["q"]))
     assert_close(got["coef"], [r.grad.item() for r in ref], 1e-4, "da, db, dc")
 
 
@@ -171,7 +176,7 @@ def test_learned_c_of_zero():
                      numpy(linac.poly(t["q"], t["k"], t["v"], a=1.0, b=0.0, c=0.0)), 1e-6)
     tt = to_torch(x, grad=True)
     ref = torch.tensor(0.0, dtype=torch.float64, requires_grad=True)
-    poly64(tt["q"], tt["k"], tt["v"], 1.0, 0.0, ref).backward(torch.as_tensor(do).double())
+    poly64(tt["q"], tt["k"], tt["v"], 1.0, 0.0, ref).backward(float64_like(do, tt["q"]))
     assert_close(got["c"], ref.grad.item(), 1e-4, "dc")
     for n in "qkv":
         assert_close(got[n], numpy(tt[n].grad), 1e-4, f"d{n}")
@@ -250,7 +255,7 @@ def test_pairwise_backward():
     do = np.random.default_rng(68).standard_normal((1, 8, 1, 8)).astype(np.float32)
     got = grads(lambda q, k, v: linac.poly(q, k, v), x, do)
     t = to_torch(x, grad=True)
-    poly64(t["q"], t["k"], t["v"], 1.0, 1.0, 0.5).backward(torch.as_tensor(do).double())
+    poly64(t["q"], t["k"], t["v"], 1.0, 1.0, 0.5).backward(float64_like(do, t["q"]))
     for n in "qkv":
         assert_close(got[n], numpy(t[n].grad), 1e-4, f"d{n}")
     c = torch.tensor(0.5, requires_grad=True)

@@ -300,13 +300,18 @@ void KernelLowering::issue_async_copy(const ir::Op& op, const std::function<llvm
     llvm::BasicBlock* fast_bb = llvm::BasicBlock::Create(ctx_, "cp.async", fn_);
     llvm::BasicBlock* slow_bb = llvm::BasicBlock::Create(ctx_, "cp.sync", fn_);
     llvm::BasicBlock* join = llvm::BasicBlock::Create(ctx_, "cp.join", fn_);
-    b_.CreateCondBr(b_.CreateAnd(contiguous, aligned), fast_bb, slow_bb);
+    // A run that the tensor's end cuts (0 < n_valid < vec: a head dim of 1, a ragged last row) goes
+    // element by element too: cp.async with a smaller src-size still issues a 16-byte read, which
+    // compute-sanitizer reports past the end of an allocation (linear_attn's normalized backward reads
+    // its [B, T, H, 1] `ones` this way).
+    llvm::Value* whole_or_none = b_.CreateOr(b_.CreateICmpEQ(n_valid, i32(l.vec)), b_.CreateICmpEQ(n_valid, i32(0)));
+    b_.CreateCondBr(b_.CreateAnd(b_.CreateAnd(contiguous, aligned), whole_or_none), fast_bb, slow_bb);
     b_.SetInsertPoint(fast_bb);
     llvm::Value* src = b_.CreateGEP(ety, tv.ptr, b_.CreateSelect(a0.in_bounds, a0.offset, b_.getInt64(0)));
     b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_cg_shared_global_16_s, {},
                        {dst, src, b_.CreateMul(n_valid, i32(elem))});
     b_.CreateBr(join);
-    // Unaligned or strided rows: element by element, synchronously (the wait's barrier orders them).
+    // Unaligned, strided or cut runs: element by element, synchronously (the wait's barrier orders them).
     b_.SetInsertPoint(slow_bb);
     for (int j = 0; j < l.vec; ++j) {
       Coords c = coords_of(l, r + j);

@@ -51,7 +51,9 @@ KNOWN_SPILLS = {
     # assembles it at 80 registers with a 4-byte spill and an 8-byte stack frame where it took 102
     # without spilling. The PTX caps nothing (.maxntid 256 alone): ptxas's own trade, likely for a
     # third block per SM. Not timed (fp32 path).
-    "linear_attn_normalized_fwd": {"fp32": 8},
+    # fp16 likewise since the cp.async runs that a tensor's end cuts go element by element (f62536e: a
+    # compare per run): 80 registers, a 4-byte spill on sm_90a (ptxas 13.0).
+    "linear_attn_normalized_fwd": {"fp32": 8, "fp16": 8},
     # poly's backward per chunk at chunks of 128 rows, 8 warps, one pipeline stage (two are more shared
     # memory than sm_80 has), K = V = 64, 16-bit: [128, 64] fp32 gradients, the chunk and its two rolled
     # copies, the scores of the segment's chunks. Up to 68 bytes (dq) and 832 (dk, dv) (ptxas 13.0); at

@@ -76,8 +76,9 @@ struct BwdProgram {
     }, carried);
   }
 
-  /// u's share of J_m(x)^T u, J_m the Jacobian of block m: from u = S y (+ z w) and u' = S' y (+ z' w),
-  /// S' the state with rows rolled right by m: u .* roll(x, m) + roll(u .* x, -m) = u .* Xl + u' .* Xr.
+  /// Block m's state (and normalizer) with its rows rolled right by m, S': u' = dn S'^T (+ dd z') is
+  /// u = dn S^T (+ dd z) rolled right by m, so the Jacobian's J_m(x)^T u = u .* roll(x, m) +
+  /// roll(u .* x, -m) is u .* Xl + u' .* Xr without rolling u.
   Tile rolled_rows_state(const Tile& m) const {
     return rolled_rows(states, row, ch.i_h, m, Kdim, cfg.block_k, cfg.block_v, constant(0, DType::i32));
   }

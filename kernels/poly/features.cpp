@@ -4,13 +4,11 @@ namespace linac {
 
 using namespace dsl;
 
-Tile roll_matrix(int64_t BK, const Tile& K, const Tile& m, DType dt, bool transposed) {
-  // Rolled left by m, column j reads row (j + m) mod K; rolled right, row j of the permutation is
-  // column (j + m) mod K.
-  Tile shifted = expand_dims(iota(BK), transposed ? 1 : 0) + m;
-  Tile source = where(shifted < K, shifted, shifted - K);
-  Tile other = expand_dims(iota(BK), transposed ? 0 : 1);
-  Tile hit = (other == source) & (expand_dims(iota(BK), transposed ? 1 : 0) < K);
+Tile roll_matrix(int64_t BK, const Tile& K, const Tile& m, DType dt) {
+  // Column j reads row (j + m) mod K.
+  Tile source = expand_dims(iota(BK), 0) + m;
+  source = where(source < K, source, source - K);
+  Tile hit = (expand_dims(iota(BK), 1) == source) & (expand_dims(iota(BK), 0) < K);
   return where(hit, full({BK, BK}, 1.0, dt), 0.0f);
 }
 

@@ -17,10 +17,10 @@ namespace linac {
 inline constexpr int64_t kSumColumns = 16;
 
 /// The [BK, BK] permutation that rolls the columns of a tile left by m along K: (X P)[:, j] =
-/// X[:, (j + m) mod K] for j < K, 0 past K. transposed: right by m, (X P^T)[:, j] = X[:, (j - m) mod K].
-/// A product on the tensor cores (exact: one 1 per column) is far cheaper than loading x at a column
-/// offset that is not a multiple of the vector width.
-dsl::Tile roll_matrix(int64_t BK, const dsl::Tile& K, const dsl::Tile& m, DType dt, bool transposed = false);
+/// X[:, (j + m) mod K] for j < K, 0 past K (P^T rolls right). A product on the tensor cores (exact: one 1
+/// per column) is far cheaper than loading x at a column offset that is not a multiple of the vector
+/// width.
+dsl::Tile roll_matrix(int64_t BK, const dsl::Tile& K, const dsl::Tile& m, DType dt);
 
 /// The weight of degree-2 block m over c scale^2: the diagonals m = 0 and m = K/2 list each pair once
 /// for (d, e) and (e, d) together, the others once for each.

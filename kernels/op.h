@@ -34,6 +34,9 @@ struct OpOptions {
   std::optional<double> a, b, c;      // --a/--b/--c (poly): f(x) = a + b x + c x^2
   std::optional<double> noise_dropout;  // --noise-dropout P (linear_attn, poly): see kernels/common/noise_dropout.h
   uint64_t seed = 0;                    // --seed: of the noise-dropout generator
+  /// Dynamic shared memory one block may have on the GPU the call runs on (set by the runtime for CUDA
+  /// calls; 0: not known, e.g. `linac compile`, so defaults must fit every target).
+  int64_t max_smem_per_block = 0;
   /// Tuning parameters by name (e.g. {"bv": 128, "warps": 8}); see OpDef::config_keys. They change
   /// speed, never results beyond rounding.
   std::map<std::string, int64_t> config;

@@ -240,6 +240,7 @@ std::shared_ptr<PreparedCall> prepare_call(const OpDef& op, const ops::Tensors& 
   OpOptions opts = to_op_options(options);
   opts.dtype = kernel_dtype(inputs);
   opts.device = memory == ops::Memory::cuda ? Device::cuda : Device::cpu;
+  set_device_limits(opts);
   check_op_options(op, opts);
   std::vector<std::string> wanted;
   for (const auto& [name, t] : outputs) wanted.push_back(name);
@@ -597,6 +598,10 @@ std::vector<std::string> op_names() {
 int64_t prepared_calls() { return g_prepared.load(); }
 
 }  // namespace ops
+
+void set_device_limits(OpOptions& opts) {
+  if (opts.device == Device::cuda) opts.max_smem_per_block = cuda::device_info().max_shared_per_block_optin;
+}
 
 TensorMap run_op(const OpDef& op, const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
   check_op_options(op, opts);

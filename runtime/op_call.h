@@ -25,6 +25,10 @@ namespace linac {
 /// and do are cast to opts.dtype first. Returns the wanted outputs.
 TensorMap run_op(const OpDef& op, const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted);
 
+/// For opts.device == cuda, the limits of the current device that ops' defaults may read
+/// (OpOptions::max_smem_per_block); nothing for the CPU.
+void set_device_limits(OpOptions& opts);
+
 /// opts as the ops API spells it (OpOptions::dtype and device are not part of it), and back (dtype and
 /// device left at their defaults: a call takes them from its tensors).
 ops::Options to_ops_options(const OpOptions& opts);

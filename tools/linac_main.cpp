@@ -530,6 +530,7 @@ int cmd_tune(const std::vector<std::string>& args) {
     for (const Config& c : space(*shape, opts.dtype)) fmt::print("{}\n", config_str(c));
     return 0;
   }
+  set_device_limits(opts);
   TuneResult r = tune(op, *shape, opts, true);
   fmt::print("{} {} {} on {}: tuned in {:.1f} s\n", op.name, shape->str(), dtype_name(opts.dtype),
              cuda::device_info().name, r.seconds);
@@ -762,7 +763,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   using clock = std::chrono::steady_clock;
   auto ms = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
   auto t0 = clock::now();
-  cuda::device_info();
+  set_device_limits(opts);  // loads the driver
   auto t1 = clock::now();
   opts.config = autotuned_config(op, inputs, opts);
   auto t2 = clock::now();

@@ -136,8 +136,11 @@ PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel w
   cfg.num_warps = static_cast<int>(config_value(opts, "warps", warps, {2, 4, 8}));
   // fp32, the backward at BK = 128, and its per-chunk kernels at chunks of 128 (195 and 200 KB for
   // poly_bwd_prepare and poly_bwd_dkv): two stages of the chunk's tiles are more shared memory than
-  // sm_80 gives a block.
-  const bool big_tiles = opts.dtype == DType::f32 || (backward && wide) || (per_chunk_bwd && cfg.chunk > 64);
+  // sm_80 gives a block. The per-chunk kernels take two where the call's GPU has room (sm_90: 227 KB;
+  // dq and dkv 4.19 and 5.35 ms against 4.88 and 5.90 at one stage, H200, B1 T64K H8 D64).
+  constexpr int64_t kTwoStagePerChunkBwdSmem = 200704 + 4096;
+  const bool room_for_two = opts.max_smem_per_block >= kTwoStagePerChunkBwdSmem;
+  const bool big_tiles = opts.dtype == DType::f32 || (backward && wide) || (per_chunk_bwd && cfg.chunk > 64 && !room_for_two);
   const int stages = big_tiles ? 1 : 2;
   cfg.num_stages = static_cast<int>(config_value(opts, "stages", stages, {1, 2}));
   return cfg;

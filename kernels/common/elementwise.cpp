@@ -70,12 +70,10 @@ KernelLaunch elementwise_update_launch(const OpPlan& plan, ElementwiseUpdate kin
                                        const std::string& x) {
   const HostTensor& a = plan.tensors.at(acc);
   const int rank = a.rank();
-  KernelLaunch l;
-  l.kernel = elementwise_update_kernel(kind, a.dtype, plan.tensors.at(x).dtype, rank,
-                                       rank == 4 ? padded_head_dim(a.shape[3]) : 0);
-  l.grid = {std::max<int64_t>(1, (a.shape[1] + kRows - 1) / kRows), a.shape[0] * a.shape[2], 1};
-  l.tensors = {{"acc", acc}, {"x", x}};
-  return l;
+  return bound_launch(elementwise_update_kernel(kind, a.dtype, plan.tensors.at(x).dtype, rank,
+                                                rank == 4 ? padded_head_dim(a.shape[3]) : 0),
+                      {std::max<int64_t>(1, (a.shape[1] + kRows - 1) / kRows), a.shape[0] * a.shape[2], 1},
+                      {{"acc", acc}, {"x", x}});
 }
 
 }  // namespace linac

@@ -46,13 +46,10 @@ KernelLaunch launch(const OpPlan& plan, bool backward, const std::string& x, con
     throw InternalError(fmt::format("l2norm of {} {} into {} {}", x, xt.shape_str(), y, yt.shape_str()));
   static KernelMemo memo;
   const int64_t block_d = padded_head_dim(xt.shape[3]);
-  KernelLaunch l;
-  l.kernel = memo.get(fmt::format("{}/{}/{}/{}", backward, dtype_name(xt.dtype), dtype_name(yt.dtype), block_d),
-                      [&] { return build_l2norm(backward, xt.dtype, yt.dtype, block_d); });
-  l.grid = {std::max<int64_t>(1, (xt.shape[1] + kRows - 1) / kRows), xt.shape[0] * xt.shape[2], 1};
-  l.tensors = {{"x", x}, {backward ? "dy" : "y", y}};
-  l.scalars = {{"eps", eps}};
-  return l;
+  auto kernel = memo.get(fmt::format("{}/{}/{}/{}", backward, dtype_name(xt.dtype), dtype_name(yt.dtype), block_d),
+                         [&] { return build_l2norm(backward, xt.dtype, yt.dtype, block_d); });
+  return bound_launch(kernel, {std::max<int64_t>(1, (xt.shape[1] + kRows - 1) / kRows), xt.shape[0] * xt.shape[2], 1},
+                      {{"x", x}, {backward ? "dy" : "y", y}}, {{"eps", eps}});
 }
 
 }  // namespace

@@ -167,6 +167,16 @@ KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel,
   return l;
 }
 
+KernelLaunch bound_launch(std::shared_ptr<ir::Kernel> kernel, std::array<int64_t, 3> grid,
+                          std::map<std::string, std::string> tensors, std::map<std::string, double> scalars) {
+  KernelLaunch l;
+  l.kernel = std::move(kernel);
+  l.grid = grid;
+  l.tensors = std::move(tensors);
+  l.scalars = std::move(scalars);
+  return l;
+}
+
 bool take_tokenwise(OpOptions& opts) {
   const bool tokenwise = config_value(opts, "tokenwise", 0, {0, 1}) == 1;
   opts.config.erase("tokenwise");

@@ -74,6 +74,11 @@ KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel,
 /// names a plan tensor is bound to it, and every one named in `scalars` to that value.
 KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel, std::array<int64_t, 3> grid,
                          const std::map<std::string, double>& scalars);
+/// A launch whose tensor parameters bind plan tensors of other names (`tensors`: parameter -> plan
+/// tensor): kernels that plans call on tensors of any name (elementwise updates, l2norm) and
+/// parameters bound to a sub-plan's renamed tensors.
+KernelLaunch bound_launch(std::shared_ptr<ir::Kernel> kernel, std::array<int64_t, 3> grid,
+                          std::map<std::string, std::string> tensors, std::map<std::string, double> scalars = {});
 
 /// Whether `--config tokenwise=1` asks for a backward's token-by-token reference form; the key is taken
 /// out of `opts` either way, leaving the rest for the form that runs (0 or absent: the chunked one).

@@ -90,59 +90,72 @@ std::shared_ptr<ir::Kernel> poly_kernel(const PolyConfig& cfg, PolyKernel which)
   });
 }
 
+namespace {
+
+/// The shared memory of the backward's per-chunk kernels at chunks of 128 with two pipeline stages
+/// (poly_bwd_dkv's plan, 196 KB, plus slack): more than sm_80 gives a block, less than sm_90.
+constexpr int64_t kTwoStagePerChunkBwdSmem = 200704 + 4096;
+
+/// The default rows per segment and per step, warps and stages of kernel `which` (docs/ops/poly.md,
+/// "Options"; the measurements that chose them: "Measured"). They assemble without spills for sm_80 and
+/// sm_90a in every dtype (tests/python/test_ptxas.py; the backward's per-chunk kernels at chunks of 128
+/// within the bounds listed there) and fit both targets' shared memory, unless the call's GPU is known to
+/// have more (OpOptions::max_smem_per_block). The kernels of one plan cut the same segments; their
+/// chunks, warps and stages may differ.
+struct PolyDefaults {
+  int64_t segment = 1024, chunk = 64;
+  int warps = 4;
+};
+
+PolyDefaults poly_defaults(const OpOptions& opts, int64_t K, int64_t V, PolyKernel which, bool backward) {
+  const bool wide = padded_head_dim(K) > 64, wide_v = padded_head_dim(V) > 64, fp32 = opts.dtype == DType::f32;
+  const bool sums = which == PolyKernel::sums || which == PolyKernel::bwd_sums;
+  const bool scan = which == PolyKernel::scan || which == PolyKernel::bwd_scan;
+  const bool per_chunk_bwd = which == PolyKernel::bwd_prepare || which == PolyKernel::bwd_from_saved ||
+                             which == PolyKernel::bwd_dq || which == PolyKernel::bwd_dkv;
+  PolyDefaults d;
+  // Segments: the per-segment tables about twice the bytes of q, k and v, the direct part short.
+  d.segment = wide ? 4096 : 1024;
+  // Rows per step: at BK = 128 what fits (32; 16 in the backward); else the sums 32, the backward's
+  // per-chunk kernels 128 in 16 bits, the rest 64.
+  d.chunk = wide ? (backward ? 16 : 32) : per_chunk_bwd && !fp32 ? 128 : sums ? 32 : 64;
+  // Warps: more where a program carries more (the backward's dq and dk/dv, 128-wide sums and scans,
+  // the outputs at BK = 128), fewer for the 16-bit sums at 64.
+  if (per_chunk_bwd && which != PolyKernel::bwd_from_saved) d.warps = 8;
+  if ((scan || which == PolyKernel::bwd_sums) && (wide || wide_v)) d.warps = 8;
+  if ((which == PolyKernel::out || which == PolyKernel::recurrent) && wide) d.warps = 8;
+  if (sums && !wide && !wide_v && !fp32) d.warps = 2;
+  return d;
+}
+
+}  // namespace
+
 PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel which, bool quadratic, bool backward) {
   check_config_keys("poly", opts, poly_config_keys());
+  const PolyDefaults d = poly_defaults(opts, K, V, which, backward);
   PolyConfig cfg;
   cfg.dtype = opts.dtype;
   cfg.block_k = padded_head_dim(K);
   cfg.quadratic = quadratic;
   cfg.normalize = !opts.no_normalize;
-  const bool wide = cfg.block_k > 64;
-  // The defaults (what runs untuned, and the tuner's first candidate) are configurations that ptxas
-  // assembles without spills for sm_80 and sm_90a in every dtype (tests/python/test_ptxas.py), within
-  // both targets' shared memory. The kernels of one plan must cut the same segments (L rows); their
-  // chunks (rows per step) may differ, as may their warps.
-  const bool per_chunk_bwd = which == PolyKernel::bwd_prepare || which == PolyKernel::bwd_from_saved ||
-                             which == PolyKernel::bwd_dq || which == PolyKernel::bwd_dkv;
-  int warps = 4;
-  if (which == PolyKernel::out && wide) warps = 8;
-  // dq and dk, dv carry two gradients and two rolled copies of the chunk: 4 warps spill; the backward's
-  // per-chunk kernels take chunks of 128 rows in 16 bits (at 64, dq and dkv were 20-25% slower on an
-  // H200: docs/ops/poly.md, "Measured").
-  if (per_chunk_bwd && which != PolyKernel::bwd_from_saved) warps = 8;
-  if (which == PolyKernel::recurrent && wide) warps = 8;
-  // The scans carry a [BK, BV] fp32 sum, the sums one beside their tiles: at 128 x 128 4 warps spill.
-  const bool square_128 = wide || padded_head_dim(V) > 64;
-  if ((which == PolyKernel::scan || which == PolyKernel::bwd_scan || which == PolyKernel::bwd_sums) && square_128) warps = 8;
-  // Segments of about 1024 tokens (4096 at BK = 128): the per-segment tables then take about twice the
-  // bytes of q, k and v (K^2 V per segment against (2K + V) L), and the direct part of a chunk stays
-  // short.
   const int64_t segment =
-      config_value(opts, "segment", wide ? 4096 : 1024, {16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192});
-  // At BK = 128 chunks of 64 rows spill poly_fwd_out (and need 266 KB of shared memory in fp32), and
-  // poly_bwd_dkv needs 165 KB at chunks of 32 with one stage (sm_80 gives 163); in fp32 chunks of 128
-  // take poly_bwd_prepare to 195 KB.
-  // The sums take chunks of 32 at 2 warps at BK <= 64 in 16 bits (2.10 against 2.45 ms at 64 and 4
-  // warps, H200; fp32 spills at 2).
-  const bool sums = which == PolyKernel::sums || which == PolyKernel::bwd_sums;
-  const int64_t chunk = wide ? (backward ? 16 : 32) : per_chunk_bwd && opts.dtype != DType::f32 ? 128 : sums ? 32 : 64;
-  if (sums && !wide && !square_128 && opts.dtype != DType::f32) warps = 2;
-  cfg.chunk = static_cast<int>(
-      config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, static_cast<int>(std::min(chunk, segment))), {16, 32, 64, 128}));
+      config_value(opts, "segment", d.segment, {16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192});
+  cfg.chunk = static_cast<int>(config_value(
+      opts, "chunk", checked_chunk_size(opts.chunk_size, static_cast<int>(std::min(d.chunk, segment))), {16, 32, 64, 128}));
   if (segment % cfg.chunk != 0)
     throw UserError(fmt::format("poly: --config segment={} must be a multiple of the chunk ({} rows)", segment, cfg.chunk));
   cfg.segment_chunks = static_cast<int>(segment / cfg.chunk);
   cfg.block_v = static_cast<int>(config_value(opts, "bv", std::min(64, padded_head_dim(V)), {16, 32, 64, 128}));
-  cfg.num_warps = static_cast<int>(config_value(opts, "warps", warps, {2, 4, 8}));
-  // fp32, the backward at BK = 128, and its per-chunk kernels at chunks of 128 (195 and 200 KB for
-  // poly_bwd_prepare and poly_bwd_dkv): two stages of the chunk's tiles are more shared memory than
-  // sm_80 gives a block. The per-chunk kernels take two where the call's GPU has room (sm_90: 227 KB;
-  // dq and dkv 4.19 and 5.35 ms against 4.88 and 5.90 at one stage, H200, B1 T64K H8 D64).
-  constexpr int64_t kTwoStagePerChunkBwdSmem = 200704 + 4096;
+  cfg.num_warps = static_cast<int>(config_value(opts, "warps", d.warps, {2, 4, 8}));
+  // Two pipeline stages, but one where two are more shared memory than sm_80 gives a block: fp32, the
+  // backward at BK = 128, and the backward's per-chunk kernels at chunks of 128 unless the call's GPU
+  // has the room.
+  const bool per_chunk_bwd = which == PolyKernel::bwd_prepare || which == PolyKernel::bwd_from_saved ||
+                             which == PolyKernel::bwd_dq || which == PolyKernel::bwd_dkv;
   const bool room_for_two = opts.max_smem_per_block >= kTwoStagePerChunkBwdSmem;
-  const bool big_tiles = opts.dtype == DType::f32 || (backward && wide) || (per_chunk_bwd && cfg.chunk > 64 && !room_for_two);
-  const int stages = big_tiles ? 1 : 2;
-  cfg.num_stages = static_cast<int>(config_value(opts, "stages", stages, {1, 2}));
+  const bool one_stage = opts.dtype == DType::f32 || (backward && cfg.block_k > 64) ||
+                         (per_chunk_bwd && cfg.chunk > 64 && !room_for_two);
+  cfg.num_stages = static_cast<int>(config_value(opts, "stages", one_stage ? 1 : 2, {1, 2}));
   return cfg;
 }
 

@@ -16,6 +16,7 @@
 #include "kernels/common/host_tensor.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/gpu_kernel.h"
+#include "runtime/ptxas.h"
 
 namespace linac::runtime {
 
@@ -266,6 +267,12 @@ Compiled compile(const ir::Kernel& k, Arch arch) {
   out.ptx = std::move(c.ptx);
   out.num_threads = c.num_threads;
   out.smem_bytes = c.smem_bytes;
+  if (auto r = ptxas_resources(out.ptx, arch == Arch::sm_80 ? "sm_80" : "sm_90a", out.entry)) {
+    out.registers = r->registers;
+    out.spill_store_bytes = r->spill_store_bytes;
+    out.spill_load_bytes = r->spill_load_bytes;
+    out.stack_bytes = r->stack_frame_bytes;
+  }
   return out;
 }
 

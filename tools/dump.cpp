@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "linac/error.h"
+#include "runtime/ptxas.h"
 #include "runtime/output_files.h"
 
 namespace linac {
@@ -30,14 +31,6 @@ std::vector<std::string> read_lines(const std::string& path) {
 std::string trim(const std::string& s) {
   size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t\r");
   return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
-
-/// ptxas from PATH or the CUDA toolkit, or "" when absent.
-std::string find_ptxas() {
-  if (const char* env = std::getenv("PTXAS"); env && *env) return env;
-  if (std::system("command -v ptxas >/dev/null 2>&1") == 0) return "ptxas";
-  if (fs::exists("/usr/local/cuda/bin/ptxas")) return "/usr/local/cuda/bin/ptxas";
-  return "";
 }
 
 }  // namespace

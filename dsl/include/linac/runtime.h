@@ -23,6 +23,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -136,9 +137,14 @@ struct Compiled {
   std::string ptx;          // PTX, with .loc lines pointing at the DSL source
   int num_threads = 0;      // threads per program (num_warps * 32)
   int64_t smem_bytes = 0;   // dynamic shared memory per program
+  /// ptxas's report of the PTX (`ptxas -v`; filled when ptxas is installed: $PTXAS, PATH or
+  /// /usr/local/cuda/bin; empty otherwise): registers per thread, spill stores and loads and the stack
+  /// frame in bytes. A kernel that spills runs slower: try fewer rows per program or more warps.
+  std::optional<int> registers;
+  std::optional<int64_t> spill_store_bytes, spill_load_bytes, stack_bytes;
 };
 
-/// Compiles `k` to PTX for `arch`. Needs no GPU. UserError for a program the backend cannot lower
+/// Compiles `k` to PTX for `arch` (and runs ptxas on it when installed: Compiled::registers). Needs no GPU. UserError for a program the backend cannot lower
 /// (the message starts with the DSL file:line). Honors LINAC_OVERRIDE_DIR as run() does (a stage read
 /// from a file; see docs/dsl-guide.md).
 Compiled compile(const ir::Kernel& k, Arch arch = Arch::sm_90a);

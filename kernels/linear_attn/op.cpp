@@ -74,14 +74,11 @@ OpPlan plan_linear_attn_normalized(const TensorMap& inputs, const OpOptions& opt
   OpPlan plan;
   for (const char* name : {"q", "k", "v"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
   plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
-  KernelLaunch launch;
-  launch.kernel = cached_normalized_fwd(cfg);
-  launch.grid = {(seq.V + cfg.block_v - 1) / cfg.block_v, seq.N * seq.H, 1};
-  for (const char* name : {"q", "k", "v", "o"}) launch.tensors[name] = name;
-  launch.scalars["scale"] = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
-  if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32), launch.tensors["g"] = "g";
-  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens, launch.tensors["cu_seqlens"] = "cu_seqlens";
-  plan.launches.push_back(std::move(launch));
+  if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32);
+  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+  plan.launches.push_back(plan_launch(plan, cached_normalized_fwd(cfg),
+                                      {(seq.V + cfg.block_v - 1) / cfg.block_v, seq.N * seq.H, 1},
+                                      {{"scale", opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)))}}));
   if (wants(wanted, "o")) plan.outputs["o"] = "o";
   return plan;
 }
@@ -145,24 +142,17 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
   cfg.initial_state = has_h0;
   cfg.final_state = wants(wanted, "final_state");
   cfg.varlen = seq.varlen;
-  auto kernel = cached_linear_attn_fwd(cfg);
 
   OpPlan plan;
   for (const char* name : {"q", "k", "v"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
   plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
-  KernelLaunch launch;
-  launch.kernel = kernel;
-  launch.grid = {(seq.V + cfg.block_v - 1) / cfg.block_v, seq.N * seq.H, 1};
-  for (const char* name : {"q", "k", "v", "o"}) launch.tensors[name] = name;
-  launch.scalars["scale"] = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
-  if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32), launch.tensors["g"] = "g";
-  if (has_h0)
-    plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32), launch.tensors["initial_state"] = "initial_state";
-  if (cfg.final_state)
-    plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V}),
-    launch.tensors["final_state"] = "final_state";
-  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens, launch.tensors["cu_seqlens"] = "cu_seqlens";
-  plan.launches.push_back(std::move(launch));
+  if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32);
+  if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
+  if (cfg.final_state) plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
+  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+  plan.launches.push_back(plan_launch(plan, cached_linear_attn_fwd(cfg),
+                                      {(seq.V + cfg.block_v - 1) / cfg.block_v, seq.N * seq.H, 1},
+                                      {{"scale", opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)))}}));
   if (wants(wanted, "o")) plan.outputs["o"] = "o";
   if (cfg.final_state) plan.outputs["final_state"] = "final_state";
   return plan;

@@ -348,12 +348,11 @@ OpPlan plan_linear_attn_normalized_bwd(const TensorMap& inputs, const OpOptions&
   // dN, dD.
   plan.tensors["dnum"] = HostTensor::zeros(dt, {seq.B, seq.T, seq.H, seq.V});
   plan.tensors["dden"] = HostTensor::zeros(dt, {seq.B, seq.T, seq.H, 1});
-  KernelLaunch prep;
-  prep.kernel = cached_prep(dt, padded_head_dim(seq.V));
+  // The prep reads the recomputed N and D under their sub-plans' prefixed names.
   constexpr int64_t kRows = kNormalizedBwdPrepRows;
-  prep.grid = {std::max<int64_t>(1, (seq.T + kRows - 1) / kRows), seq.B * seq.H, 1};
-  prep.tensors = {{"do", "do"}, {"num", "num_o"}, {"den", "den_o"}, {"dnum", "dnum"}, {"dden", "dden"}};
-  plan.launches.push_back(std::move(prep));
+  plan.launches.push_back(bound_launch(
+      cached_prep(dt, padded_head_dim(seq.V)), {std::max<int64_t>(1, (seq.T + kRows - 1) / kRows), seq.B * seq.H, 1},
+      {{"do", "do"}, {"num", "num_o"}, {"den", "den_o"}, {"dnum", "dnum"}, {"dden", "dden"}}));
   // Both backwards at once: dq, dk (and dg) come out as the sums.
   std::vector<std::string> grads = {"dq", "dk", "dv"};
   if (gated) grads.push_back("dg");

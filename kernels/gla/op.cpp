@@ -123,13 +123,9 @@ OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vecto
 
   // The diagonal blocks: one program per sub-chunk of the longest sequence (shorter ones mask).
   const int64_t longest = seq.longest_sequence();
-  KernelLaunch intra;
-  intra.kernel = cached_gla_kernel(cfg, GlaKernel::intra);
-  intra.grid = {std::max<int64_t>(1, (longest + kGlaSubChunk - 1) / kGlaSubChunk), seq.N * seq.H, 1};
-  for (const char* name : {"q", "k", "g", "a_diag"}) intra.tensors[name] = name;
-  if (seq.varlen) intra.tensors["cu_seqlens"] = "cu_seqlens";
-  intra.scalars["scale"] = scale;
-  plan.launches.push_back(std::move(intra));
+  plan.launches.push_back(plan_launch(
+      plan, cached_gla_kernel(cfg, GlaKernel::intra),
+      {std::max<int64_t>(1, (longest + kGlaSubChunk - 1) / kGlaSubChunk), seq.N * seq.H, 1}, {{"scale", scale}}));
 
   if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
   if (cfg.final_state) plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
@@ -139,36 +135,18 @@ OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vecto
     plan.tensors["h"] = HostTensor::zeros(cfg.dtype, {seq.B, num_chunks, seq.H, seq.K, seq.V});
     plan.tensors["kd"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
     plan.tensors["etot"] = HostTensor::zeros(DType::f32, {seq.B, std::max<int64_t>(num_chunks, 1), seq.H, seq.K});
-    if (num_chunks > 0) {
-      KernelLaunch gates;
-      gates.kernel = cached_gla_kernel(cfg, GlaKernel::gates);
-      gates.grid = {num_chunks, seq.N * seq.H, 1};
-      for (const char* name : {"q", "k", "g", "kd", "etot"}) gates.tensors[name] = name;
-      plan.launches.push_back(std::move(gates));
-    }
-    KernelLaunch state;
-    state.kernel = cached_gla_kernel(cfg, GlaKernel::state);
-    state.grid = {num_v_blocks, seq.N * seq.H, (cfg.block_k + cfg.state_block_k - 1) / cfg.state_block_k};
-    for (const char* name : {"kd", "v", "etot", "h"}) state.tensors[name] = name;
-    if (has_h0) state.tensors["initial_state"] = "initial_state";
-    if (cfg.final_state) state.tensors["final_state"] = "final_state";
-    plan.launches.push_back(std::move(state));
-    KernelLaunch out;
-    out.kernel = cached_gla_kernel(cfg, GlaKernel::out);
-    out.grid = {std::max<int64_t>(num_chunks, 1), seq.N * seq.H, num_v_blocks};
-    for (const char* name : {"q", "k", "v", "g", "a_diag", "h", "o"}) out.tensors[name] = name;
-    out.scalars["scale"] = scale;
-    plan.launches.push_back(std::move(out));
+    if (num_chunks > 0)
+      plan.launches.push_back(
+          plan_launch(plan, cached_gla_kernel(cfg, GlaKernel::gates), {num_chunks, seq.N * seq.H, 1}, {}));
+    plan.launches.push_back(
+        plan_launch(plan, cached_gla_kernel(cfg, GlaKernel::state),
+                    {num_v_blocks, seq.N * seq.H, (cfg.block_k + cfg.state_block_k - 1) / cfg.state_block_k}, {}));
+    plan.launches.push_back(plan_launch(plan, cached_gla_kernel(cfg, GlaKernel::out),
+                                        {std::max<int64_t>(num_chunks, 1), seq.N * seq.H, num_v_blocks},
+                                        {{"scale", scale}}));
   } else {
-    KernelLaunch launch;
-    launch.kernel = cached_gla_kernel(cfg, GlaKernel::fused);
-    launch.grid = {num_v_blocks, seq.N * seq.H, 1};
-    for (const char* name : {"q", "k", "v", "g", "a_diag", "o"}) launch.tensors[name] = name;
-    launch.scalars["scale"] = scale;
-    if (has_h0) launch.tensors["initial_state"] = "initial_state";
-    if (cfg.final_state) launch.tensors["final_state"] = "final_state";
-    if (seq.varlen) launch.tensors["cu_seqlens"] = "cu_seqlens";
-    plan.launches.push_back(std::move(launch));
+    plan.launches.push_back(plan_launch(plan, cached_gla_kernel(cfg, GlaKernel::fused),
+                                        {num_v_blocks, seq.N * seq.H, 1}, {{"scale", scale}}));
   }
   if (wants(wanted, "o")) plan.outputs["o"] = "o";
   if (cfg.final_state) plan.outputs["final_state"] = "final_state";

@@ -71,6 +71,7 @@ struct BwdProgram {
     Tile c2 = c * scale * scale;
     for_range_carrying(0, Kdim / 2 + 1, [&](Tile m) {
       body(m, degree2_weight(m, Kdim) * c2, Xl.to(DType::f32), Xr.to(DType::f32));
+      // Products, not roll_by_one's slices: those took dq and dk/dv slower (docs/ops/poly.md, "Measured").
       Xl = dot(Xl, left1).to(cfg.dtype);
       Xr = dot(Xr, right1).to(cfg.dtype);
     }, carried);

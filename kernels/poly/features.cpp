@@ -12,6 +12,12 @@ Tile roll_matrix(int64_t BK, const Tile& K, const Tile& m, DType dt) {
   return where(hit, full({BK, BK}, 1.0, dt), 0.0f);
 }
 
+Tile roll_by_one(const PolyConfig& cfg, const Tile& X, const Tile& roll, bool right) {
+  const int64_t BK = cfg.block_k;
+  if (cfg.exact_k) return slice(concat({X, X}, 1), 1, right ? BK - 1 : 1, BK);
+  return dot(X, roll).to(cfg.dtype);
+}
+
 Tile degree2_weight(const Tile& m, const Tile& K) {
   return where((m == 0) | (2 * m == K), constant(1, DType::f32), 2.0f);
 }

@@ -22,6 +22,11 @@ inline constexpr int64_t kSumColumns = 16;
 /// width.
 dsl::Tile roll_matrix(int64_t BK, const dsl::Tile& K, const dsl::Tile& m, DType dt);
 
+/// X [BT, BK] rolled by one column along K, left (column j holds column j + 1) or right: with
+/// cfg.exact_k (K == BK) a static slice of [X X] (a shared-memory copy, no products), else a product with
+/// `roll` (roll_matrix(1), or its transpose for the right).
+dsl::Tile roll_by_one(const PolyConfig& cfg, const dsl::Tile& X, const dsl::Tile& roll, bool right);
+
 /// The weight of degree-2 block m over c scale^2: the diagonals m = 0 and m = K/2 list each pair once
 /// for (d, e) and (e, d) together, the others once for each.
 dsl::Tile degree2_weight(const dsl::Tile& m, const dsl::Tile& K);

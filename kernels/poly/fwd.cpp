@@ -218,7 +218,7 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
       Tile phi = Qf * Qr.to(f32) * (degree2_weight(m, Kdim) * c2);
       O = O + dot(phi.to(dt), state(m));
       if (cfg.normalize) den = den + sum(phi * expand_dims(zstate(m), 0), 1);
-      Qr = dot(Qr, roll1).to(dt);
+      Qr = roll_by_one(cfg, Qr, roll1, /*right=*/false);
     }, carried);
   }
   Tile b1 = cb * scale;

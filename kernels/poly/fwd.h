@@ -50,6 +50,7 @@ struct PolyConfig {
   bool varlen = false;       // cu_seqlens [N+1] present, B == 1
   bool coefficient_grads = false;  // poly_bwd_dq: also the gradients of a, b, c (partial sums per program)
   bool store_den = false;          // poly_fwd_out (normalize): also den [B, T, H] fp32 for the backward
+  bool exact_k = false;            // K == block_k: a roll by one is a static slice of [x x], not a product
   int num_warps = 4;
   int num_stages = 2;
 };

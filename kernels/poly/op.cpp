@@ -69,9 +69,10 @@ const std::vector<PolySavedTensor>& poly_saved_tensors() {
 
 std::shared_ptr<ir::Kernel> poly_kernel(const PolyConfig& cfg, PolyKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
+  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
                                 cfg.chunk, cfg.segment_chunks, cfg.block_k, cfg.block_v, cfg.normalize, cfg.quadratic,
-                                cfg.varlen, cfg.coefficient_grads, cfg.store_den, cfg.num_warps, cfg.num_stages);
+                                cfg.varlen, cfg.coefficient_grads, cfg.store_den, cfg.exact_k, cfg.num_warps,
+                                cfg.num_stages);
   return memo.get(key, [&] {
     switch (which) {
       case PolyKernel::sums: return build_poly_sums(cfg, false);
@@ -138,6 +139,7 @@ PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel w
   cfg.block_k = padded_head_dim(K);
   cfg.quadratic = quadratic;
   cfg.normalize = !opts.no_normalize;
+  cfg.exact_k = K == cfg.block_k;
   const int64_t segment =
       config_value(opts, "segment", d.segment, {16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192});
   cfg.chunk = static_cast<int>(config_value(

@@ -129,57 +129,37 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
 
   // The launch that walks each (sequence, head, V block): the recurrent kernel or the chunk kernel.
   const int64_t num_v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
-  KernelLaunch walk;
-  walk.grid = {num_v_blocks, seq.N * seq.H, 1};
-  walk.scalars["scale"] = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
-  for (const char* t : {"q", "k", "o"}) walk.tensors[t] = t;
-  if (gated) walk.tensors["g"] = "g";
-  if (has_h0) walk.tensors["initial_state"] = "initial_state";
-  if (cfg.final_state) walk.tensors["final_state"] = "final_state";
-  if (seq.varlen) walk.tensors["cu_seqlens"] = "cu_seqlens";
+  const std::array<int64_t, 3> walk_grid = {num_v_blocks, seq.N * seq.H, 1};
+  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
 
   if (opts.recurrent) {
-    walk.kernel = cached_delta_kernel(DeltaKernel::recurrent, cfg);
-    walk.tensors["v"] = "v";
-    walk.tensors["beta"] = "beta";
+    plan.launches.push_back(
+        plan_launch(plan, cached_delta_kernel(DeltaKernel::recurrent, cfg), walk_grid, {{"scale", scale}}));
   } else {
     // w and u are scratch: every row of every sequence is written by delta_rule_wy before
     // delta_rule_fwd reads it. u is split in V blocks ([.., V blocks, BV], zero past V) so that
     // delta_rule_fwd reads whole rows of it.
     plan.tensors["w"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
     plan.tensors["u"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, num_v_blocks, cfg.block_v});
-    KernelLaunch wy;
-    wy.kernel = cached_delta_kernel(DeltaKernel::wy, cfg);
-    for (const char* t : {"k", "v", "beta", "w", "u"}) wy.tensors[t] = t;
-    if (gated) wy.tensors["g"] = "g";
     // The chunk tables: (sequence, chunk of it) per program with varlen, and the first global chunk of
     // every sequence (the rows of the per-chunk state table).
     HostTensor offsets, indices;
     const int64_t total_chunks = chunk_tables(seq, cfg.chunk, &offsets, &indices);
-    int64_t chunks = 0;
-    if (seq.varlen) {
-      plan.tensors["chunk_indices"] = indices;
-      chunks = total_chunks;
-      wy.tensors["cu_seqlens"] = "cu_seqlens";
-      wy.tensors["chunk_indices"] = "chunk_indices";
-      wy.grid = {chunks, seq.H, 1};
-    } else {
-      chunks = (seq.T + cfg.chunk - 1) / cfg.chunk;
-      wy.grid = {chunks, seq.B * seq.H, 1};
-    }
+    const int64_t chunks = seq.varlen ? total_chunks : (seq.T + cfg.chunk - 1) / cfg.chunk;
+    if (seq.varlen) plan.tensors["chunk_indices"] = indices;
     if (save || cfg.split) {
       // The state before each chunk ([chunks, H, K, V], indexed by global chunk) and V_new.
       plan.tensors["chunk_offsets"] = offsets;
       plan.tensors["h"] = HostTensor::zeros(cfg.dtype, {std::max<int64_t>(total_chunks, 1), seq.H, seq.K, seq.V});
       plan.tensors["v_new"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
-      for (const char* t : {"chunk_offsets", "h", "v_new"}) walk.tensors[t] = t;
     }
     if (save) {
       plan.tensors["t_mat"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, cfg.chunk});
-      wy.tensors["t_mat"] = "t_mat";
       for (const auto& t : delta_saved_tensors()) plan.outputs[t.name] = t.tensor;
     }
-    if (chunks > 0) plan.launches.push_back(std::move(wy));
+    if (chunks > 0)
+      plan.launches.push_back(plan_launch(plan, cached_delta_kernel(DeltaKernel::wy, cfg),
+                                          {chunks, seq.varlen ? seq.H : seq.B * seq.H, 1}, {}));
     if (cfg.split) {
       DeltaChunkedBwdConfig pass;
       pass.dtype = cfg.dtype;
@@ -192,20 +172,16 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
       pass.final_state = cfg.final_state;
       pass.varlen = seq.varlen;
       pass.num_warps = cfg.num_warps;
-      plan.launches.push_back(
-          plan_launch(plan, delta_state_pass_kernel(pass), {num_v_blocks, seq.N * seq.H, 1}, std::map<std::string, double>{}));
-      const int64_t per_seq = seq.varlen ? chunks : (seq.T + cfg.chunk - 1) / cfg.chunk;
+      plan.launches.push_back(plan_launch(plan, delta_state_pass_kernel(pass), walk_grid, {}));
       if (chunks > 0)
         plan.launches.push_back(plan_launch(plan, cached_delta_kernel(DeltaKernel::out, cfg),
-                                            {per_seq, seq.varlen ? seq.H : seq.B * seq.H, num_v_blocks},
-                                            {{"scale", walk.scalars["scale"]}}));
+                                            {chunks, seq.varlen ? seq.H : seq.B * seq.H, num_v_blocks},
+                                            {{"scale", scale}}));
     } else {
-      walk.kernel = cached_delta_kernel(DeltaKernel::fwd, cfg);
-      walk.tensors["w"] = "w";
-      walk.tensors["u"] = "u";
+      plan.launches.push_back(
+          plan_launch(plan, cached_delta_kernel(DeltaKernel::fwd, cfg), walk_grid, {{"scale", scale}}));
     }
   }
-  if (walk.kernel) plan.launches.push_back(std::move(walk));
   if (wants(wanted, "o")) plan.outputs["o"] = "o";
   if (cfg.final_state) plan.outputs["final_state"] = "final_state";
   return plan;

@@ -108,7 +108,8 @@ struct PolyDefaults {
   int warps = 4;
 };
 
-PolyDefaults poly_defaults(const OpOptions& opts, int64_t K, int64_t V, PolyKernel which, bool backward) {
+PolyDefaults poly_defaults(const OpOptions& opts, int64_t K, int64_t V, PolyKernel which, bool backward,
+                           bool coefficient_grads) {
   const bool wide = padded_head_dim(K) > 64, wide_v = padded_head_dim(V) > 64, fp32 = opts.dtype == DType::f32;
   const bool sums = which == PolyKernel::sums || which == PolyKernel::bwd_sums;
   const bool scan = which == PolyKernel::scan || which == PolyKernel::bwd_scan;
@@ -118,8 +119,10 @@ PolyDefaults poly_defaults(const OpOptions& opts, int64_t K, int64_t V, PolyKern
   // Segments: the per-segment tables about twice the bytes of q, k and v, the direct part short.
   d.segment = wide ? 4096 : 1024;
   // Rows per step: at BK = 128 what fits (32; 16 in the backward); else the sums 32, the backward's
-  // per-chunk kernels 128 in 16 bits, the rest 64.
-  d.chunk = wide ? (backward ? 16 : 32) : per_chunk_bwd && !fp32 ? 128 : sums ? 32 : 64;
+  // per-chunk kernels 128 in 16 bits (64 with the coefficients' gradients, whose row sums of [128, 128]
+  // score tiles take dq past sm_80's shared memory), the rest 64.
+  const bool wide_bwd_chunks = per_chunk_bwd && !fp32 && !coefficient_grads;
+  d.chunk = wide ? (backward ? 16 : 32) : wide_bwd_chunks ? 128 : sums ? 32 : 64;
   // Warps: more where a program carries more (the backward's dq and dk/dv, 128-wide sums and scans,
   // the outputs at BK = 128), fewer for the 16-bit sums at 64.
   if (per_chunk_bwd && which != PolyKernel::bwd_from_saved) d.warps = 8;
@@ -131,9 +134,10 @@ PolyDefaults poly_defaults(const OpOptions& opts, int64_t K, int64_t V, PolyKern
 
 }  // namespace
 
-PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel which, bool quadratic, bool backward) {
+PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel which, bool quadratic, bool backward,
+                       bool coefficient_grads) {
   check_config_keys("poly", opts, poly_config_keys());
-  const PolyDefaults d = poly_defaults(opts, K, V, which, backward);
+  const PolyDefaults d = poly_defaults(opts, K, V, which, backward, coefficient_grads);
   PolyConfig cfg;
   cfg.dtype = opts.dtype;
   cfg.block_k = padded_head_dim(K);

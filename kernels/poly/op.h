@@ -38,9 +38,10 @@ const std::vector<PolySavedTensor>& poly_saved_tensors();
 std::shared_ptr<ir::Kernel> poly_kernel(const PolyConfig& cfg, PolyKernel which);
 
 /// The configuration of kernel `which` for head dims K, V (opts.config and --chunk-size override the
-/// defaults, for every kernel alike); `quadratic`: c != 0; `backward`: for a kernel of the backward's plan.
+/// defaults, for every kernel alike); `quadratic`: c != 0; `backward`: for a kernel of the backward's plan,
+/// `coefficient_grads`: one that also computes da, db, dc.
 PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel which, bool quadratic = true,
-                       bool backward = false);
+                       bool backward = false, bool coefficient_grads = false);
 
 /// The segmented schedule's tables in a plan (fwd.h): segment and chunk tables with varlen, the
 /// per-segment sums scratch, and the launch grids.

@@ -84,19 +84,10 @@ OpPlan plan_poly_bwd(const TensorMap& inputs, const OpOptions& opts_in, const st
   // the outputs (normalize; else dn = do), the backward's states (after each segment), then dq and dk, dv.
   // One V block: dd and the products with the states' transposes need whole rows of v.
   auto config_of = [&](PolyKernel which) {
-    PolyConfig cfg = poly_config(opts, seq.K, seq.V, which, c != 0, /*backward=*/true);
+    PolyConfig cfg = poly_config(opts, seq.K, seq.V, which, c != 0, /*backward=*/true, coefficient_grads);
     cfg.varlen = seq.varlen;
     cfg.block_v = padded_head_dim(seq.V);
     cfg.coefficient_grads = coefficient_grads && which == PolyKernel::bwd_dq;
-    // The coefficients' row sums of [128, 128] score tiles take dq past a block's shared memory on
-    // sm_80: the per-chunk kernels (which share chunks) then take chunks of 64 unless --config says.
-    const bool per_chunk = which == PolyKernel::bwd_prepare || which == PolyKernel::bwd_from_saved ||
-                           which == PolyKernel::bwd_dq || which == PolyKernel::bwd_dkv;
-    if (coefficient_grads && per_chunk && !opts.config.count("chunk") && !opts.chunk_size && cfg.chunk > 64) {
-      cfg.segment_chunks = cfg.segment_chunks * cfg.chunk / 64;
-      cfg.chunk = 64;
-      if (!opts.config.count("stages") && cfg.dtype != DType::f32) cfg.num_stages = 2;
-    }
     return cfg;
   };
   const PolyConfig cfg = config_of(PolyKernel::bwd_dq);
@@ -187,14 +178,9 @@ std::vector<std::shared_ptr<ir::Kernel>> poly_bwd_kernels(const OpOptions& opts)
   }
   // dq with the coefficients' gradients (at the chunks of 64 its plan gives it), and their sum.
   for (PolyKernel which : {PolyKernel::bwd_dq, PolyKernel::bwd_coefficients}) {
-    PolyConfig cfg = poly_config(opts, 64, 64, which, true, /*backward=*/true);
+    PolyConfig cfg = poly_config(opts, 64, 64, which, true, /*backward=*/true, /*coefficient_grads=*/true);
     cfg.block_v = 64;
     cfg.coefficient_grads = which == PolyKernel::bwd_dq;
-    if (cfg.coefficient_grads && cfg.chunk > 64) {
-      cfg.segment_chunks = cfg.segment_chunks * cfg.chunk / 64;
-      cfg.chunk = 64;
-      if (cfg.dtype != DType::f32) cfg.num_stages = 2;
-    }
     out.push_back(poly_kernel(cfg, which));
   }
   // The pairwise form: its 16-bit variants spill 4-16 bytes on sm_80 / sm_90a (ptxas keeps them at

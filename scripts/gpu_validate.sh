@@ -60,7 +60,8 @@ done
 timeout 120 ./build/linac bench gla --shape B=8,T=4096,H=16,K=128 --backward --iters 10 --bwd-config take=0,fuse=0 2>&1 |
   grep -E "^backward|error"
 timeout 200 python3 tools/start_times.py --json "$OUT/start_times.json" 2>&1 | tail -8
-timeout 120 python3 tools/bench_poly_vs_sdpa.py --json "$OUT/poly_vs_sdpa.json" 2>&1 | tail -6
+timeout 200 python3 tools/bench_poly_scaling.py --bars --no-fla --total-seconds 170 --json "$OUT/poly_bars.json" 2>&1 |
+  grep -A7 "issue 20 bars"
 
 if [ "${1:-}" != quick ]; then
   stamp "3b. gla and the delta rules at fla's shapes against float64 oracles, bitwise over runs"

@@ -78,9 +78,7 @@ import gc
 import json
 import math
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import types
@@ -88,9 +86,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
+sys.path.insert(0, str(REPO / "tools"))  # run_record, also when imported as a module
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+from run_record import device_name, first_line, git_commit  # noqa: E402
 
 METHODS = ("poly", "linear", "sdpa")
 MODES = ("fwd", "fwdbwd")
@@ -360,25 +361,6 @@ def extrapolate(prior, T):
     if len(prior) >= 2 and prior[-2]["ms"] > 0 and last["ms"] > 0 and last["T"] != prior[-2]["T"]:
         p = max(1.0, math.log(last["ms"] / prior[-2]["ms"]) / math.log(last["T"] / prior[-2]["T"]))
     return last["ms"] * (T / last["T"]) ** p
-
-
-def first_line(exc):
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def device_name(device):
-    if device == "cuda":
-        return torch.cuda.get_device_name()
-    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
-
-
-def git_commit():
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or None
-    except Exception:  # noqa: BLE001 - a copy without .git
-        return None
 
 
 def run_header(args, device):

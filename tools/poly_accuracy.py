@@ -49,15 +49,16 @@ import datetime
 import json
 import math
 import os
-import platform
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
+sys.path.insert(0, str(REPO / "tools"))  # run_record, also when imported as a module
 
 import torch  # noqa: E402
+
+from run_record import device_name, first_line, git_commit  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -164,25 +165,6 @@ def run_reference(args, q, k, v, do):
 
 
 # --- the run -----------------------------------------------------------------------------------------------
-
-def first_line(exc):
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def device_name(device):
-    if device == "cuda":
-        return torch.cuda.get_device_name()
-    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
-
-
-def git_commit():
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or None
-    except Exception:  # noqa: BLE001 - a copy without .git
-        return None
-
 
 def finite_or_none(x):
     return None if isinstance(x, float) and not math.isfinite(x) else x

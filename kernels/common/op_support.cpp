@@ -136,6 +136,20 @@ int64_t SequenceLayout::longest_sequence() const {
   return longest;
 }
 
+void add_forward_tensors(OpPlan& plan, const TensorMap& inputs, const SequenceLayout& seq, DType dtype,
+                         bool final_state) {
+  for (const char* name : {"q", "k", "v"}) plan.tensors[name] = inputs.at(name).cast(dtype);
+  for (const char* name : {"g", "initial_state"})
+    if (auto it = inputs.find(name); it != inputs.end()) plan.tensors[name] = it->second.cast(DType::f32);
+  plan.tensors["o"] = HostTensor::zeros(dtype, {seq.B, seq.T, seq.H, seq.V});
+  if (final_state) plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
+  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+}
+
+double attention_scale(const OpOptions& opts, int64_t K) {
+  return opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(K)));
+}
+
 void add_backward_inputs(OpPlan& plan, const TensorMap& inputs, const SequenceLayout& seq, DType dtype,
                          std::initializer_list<const char*> fp32) {
   for (const char* name : {"q", "k", "v", "do"}) plan.tensors[name] = inputs.at(name).cast(dtype);

@@ -60,6 +60,14 @@ HostTensor random_log_decay(std::vector<int64_t> shape, uint64_t seed);
 /// which matters where full-size inputs are prepared many times (the tuner: once per candidate).
 void cast_qkv(TensorMap& inputs, DType dtype);
 
+/// The tensors every forward plan starts from: q, k, v cast to `dtype`, g and initial_state (when the
+/// call has them) in fp32, o [B, T, H, V] and with `final_state` final_state [N, H, K, V] fp32, cu_seqlens.
+void add_forward_tensors(OpPlan& plan, const TensorMap& inputs, const SequenceLayout& seq, DType dtype,
+                         bool final_state = false);
+
+/// The attention scale: --scale, else K^-1/2.
+double attention_scale(const OpOptions& opts, int64_t K);
+
 /// The inputs every backward plan starts from: q, k, v and do in the kernels' dtype, each of the fp32
 /// inputs named in `fp32` that was given (gates, betas, initial_state, dfinal_state), and cu_seqlens
 /// for varlen.

@@ -56,15 +56,10 @@ OpPlan plan_recurrent(const std::string& op, RecurrentGate gate, bool gate_requi
   cfg.varlen = seq.varlen;
 
   OpPlan plan;
-  for (const char* name : {"q", "k", "v"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
-  plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
-  if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32);
-  if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
-  if (cfg.final_state) plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
-  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+  add_forward_tensors(plan, inputs, seq, cfg.dtype, cfg.final_state);
   plan.launches.push_back(plan_launch(plan, cached_recurrent_fwd(cfg),
                                       {(seq.V + cfg.block_v - 1) / cfg.block_v, seq.N * seq.H, 1},
-                                      {{"scale", opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)))}}));
+                                      {{"scale", attention_scale(opts, seq.K)}}));
   if (wants(wanted, "o")) plan.outputs["o"] = "o";
   if (cfg.final_state) plan.outputs["final_state"] = "final_state";
   return plan;

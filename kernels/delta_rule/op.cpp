@@ -119,18 +119,13 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
   cfg.varlen = seq.varlen;
 
   OpPlan plan;
-  for (const char* t : {"q", "k", "v"}) plan.tensors[t] = inputs.at(t).cast(cfg.dtype);
+  add_forward_tensors(plan, inputs, seq, cfg.dtype, cfg.final_state);
   plan.tensors["beta"] = inputs.at("beta").cast(DType::f32);
-  if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32);
-  if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
-  if (cfg.final_state) plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
-  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
-  plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
 
   // The launch that walks each (sequence, head, V block): the recurrent kernel or the chunk kernel.
   const int64_t num_v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
   const std::array<int64_t, 3> walk_grid = {num_v_blocks, seq.N * seq.H, 1};
-  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  const double scale = attention_scale(opts, seq.K);
 
   if (opts.recurrent) {
     plan.launches.push_back(

@@ -220,7 +220,7 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   plan.tensors["dbeta"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
   if (cfg.initial_state_grad) plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
 
-  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  const double scale = attention_scale(opts, seq.K);
   auto launch = [&](DeltaBwdKernel which, std::array<int64_t, 3> grid) {
     plan.launches.push_back(plan_launch(plan, cached(cfg, which), grid, {{"scale", scale}}));
   };
@@ -368,7 +368,7 @@ OpPlan plan_delta_rule_bwd(bool gated, const TensorMap& inputs, const OpOptions&
   if (gated) plan.tensors["dg"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
   if (cfg.initial_state_grad) plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
 
-  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  const double scale = attention_scale(opts, seq.K);
   const std::array<int64_t, 3> grid = {seq.N * seq.H, 1, 1};
   plan.launches.push_back(plan_launch(plan, cached_delta_bwd(cfg, true), grid,
                                       {"q", "k", "v", "beta", "g", "do", "initial_state", "cu_seqlens", "checkpoints",

@@ -114,12 +114,9 @@ OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vecto
   cfg.varlen = seq.varlen;
 
   OpPlan plan;
-  for (const char* name : {"q", "k", "v"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
-  plan.tensors["g"] = inputs.at("g").cast(DType::f32);
-  plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
+  add_forward_tensors(plan, inputs, seq, cfg.dtype, cfg.final_state);
   plan.tensors["a_diag"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, kGlaSubChunk});
-  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
-  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+  const double scale = attention_scale(opts, seq.K);
 
   // The diagonal blocks: one program per sub-chunk of the longest sequence (shorter ones mask).
   const int64_t longest = seq.longest_sequence();
@@ -127,8 +124,6 @@ OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vecto
       plan, cached_gla_kernel(cfg, GlaKernel::intra),
       {std::max<int64_t>(1, (longest + kGlaSubChunk - 1) / kGlaSubChunk), seq.N * seq.H, 1}, {{"scale", scale}}));
 
-  if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
-  if (cfg.final_state) plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
   const int64_t num_v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
   if (cfg.split && !seq.varlen) {
     const int64_t num_chunks = (seq.T + cfg.chunk - 1) / cfg.chunk;

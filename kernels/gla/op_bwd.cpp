@@ -153,7 +153,7 @@ OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   if (cfg.split && std::max(cfg.block_k, cfg.block_v) > 128)
     throw UserError(fmt::format("gla --backward --config split=1 takes head dims up to 128 (K={}, V={}): its "
                                 "per-chunk kernel holds a chunk's state whole; use the walks (split=0)", seq.K, seq.V));
-  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  const double scale = attention_scale(opts, seq.K);
 
   OpPlan plan;
   add_backward_inputs(plan, inputs, seq, cfg.dtype, {"g", "initial_state", "dfinal_state"});
@@ -285,7 +285,7 @@ OpPlan plan_gla_bwd(const TensorMap& inputs, const OpOptions& opts, const std::v
   cfg.final_state_grad = has_dht;
   cfg.initial_state_grad = wants(wanted, "dinitial_state");
   cfg.varlen = seq.varlen;
-  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  const double scale = attention_scale(opts, seq.K);
 
   OpPlan plan;
   add_backward_inputs(plan, inputs, seq, cfg.dtype, {"g", "initial_state", "dfinal_state"});

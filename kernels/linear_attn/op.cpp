@@ -72,13 +72,10 @@ OpPlan plan_linear_attn_normalized(const TensorMap& inputs, const OpOptions& opt
   cfg.varlen = seq.varlen;
 
   OpPlan plan;
-  for (const char* name : {"q", "k", "v"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
-  plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
-  if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32);
-  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+  add_forward_tensors(plan, inputs, seq, cfg.dtype);
   plan.launches.push_back(plan_launch(plan, cached_normalized_fwd(cfg),
                                       {(seq.V + cfg.block_v - 1) / cfg.block_v, seq.N * seq.H, 1},
-                                      {{"scale", opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)))}}));
+                                      {{"scale", attention_scale(opts, seq.K)}}));
   if (wants(wanted, "o")) plan.outputs["o"] = "o";
   return plan;
 }
@@ -144,15 +141,10 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
   cfg.varlen = seq.varlen;
 
   OpPlan plan;
-  for (const char* name : {"q", "k", "v"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
-  plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
-  if (gated) plan.tensors["g"] = inputs.at("g").cast(DType::f32);
-  if (has_h0) plan.tensors["initial_state"] = inputs.at("initial_state").cast(DType::f32);
-  if (cfg.final_state) plan.tensors["final_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
-  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+  add_forward_tensors(plan, inputs, seq, cfg.dtype, cfg.final_state);
   plan.launches.push_back(plan_launch(plan, cached_linear_attn_fwd(cfg),
                                       {(seq.V + cfg.block_v - 1) / cfg.block_v, seq.N * seq.H, 1},
-                                      {{"scale", opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)))}}));
+                                      {{"scale", attention_scale(opts, seq.K)}}));
   if (wants(wanted, "o")) plan.outputs["o"] = "o";
   if (cfg.final_state) plan.outputs["final_state"] = "final_state";
   return plan;

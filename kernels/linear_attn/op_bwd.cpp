@@ -164,7 +164,7 @@ OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vecto
   cfg.denominator = denominator;
   if (denominator && (has_h0 || has_dht || cfg.initial_state_grad))
     throw InternalError("linear_attn bwd: the denominator form has no states");
-  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  const double scale = attention_scale(opts, seq.K);
   // The split schedule by default where the walks leave most SMs idle: plain form, 16-bit, dense, head
   // dims up to 128, at most 32 sequences x heads over at least 1024 tokens. At 64 heads it depends
   // (`linac tune --backward` times both there); 128 heads and more favour the walks (docs/ops/

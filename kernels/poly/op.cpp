@@ -225,11 +225,9 @@ OpPlan plan_poly_form(const TensorMap& inputs, const OpOptions& opts, const std:
   cfg.store_den = save && cfg.normalize;
 
   OpPlan plan;
-  for (const char* name : {"q", "k", "v"}) plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
-  plan.tensors["o"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
-  if (seq.varlen) plan.tensors["cu_seqlens"] = seq.cu_seqlens;
+  add_forward_tensors(plan, inputs, seq, cfg.dtype);
   const int64_t v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
-  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  const double scale = attention_scale(opts, seq.K);
   std::map<std::string, double> scalars = {{"scale", scale}, {"a", a}, {"b", b}};
   if (cfg.quadratic) scalars["c"] = c;
 

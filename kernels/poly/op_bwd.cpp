@@ -72,7 +72,7 @@ OpPlan plan_poly_bwd(const TensorMap& inputs, const OpOptions& opts_in, const st
   plan.tensors["dv"] = HostTensor::zeros(opts.dtype, {seq.B, seq.T, seq.H, seq.V});
   for (const char* n : {"dq", "dk", "dv"})
     if (wants(wanted, n)) plan.outputs[n] = n;
-  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(seq.K)));
+  const double scale = attention_scale(opts, seq.K);
   std::map<std::string, double> scalars = {{"a", a}, {"b", b}, {"c", c}, {"scale", scale}};
   if (pairwise) {
     if (coefficient_grads)

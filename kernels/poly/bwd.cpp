@@ -81,10 +81,10 @@ struct BwdProgram {
   /// u = dn S^T (+ dd z) rolled right by m, so the Jacobian's J_m(x)^T u = u .* roll(x, m) +
   /// roll(u .* x, -m) is u .* Xl + u' .* Xr without rolling u.
   Tile rolled_rows_state(const Tile& m) const {
-    return rolled_rows(states, row, ch.i_h, m, Kdim, cfg.block_k, cfg.block_v, constant(0, DType::i32));
+    return rolled_rows(states, row, ch.i_h, m, Kdim, cfg.block_k, cfg.block_v);
   }
   Tile rolled_rows_zstate(const Tile& m) const {
-    return rolled_rows(zstates, row, ch.i_h, m, Kdim, cfg.block_k, 0, constant(0, DType::i32));
+    return rolled_rows(zstates, row, ch.i_h, m, Kdim, cfg.block_k, 0);
   }
 };
 

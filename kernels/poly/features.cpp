@@ -29,13 +29,13 @@ Tile first_segment(const PolyConfig& cfg, const Tensor& x, const Tensor& segment
 }
 
 Tile rolled_rows(const Tensor& t, const Tile& row, const Tile& h, const Tile& m, const Tile& K, int64_t BK,
-                 int64_t cols, const Tile& col0) {
+                 int64_t cols) {
   AccessOptions within_k{.limits = {{3, K}}};
   if (cols == 0)  // a [.., BK] table
     return load(t, {row, h, m, 0 - m}, {kIndex, kIndex, kIndex, BK}, within_k) +
            load(t, {row, h, m, K - m}, {kIndex, kIndex, kIndex, BK}, within_k);
-  return load(t, {row, h, m, 0 - m, col0}, {kIndex, kIndex, kIndex, BK, cols}, within_k) +
-         load(t, {row, h, m, K - m, col0}, {kIndex, kIndex, kIndex, BK, cols}, within_k);
+  return load(t, {row, h, m, 0 - m, 0}, {kIndex, kIndex, kIndex, BK, cols}, within_k) +
+         load(t, {row, h, m, K - m, 0}, {kIndex, kIndex, kIndex, BK, cols}, within_k);
 }
 
 }  // namespace linac

@@ -40,6 +40,6 @@ dsl::Tile first_segment(const PolyConfig& cfg, const dsl::Tensor& x, const dsl::
 /// right by m along K (row i holds row (i - m) mod K; rows past K hold garbage that a zero column of
 /// the rolled features cancels). Two loads at row offsets -m and K - m.
 dsl::Tile rolled_rows(const dsl::Tensor& t, const dsl::Tile& row, const dsl::Tile& h, const dsl::Tile& m,
-                      const dsl::Tile& K, int64_t BK, int64_t cols, const dsl::Tile& col0);
+                      const dsl::Tile& K, int64_t BK, int64_t cols);
 
 }  // namespace linac

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "kernels/common/op_support.h"
+#include "linac/blocks.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -28,7 +29,7 @@ std::shared_ptr<ir::Kernel> build_l2norm(bool backward, DType x_t, DType y_t, in
   std::vector<Operand> at = {i_bh / H, i_t * kRows, i_bh % H, 0};
   const std::vector<int64_t> block = {kIndex, kRows, kIndex, block_d};
   Tile xs = load(x, at, block).to(DType::f32);
-  Tile r = expand_dims(rsqrt(sum(xs * xs, 1) + eps), 1);
+  Tile r = expand_dims(blocks::inverse_norms(xs, 1, eps), 1);
   Tile xn = xs * r;
   if (!backward) {
     store(y, at, block, xn.to(y_t));

@@ -17,7 +17,7 @@
 //  - gates >= kLogDecayFloor are read bit for bit (ordinary inputs give the same results), and NaN stays
 //    NaN (a select; maximum() would drop it). One compare and select per gate element loaded.
 // Kernels whose every decay is a sum of the gates it spans need no floor (exp(-inf) = 0, -inf + x =
-// -inf): the delta rules (kernels/delta_rule/fwd.h, chunk_decays), gla's backward walks and split-schedule
+// -inf): the delta rules (blocks::chunk_decays, linac/blocks.h), gla's backward walks and split-schedule
 // state passes.
 #pragma once
 #include "linac/dsl.h"

@@ -5,6 +5,7 @@
 
 #include "kernels/common/prologue.h"
 #include "kernels/delta_rule/fwd.h"
+#include "linac/blocks.h"
 #include "linac/dsl.h"
 #include "linac/error.h"
 
@@ -41,7 +42,7 @@ using namespace dsl;
 //   db_C += exp(b_C) <dS', S> + sum_r Y_r
 // then dg_t = sum_{r >= t in the chunk} db_r + db_C (b is a chunk-local cumulative sum and b_C the sum of
 // all the chunk's gates; earlier chunks' gates reach this one only through S, whose gradient the walks
-// carry). The exponents b_r - b_c and b_C - b_r are summed over the rows they span (chunk_decays).
+// carry). The exponents b_r - b_c and b_C - b_r are summed over the rows they span (blocks::chunk_decays).
 
 std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
@@ -88,7 +89,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& 
       Tile gc = gc_next;
       gc_next = load(g, {seq.b, t0 + BT, i_h}, {kIndex, BT, kIndex}, in_seq);
       Tile b_last = sum(gc, 0);
-      Tile decay = exp(decays_to_chunk_end(gc, BT));
+      Tile decay = exp(blocks::decays_to_chunk_end(gc));
       S = S * exp(b_last) + dot(K.T(), (Vn32 * expand_dims(decay, 1)).to(dt));
     } else {
       S = S + dot(K.T(), Vn);
@@ -152,7 +153,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
       Tile bg = cumsum(gc, 0);
       Tile b_last = sum(gc, 0);
       // Pt[r, c] carries Gam[c, r] = exp(b_c - b_r), c >= r (D^T: 0 below the diagonal).
-      const ChunkDecays dec = chunk_decays(gc, BT);
+      const blocks::ChunkDecays dec = blocks::chunk_decays(gc);
       Pt = Pt * exp(dec.D.T());
       Tile Kd = (K.to(f32) * expand_dims(exp(dec.R), 1)).to(dt);
       Tile dVn = (dot(Pt.to(dt), dO) + dot(Kd, dS_dt)).to(dt);
@@ -334,7 +335,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
     Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
     bg = cumsum(gc, 0);
     b_last = sum(gc, 0);
-    const ChunkDecays dec = chunk_decays(gc, BT);
+    const blocks::ChunkDecays dec = blocks::chunk_decays(gc);
     Gam = exp(dec.D);  // exp(b_r - b_c) for r > c; 1 elsewhere (every use is masked)
     e_b = expand_dims(exp(bg), 1);
     to_end = expand_dims(exp(dec.R), 1);
@@ -445,7 +446,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_keys(const DeltaChunkedBwdConf
   Tile to_end_VdS = VdS;
   if (cfg.gated) {
     Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
-    const ChunkDecays dec = chunk_decays(gc, BT);
+    const blocks::ChunkDecays dec = blocks::chunk_decays(gc);
     dPm = dPm * exp(dec.D);
     dQs = dQs * expand_dims(exp(cumsum(gc, 0)), 1);
     to_end_VdS = VdS * expand_dims(exp(dec.R), 1);
@@ -528,7 +529,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_ut(const DeltaChunkedBwdConfig
     Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
     bg = cumsum(gc, 0);
     b_last = sum(gc, 0);
-    const ChunkDecays dec = chunk_decays(gc, BT);
+    const blocks::ChunkDecays dec = blocks::chunk_decays(gc);
     Gam = exp(dec.D);
     e_b = expand_dims(exp(bg), 1);
     dec_R = dec.R;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "kernels/common/prologue.h"
+#include "linac/blocks.h"
 #include "linac/dsl.h"
 #include "linac/error.h"
 
@@ -10,70 +11,20 @@ namespace linac {
 
 using namespace dsl;
 
-namespace {
-
-/// 1 / sqrt(sum x^2 + eps) of each row of a [rows, BK] tile, f32 [rows].
-Tile inverse_row_norms(const Tile& x) {
-  Tile xf = x.to(DType::f32);
-  return rsqrt(sum(xf * xf, 1) + kDeltaL2NormEps);
-}
-
-}  // namespace
-
-/// T = (I + A)^-1 for a strictly lower triangular f32 [BT, BT] tile A (BT a power of two >= 2), in fp32,
-/// by doubling the inverted diagonal blocks: T starts as the inverses of the 2x2 diagonal blocks of
-/// I + A ([[1, 0], [a, 1]]^-1 = [[1, 0], [-a, 1]]); with T holding the inverses D1^-1, D2^-1 of the two
-/// s x s halves of every 2s x 2s diagonal block [[D1, 0], [C, D2]], that block's inverse is
-///   [[D1^-1, 0], [-D2^-1 C D1^-1, D2^-1]] = T - T C T    (C: the blocks' lower-left quadrants of A),
-/// exactly: T C T has its entries where T has none. log2(BT) - 1 levels of two products each (BT = 32:
-/// 8 fp32 products), the block substitution of the triangular inverse (no power series).
-Tile unit_lower_inverse(const Tile& A, int64_t BT) {
-  if (BT < 2 || (BT & (BT - 1)) != 0) throw InternalError(fmt::format("unit_lower_inverse: {} is not a power of two", BT));
-  const DType f32 = DType::f32;
-  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
-  Tile eye = where(row == col, full({BT, BT}, 1.0, f32), 0.0f);
-  Tile T = eye - where(row / 2 == col / 2, A, 0.0f);
-  for (int64_t s = 2; s < BT; s *= 2) {
-    Tile C = where((row / (2 * s) == col / (2 * s)) & (row / s != col / s), A, 0.0f);
-    T = T - dot(T, dot(C, T));
-  }
-  return T;
-}
-
-namespace {
-
-/// [t, c]: g_t where t > c, else 0 (the gates after column c, by row).
-Tile gates_below(const Tile& gc, int64_t BT) {
-  Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
-  return where(row > col, expand_dims(gc, 1), 0.0f);
-}
-
-}  // namespace
-
-ChunkDecays chunk_decays(const Tile& gc, int64_t BT) {
-  Tile below = gates_below(gc, BT);
-  return {cumsum(below, 0), sum(below, 0)};
-}
-
-Tile decays_between_rows(const Tile& gc, int64_t BT) { return cumsum(gates_below(gc, BT), 0); }
-
-Tile decays_to_chunk_end(const Tile& gc, int64_t BT) { return sum(gates_below(gc, BT), 0); }
-
 // One program per chunk. With b the chunk-local cumulative log-decay (zero without a gate) and
 // r = 1/||k|| with --l2norm-qk (else 1):
 //   A = strictly_lower(diag(beta r) (K K^T) diag(r) .* exp(b_r - b_c))
 //   T = (I + A)^-1                                  (fp32 throughout)
 //   W = T diag(beta exp(b) r) K,   U = T diag(beta) V
 // by blocks of 16 rows (NS = BT / 16 of them; chunk 16: one): T's diagonal blocks T_ii are inverted
-// alone (unit_lower_inverse), those below by block substitution,
-//   T_ij = -T_ii (A_ij T_jj + A_i,j+1 T_j+1,j + ... + A_i,i-1 T_i-1,j)      (i > j)
-// and W_i = sum_{j <= i} T_ij diag(..)_j K_j (likewise U). Inverting the whole [BT, BT] matrix by
+// alone, those below by block substitution (blocks::unit_lower_inverse_blocks), and
+// W_i = sum_{j <= i} T_ij diag(..)_j K_j (likewise U). Inverting the whole [BT, BT] matrix by
 // doubling spent dense [BT, BT] products on blocks known to be zero: at chunk 32, 8 fp32 products of
 // 32x32x32 against 14 of 16x16x16 here (docs/ops/delta_rule.md, "Measured").
 // The decays of A's blocks are sums of gates over the rows in between, never differences of cumulative
-// sums: in the diagonal blocks chunk_decays' D, below them exp(L_i) exp(mid) exp(R_j) with L_i the
-// cumulative gates of block i from its first row, R_j those after row c to the end of block j and mid
-// the totals of the blocks in between (every factor <= 1). W and U are products on the tensor cores in
+// sums: in the diagonal blocks blocks::chunk_decays' D, below them exp(L_i) exp(mid) exp(R_j) with L_i
+// the cumulative gates of block i from its first row, R_j those after row c to the end of block j and
+// mid the totals of the blocks in between (every factor <= 1). W and U are products on the tensor cores in
 // the input dtype (each T_ij rounded to it once, as the state products use it).
 std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
@@ -115,13 +66,13 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
     a_row[s] = beta_s[s];
     w_col[s] = beta_s[s];
     if (cfg.l2norm_qk) {
-      a_col[s] = inverse_row_norms(K[s]);
+      a_col[s] = blocks::inverse_norms(K[s], 1, kDeltaL2NormEps);
       a_row[s] = a_row[s] * a_col[s];
       w_col[s] = w_col[s] * a_col[s];
     }
     if (cfg.gated) {
       Tile gc = load(g, {b, ts, i_h}, {kIndex, BS, kIndex}, in_seq);
-      const ChunkDecays dec = chunk_decays(gc, BS);
+      const blocks::ChunkDecays dec = blocks::chunk_decays(gc);
       Tile L = cumsum(gc, 0);
       D[s] = dec.D;
       eL[s] = exp(L);
@@ -147,17 +98,10 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
     }
     return i == j ? where(row > col, A, 0.0f) : A;
   };
-  std::vector<std::vector<Tile>> A(NS, std::vector<Tile>(NS)), T(NS, std::vector<Tile>(NS));
+  std::vector<std::vector<Tile>> A(NS, std::vector<Tile>(NS));
   for (int i = 0; i < NS; ++i)
     for (int j = 0; j <= i; ++j) A[i][j] = a_block(i, j);
-  for (int i = 0; i < NS; ++i) T[i][i] = unit_lower_inverse(A[i][i], BS);
-  for (int d = 1; d < NS; ++d)
-    for (int j = 0; j + d < NS; ++j) {
-      const int i = j + d;
-      Tile X = dot(A[i][j], T[j][j]);
-      for (int m = j + 1; m < i; ++m) X = X + dot(A[i][m], T[m][j]);
-      T[i][j] = dot(T[i][i], X) * -1.0f;
-    }
+  const std::vector<std::vector<Tile>> T = blocks::unit_lower_inverse_blocks(A);
   if (cfg.store_t)
     for (int i = 0; i < NS; ++i)
       for (int j = 0; j < NS; ++j)
@@ -279,14 +223,14 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
     // Per-row factors of Q S and of K in the state update; invalid tiles stand for all ones.
     Tile q_norm, k_norm, q_factor, k_factor, b_last, gam;
     if (cfg.l2norm_qk) {
-      q_factor = q_norm = inverse_row_norms(Q);
-      k_factor = k_norm = inverse_row_norms(K);
+      q_factor = q_norm = blocks::inverse_norms(Q, 1, kDeltaL2NormEps);
+      k_factor = k_norm = blocks::inverse_norms(K, 1, kDeltaL2NormEps);
     }
     if (cfg.gated) {
       Tile gc = gc_next;
       gc_next = load(g, {b, t0 + BT, i_h}, {kIndex, BT, kIndex}, in_seq);
       // Rows past the sequence end load g = 0, so b stops growing there and b_C = b at the last row.
-      const ChunkDecays dec = chunk_decays(gc, BT);
+      const blocks::ChunkDecays dec = blocks::chunk_decays(gc);
       Tile e_b = exp(cumsum(gc, 0)), decay = exp(dec.R);  // exp(b), exp(b_C - b_r)
       b_last = sum(gc, 0);
       gam = exp(dec.D);  // exp(b_r - b_c) for r > c, summed directly; 1 on and above the diagonal
@@ -358,7 +302,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_out(const DeltaRuleConfig& cfg) {
   if (cfg.gated) {
     Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
     e_b = exp(cumsum(gc, 0));
-    gam = exp(decays_between_rows(gc, BT));
+    gam = exp(blocks::decays_between_rows(gc));
   }
   Tile O = chunk_output(Q, K, S, V_new, scale, e_b, Tile(), Tile(), gam, row >= col, dt);
   store(o, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), in_seq);

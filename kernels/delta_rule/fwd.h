@@ -42,24 +42,8 @@ struct DeltaRuleConfig {
   int v_blocks = 0;          // delta_rule_wy: U's value blocks of block_v, unrolled (0: a loop up to v's dim)
 };
 
-/// T = (I + A)^-1 for a strictly lower triangular f32 [BT, BT] tile A (BT a multiple of 16), in fp32
-/// (the UT transform; shared by the forward and the chunked backward). Inside a KernelBuilder.
-dsl::Tile unit_lower_inverse(const dsl::Tile& A, int64_t BT);
-
-/// The decays inside a chunk of the gated delta rule from its gates gc [BT] (f32), each summed over the
-/// rows it spans rather than taken as a difference of cumulative sums: D [BT, BT] holds
-/// g_{c+1} + ... + g_r below the diagonal (r > c, else 0), R [BT] holds g_{c+1} + ... + g_{BT-1} (the
-/// decay from row c to the chunk's end). A difference b_r - b_c of cumulative sums loses the small gates
-/// next to a very negative one (-1e4: 2e-4 relative error in the gradients); these do not.
-struct ChunkDecays {
-  dsl::Tile D, R;
-};
-ChunkDecays chunk_decays(const dsl::Tile& gc, int64_t BT);
-/// chunk_decays' D alone (a kernel that needs one of them records no work for the other: the IR keeps
-/// unused reductions).
-dsl::Tile decays_between_rows(const dsl::Tile& gc, int64_t BT);
-/// chunk_decays' R alone.
-dsl::Tile decays_to_chunk_end(const dsl::Tile& gc, int64_t BT);
+// The UT transform's inverse, the decays inside a chunk and the l2norm of rows are linac/blocks.h's
+// (blocks::unit_lower_inverse_blocks, blocks::chunk_decays, blocks::inverse_norms).
 
 /// Records the UT/WY kernel. Parameters: k v beta [g] [cu_seqlens chunk_indices] w u.
 /// Grid: (chunks, N*H), or (total chunks over all sequences, H) with varlen; chunk_indices [chunks, 2]

@@ -2,6 +2,7 @@
 #include "kernels/delta_rule/fwd.h"
 
 #include "kernels/common/prologue.h"
+#include "linac/blocks.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -36,10 +37,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_recurrent(const DeltaRuleConfig& cf
   Tile S = zeros({BK, BV}, f32);
   if (cfg.initial_state) S = load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
 
-  auto normalized = [&](Tile x) {
-    if (!cfg.l2norm_qk) return x;
-    return x * rsqrt(sum(x * x, 0) + kDeltaL2NormEps);
-  };
+  auto normalized = [&](Tile x) { return cfg.l2norm_qk ? blocks::l2normalize(x, 0, kDeltaL2NormEps) : x; };
   for_range(bos, eos, [&](Tile t) {
     Tile qt = normalized(load(q, {b, t, i_h, 0}, {kIndex, kIndex, kIndex, BK}).to(f32));
     Tile kt = normalized(load(k, {b, t, i_h, 0}, {kIndex, kIndex, kIndex, BK}).to(f32));

@@ -5,6 +5,7 @@
 
 #include "kernels/common/log_decay.h"
 #include "kernels/common/prologue.h"
+#include "linac/blocks.h"
 #include "linac/dsl.h"
 #include "linac/error.h"
 
@@ -15,15 +16,9 @@ using namespace dsl;
 // One program per (16-row sub-chunk, sequence x head), all independent: the diagonal block
 //   A_ii[r, c] = scale sum_d q_rd k_cd exp(L_rd - L_cd)  (r >= c; 0 above the diagonal)
 // with L the cumulative sum of the sub-chunk's gates from its first row, in fp32, written to a_diag
-// [B, T, H, 16] (fp32). Two ways, chosen per program:
-//  - factored, when the gates' spread over the sub-chunk (max_r L_rd - min_r L_rd, largest over the
-//    channels d) is at most kGlaFactorSpread: with a reference m_d midway between the extremes,
-//      A_ii = scale (Q .* exp(L - m)) (K .* exp(m - L))^T   (an fp32 product on the CUDA cores)
-//    every factor is within exp(+-kGlaFactorSpread / 2), so neither overflows nor underflows, and each
-//    term q_rd k_cd exp(L_rd - m_d) exp(m_d - L_cd) is its exact value to a few fp32 ulps: 2 x 16 exps per
-//    channel instead of 16 x 16. logsigmoid gates spread about 25 over 16 rows (fla's benchmark);
-//  - elementwise otherwise (steep gates, e.g. -5 per token or -1e4): one column c at a time (row c of
-//    K and L), masked to r >= c before exp, every exponent L_r - L_c <= 0.
+// [B, T, H, 16] (fp32): blocks::gated_scores_diagonal, factored with a reference gate where the gates'
+// spread allows (2 x 16 exps per channel instead of 16 x 16), elementwise otherwise (steep gates, e.g.
+// -5 per token or -1e4).
 std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg) {
   const int64_t BK = cfg.block_k, BC = kGlaSubChunk;
   const DType dt = cfg.dtype, f32 = DType::f32;
@@ -48,35 +43,14 @@ std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg) {
   // Gates floored (kernels/common/log_decay.h), here and in the elementwise form's rows: the spread and
   // L_r - L_c of -inf gates are NaN.
   Tile L = cumsum(floor_log_decay(load(g, {b, ti, i_h, 0}, {kIndex, BC, kIndex, BK}, in_seq)), 0);
-  Tile rows = expand_dims(iota(BC), 1), cols = expand_dims(iota(BC), 0);
-  Tile L_hi = max(L, 0), L_lo = min(L, 0);
-  Tile spread = max(L_hi - L_lo, 0);  // NaN gates compare false: the elementwise way
-  Tile A = zeros({BC, BC}, f32);
-  if_then_else(spread <= kGlaFactorSpread, [&] {
-    Tile m = expand_dims((L_hi + L_lo) * 0.5f, 0);
-    A = where(rows >= cols, dot(Qf * exp(L - m), (Kf * exp(m - L)).T()), 0.0f);
-  }, [&] {
-    Tile Lc = zeros({BK}, f32);  // row c of L, summed in the cumsum's order: L_r - L_c is 0 at r = c
-    // Row c of k and g, loaded one step ahead (carried) so that their latency overlaps a step
-    // (docs/ops/gla.md, "Measured").
-    auto row_of = [&](const Tensor& t, const Operand& r) {
-      return load(t, {b, ti + r, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
-    };
-    Tile k_row = row_of(k, 0), g_row = floor_log_decay(row_of(g, 0));
-    for_range(0, BC, [&](Tile c) {
-      Tile k_ahead = row_of(k, c + 1), g_ahead = floor_log_decay(row_of(g, c + 1));  // row 16 at the last step: unused
-      Tile kc = k_row.to(f32);
-      Lc = Lc + g_row;
-      k_row = k_ahead;
-      g_row = g_ahead;
-      Tile below = rows >= c;
-      // exp(..) first, so the product computes in the f32 math's layout and the Qf load follows it
-      // (passes: loads take their consumer's layout); Qf * kc first would fix the product in the 16-bit
-      // load's layout and copy each exp tile through shared memory.
-      Tile x = exp(where(below, L - expand_dims(Lc, 0), 0.0f)) * Qf * expand_dims(kc, 0);
-      A = A + where((cols == c) & below, expand_dims(sum(x, 1), 1), 0.0f);  // rows reduce in registers
-    }, A, Lc, k_row, g_row);
-  }, A);
+  // The elementwise form's rows of k and g, read from memory one step ahead of use so that their
+  // latency overlaps a step (docs/ops/gla.md, "Measured"); row 16, read at the last step, is unused.
+  auto row_of = [&](const Tensor& t, const Operand& r) {
+    return load(t, {b, ti + r, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
+  };
+  blocks::ScoreRows rows{[&](const Operand& r) { return row_of(k, r); },
+                         [&](const Operand& r) { return floor_log_decay(row_of(g, r)); }};
+  Tile A = blocks::gated_scores_diagonal(Qf, Kf, L, rows);
   store(a_diag, {b, ti, i_h, 0}, {kIndex, BC, kIndex, BC}, A * scale, in_seq);
   return kb.finish();
 }

@@ -9,6 +9,7 @@
 #pragma once
 #include <memory>
 
+#include "linac/blocks.h"
 #include "linac/dtype.h"
 
 namespace linac {
@@ -20,8 +21,9 @@ struct Kernel;
 /// Rows per sub-chunk: the diagonal blocks of the intra-chunk attention are this size.
 inline constexpr int kGlaSubChunk = 16;
 /// The largest spread of a sub-chunk's cumulative gates (per channel, over its 16 rows) for which
-/// gla_intra computes the diagonal block as a product of factors within exp(+-30) (see build_gla_intra).
-inline constexpr double kGlaFactorSpread = 60.0;
+/// gla_intra and gla_bwd_intra compute the diagonal block as a product of factors within exp(+-30)
+/// (blocks::gated_scores_diagonal).
+inline constexpr double kGlaFactorSpread = blocks::kFactorSpread;
 
 /// Compile-time configuration of the chunked forward kernels. Every field specializes the kernel.
 /// (The op's defaults depend on the head dims: see gla_config in op.cpp.)

@@ -1,0 +1,205 @@
+// The building blocks of linac/blocks.h: DSL code only (no IR of its own), the math in the header.
+// The library's kernels record through these functions, so the order of the ops recorded here is their
+// IR's: a change here changes every kernel that uses the block (tools/ptx_snapshot.sh shows which).
+#include "linac/blocks.h"
+
+#include <fmt/format.h>
+
+namespace linac::blocks {
+
+using namespace dsl;
+
+namespace {
+
+SourceLoc sl(const Loc& l) { return SourceLoc::from(l); }
+
+bool power_of_two(int64_t n) { return n >= 2 && (n & (n - 1)) == 0; }
+
+/// UserError at `loc` unless x is an f32 tile of rank `rank`.
+void require_f32(const char* block, const char* what, const Tile& x, int rank, const Loc& loc) {
+  if (x.rank(loc) != rank || x.dtype(loc) != DType::f32)
+    throw UserError(sl(loc), fmt::format("{}: {} must be an f32 tile of rank {}, got {} {}", block, what, rank,
+                                         dtype_name(x.dtype(loc)), fmt::join(x.shape(loc), "x")));
+}
+
+/// [t, c]: g_t where t > c, else 0 (the gates after column c, by row).
+Tile gates_below(const Tile& g) {
+  const int64_t n = g.shape()[0];
+  Tile row = expand_dims(iota(n), 1), col = expand_dims(iota(n), 0);
+  return where(row > col, expand_dims(g, 1), 0.0f);
+}
+
+}  // namespace
+
+Tile unit_lower_inverse(const Tile& A, Loc loc) {
+  require_f32("unit_lower_inverse", "A", A, 2, loc);
+  const int64_t n = A.shape(loc)[0];
+  if (A.shape(loc)[1] != n || !power_of_two(n))
+    throw UserError(sl(loc), fmt::format("unit_lower_inverse: A must be square with a power-of-two size >= 2, got {}",
+                                         fmt::join(A.shape(loc), "x")));
+  const DType f32 = DType::f32;
+  Tile row = expand_dims(iota(n), 1), col = expand_dims(iota(n), 0);
+  Tile eye = where(row == col, full({n, n}, 1.0, f32), 0.0f);
+  Tile T = eye - where(row / 2 == col / 2, A, 0.0f);
+  for (int64_t s = 2; s < n; s *= 2) {
+    Tile C = where((row / (2 * s) == col / (2 * s)) & (row / s != col / s), A, 0.0f);
+    T = T - dot(T, dot(C, T));
+  }
+  return T;
+}
+
+std::vector<std::vector<Tile>> unit_lower_inverse_blocks(const std::vector<std::vector<Tile>>& A, Loc loc) {
+  const size_t ns = A.size();
+  for (size_t i = 0; i < ns; ++i) {
+    if (A[i].size() < i + 1)
+      throw UserError(sl(loc), fmt::format("unit_lower_inverse_blocks: row {} of blocks has {} blocks; it needs the "
+                                           "{} blocks up to the diagonal", i, A[i].size(), i + 1));
+    for (size_t j = 0; j <= i; ++j) require_f32("unit_lower_inverse_blocks", "every block", A[i][j], 2, loc);
+  }
+  std::vector<std::vector<Tile>> T(ns, std::vector<Tile>(ns));
+  for (size_t i = 0; i < ns; ++i) T[i][i] = unit_lower_inverse(A[i][i], loc);
+  for (size_t d = 1; d < ns; ++d)
+    for (size_t j = 0; j + d < ns; ++j) {
+      const size_t i = j + d;
+      Tile X = dot(A[i][j], T[j][j]);
+      for (size_t m = j + 1; m < i; ++m) X = X + dot(A[i][m], T[m][j]);
+      T[i][j] = dot(T[i][i], X) * -1.0f;
+    }
+  return T;
+}
+
+ChunkDecays chunk_decays(const Tile& g, Loc loc) {
+  require_f32("chunk_decays", "g", g, 1, loc);
+  Tile below = gates_below(g);
+  return {cumsum(below, 0), sum(below, 0)};
+}
+
+Tile decays_between_rows(const Tile& g, Loc loc) {
+  require_f32("decays_between_rows", "g", g, 1, loc);
+  return cumsum(gates_below(g), 0);
+}
+
+Tile decays_to_chunk_end(const Tile& g, Loc loc) {
+  if (g.rank(loc) == 1) {
+    require_f32("decays_to_chunk_end", "g", g, 1, loc);
+    return sum(gates_below(g), 0);
+  }
+  require_f32("decays_to_chunk_end", "g ([BT] or [BT, K])", g, 2, loc);
+  // Per channel: the gates of rows c+1.. (row BT-1 has none after it), summed from the end.
+  const int64_t n = g.shape(loc)[0], k = g.shape(loc)[1];
+  if (n == 1) return zeros({1, k}, DType::f32);
+  return cumsum(concat({slice(g, 0, 1, n - 1), zeros({1, k}, DType::f32)}, 0), 0, /*reverse=*/true);
+}
+
+ScoreRows rows_of(const Tile& Y, const Tile& g, Loc loc) {
+  if (Y.rank(loc) != 2 || g.rank(loc) != 2 || Y.shape(loc) != g.shape(loc))
+    throw UserError(sl(loc), fmt::format("rows_of: Y and g must be [n, K] tiles of one shape, got {} and {}",
+                                         fmt::join(Y.shape(loc), "x"), fmt::join(g.shape(loc), "x")));
+  const int64_t last = Y.shape(loc)[0] - 1;
+  auto row = [last](const Tile& x) {
+    return [x, last](const Operand& r) {
+      Tile i = r.is_number ? constant(std::min<double>(r.number, static_cast<double>(last)), DType::i32)
+                           : minimum(r.tile, static_cast<int>(last));
+      return take(x, i, 0);
+    };
+  };
+  return {row(Y), row(g)};
+}
+
+Tile gated_scores_diagonal(const Tile& X, const Tile& Y, const Tile& L, const ScoreRows& rows, bool strictly_lower,
+                           Loc loc) {
+  require_f32("gated_scores_diagonal", "X", X, 2, loc);
+  require_f32("gated_scores_diagonal", "Y", Y, 2, loc);
+  require_f32("gated_scores_diagonal", "L", L, 2, loc);
+  if (X.shape(loc) != Y.shape(loc) || X.shape(loc) != L.shape(loc))
+    throw UserError(sl(loc), fmt::format("gated_scores_diagonal: X, Y and L must have one shape [n, K], got {}, {} and {}",
+                                         fmt::join(X.shape(loc), "x"), fmt::join(Y.shape(loc), "x"),
+                                         fmt::join(L.shape(loc), "x")));
+  if (!rows.y_row || !rows.gate_row)
+    throw UserError(sl(loc), "gated_scores_diagonal: `rows` needs both y_row and gate_row (or use rows_of(Y, g))");
+  const int64_t n = X.shape(loc)[0], K = X.shape(loc)[1];
+  const DType f32 = DType::f32;
+  auto on_or_below = [strictly_lower](const Operand& r, const Operand& c) { return strictly_lower ? r > c : r >= c; };
+  Tile row = expand_dims(iota(n), 1), col = expand_dims(iota(n), 0);
+  Tile L_hi = max(L, 0), L_lo = min(L, 0);
+  Tile spread = max(L_hi - L_lo, 0);  // NaN gates compare false: the elementwise way
+  Tile A = zeros({n, n}, f32);
+  if_then_else(spread <= kFactorSpread, [&] {
+    Tile m = expand_dims((L_hi + L_lo) * 0.5f, 0);
+    A = where(on_or_below(row, col), dot(X * exp(L - m), (Y * exp(m - L)).T()), 0.0f);
+  }, [&] {
+    Tile Lc = zeros({K}, f32);  // row c of L, summed in the cumsum's order: L_r - L_c is 0 at r = c
+    Tile y_row = rows.y_row(0), g_row = rows.gate_row(0);
+    for_range(0, n, [&](Tile c) {
+      Tile y_ahead = rows.y_row(c + 1), g_ahead = rows.gate_row(c + 1);  // row n at the last step: unused
+      Tile yc = y_row.to(f32);
+      Lc = Lc + g_row;
+      y_row = y_ahead;
+      g_row = g_ahead;
+      Tile below = on_or_below(row, c);
+      // exp(..) first, so the product computes in the f32 math's layout and a 16-bit row's load follows
+      // it (passes: loads take their consumer's layout); X * yc first would fix the product in the
+      // load's layout and copy each exp tile through shared memory.
+      Tile x = exp(where(below, L - expand_dims(Lc, 0), 0.0f)) * X * expand_dims(yc, 0);
+      A = A + where((col == c) & below, expand_dims(sum(x, 1), 1), 0.0f);  // rows reduce in registers
+    }, A, Lc, y_row, g_row);
+  }, A);
+  return A;
+}
+
+Tile gated_scores(const Tile& X, const Tile& Y, const Tile& g, bool strictly_lower, Loc loc) {
+  require_f32("gated_scores", "g", g, 2, loc);
+  const int64_t BT = g.shape(loc)[0];
+  if (X.rank(loc) != 2 || X.shape(loc) != g.shape(loc) || Y.shape(loc) != g.shape(loc) || BT % 16 != 0)
+    throw UserError(sl(loc), fmt::format("gated_scores: X, Y and g must be [BT, K] with BT a multiple of 16, got {}, "
+                                         "{} and {}", fmt::join(X.shape(loc), "x"), fmt::join(Y.shape(loc), "x"),
+                                         fmt::join(g.shape(loc), "x")));
+  constexpr int64_t S = 16;
+  const int ns = static_cast<int>(BT / S);
+  const DType f32 = DType::f32;
+  Tile Xf = X.to(f32), Yf = Y.to(f32);
+  std::vector<Tile> Xs(ns), Ys(ns), gs(ns), R(ns), tot(ns);
+  for (int i = 0; i < ns; ++i) {
+    Xs[i] = ns == 1 ? Xf : slice(Xf, 0, i * S, S);
+    Ys[i] = ns == 1 ? Yf : slice(Yf, 0, i * S, S);
+    gs[i] = ns == 1 ? g : slice(g, 0, i * S, S);
+  }
+  auto diagonal = [&](int i) {
+    return gated_scores_diagonal(Xs[i], Ys[i], cumsum(gs[i], 0), rows_of(Ys[i], gs[i]), strictly_lower, loc);
+  };
+  if (ns == 1) return diagonal(0);
+  Tile A = zeros({BT, BT}, f32);
+  for (int i = 0; i < ns; ++i) A = place(A, diagonal(i), {i * S, i * S});
+  Tile first_row = expand_dims(iota(S), 1) == 0;
+  for (int j = 0; j + 1 < ns; ++j) {
+    R[j] = decays_to_chunk_end(gs[j]);  // g_{c+1} + ... + g_{end of j}
+    tot[j] = sum(gs[j], 0);
+  }
+  for (int i = 1; i < ns; ++i) {
+    // X_i .* exp(g_{n+1} + ... + g_r), n the first row of block i.
+    Tile Xd = Xs[i] * exp(cumsum(where(first_row, 0.0f, gs[i]), 0));
+    Tile decay = take(gs[i], 0, 0);  // from the end of block j to row n, inclusive: g_n, then + tot_{j+1} ..
+    for (int j = i - 1; j >= 0; --j) {
+      Tile Yd = Ys[j] * exp(R[j] + expand_dims(decay, 0));
+      A = place(A, dot(Xd, Yd.T()), {i * S, j * S});
+      if (j > 0) decay = decay + tot[j];
+    }
+  }
+  return A;
+}
+
+Tile inverse_norms(const Tile& x, int axis, const Operand& eps, Loc loc) {
+  if (x.is_scalar(loc) || (x.rank(loc) != 1 && x.rank(loc) != 2) || axis < 0 || axis >= x.rank(loc))
+    throw UserError(sl(loc), fmt::format("inverse_norms: x must be a vector or a [rows, D] tile and axis one of its "
+                                         "axes, got rank {} and axis {}", x.rank(loc), axis));
+  Tile xf = x.to(DType::f32);
+  return rsqrt(sum(xf * xf, axis) + eps);
+}
+
+Tile l2normalize(const Tile& x, int axis, const Operand& eps, Loc loc) {
+  Tile xf = x.to(DType::f32);
+  Tile inv = inverse_norms(xf, axis, eps, loc);
+  return xf.rank() == 1 ? xf * inv : xf * expand_dims(inv, axis);
+}
+
+}  // namespace linac::blocks

@@ -1,0 +1,264 @@
+// The building blocks of linac/blocks.h on the interpreter, each against its math computed here in
+// double: a kernel loads f32 inputs, applies the block and stores its result.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "linac/blocks.h"
+#include "linac/dsl.h"
+#include "linac/runtime.h"
+
+using namespace linac;
+using namespace linac::dsl;
+namespace rt = linac::runtime;
+
+namespace {
+
+/// A row-major f32 host array with its shape.
+struct Array {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+  Array(std::vector<int64_t> s, float fill = 0.0f) : shape(std::move(s)) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    data.assign(static_cast<size_t>(n), fill);
+  }
+  float& operator()(int64_t i, int64_t j) { return data[static_cast<size_t>(i * shape[1] + j)]; }
+  float& operator[](int64_t i) { return data[static_cast<size_t>(i)]; }
+};
+
+Array random_array(std::vector<int64_t> shape, double lo, double hi, uint64_t seed) {
+  Array a(std::move(shape));
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(lo, hi);
+  for (float& x : a.data) x = static_cast<float>(u(rng));
+  return a;
+}
+
+/// Records a kernel that loads each input whole (f32), applies `fn` to the tiles and stores the tiles
+/// it returns into `outs` (their shapes given), then runs it on one program on the interpreter.
+void run_block(std::vector<Array*> ins, std::vector<Array*> outs,
+               const std::function<std::vector<Tile>(const std::vector<Tile>&)>& fn) {
+  KernelBuilder kb("block_test");
+  std::vector<Tensor> in_t, out_t;
+  for (size_t i = 0; i < ins.size(); ++i)
+    in_t.push_back(kb.tensor("in" + std::to_string(i), DType::f32, static_cast<int>(ins[i]->shape.size())));
+  for (size_t i = 0; i < outs.size(); ++i)
+    out_t.push_back(kb.tensor("out" + std::to_string(i), DType::f32, static_cast<int>(outs[i]->shape.size())));
+  std::vector<Tile> tiles;
+  for (size_t i = 0; i < ins.size(); ++i)
+    tiles.push_back(load(in_t[i], std::vector<Operand>(ins[i]->shape.size(), 0), ins[i]->shape));
+  std::vector<Tile> results = fn(tiles);
+  REQUIRE(results.size() == outs.size());
+  for (size_t i = 0; i < outs.size(); ++i)
+    store(out_t[i], std::vector<Operand>(outs[i]->shape.size(), 0), outs[i]->shape, results[i]);
+  auto kernel = kb.finish();
+  rt::Args args;
+  for (size_t i = 0; i < ins.size(); ++i)
+    args.emplace("in" + std::to_string(i), rt::TensorView::of(ins[i]->data.data(), ins[i]->shape));
+  for (size_t i = 0; i < outs.size(); ++i) {
+    std::fill(outs[i]->data.begin(), outs[i]->data.end(), std::numeric_limits<float>::quiet_NaN());
+    args.emplace("out" + std::to_string(i), rt::TensorView::of(outs[i]->data.data(), outs[i]->shape));
+  }
+  rt::run(*kernel, rt::Grid{1}, args, rt::Device::cpu);
+}
+
+/// (I + A)^-1 of a strictly lower triangular n x n matrix by forward substitution, in double.
+std::vector<double> unit_lower_inverse_f64(Array& A) {
+  const int64_t n = A.shape[0];
+  std::vector<double> T(static_cast<size_t>(n * n), 0.0);
+  for (int64_t c = 0; c < n; ++c) {
+    T[c * n + c] = 1.0;
+    for (int64_t r = c + 1; r < n; ++r) {
+      double s = 0;
+      for (int64_t m = c; m < r; ++m) s += double(A(r, m)) * T[m * n + c];
+      T[r * n + c] = -s;
+    }
+  }
+  return T;
+}
+
+/// A strictly lower triangular matrix with entries of size about 1 / n (a chunk's beta K K^T).
+Array strictly_lower(int64_t n, uint64_t seed) {
+  Array A = random_array({n, n}, -2.0 / double(n), 2.0 / double(n), seed);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = r; c < n; ++c) A(r, c) = 0.0f;
+  return A;
+}
+
+/// max |x - want| over all elements, NaN counted as infinite.
+double worst_error(const Array& x, const std::vector<double>& want) {
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = std::abs(double(x.data[i]) - want[i]);
+    worst = std::isnan(d) ? std::numeric_limits<double>::infinity() : std::max(worst, d);
+  }
+  return worst;
+}
+
+/// sum_d x_rd y_cd exp(G_rd - G_cd) for r >= c (r > c when strict), G = cumsum(g) by rows, in double.
+std::vector<double> gated_scores_f64(Array& X, Array& Y, Array& g, bool strict) {
+  const int64_t n = X.shape[0], K = X.shape[1];
+  std::vector<double> G(static_cast<size_t>(n * K)), A(static_cast<size_t>(n * n), 0.0);
+  for (int64_t d = 0; d < K; ++d)
+    for (int64_t r = 0; r < n; ++r) G[r * K + d] = (r ? G[(r - 1) * K + d] : 0.0) + double(g(r, d));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < (strict ? r : r + 1); ++c) {
+      double s = 0;
+      for (int64_t d = 0; d < K; ++d) s += double(X(r, d)) * double(Y(c, d)) * std::exp(G[r * K + d] - G[c * K + d]);
+      A[r * n + c] = s;
+    }
+  return A;
+}
+
+}  // namespace
+
+TEST_CASE("blocks: unit_lower_inverse is (I + A)^-1") {
+  for (int64_t n : {2, 16, 32, 64}) {
+    CAPTURE(n);
+    Array A = strictly_lower(n, 7 + n), T({n, n});
+    run_block({&A}, {&T}, [](const std::vector<Tile>& t) { return std::vector<Tile>{blocks::unit_lower_inverse(t[0])}; });
+    CHECK(worst_error(T, unit_lower_inverse_f64(A)) < 1e-5);
+  }
+}
+
+TEST_CASE("blocks: unit_lower_inverse_blocks is (I + A)^-1, by 16-row blocks") {
+  for (int64_t n : {16, 32, 64}) {
+    CAPTURE(n);
+    const int ns = static_cast<int>(n / 16);
+    Array A = strictly_lower(n, 3 + n), T({n, n});
+    run_block({&A}, {&T}, [&](const std::vector<Tile>& t) {
+      std::vector<std::vector<Tile>> blk(ns);
+      for (int i = 0; i < ns; ++i)
+        for (int j = 0; j <= i; ++j) blk[i].push_back(slice(slice(t[0], 0, 16 * i, 16), 1, 16 * j, 16));
+      std::vector<std::vector<Tile>> inv = blocks::unit_lower_inverse_blocks(blk);
+      Tile out = zeros({n, n}, DType::f32);
+      for (int i = 0; i < ns; ++i)
+        for (int j = 0; j <= i; ++j) out = place(out, inv[i][j], {16 * i, 16 * j});
+      return std::vector<Tile>{out};
+    });
+    CHECK(worst_error(T, unit_lower_inverse_f64(A)) < 1e-5);
+  }
+}
+
+TEST_CASE("blocks: chunk_decays are the gates' sums between rows, to the row and to the chunk's end") {
+  const int64_t n = 32;
+  Array g = random_array({n}, -1.0, 0.0, 11), D({n, n}), R({n}), D1({n, n}), R1({n});
+  g[5] = -1e4f;  // a steep gate: the sums around it keep the small ones (differences would not)
+  run_block({&g}, {&D, &R, &D1, &R1}, [](const std::vector<Tile>& t) {
+    blocks::ChunkDecays d = blocks::chunk_decays(t[0]);
+    return std::vector<Tile>{d.D, d.R, blocks::decays_between_rows(t[0]), blocks::decays_to_chunk_end(t[0])};
+  });
+  std::vector<double> want_D(n * n, 0.0), want_R(n, 0.0);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < r; ++c)
+      for (int64_t t = c + 1; t <= r; ++t) want_D[r * n + c] += double(g[t]);
+  for (int64_t c = 0; c < n; ++c)
+    for (int64_t t = c + 1; t < n; ++t) want_R[c] += double(g[t]);
+  // To n roundings of the entry's own size (4e-6 relative, 4e-6 absolute below 1): a sum that does not
+  // span the -1e4 keeps its small gates, which a difference of cumulative sums rounds to ulp(1e4) = 1e-3.
+  auto close = [](Array& x, const std::vector<double>& want) {
+    for (size_t i = 0; i < want.size(); ++i)
+      if (!(std::abs(double(x.data[i]) - want[i]) <= 4e-6 * std::max(1.0, std::abs(want[i])))) return false;
+    return true;
+  };
+  CHECK(close(D, want_D));
+  CHECK(close(R, want_R));
+  CHECK(close(D1, want_D));
+  CHECK(close(R1, want_R));
+}
+
+TEST_CASE("blocks: decays_to_chunk_end per channel") {
+  const int64_t n = 32, K = 8;
+  Array g = random_array({n, K}, -1.0, 0.0, 5), R({n, K});
+  g(3, 2) = -1e4f;
+  run_block({&g}, {&R}, [](const std::vector<Tile>& t) { return std::vector<Tile>{blocks::decays_to_chunk_end(t[0])}; });
+  for (int64_t c = 0; c < n; ++c)
+    for (int64_t d = 0; d < K; ++d) {
+      double want = 0;
+      for (int64_t t = c + 1; t < n; ++t) want += double(g(t, d));
+      CAPTURE(c);
+      CAPTURE(d);
+      CHECK(std::abs(double(R(c, d)) - want) <= 4e-6 * std::max(1.0, std::abs(want)));
+    }
+}
+
+TEST_CASE("blocks: gated scores, factored and elementwise, with and without the diagonal") {
+  const int64_t K = 24;
+  // Mild gates take the factored form; steep ones (-6 per row in a channel: a spread of 90 over 16
+  // rows) the elementwise one: steep in the first 16 rows only, so that a chunk's blocks differ.
+  for (double steep : {0.0, -6.0}) {
+    for (int64_t n : {16, 32, 64}) {
+      for (bool strict : {false, true}) {
+        CAPTURE(steep);
+        CAPTURE(n);
+        CAPTURE(strict);
+        Array X = random_array({n, K}, -1, 1, 1 + n), Y = random_array({n, K}, -1, 1, 2 + n);
+        Array g = random_array({n, K}, -0.5, 0.0, 3 + n), A({n, n}), Ad({16, 16});
+        if (steep != 0)
+          for (int64_t r = 0; r < 16; ++r) g(r, 1) = static_cast<float>(steep);
+        run_block({&X, &Y, &g}, {&A, &Ad}, [&](const std::vector<Tile>& t) {
+          Tile X0 = slice(t[0], 0, 0, 16), Y0 = slice(t[1], 0, 0, 16), g0 = slice(t[2], 0, 0, 16);
+          Tile diag = blocks::gated_scores_diagonal(X0, Y0, cumsum(g0, 0), blocks::rows_of(Y0, g0), strict);
+          return std::vector<Tile>{blocks::gated_scores(t[0], t[1], t[2], strict), diag};
+        });
+        const std::vector<double> want = gated_scores_f64(X, Y, g, strict);
+        double worst = 0, scale = 0;
+        for (int64_t i = 0; i < n * n; ++i) {
+          const double d = std::abs(double(A[i]) - want[i]);
+          worst = std::isnan(d) ? std::numeric_limits<double>::infinity() : std::max(worst, d);
+          scale = std::max(scale, std::abs(want[i]));
+        }
+        CHECK(worst <= 1e-5 * scale);
+        double worst_d = 0;
+        for (int64_t r = 0; r < 16; ++r)
+          for (int64_t c = 0; c < 16; ++c) worst_d = std::max(worst_d, std::abs(double(Ad(r, c)) - want[r * n + c]));
+        CHECK(worst_d <= 1e-5 * scale);
+      }
+    }
+  }
+}
+
+TEST_CASE("blocks: inverse_norms and l2normalize, of rows and of a vector") {
+  const int64_t n = 16, D = 24;
+  Array x = random_array({n, D}, -2, 2, 9), inv({n}), rows({n, D}), vec({D});
+  const double eps = 1e-6;
+  run_block({&x}, {&inv, &rows, &vec}, [&](const std::vector<Tile>& t) {
+    return std::vector<Tile>{blocks::inverse_norms(t[0], 1, eps), blocks::l2normalize(t[0], 1, eps),
+                             blocks::l2normalize(take(t[0], 3, 0), 0, eps)};
+  });
+  for (int64_t r = 0; r < n; ++r) {
+    double ss = 0;
+    for (int64_t d = 0; d < D; ++d) ss += double(x(r, d)) * x(r, d);
+    const double want = 1 / std::sqrt(ss + eps);
+    CHECK(std::abs(inv[r] - want) <= 1e-6 * want);
+    for (int64_t d = 0; d < D; ++d) {
+      CHECK(std::abs(rows(r, d) - x(r, d) * want) <= 1e-6);
+      if (r == 3) CHECK(std::abs(vec[d] - x(r, d) * want) <= 1e-6);
+    }
+  }
+}
+
+TEST_CASE("blocks: a wrong shape is a user error at the caller's line") {
+  KernelBuilder kb("block_errors");
+  Tile A = zeros({24, 24}, DType::f32);
+  const unsigned line = __LINE__ + 2;
+  try {
+    blocks::unit_lower_inverse(A);
+    FAIL("expected a UserError");
+  } catch (const UserError& e) {
+    CHECK(e.loc().line == line);
+    CHECK(std::string(e.what()).find("power-of-two") != std::string::npos);
+  }
+  Tile g = zeros({16, 8}, DType::f32), X = zeros({16, 4}, DType::f32);
+  CHECK_THROWS_AS(blocks::gated_scores(X, X, g), UserError);
+  CHECK_THROWS_AS(blocks::chunk_decays(g), UserError);
+  CHECK_THROWS_AS(blocks::gated_scores(zeros({24, 8}, DType::f32), zeros({24, 8}, DType::f32), zeros({24, 8}, DType::f32)),
+                  UserError);
+}

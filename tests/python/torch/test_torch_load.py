@@ -123,7 +123,7 @@ def test_load_again_after_an_edit(tmp_path, cache):
     torch.testing.assert_close(linac.load(path).edited(x), 5 * x)
 
 
-@pytest.mark.parametrize("example,extra", [("retnet", []), ("hedgehog", ["--F", "16"])])
+@pytest.mark.parametrize("example,extra", [("retnet", []), ("hedgehog", ["--F", "16"]), ("kda", [])])
 def test_example_from_python(example, extra):
     script = REPO / "examples" / example / f"{example}.py"
     out = subprocess.run([sys.executable, str(script), "--device", DEVICE, "--T", "40", "--H", "2", "--K", "32",

@@ -107,8 +107,9 @@ Tile gated_scores_diagonal(const Tile& X, const Tile& Y, const Tile& L, const Sc
 /// in fp32, [BT, BT], by 16-row blocks: the diagonal ones by gated_scores_diagonal (their rows from
 /// the tiles), those below with the reference gate at the first row n of block i,
 ///   A_ij = (X_i .* exp(G_i - G_n)) (Y_j .* exp(G_n - G_j))^T      (i > j)
-/// where G_i - G_n = g_{n+1} + ... + g_r and G_n - G_j = (g_{c+1} + ... + g_n) are sums of gates
-/// (<= 0): no factor exceeds 1, so no gate however steep overflows a product.
+/// where G_i - G_n = g_{n+1} + ... + g_r and G_n - G_j = g_{c+1} + ... + g_n are sums of gates
+/// (<= 0): no factor exceeds 1, so no gate however steep overflows a product. As for the diagonal
+/// blocks, floor gates of -inf first.
 Tile gated_scores(const Tile& X, const Tile& Y, const Tile& g, bool strictly_lower = false,
                   Loc loc = Loc::current());
 

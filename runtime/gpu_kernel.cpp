@@ -116,7 +116,7 @@ std::shared_ptr<GpuKernel> GpuKernel::get(const ir::Kernel& k) {
   static std::mutex mu;
   static std::map<std::string, std::shared_ptr<GpuKernel>> table;  // by cache key
   const cuda::DeviceInfo& dev = cuda::device_info();
-  nvptx::GpuTarget target{dev.sm() >= 90 ? 90 : 80};
+  const nvptx::GpuTarget target = nvptx::GpuTarget::for_sm(dev.sm());
   std::string tir = ir::print(k);
   // Read before the key: the key must hash exactly the override that is compiled.
   const std::optional<nvptx::StageOverride> replaced = nvptx::stage_override_from_env(k);
@@ -126,7 +126,7 @@ std::shared_ptr<GpuKernel> GpuKernel::get(const ir::Kernel& k) {
       .add("build_id", library_build_id())
       .add("llvm", nvptx::llvm_version())
       .add("tir", tir)
-      .add("target", target.name())
+      .add("target", target.key())
       .add("device_sm", std::to_string(dev.sm()));
   // Only overridden kernels get these fields, so the keys of all others stay what they were, and an
   // overridden kernel never meets the cubin of the normal one, or of another edit.

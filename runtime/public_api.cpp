@@ -256,7 +256,7 @@ Arch gpu_arch() {
 
 Compiled compile(const ir::Kernel& k, Arch arch) {
   nvptx::CompiledKernel c =
-      nvptx::compile_kernel(k, nvptx::GpuTarget{arch == Arch::sm_80 ? 80 : 90}, nvptx::stage_override_from_env(k));
+      nvptx::compile_kernel(k, nvptx::GpuTarget::for_sm(arch == Arch::sm_80 ? 80 : 90), nvptx::stage_override_from_env(k));
   Compiled out;
   out.entry = std::move(c.entry);
   out.tir = std::move(c.tir);

@@ -326,7 +326,7 @@ struct KernelSelection {
   nvptx::GpuTarget target;
   std::optional<ProblemShape> shape;  // the kernels of a call at this shape instead of the representative ones
   bool gated = false;
-  KernelSelection() { opts.dtype = DType::bf16; }
+  KernelSelection() : target(nvptx::GpuTarget::for_sm(90)) { opts.dtype = DType::bf16; }
 };
 
 ProblemShape parse_shape(const std::string& spec);

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include "compiler/nvptx/codegen.h"
 
+#include <cstdlib>
 #include <fmt/format.h>
 #include <llvm/AsmParser/Parser.h>
 #include <llvm/IR/AutoUpgrade.h>
@@ -26,6 +27,26 @@
 #include "compiler/passes/smem_plan.h"
 
 namespace linac::nvptx {
+
+GpuTarget GpuTarget::for_sm(int sm) {
+  GpuTarget t{sm >= 90 ? 90 : 80};
+  if (const char* w = std::getenv("LINAC_WGMMA"); w && *w) {
+    const std::string s(w);
+    if (s == "0") t.sm90_dots = passes::DotUnit::mma_sync;
+    else if (s == "a-shared") t.sm90_dots = passes::DotUnit::wgmma_a_shared;
+    else if (s != "1") throw UserError(fmt::format("LINAC_WGMMA={}: expected 0, 1 or a-shared", s));
+  }
+  return t;
+}
+
+std::string GpuTarget::key() const {
+  switch (dots()) {
+    case passes::DotUnit::wgmma: return name();
+    case passes::DotUnit::wgmma_a_shared: return name() + "-wgmma-a-shared";
+    case passes::DotUnit::mma_sync: return sm >= 90 ? name() + "-mma.sync" : name();
+  }
+  return name();
+}
 
 std::string GpuTarget::name() const { return sm >= 90 ? fmt::format("sm_{}a", sm) : fmt::format("sm_{}", sm); }
 
@@ -146,10 +167,11 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
   out.entry = k.name;
   out.tir = ir::print(k);
   out.num_threads = k.num_warps * 32;
-  passes::LayoutMap layouts = passes::assign_layouts(k);
+  passes::LayoutMap layouts = passes::assign_layouts(k, target.uses_wgmma());
   out.tir_layouts = passes::print_with_layouts(k, layouts);
   if (last == Stage::layouts) return out;
-  passes::SmemPlan plan = passes::plan_shared_memory(k, layouts, passes::plan_pipelining(k), target.max_smem_bytes());
+  passes::SmemPlan plan = passes::plan_shared_memory(k, layouts, passes::plan_pipelining(k), target.max_smem_bytes(),
+                                                     target.dots());
   out.smem_plan = passes::print_smem_plan(k, plan);
   out.smem_bytes = plan.total_bytes;
   if (last == Stage::smem) return out;

@@ -7,12 +7,25 @@
 
 #include "compiler/ir/ir.h"
 #include "compiler/nvptx/stage_override.h"
+#include "compiler/passes/smem_plan.h"
 
 namespace linac::nvptx {
 
-/// What to compile for. `sm` 80 emits sm_80 PTX; 90 emits sm_90a (arch-specific features allowed).
+/// What to compile for. `sm` 80 emits sm_80 PTX; 90 emits sm_90a (arch-specific features allowed):
+/// there the dots that can run on warpgroup tensor cores do, as `sm90_dots` says (passes::DotUnit;
+/// A from registers by default: faster than from shared memory with the dots waited for at once,
+/// docs/hopper.md).
 struct GpuTarget {
   int sm = 90;
+  passes::DotUnit sm90_dots = passes::DotUnit::wgmma;
+  passes::DotUnit dots() const { return sm >= 90 ? sm90_dots : passes::DotUnit::mma_sync; }
+  bool uses_wgmma() const { return dots() != passes::DotUnit::mma_sync; }
+  /// name() and, when it is not the default, where the dots run: what a cache key must tell apart.
+  std::string key() const;
+  /// The target for compute capability `sm` (sm_90a from 90 on, else sm_80), its sm_90a dots as
+  /// LINAC_WGMMA asks: 0 mma.sync, 1 wgmma (the default), a-shared wgmma with A from shared memory (to
+  /// compare them in one run); UserError for another value.
+  static GpuTarget for_sm(int sm);
   std::string name() const;  // "sm_80", "sm_90a"
   /// The most dynamic shared memory one block may have there (227 KB on sm_90, 163 KB on sm_80).
   int64_t max_smem_bytes() const { return sm >= 90 ? 232448 : sm == 80 ? 166912 : 101376; }

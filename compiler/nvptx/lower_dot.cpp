@@ -12,6 +12,7 @@
 // in kernels full of fp32 state products the split fragments still cost spills (4-byte spills in
 // three kernels under ptxas even with the loop).
 #include <fmt/format.h>
+#include <llvm/IR/InlineAsm.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
 
 #include <array>
@@ -59,6 +60,18 @@ void KernelLowering::lower_dot(const ir::Op& op) {
   const Layout& l = layout(op.result());
   auto f32 = b_.getFloatTy();
 
+  const auto wgmma = smem_.wgmma_dots.find(&op);
+  if (wgmma != smem_.wgmma_dots.end()) {
+    // The tensor cores read B through the async proxy: every thread's writes of shared memory (generic
+    // proxy: stores, and cp.async copies once waited for) are ordered before them by a proxy fence in
+    // that thread, then a barrier; the copies in flight are waited for before the fence.
+    if (!prefetch_in_flight_.empty()) {
+      b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(0)});
+      prefetch_in_flight_.clear();
+    }
+    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_fence_proxy_async_shared_cta, {});
+    barrier();
+  }
   before_smem_access({smem_range(a.buf), smem_range(b.buf)}, {});
   auto read = [&](const SmemOperand& o, llvm::Value* i, llvm::Value* j) {
     return b_.CreateLoad(llvm_type(o.buf->type.dtype), o.transposed ? stored_addr(o, j, i) : stored_addr(o, i, j));
@@ -86,14 +99,13 @@ void KernelLowering::lower_dot(const ir::Op& op) {
     return;
   }
 
-  // Tensor cores. Each warp owns a [M/wm, N/wn] block: mt x nt tiles of 16 x 8.
+  // Tensor cores. Each warp owns mt x nt tiles of 16 x 8 in the columns [n_base, n_base + N/wn): the
+  // 16-row tiles from m_base on, one after the other or wm tiles apart (layout.h).
   const int64_t mt = M / l.wm / 16, nt = N / l.wn / 8;
-  llvm::Value* warp = b_.CreateUDiv(tid_, i32(32));
   llvm::Value* lane = b_.CreateURem(tid_, i32(32));
-  llvm::Value* warp_n = b_.CreateURem(warp, i32(l.wn));
-  llvm::Value* warp_m = b_.CreateURem(b_.CreateUDiv(warp, i32(l.wn)), i32(l.wm));
-  llvm::Value* m_base = b_.CreateMul(warp_m, i32(M / l.wm));
-  llvm::Value* n_base = b_.CreateMul(warp_n, i32(N / l.wn));
+  const MmaWarp w = mma_warp(l);
+  llvm::Value *m_base = w.row0, *n_base = w.col0;
+  auto tile_row = [&](int64_t tm) { return b_.CreateAdd(m_base, i32(tm * 16 * (l.warpgroups ? l.wm : 1))); };
   if (tf32x3) {
     // m16n8k8 fragments (g = lane / 4, t = lane % 4): a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4)
     // of the 16x8 A tile; b0 (t, g), b1 (t+4, g) of the 8x8 B tile; the accumulators as in m16n8k16.
@@ -111,7 +123,7 @@ void KernelLowering::lower_dot(const ir::Op& op) {
       llvm::Value* k_hi = b_.CreateAdd(k_lo, i32(4));
       std::vector<std::array<std::pair<llvm::Value*, llvm::Value*>, 4>> af(mt);
       for (int64_t tm = 0; tm < mt; ++tm) {
-        llvm::Value* r0 = b_.CreateAdd(m_base, b_.CreateAdd(i32(tm * 16), g));
+        llvm::Value* r0 = b_.CreateAdd(tile_row(tm), g);
         llvm::Value* r1 = b_.CreateAdd(r0, i32(8));
         af[tm] = {split(read(a, r0, k_lo)), split(read(a, r1, k_lo)), split(read(a, r0, k_hi)), split(read(a, r1, k_hi))};
       }
@@ -161,17 +173,12 @@ void KernelLowering::lower_dot(const ir::Op& op) {
   };
 
   std::vector<llvm::Value*> acc(mt * nt * 4, llvm::ConstantFP::get(f32, 0.0));
-  const auto mma_id = in == DType::bf16 ? llvm::Intrinsic::nvvm_mma_m16n8k16_row_col_bf16
-                                        : llvm::Intrinsic::nvvm_mma_m16n8k16_row_col_f32_f32;
-  // The f16 form takes its fragments as <2 x half>; the bf16 form as i32.
-  auto frag = [&](llvm::Value* x) {
-    return in == DType::f16 ? b_.CreateBitCast(x, llvm::FixedVectorType::get(b_.getHalfTy(), 2)) : x;
-  };
-  for (int64_t k0 = 0; k0 < K; k0 += 16) {
-    // A fragments: a0 rows 0-7/k 0-7, a1 rows 8-15/k 0-7, a2 rows 0-7/k 8-15, a3 rows 8-15/k 8-15.
+  // A's fragments of the 16-deep step at k0, one per 16-row tile of this warp: a0 rows 0-7/k 0-7, a1
+  // rows 8-15/k 0-7, a2 rows 0-7/k 8-15, a3 rows 8-15/k 8-15 (as mma.sync and wgmma take them).
+  auto a_fragments = [&](int64_t k0) {
     std::vector<std::vector<llvm::Value*>> afrag(mt);
     for (int64_t tm = 0; tm < mt; ++tm) {
-      llvm::Value* m0 = b_.CreateAdd(m_base, i32(tm * 16));
+      llvm::Value* m0 = tile_row(tm);
       if (!a.transposed) {
         // Stored [m][k]: lane l addresses row m0 + l%16 at column k0 + (l/16)*8.
         llvm::Value* row = b_.CreateAdd(m0, b_.CreateURem(lane, i32(16)));
@@ -184,6 +191,23 @@ void KernelLowering::lower_dot(const ir::Op& op) {
         afrag[tm] = ldmatrix(a, row, col, true, 4);
       }
     }
+    return afrag;
+  };
+  if (wgmma != smem_.wgmma_dots.end()) {
+    // The first row of this warpgroup's 64 in tile tm: its warps are 4 consecutive along M.
+    llvm::Value* wg_base = b_.CreateMul(b_.CreateUDiv(w.m, i32(4)), i32(64));
+    auto wg_row = [&](int64_t tm) { return b_.CreateAdd(wg_base, i32(tm * 16 * l.wm)); };
+    regs_[op.result()] = lower_wgmma(wgmma->second, in, K, N / l.wn, mt, n_base, wg_row, acc, a_fragments);
+    return;
+  }
+  const auto mma_id = in == DType::bf16 ? llvm::Intrinsic::nvvm_mma_m16n8k16_row_col_bf16
+                                        : llvm::Intrinsic::nvvm_mma_m16n8k16_row_col_f32_f32;
+  // The f16 form takes its fragments as <2 x half>; the bf16 form as i32.
+  auto frag = [&](llvm::Value* x) {
+    return in == DType::f16 ? b_.CreateBitCast(x, llvm::FixedVectorType::get(b_.getHalfTy(), 2)) : x;
+  };
+  for (int64_t k0 = 0; k0 < K; k0 += 16) {
+    std::vector<std::vector<llvm::Value*>> afrag = a_fragments(k0);
     // B fragments for pairs of n-tiles: b0 k 0-7, b1 k 8-15 of each.
     std::vector<std::vector<llvm::Value*>> bfrag(nt);
     for (int64_t tn = 0; tn < nt; tn += 2) {
@@ -216,6 +240,109 @@ void KernelLowering::lower_dot(const ir::Op& op) {
       }
   }
   regs_[op.result()] = acc;
+}
+
+std::vector<llvm::Value*> KernelLowering::lower_wgmma(
+    const passes::WgmmaDot& d, DType in, int64_t K, int64_t n_wg, int64_t mt, llvm::Value* n_base,
+    const std::function<llvm::Value*(int64_t)>& wg_row, std::vector<llvm::Value*> acc,
+    const std::function<std::vector<std::vector<llvm::Value*>>(int64_t)>& a_fragments) {
+  // An operand's matrix descriptor at depth 0 for the rows or columns from `mn` (this warpgroup's): the
+  // shared address of its first element (passed as 32 bits, the descriptor made in the instruction's
+  // PTX: loop-invariant descriptors hoisted out of loops took two registers each), with the swizzle's
+  // strides (smem_plan.h). A K-major step lies in one block (LBO unused); MN-major rows or columns go
+  // on from block to block, LBO apart. The start is an 8-row boundary: no swizzle term in its address.
+  auto start_address = [&](const passes::WgmmaOperand& o, llvm::Value* mn) {
+    llvm::Value* m = b_.CreateAdd(mn, i32(o.k_major ? o.row0 : o.col0));
+    llvm::Value* kk = i32(o.k_major ? o.col0 : o.row0);
+    llvm::Value* addr = o.k_major ? smem_addr(o.buf, {m, kk}) : smem_addr(o.buf, {kk, m});
+    return b_.CreateTrunc(b_.CreatePtrToInt(addr, b_.getInt64Ty()), b_.getInt32Ty());
+  };
+  auto descriptor_fields = [&](const passes::WgmmaOperand& o) {
+    const int64_t W = smem_.buffers.at(o.buf).swizzle_bytes;
+    const uint64_t mode = W == 128 ? 1 : W == 64 ? 2 : 3;
+    const uint64_t lbo = o.k_major ? 16 : static_cast<uint64_t>(o.buf->type.shape[0] * W), sbo = 8 * W;
+    return ((lbo >> 4) & 0x3FFF) << 16 | ((sbo >> 4) & 0x3FFF) << 32 | mode << 62;
+  };
+  // How far the step at depth k0 starts from depth 0, in the descriptor's 16-byte units: a constant
+  // (both starts are unswizzled), added inside the instruction's PTX so that LLVM keeps one descriptor
+  // per operand alive, not one per step (hoisted out of loops they took 2 registers each).
+  auto step_units = [&](const passes::WgmmaOperand& o, int64_t k0) {
+    const int64_t W = smem_.buffers.at(o.buf).swizzle_bytes, elem = dtype_bytes(o.buf->type.dtype);
+    const int64_t block_cols = W / elem, block_bytes = o.buf->type.shape[0] * W;
+    auto along_k = [&](int64_t c) { return c / block_cols * block_bytes + c % block_cols * elem; };
+    const int64_t bytes = o.k_major ? along_k(o.col0 + k0) - along_k(o.col0) : k0 * W;
+    return bytes / 16;
+  };
+
+  // wgmma.mma_async m64nNk16: N/2 f32 accumulators per thread (tied in and out); A as four registers
+  // or a descriptor; B's descriptor; whether to add to the accumulators (0 on the first step); B
+  // transposed when MN-major (and A when MN-major, from shared memory). Inline PTX: LLVM has no
+  // intrinsic for it.
+  const bool a_smem = d.a.buf != nullptr;
+  const int nacc = static_cast<int>(n_wg / 2), na = a_smem ? 1 : 4;
+  const char* ty = in == DType::bf16 ? "bf16" : "f16";
+  std::string constraints;
+  for (int i = 0; i < nacc; ++i) constraints += "=f,";
+  constraints += a_smem ? "r,r,r" : "r,r,r,r,r,r";
+  for (int i = 0; i < nacc; ++i) constraints += fmt::format(",{}", i);
+  auto f32 = b_.getFloatTy();
+  std::vector<llvm::Type*> outs(nacc, f32), params;
+  if (a_smem) params = {b_.getInt32Ty()};
+  else params = {b_.getInt32Ty(), b_.getInt32Ty(), b_.getInt32Ty(), b_.getInt32Ty()};
+  params.push_back(b_.getInt32Ty());
+  params.push_back(b_.getInt32Ty());
+  params.insert(params.end(), nacc, f32);
+  auto* fty = llvm::FunctionType::get(llvm::StructType::get(ctx_, outs), params, false);
+  // The descriptor of the step `units` 16-byte units from `addr` (a register), into `reg`.
+  auto make_descriptor = [](const std::string& reg, const std::string& addr, int64_t units, uint64_t fields) {
+    return fmt::format("shr.u32 t, {}, 4;\nand.b32 t, t, 16383;\nadd.u32 t, t, {};\ncvt.u64.u32 {}, t;\nor.b64 {}, {}, {};\n",
+                       addr, units, reg, reg, reg, fields);
+  };
+  auto instruction = [&](int64_t a_units, int64_t b_units) {
+    std::string text = fmt::format("{{\n.reg .pred p;\n.reg .b32 t;\n.reg .b64 da, db;\nsetp.ne.b32 p, ${}, 0;\n", nacc + na + 1);
+    text += make_descriptor("db", fmt::format("${}", nacc + na), b_units, descriptor_fields(d.b));
+    if (a_smem) text += make_descriptor("da", fmt::format("${}", nacc), a_units, descriptor_fields(d.a));
+    text += fmt::format("wgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} {{", n_wg, ty, ty);
+    for (int i = 0; i < nacc; ++i) text += fmt::format("{}${}", i ? ", " : "", i);
+    if (a_smem)
+      text += fmt::format("}}, da, db, p, 1, 1, {}, {};\n}}", d.a.k_major ? 0 : 1, d.b.k_major ? 0 : 1);
+    else
+      text += fmt::format("}}, {{${}, ${}, ${}, ${}}}, db, p, 1, 1, {};\n}}", nacc, nacc + 1, nacc + 2, nacc + 3,
+                          d.b.k_major ? 0 : 1);
+    return llvm::InlineAsm::get(fty, text, constraints, /*hasSideEffects=*/true);
+  };
+
+  // Issued back to back, then waited for as a group: the accumulators are this dot's result. Where the
+  // first step does not add, the accumulators' values going in do not matter. wgmma.fence orders the
+  // registers' earlier writes before the instructions that read them: once before the first, and
+  // after each step's ldmatrix of A (an A fragment written after the fence is undefined to wgmma: the
+  // GPU test's products came out wrong without it).
+  llvm::Value* b_desc = start_address(d.b, n_base);
+  std::vector<llvm::Value*> a_desc(mt);
+  if (a_smem)
+    for (int64_t tm = 0; tm < mt; ++tm) a_desc[tm] = start_address(d.a, wg_row(tm));
+  if (a_smem) b_.CreateIntrinsic(llvm::Intrinsic::nvvm_wgmma_fence_sync_aligned, {});
+  for (int64_t k0 = 0; k0 < K; k0 += 16) {
+    std::vector<std::vector<llvm::Value*>> afrag;
+    if (!a_smem) {
+      afrag = a_fragments(k0);
+      b_.CreateIntrinsic(llvm::Intrinsic::nvvm_wgmma_fence_sync_aligned, {});
+    }
+    llvm::InlineAsm* mma = instruction(a_smem ? step_units(d.a, k0) : 0, step_units(d.b, k0));
+    for (int64_t tm = 0; tm < mt; ++tm) {
+      std::vector<llvm::Value*> args;
+      if (a_smem) args = {a_desc[tm]};
+      else args = {afrag[tm][0], afrag[tm][1], afrag[tm][2], afrag[tm][3]};
+      args.push_back(b_desc);
+      args.push_back(i32(k0 > 0));
+      for (int q = 0; q < nacc; ++q) args.push_back(k0 > 0 ? acc[tm * nacc + q] : llvm::UndefValue::get(f32));
+      llvm::Value* r = b_.CreateCall(fty, mma, args);
+      for (int q = 0; q < nacc; ++q) acc[tm * nacc + q] = b_.CreateExtractValue(r, q);
+    }
+  }
+  b_.CreateIntrinsic(llvm::Intrinsic::nvvm_wgmma_commit_group_sync_aligned, {});
+  b_.CreateIntrinsic(llvm::Intrinsic::nvvm_wgmma_wait_group_sync_aligned, {b_.getInt64(0)});
+  return acc;
 }
 
 }  // namespace linac::nvptx

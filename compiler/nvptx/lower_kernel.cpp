@@ -71,7 +71,9 @@ void KernelLowering::create_function() {
   auto* smem_ty = llvm::ArrayType::get(b_.getInt8Ty(), 0);
   auto* gv = new llvm::GlobalVariable(m_, smem_ty, false, llvm::GlobalValue::ExternalLinkage, nullptr, "linac_smem",
                                       nullptr, llvm::GlobalValue::NotThreadLocal, 3);
-  gv->setAlignment(llvm::Align(16));
+  // 1024 bytes: the period of the 128-byte swizzle, which wgmma's descriptors read from address bits
+  // (smem_plan.h, SmemBuffer::swizzle_bytes).
+  gv->setAlignment(llvm::Align(1024));
   smem_ptr_ = gv;
 
   auto arg = fn_->arg_begin();
@@ -286,17 +288,30 @@ Coords KernelLowering::coords_of(const Layout& l, int r) {
     }
     case Layout::Kind::Mma: {
       auto rc = l.register_coords(r);
-      llvm::Value* warp = b_.CreateUDiv(tid_, i32(32));
+      const MmaWarp w = mma_warp(l);
       llvm::Value* lane = b_.CreateURem(tid_, i32(32));
-      llvm::Value* warp_n = b_.CreateURem(warp, i32(l.wn));
-      llvm::Value* warp_m = b_.CreateURem(b_.CreateUDiv(warp, i32(l.wn)), i32(l.wm));
-      llvm::Value* row = b_.CreateAdd(b_.CreateMul(warp_m, i32(l.shape[0] / l.wm)), b_.CreateUDiv(lane, i32(4)));
-      llvm::Value* col =
-          b_.CreateAdd(b_.CreateMul(warp_n, i32(l.shape[1] / l.wn)), b_.CreateMul(b_.CreateURem(lane, i32(4)), i32(2)));
+      llvm::Value* row = b_.CreateAdd(w.row0, b_.CreateUDiv(lane, i32(4)));
+      llvm::Value* col = b_.CreateAdd(w.col0, b_.CreateMul(b_.CreateURem(lane, i32(4)), i32(2)));
       return {b_.CreateAdd(row, i32(rc[0])), b_.CreateAdd(col, i32(rc[1]))};
     }
   }
   throw InternalError("bad layout");
+}
+
+KernelLowering::MmaWarp KernelLowering::mma_warp(const Layout& l) {
+  llvm::Value* warp = b_.CreateUDiv(tid_, i32(32));
+  MmaWarp w;
+  if (l.warpgroups) {
+    w.m = b_.CreateURem(warp, i32(l.wm));
+    w.n = b_.CreateURem(b_.CreateUDiv(warp, i32(l.wm)), i32(l.wn));
+    w.row0 = b_.CreateMul(w.m, i32(16));
+  } else {
+    w.n = b_.CreateURem(warp, i32(l.wn));
+    w.m = b_.CreateURem(b_.CreateUDiv(warp, i32(l.wn)), i32(l.wm));
+    w.row0 = b_.CreateMul(w.m, i32(l.shape[0] / l.wm));
+  }
+  w.col0 = b_.CreateMul(w.n, i32(l.shape[1] / l.wn));
+  return w;
 }
 
 llvm::Value* KernelLowering::is_owner(const Layout& l, int r) {

@@ -329,10 +329,20 @@ llvm::Value* KernelLowering::smem_addr(const ir::Value* v, const Coords& c) {
   auto it = smem_.buffers.find(v);
   LINAC_INTERNAL_CHECK(it != smem_.buffers.end(), "tile read at foreign coordinates was not planned into shared memory");
   const passes::SmemBuffer& buf = it->second;
-  llvm::Value* idx = c.size() == 2 ? b_.CreateAdd(b_.CreateMul(c[0], i32(buf.row_stride)), c[1]) : c.at(0);
   llvm::Type* ety = buf.dtype == DType::i1 ? b_.getInt8Ty() : llvm_type(buf.dtype);
   llvm::Value* base = b_.CreateConstGEP1_64(b_.getInt8Ty(), smem_ptr_, buf.offset);
   if (auto st = stage_base_.find(v); st != stage_base_.end()) base = b_.CreateGEP(b_.getInt8Ty(), base, st->second);
+  if (buf.swizzle_bytes) {
+    // Blocks of W-byte columns, rows of W bytes in each, 16-byte units permuted (smem_plan.h).
+    const int64_t W = buf.swizzle_bytes, elem = dtype_bytes(buf.dtype), block_cols = W / elem;
+    const int64_t block_bytes = v->type.shape[0] * W;
+    llvm::Value* o = b_.CreateAdd(b_.CreateMul(b_.CreateUDiv(c[1], i32(block_cols)), i32(block_bytes)),
+                                  b_.CreateAdd(b_.CreateMul(c[0], i32(W)), b_.CreateMul(b_.CreateURem(c[1], i32(block_cols)), i32(elem))));
+    llvm::Value* unit = b_.CreateAnd(b_.CreateLShr(o, i32(7)), i32(W / 16 - 1));
+    o = b_.CreateXor(o, b_.CreateShl(unit, i32(4)));
+    return b_.CreateGEP(b_.getInt8Ty(), base, o);
+  }
+  llvm::Value* idx = c.size() == 2 ? b_.CreateAdd(b_.CreateMul(c[0], i32(buf.row_stride)), c[1]) : c.at(0);
   return b_.CreateGEP(ety, base, idx);
 }
 

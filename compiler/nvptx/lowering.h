@@ -52,6 +52,12 @@ class KernelLowering {
   Regs get_in_layout(const ir::Value* v, const passes::Layout& l);
   Coords coords_of(const passes::Layout& l, int r);
   llvm::Value* is_owner(const passes::Layout& l, int r);
+  /// This thread's warp on an mma layout's wm x wn grid (layout.h): its indices along M and N, and the
+  /// first row and column it holds (the row of its first 16-row tile).
+  struct MmaWarp {
+    llvm::Value *m, *n, *row0, *col0;
+  };
+  MmaWarp mma_warp(const passes::Layout& l);
   llvm::Value* scalar(const ir::Value* v);
   const passes::Layout& layout(const ir::Value* v) const { return layouts_.at(v); }
   passes::ValueClass cls(const ir::Value* v) const { return smem_.classes.at(v); }
@@ -120,6 +126,14 @@ class KernelLowering {
 
   // lower_dot.cpp
   void lower_dot(const ir::Op& op);
+  /// The accumulators `acc` (mt x N/8 tiles of this warp) after a dot on wgmma (passes::WgmmaDot): K/16
+  /// steps of wgmma.mma_async m64nNk16 (N = n_wg, this warpgroup's columns from n_base) per 16-row tile
+  /// tm (this warpgroup's 64 rows from wg_row(tm)); A from shared memory, or its fragments from
+  /// `a_fragments(k0)`.
+  std::vector<llvm::Value*> lower_wgmma(const passes::WgmmaDot& d, DType in, int64_t K, int64_t n_wg, int64_t mt,
+                                        llvm::Value* n_base, const std::function<llvm::Value*(int64_t)>& wg_row,
+                                        std::vector<llvm::Value*> acc,
+                                        const std::function<std::vector<std::vector<llvm::Value*>>(int64_t)>& a_fragments);
 
   // lower_reduce.cpp
   void lower_reduce(const ir::Op& op);

@@ -28,9 +28,10 @@ bool Layout::mma_fits(const std::vector<int64_t>& shape) {
   return shape.size() == 2 && shape[0] % 16 == 0 && shape[1] % 8 == 0;
 }
 
-Layout Layout::mma(std::vector<int64_t> shape, int num_warps) {
+Layout Layout::mma(std::vector<int64_t> shape, int num_warps, bool warpgroups) {
   Layout l;
   l.kind = Kind::Mma;
+  l.warpgroups = warpgroups;
   l.shape = std::move(shape);
   l.num_threads = num_warps * 32;
   int64_t mt = l.shape[0] / 16, nt = l.shape[1] / 8;
@@ -90,7 +91,7 @@ std::vector<int64_t> Layout::register_coords(int r) const {
     case Kind::Mma: {
       int64_t ntn = shape[1] / wn / 8;
       int64_t tile = r / 4, tm = tile / ntn, tn = tile % ntn;
-      return {tm * 16 + ((r % 4) / 2) * 8, tn * 8 + r % 2};
+      return {tm * 16 * (warpgroups ? wm : 1) + ((r % 4) / 2) * 8, tn * 8 + r % 2};
     }
   }
   return {};
@@ -100,7 +101,7 @@ std::string Layout::str() const {
   switch (kind) {
     case Kind::Uniform: return "#uniform";
     case Kind::Blocked: return fmt::format("#blocked<vec={}>", vec);
-    case Kind::Mma: return fmt::format("#mma<warps={}x{}>", wm, wn);
+    case Kind::Mma: return fmt::format("#mma<{}={}x{}>", warpgroups ? "warpgroups" : "warps", wm, wn);
   }
   return "?";
 }
@@ -115,7 +116,7 @@ namespace {
 
 class LayoutAssigner {
  public:
-  explicit LayoutAssigner(const ir::Kernel& k) : k_(k), num_warps_(k.num_warps) {}
+  LayoutAssigner(const ir::Kernel& k, bool warpgroups) : k_(k), num_warps_(k.num_warps), warpgroups_(warpgroups) {}
 
   LayoutMap run() {
     check_ranks(k_.body);
@@ -225,7 +226,7 @@ class LayoutAssigner {
     switch (op.code) {
       case OpCode::Dot: {
         const ir::Type& t = op.result()->type;
-        out_[op.result()] = Layout::mma_fits(t.shape) ? Layout::mma(t.shape, num_warps_) : natural(t);
+        out_[op.result()] = Layout::mma_fits(t.shape) ? Layout::mma(t.shape, num_warps_, warpgroups_) : natural(t);
         return;
       }
       case OpCode::For: {
@@ -291,7 +292,7 @@ class LayoutAssigner {
         return;
       }
       if (wants_mma_.count(op.result()) && Layout::mma_fits(t.shape)) {
-        out_[op.result()] = Layout::mma(t.shape, num_warps_);
+        out_[op.result()] = Layout::mma(t.shape, num_warps_, warpgroups_);
         return;
       }
     }
@@ -300,6 +301,7 @@ class LayoutAssigner {
 
   const ir::Kernel& k_;
   int num_warps_;
+  bool warpgroups_;
   LayoutMap out_;
   std::map<const ir::Value*, bool> is_data_;
   std::set<const ir::Value*> wants_mma_;
@@ -308,7 +310,7 @@ class LayoutAssigner {
 
 }  // namespace
 
-LayoutMap assign_layouts(const ir::Kernel& k) { return LayoutAssigner(k).run(); }
+LayoutMap assign_layouts(const ir::Kernel& k, bool warpgroups) { return LayoutAssigner(k, warpgroups).run(); }
 
 std::string print_with_layouts(const ir::Kernel& k, const LayoutMap& layouts) {
   return ir::print(k, [&](const ir::Value* v) -> std::string {

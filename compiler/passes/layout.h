@@ -5,9 +5,14 @@
 //   - blocked: elements in row-major order dealt round-robin to the threads of the program, `vec`
 //     consecutive elements at a time (coalesced global access). Tiles smaller than the program are
 //     replicated: thread t holds element (t*vec) mod numel.
-//   - mma: the accumulator layout of mma.sync m16n8k16 (each warp owns a [M/wm, N/wn] block of 16x8
-//     tiles; lane l holds rows l/4 and l/4+8, columns 2*(l%4) and 2*(l%4)+1 of each). Warps past
-//     wm*wn replicate.
+//   - mma: the accumulator layout of mma.sync m16n8k16 (lane l holds rows l/4 and l/4+8, columns
+//     2*(l%4) and 2*(l%4)+1 of each 16x8 tile) on a wm x wn grid of warps, each warp owning N/wn
+//     columns and M/wm rows in 16-row tiles. Two ways to place the warps:
+//       sm_80: warp w is (w / wn % wm, w % wn); its rows are contiguous, [i M/wm, (i+1) M/wm).
+//       sm_90a ("warpgroups"): warp w is (w % wm, w / wm % wn); its 16-row tiles are interleaved, i,
+//       i + wm, i + 2 wm, ..., so that four consecutive warps along M hold 64 consecutive rows: the
+//       accumulator of one warpgroup's wgmma m64nN.
+//     Warps past wm*wn replicate.
 // Every layout maps (thread, register r) to coordinates as coord[d] = thread_part[d] + register_part[d][r],
 // which lets the lowering evaluate index math (iota, masks, broadcasts) directly in any layout.
 //
@@ -30,12 +35,13 @@ struct Layout {
   int num_threads = 128;
   int vec = 1;                 // blocked: consecutive elements per thread per pass
   int wm = 1, wn = 1;          // mma: warps along M and N
+  bool warpgroups = false;     // mma: the sm_90a placement of the warps (above)
 
   static Layout uniform() { return {}; }
   static Layout blocked(std::vector<int64_t> shape, int num_threads, int elem_bytes);
   /// The mma layout for an [M, N] tile, or nullopt-like invalid (kind Blocked) if the shape does not fit.
   static bool mma_fits(const std::vector<int64_t>& shape);
-  static Layout mma(std::vector<int64_t> shape, int num_warps);
+  static Layout mma(std::vector<int64_t> shape, int num_warps, bool warpgroups);
 
   int64_t numel() const;
   /// Registers each thread holds.
@@ -44,7 +50,7 @@ struct Layout {
   /// row-major element offset (coordinates are split after adding the thread's offset).
   std::vector<int64_t> register_coords(int r) const;
   bool operator==(const Layout&) const = default;
-  /// "#blocked<vec=4>", "#mma<warps=4x1>", "#uniform".
+  /// "#blocked<vec=4>", "#mma<warps=4x1>" (sm_90a: "#mma<warpgroups=4x1>"), "#uniform".
   std::string str() const;
 };
 
@@ -69,7 +75,8 @@ using LayoutMap = std::map<const ir::Value*, Layout>;
 /// take the layout their yield produces (so the state of a chunk loop stays in the dot's accumulator
 /// layout). Throws UserError, at the DSL line that made it, for the first tile the GPU backend
 /// cannot hold (rank > 2).
-LayoutMap assign_layouts(const ir::Kernel& k);
+/// `warpgroups`: the target runs dots on warpgroups (sm_90a), whose mma layouts place warps so.
+LayoutMap assign_layouts(const ir::Kernel& k, bool warpgroups = false);
 
 /// The kernel's IR text with each result annotated by its layout (the dump of this pass).
 std::string print_with_layouts(const ir::Kernel& k, const LayoutMap& layouts);

@@ -30,8 +30,9 @@ bool is_view(OpCode c) {
 
 class Planner {
  public:
-  Planner(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline, int64_t max_smem_bytes)
-      : k_(k), layouts_(layouts), max_smem_bytes_(max_smem_bytes) {
+  Planner(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline, int64_t max_smem_bytes,
+          DotUnit unit)
+      : k_(k), layouts_(layouts), max_smem_bytes_(max_smem_bytes), unit_(unit) {
     plan_.pipeline = pipeline;
   }
 
@@ -43,6 +44,7 @@ class Planner {
     mark_block(k_.body);
     for (const ir::Op* load : plan_.pipeline.loads) spilled_.insert(load->result());
     choose_prefetched_loads();
+    if (unit_ != DotUnit::mma_sync) ir::walk(const_cast<ir::Block&>(k_.body), [&](ir::Op& op) { choose_wgmma(op); });
     allocate();
     return std::move(plan_);
   }
@@ -197,6 +199,65 @@ class Planner {
     }
   }
 
+  // ---- dots on warpgroup tensor cores (sm_90a) ----
+  /// The swizzle width of a buffer for `t` in wgmma's layouts (SmemBuffer::swizzle_bytes): the widest
+  /// of 128, 64, 32 bytes that its rows are a multiple of (128) or equal to (64, 32), rows in groups of
+  /// 8; 0 where none fits.
+  static int swizzle_width(const ir::Type& t) {
+    if (t.rank() != 2 || t.shape[0] % 8 != 0) return 0;
+    const int64_t row_bytes = t.shape[1] * dtype_bytes(t.dtype);
+    return row_bytes % 128 == 0 ? 128 : row_bytes == 64 ? 64 : row_bytes == 32 ? 32 : 0;
+  }
+
+  /// Where a dot operand lies, as read (its own buffer, or in place in another's; as stored, [rows]
+  /// [cols] of that buffer): {buffer, stored transposed, row0, col0}.
+  std::optional<DotOperandInPlace> operand_source(const ir::Value* v) const {
+    if (spilled_.count(v)) return DotOperandInPlace{v, false, 0, 0};
+    return dot_operand_in_place(v, plan_.classes);
+  }
+
+  /// The operand `v` of a wgmma dot read from a swizzled buffer, or nullopt where its buffer cannot
+  /// take a swizzled layout that the descriptor steps can address. `mn` is the operand's extent along
+  /// M or N per warpgroup instruction (64 for A); `a`: the first operand (stored [m][k] is K-major),
+  /// else B (stored [k][n] is MN-major). The steps start on 8-row boundaries and, along the
+  /// contiguous dimension, on 16 elements (K-major) or whole swizzle blocks (MN-major).
+  std::optional<WgmmaOperand> wgmma_operand(const ir::Value* v, DType in, int64_t mn, bool a) const {
+    auto src = operand_source(v);
+    if (!src) return std::nullopt;
+    WgmmaOperand o{src->buf, a ? !src->transposed : src->transposed, src->row0, src->col0};
+    const int width = swizzle_width(o.buf->type);
+    if (width == 0 || o.buf->type.dtype != in) return std::nullopt;
+    const int64_t block_cols = width / dtype_bytes(in);
+    const bool fits = o.k_major ? o.row0 % 8 == 0 && o.col0 % 16 == 0
+                                : o.row0 % 8 == 0 && o.col0 % block_cols == 0 && mn % block_cols == 0;
+    if (!fits) return std::nullopt;
+    return o;
+  }
+
+  /// Records `op` as a WgmmaDot when it can be one: 16-bit operands, a result in an mma layout placed
+  /// as warpgroups (wm a multiple of 4, no replicated warps), at most 256 columns per warpgroup, and a
+  /// B operand in a buffer that can be swizzled (wgmma_operand); A is read so too where it can be, with
+  /// DotUnit::wgmma_a_shared.
+  void choose_wgmma(const ir::Op& op) {
+    if (op.code != OpCode::Dot) return;
+    const ir::Value *a = op.operands[0], *b = op.operands[1];
+    const DType in = a->type.dtype;
+    if ((in != DType::bf16 && in != DType::f16) || b->type.dtype != in) return;
+    const Layout& l = layout(op.result());
+    if (l.kind != Layout::Kind::Mma || !l.warpgroups || l.wm % 4 != 0 || l.wm * l.wn != k_.num_warps) return;
+    const int64_t K = a->type.shape[1], N = b->type.shape[1], n_wg = N / l.wn;
+    if (K % 16 != 0 || n_wg % 8 != 0 || n_wg > 256) return;
+    auto b_src = wgmma_operand(b, in, n_wg, false);
+    if (!b_src) return;
+    WgmmaDot d;
+    d.b = *b_src;
+    if (unit_ == DotUnit::wgmma_a_shared)
+      if (auto a_src = wgmma_operand(a, in, 64, true)) d.a = *a_src;
+    for (const WgmmaOperand* o : {&d.a, &d.b})
+      if (o->buf) swizzled_[o->buf] = swizzle_width(o->buf->type);
+    plan_.wgmma_dots[&op] = d;
+  }
+
   // ---- allocation by liveness ----
   int64_t last_use(const ir::Value* v) const {
     int64_t last = def_index_.at(v);
@@ -225,7 +286,11 @@ class Planner {
       buf.dtype = v->type.dtype;
       int elem = dtype_bytes(buf.dtype);
       const auto& s = v->type.shape;
-      if (s.size() == 2) {
+      if (auto sw = swizzled_.find(v); sw != swizzled_.end()) {
+        buf.swizzle_bytes = sw->second;
+        buf.row_stride = s[1];
+        buf.bytes = s[0] * s[1] * elem;  // whole 8-row groups of whole blocks: a multiple of 1024 at 128
+      } else if (s.size() == 2) {
         buf.row_stride = s[1] + std::max(1, 16 / elem);  // pad rows by 16 bytes
         buf.bytes = s[0] * buf.row_stride * elem;
       } else {
@@ -259,11 +324,16 @@ class Planner {
       for (const auto& p : placed)
         if (!(p.end < iv.begin || iv.end < p.begin)) busy.push_back({offsets[p.v], offsets[p.v] + p.bytes});
       std::sort(busy.begin(), busy.end());
+      // Swizzled buffers start on the swizzle's period (1024 bytes), so that its address bits are the
+      // buffer's own offset bits.
+      const int64_t align = plan_.buffers[iv.v].swizzle_bytes ? 1024 : 16;
+      auto aligned = [&](int64_t x) { return (x + align - 1) / align * align; };
       int64_t off = 0;
       for (auto [lo, hi] : busy) {
-        if (off + iv.bytes <= lo) break;
+        if (aligned(off) + iv.bytes <= lo) break;
         off = std::max(off, hi);
       }
+      off = aligned(off);
       offsets[iv.v] = off;
       plan_.buffers[iv.v].offset = off;
       total = std::max(total, off + iv.bytes);
@@ -287,7 +357,9 @@ class Planner {
   const ir::Kernel& k_;
   const LayoutMap& layouts_;
   const int64_t max_smem_bytes_;
+  const DotUnit unit_;
   SmemPlan plan_;
+  std::map<const ir::Value*, int> swizzled_;  // buffers in a wgmma layout: their swizzle width
   std::set<const ir::Value*> spilled_;
   std::map<const ir::Value*, std::vector<const ir::Op*>> uses_;
   std::map<const ir::Op*, int64_t> start_, end_;
@@ -322,16 +394,17 @@ std::optional<DotOperandInPlace> dot_operand_in_place(const ir::Value* v,
 }
 
 SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline,
-                            int64_t max_smem_bytes) {
-  return Planner(k, layouts, pipeline, max_smem_bytes).run();
+                            int64_t max_smem_bytes, DotUnit unit) {
+  return Planner(k, layouts, pipeline, max_smem_bytes, unit).run();
 }
 
 std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
   auto names = ir::value_names(k);
   std::vector<std::pair<int64_t, std::string>> lines;
   for (const auto& [v, buf] : plan.buffers)
-    lines.push_back({buf.offset, fmt::format("smem {:>6} +{:<6} {} {}{}{}", buf.offset, buf.bytes, names.at(v),
+    lines.push_back({buf.offset, fmt::format("smem {:>6} +{:<6} {} {}{}{}{}", buf.offset, buf.bytes, names.at(v),
                                              v->type.str(), buf.row_stride ? fmt::format(" row_stride={}", buf.row_stride) : "",
+                                             buf.swizzle_bytes ? fmt::format(" swizzle={}B", buf.swizzle_bytes) : "",
                                              buf.stages > 1                      ? fmt::format(" pipelined stages={}", buf.stages)
                                              : plan.pipeline.is_prefetched(v) ? std::string(" prefetched")
                                                                                : std::string())});
@@ -341,6 +414,16 @@ std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
   if (plan.scratch_bytes)
     out += fmt::format("smem {:>6} +{:<6} scratch (reductions and scans{})\n", plan.scratch_offset, plan.scratch_bytes,
                        plan.line_scans ? ", 2-D scans line by line" : "");
+  // The dots on wgmma, in program order: where each reads its B operand.
+  std::vector<std::pair<int64_t, std::string>> dots;
+  auto where = [&](const WgmmaOperand& o) {
+    return fmt::format("{} {}-major at [{}, {}]", names.at(o.buf), o.k_major ? "K" : "MN", o.row0, o.col0);
+  };
+  for (const auto& [op, d] : plan.wgmma_dots)
+    dots.push_back({op->result()->id, fmt::format("wgmma {} = dot: A {}, B {}\n", names.at(op->result()),
+                                                  d.a.buf ? where(d.a) : std::string("in registers"), where(d.b))});
+  std::sort(dots.begin(), dots.end());
+  for (auto& [id, line] : dots) out += line;
   out += fmt::format("smem total {} bytes\n", plan.total_bytes);
   return out;
 }

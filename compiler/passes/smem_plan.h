@@ -11,7 +11,9 @@
 // from coordinates in whatever layout needs it ("rematerialized"), as are view ops.
 //
 // Each stored value gets its own buffer in the dynamic shared memory of the program, row-major with
-// rows padded by 16 bytes so that ldmatrix and column reads avoid bank conflicts. Buffers of values
+// rows padded by 16 bytes so that ldmatrix and column reads avoid bank conflicts; except the B operands
+// of dots on sm_90a's warpgroup tensor cores (WgmmaDot), which the tensor cores read through matrix
+// descriptors in one of their swizzled layouts (SmemBuffer::swizzle_bytes). Buffers of values
 // whose live ranges do not overlap share space (allocation by liveness over program order, a loop
 // body being live as a whole for values defined outside it).
 #pragma once
@@ -41,6 +43,28 @@ struct SmemBuffer {
   int64_t stage_bytes = 0;   // one stage (bytes == stages * stage_bytes)
   int stages = 1;            // 2 for a pipelined load: iteration i uses stage i % 2
   DType dtype = DType::f32;
+  // 0: rows padded by 16 bytes. 32, 64 or 128: wgmma's swizzled layout of that width W. The columns go
+  // in blocks of W bytes, each block its rows one after the other (W bytes a row, no padding), and
+  // within every 8 rows x W bytes the 16-byte units of row r are permuted: byte offset o (from the
+  // buffer's start, 1024-aligned) becomes o ^ (((o >> 7) & (W/16 - 1)) << 4) (CUTLASS's Swizzle<b,4,3>).
+  int swizzle_bytes = 0;
+};
+
+/// Where the tensor cores read a wgmma operand: a swizzled buffer, through a matrix descriptor per
+/// 16-deep step. For B, element (kk, n) is buf[n + row0][kk + col0] when `k_major` (B is a transpose
+/// of a tile stored [n][k]), else buf[kk + row0][n + col0]; for A, element (m, kk) is
+/// buf[m + row0][kk + col0] when `k_major` (stored [m][k]), else buf[kk + row0][m + col0].
+struct WgmmaOperand {
+  const ir::Value* buf = nullptr;
+  bool k_major = false;
+  int64_t row0 = 0, col0 = 0;
+};
+
+/// A dot on sm_90a's warpgroup tensor cores (wgmma.mma_async m64nNk16): B from shared memory, A from
+/// shared memory too where its buffer can take a swizzled layout (else `a.buf` is null and A comes
+/// from registers, loaded with ldmatrix as mma.sync takes it).
+struct WgmmaDot {
+  WgmmaOperand a, b;
 };
 
 struct SmemPlan {
@@ -56,6 +80,7 @@ struct SmemPlan {
   // device's shared memory (else the slower per-element form, which needs none).
   bool line_scans = false;
   int64_t total_bytes = 0;
+  std::map<const ir::Op*, WgmmaDot> wgmma_dots;  // the dots that run on wgmma (empty unless asked for)
 };
 
 /// The scratch bytes of a scan of a 2-D tile (f16, bf16, f32 or i32: 32-bit sums) along an axis of at
@@ -77,9 +102,14 @@ struct DotOperandInPlace {
 std::optional<DotOperandInPlace> dot_operand_in_place(const ir::Value* v,
                                                       const std::map<const ir::Value*, ValueClass>& classes);
 
-/// Plans shared memory for `k` with the given layouts.
+/// Where a target's dots run: mma.sync (sm_80, and sm_90a on request), or wgmma (sm_90a) with A from
+/// registers (ldmatrix) or from shared memory where its buffer can be swizzled.
+enum class DotUnit : uint8_t { mma_sync, wgmma, wgmma_a_shared };
+
+/// Plans shared memory for `k` with the given layouts. With a wgmma `unit`, the dots that can run on
+/// warpgroup tensor cores do (WgmmaDot), their shared-memory operands' buffers swizzled.
 SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline,
-                            int64_t max_smem_bytes);
+                            int64_t max_smem_bytes, DotUnit unit = DotUnit::mma_sync);
 
 /// The buffers of the plan, one line per value (the pass's dump).
 std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan);

@@ -294,6 +294,7 @@ Coords KernelLowering::coords_of(const Layout& l, int r) {
       llvm::Value* col = b_.CreateAdd(w.col0, b_.CreateMul(b_.CreateURem(lane, i32(4)), i32(2)));
       return {b_.CreateAdd(row, i32(rc[0])), b_.CreateAdd(col, i32(rc[1]))};
     }
+    case Layout::Kind::Fused: break;  // held by no thread: evaluated inside its reductions
   }
   throw InternalError("bad layout");
 }
@@ -322,6 +323,7 @@ llvm::Value* KernelLowering::is_owner(const Layout& l, int r) {
       return b_.CreateICmpULT(b_.CreateAdd(b_.CreateMul(tid_, i32(l.vec)), i32(reg_off)), i32(l.numel()));
     }
     case Layout::Kind::Mma: return b_.CreateICmpULT(tid_, i32(int64_t{l.wm} * l.wn * 32));
+    case Layout::Kind::Fused: break;
   }
   throw InternalError("bad layout");
 }

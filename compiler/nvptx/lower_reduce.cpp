@@ -218,20 +218,36 @@ void KernelLowering::lower_reduce(const ir::Op& op) {
   const DType t = x->type.dtype, at = acc_dtype(t);
   const ir::ReduceKind kind = op.attrs.reduce;
   const Layout out_l = op.result()->type.is_scalar() ? Layout::uniform() : layout(op.result());
-  before_smem_read(x);  // any barrier must come before the per-thread loops, never inside them
+  // The operand is read element by element: from its buffer, or (a rank-3 tile fused into this
+  // reduction) evaluated from the buffers of its data leaves, here and nowhere else.
+  const bool fused = layout(x).kind == Layout::Kind::Fused;
+  std::vector<ByteRange> reads;
+  if (fused) {
+    std::function<void(const ir::Value*)> leaves = [&](const ir::Value* v) {
+      if (smem_.buffers.count(v)) {
+        reads.push_back(smem_range(v));
+      } else if (v->def && !v->type.is_scalar()) {
+        for (const ir::Value* o : v->def->operands) leaves(o);
+      }
+    };
+    leaves(x);
+  } else {
+    reads.push_back(smem_range(x));
+  }
+  before_smem_access(reads, {});  // any barrier must come before the per-thread loops, never inside them
+  auto element = [&](const Coords& c) { return convert(fused ? eval_at(x, c) : smem_read(x, c), t, at); };
   Regs out(out_l.regs_per_thread());
   for (int r = 0; r < out_l.regs_per_thread(); ++r) {
     Coords rc = coords_of(out_l, r);
-    llvm::Value* first = convert(smem_read(x, [&] {
-                           Coords c = rc;
-                           c.insert(c.begin() + axis, i32(0));
-                           return c;
-                         }()),
-                         t, at);
+    llvm::Value* first = element([&] {
+      Coords c = rc;
+      c.insert(c.begin() + axis, i32(0));
+      return c;
+    }());
     auto res = emit_counted_loop(i32(1), i32(shape[axis]), {first}, [&](llvm::Value* j, const std::vector<llvm::Value*>& acc) {
       Coords c = rc;
       c.insert(c.begin() + axis, j);
-      return std::vector<llvm::Value*>{combine(b_, kind, at, acc[0], convert(smem_read(x, c), t, at))};
+      return std::vector<llvm::Value*>{combine(b_, kind, at, acc[0], element(c))};
     });
     out[r] = convert(res[0], at, t);
   }

@@ -45,6 +45,13 @@ Layout Layout::mma(std::vector<int64_t> shape, int num_warps, bool warpgroups) {
   return l;
 }
 
+Layout Layout::fused(std::vector<int64_t> shape) {
+  Layout l;
+  l.kind = Kind::Fused;
+  l.shape = std::move(shape);
+  return l;
+}
+
 int64_t Layout::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -75,6 +82,7 @@ int Layout::regs_per_thread() const {
       return static_cast<int>((numel() + per_pass - 1) / per_pass) * vec;
     }
     case Kind::Mma: return static_cast<int>((shape[0] / wm / 16) * (shape[1] / wn / 8) * 4);
+    case Kind::Fused: return 0;
   }
   return 0;
 }
@@ -93,6 +101,7 @@ std::vector<int64_t> Layout::register_coords(int r) const {
       int64_t tile = r / 4, tm = tile / ntn, tn = tile % ntn;
       return {tm * 16 * (warpgroups ? wm : 1) + ((r % 4) / 2) * 8, tn * 8 + r % 2};
     }
+    case Kind::Fused: break;
   }
   return {};
 }
@@ -102,6 +111,7 @@ std::string Layout::str() const {
     case Kind::Uniform: return "#uniform";
     case Kind::Blocked: return fmt::format("#blocked<vec={}>", vec);
     case Kind::Mma: return fmt::format("#mma<{}={}x{}>", warpgroups ? "warpgroups" : "warps", wm, wn);
+    case Kind::Fused: return "#fused";
   }
   return "?";
 }
@@ -112,11 +122,47 @@ Layout store_layout(const ir::Value* v, const Layout& own, bool is_data, int num
   return Layout::blocked(v->type.shape, num_warps * 32, dtype_bytes(v->type.dtype));
 }
 
+std::set<const ir::Value*> fused_rank3_values(const ir::Kernel& k) {
+  std::set<const ir::Value*> fused;
+  std::map<const ir::Value*, std::vector<const ir::Op*>> uses;
+  ir::walk(const_cast<ir::Block&>(k.body), [&](ir::Op& op) {
+    for (const ir::Value* o : op.operands) uses[o].push_back(&op);
+    for (const ir::Value* v : op.results) {
+      if (!v->type.is_tile() || v->type.rank() != 3) continue;
+      const OpCode c = op.code;
+      if (ir::is_elementwise(c) || c == OpCode::ExpandDims || c == OpCode::Broadcast || c == OpCode::Constant ||
+          c == OpCode::Splat)
+        fused.insert(v);
+    }
+  });
+  // Drop the candidates with a use that is neither a reduction to rank 2 or less nor another candidate,
+  // until none is left to drop.
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (auto it = fused.begin(); it != fused.end();) {
+      bool ok = true;
+      for (const ir::Op* use : uses[*it]) {
+        const bool reduces = use->code == OpCode::Reduce && use->result()->type.rank() <= 2;
+        const bool into_fused = !use->results.empty() && fused.count(use->result());
+        ok = ok && (reduces || into_fused);
+      }
+      if (ok) {
+        ++it;
+      } else {
+        it = fused.erase(it);
+        changed = true;
+      }
+    }
+  }
+  return fused;
+}
+
 namespace {
 
 class LayoutAssigner {
  public:
-  LayoutAssigner(const ir::Kernel& k, bool warpgroups) : k_(k), num_warps_(k.num_warps), warpgroups_(warpgroups) {}
+  LayoutAssigner(const ir::Kernel& k, bool warpgroups)
+      : k_(k), num_warps_(k.num_warps), warpgroups_(warpgroups), fused_(fused_rank3_values(k)) {}
 
   LayoutMap run() {
     check_ranks(k_.body);
@@ -147,15 +193,17 @@ class LayoutAssigner {
     return blocked_for(t);
   }
 
-  /// UserError at the line that made the first tile of rank > 2 (in program order): layouts, and
-  /// everything after them, are for ranks 1 and 2.
-  static void check_ranks(const ir::Block& b) {
+  /// UserError at the line that made the first tile of rank > 2 that is not fused into a reduction
+  /// (in program order): layouts, and everything after them, are for ranks 1 and 2.
+  void check_ranks(const ir::Block& b) const {
     for (const auto& op : b.ops) {
       for (const ir::Value* v : op->results)
-        if (v->type.is_tile() && v->type.rank() > 2)
+        if (v->type.is_tile() && v->type.rank() > 2 && !fused_.count(v))
           throw UserError(op->loc, fmt::format("{} makes {}, a tile of rank {}, but the GPU backend holds tiles of "
-                                               "rank 1 or 2 (the interpreter runs any rank): reduce over the third "
-                                               "axis with dot, or walk it with for_range and take",
+                                               "rank 1 or 2 (the interpreter runs any rank): a rank-3 tile of "
+                                               "elementwise math and broadcasts is fused into a sum, max or min "
+                                               "over one of its axes, if that reduction is its only use; else reduce "
+                                               "over the third axis with dot, or walk it with for_range and take",
                                                ir::dsl_spelling(*op), v->type.str(), v->type.rank()));
       for (const auto& r : op->regions) check_ranks(*r);
     }
@@ -263,6 +311,10 @@ class LayoutAssigner {
       out_[op.result()] = Layout::uniform();
       return;
     }
+    if (fused_.count(op.result())) {
+      out_[op.result()] = Layout::fused(t.shape);
+      return;
+    }
     if (op.code == OpCode::Load) {
       auto w = wants_blocked_.find(op.result());
       out_[op.result()] = w != wants_blocked_.end() && w->second.shape == t.shape ? w->second : natural(t);
@@ -302,6 +354,7 @@ class LayoutAssigner {
   const ir::Kernel& k_;
   int num_warps_;
   bool warpgroups_;
+  std::set<const ir::Value*> fused_;
   LayoutMap out_;
   std::map<const ir::Value*, bool> is_data_;
   std::set<const ir::Value*> wants_mma_;

@@ -13,6 +13,9 @@
 //       i + wm, i + 2 wm, ..., so that four consecutive warps along M hold 64 consecutive rows: the
 //       accumulator of one warpgroup's wgmma m64nN.
 //     Warps past wm*wn replicate.
+//   - fused: a tile of rank 3 that is never held anywhere: elementwise math and broadcasts of rank-2
+//     tiles consumed only by reductions over one axis (fused_rank3_values), which evaluate it element
+//     by element from its sources, so sum_d x[r, d] y[c, d] w[r, c, d] never exists whole.
 // Every layout maps (thread, register r) to coordinates as coord[d] = thread_part[d] + register_part[d][r],
 // which lets the lowering evaluate index math (iota, masks, broadcasts) directly in any layout.
 //
@@ -21,6 +24,7 @@
 // layout in this backend.
 #pragma once
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,7 +33,7 @@
 namespace linac::passes {
 
 struct Layout {
-  enum class Kind : uint8_t { Uniform, Blocked, Mma };
+  enum class Kind : uint8_t { Uniform, Blocked, Mma, Fused };
   Kind kind = Kind::Uniform;
   std::vector<int64_t> shape;  // tile shape (rank 1 or 2); empty for uniform
   int num_threads = 128;
@@ -38,6 +42,7 @@ struct Layout {
   bool warpgroups = false;     // mma: the sm_90a placement of the warps (above)
 
   static Layout uniform() { return {}; }
+  static Layout fused(std::vector<int64_t> shape);
   static Layout blocked(std::vector<int64_t> shape, int num_threads, int elem_bytes);
   /// The mma layout for an [M, N] tile, or nullopt-like invalid (kind Blocked) if the shape does not fit.
   static bool mma_fits(const std::vector<int64_t>& shape);
@@ -67,14 +72,20 @@ Layout store_layout(const ir::Value* v, const Layout& own, bool is_data, int num
 /// their operand from shared memory with one serial loop per result element.)
 bool reduce_rows_in_registers(const ir::Op& op, const Layout& operand);
 
+/// The tiles of rank 3 the GPU backend fuses into the reductions that consume them: made by
+/// elementwise ops, expand_dims, broadcast or constants (from tiles of lower rank), and used only by
+/// reductions to rank 2 or less and by other such tiles. Every other tile of rank 3 is a UserError at
+/// its DSL line (assign_layouts).
+std::set<const ir::Value*> fused_rank3_values(const ir::Kernel& k);
+
 /// The layout of every value of a kernel.
 using LayoutMap = std::map<const ir::Value*, Layout>;
 
 /// Assigns layouts: dot results are mma; loads, shape ops, reductions and scans are blocked; scalars
 /// are uniform; elementwise ops take mma if any tile operand is mma, else blocked; loop-carried values
 /// take the layout their yield produces (so the state of a chunk loop stays in the dot's accumulator
-/// layout). Throws UserError, at the DSL line that made it, for the first tile the GPU backend
-/// cannot hold (rank > 2).
+/// layout); rank-3 tiles fused into reductions are fused. Throws UserError, at the DSL line that made
+/// it, for the first tile the GPU backend cannot hold (rank > 3, or rank 3 not fused).
 /// `warpgroups`: the target runs dots on warpgroups (sm_90a), whose mma layouts place warps so.
 LayoutMap assign_layouts(const ir::Kernel& k, bool warpgroups = false);
 

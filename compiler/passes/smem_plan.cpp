@@ -63,6 +63,8 @@ class Planner {
 
   ValueClass classify(const ir::Op& op, const ir::Value& v) const {
     if (v.type.is_scalar()) return ValueClass::Scalar;
+    // A rank-3 tile fused into its reductions is evaluated there, from its sources (layout.h).
+    if (layout(&v).kind == Layout::Kind::Fused) return is_view(op.code) ? ValueClass::View : ValueClass::Remat;
     if (op.code == OpCode::For || op.code == OpCode::If) return ValueClass::Data;
     switch (op.code) {
       case OpCode::Constant: case OpCode::Iota: case OpCode::Splat: return ValueClass::Remat;
@@ -155,7 +157,10 @@ class Planner {
         }
         return;
       case OpCode::Reduce:
-        if (!reduce_rows_in_registers(op, layout(op.operands[0]))) need_smem(op.operands[0]);
+        if (layout(op.operands[0]).kind == Layout::Kind::Fused)
+          need_eval(op.operands[0]);  // its data leaves, read at each step of the reduction
+        else if (!reduce_rows_in_registers(op, layout(op.operands[0])))
+          need_smem(op.operands[0]);
         return;
       case OpCode::Scan: need_smem(op.operands[0]); return;
       case OpCode::Take:  // a tile's take is a view (read where it is used); a scalar one reads now

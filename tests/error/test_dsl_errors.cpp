@@ -205,8 +205,10 @@ TEST_CASE("error: a rank-3 tile compiled for the GPU names the line that made it
   Tensor q = kb.tensor("q", DType::f32, 2);
   Tensor o = kb.tensor("o", DType::f32, 2);
   Tile Q = load(q, {0, 0}, {16, 32});
-  Tile scores = sum(expand_dims(Q, 1) * expand_dims(Q, 0), 2);  // [16, 16, 32] summed over its last axis
+  Tile products = expand_dims(Q, 1) * expand_dims(Q, 0);  // [16, 16, 32]
   const unsigned line = __LINE__ - 1;
+  // Summed directly, the product would be fused into the sum; scanned first, it would have to be held.
+  Tile scores = sum(cumsum(products, 2), 2);
   store(o, {0, 0}, {16, 16}, scores);
   auto k = kb.finish();  // the interpreter runs any rank
   expect_user_error([&] { linac::runtime::compile(*k); }, line, "the GPU backend holds tiles of rank 1 or 2");

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include "kernels/common/config_schema.h"
 #include "kernels/common/elementwise.h"
 #include "kernels/common/noise_dropout.h"
 #include "kernels/common/op_support.h"
@@ -19,21 +20,25 @@ namespace linac {
 
 namespace {
 
-// The tuning parameters of linear_attn (its non-normalized kernel takes the same).
-const std::vector<std::pair<std::string, std::string>>& normalized_config_keys() { return chunked_config_keys(); }
+/// The normalized kernel's configuration (it takes the same tuning keys as the plain one).
+const ConfigSchema<LinearAttnNormalizedConfig>& normalized_schema() {
+  using C = LinearAttnNormalizedConfig;
+  static const ConfigSchema<C> schema(field<&C::dtype>(), tuned<&C::chunk>(chunk_key()), field<&C::block_k>(),
+                                      tuned<&C::block_v>(bv_key()), field<&C::gated>(), field<&C::varlen>(),
+                                      tuned<&C::num_warps>(warps_key()), tuned<&C::num_stages>(stages_key()));
+  return schema;
+}
 
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_normalized_fwd(const LinearAttnNormalizedConfig& cfg) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}{}/{}/{}", dtype_name(cfg.dtype), cfg.chunk, cfg.block_k, cfg.block_v,
-                                cfg.gated, cfg.varlen, cfg.num_warps, cfg.num_stages);
-  return memo.get(key, [&] { return build_linear_attn_normalized_fwd(cfg); });
+  return memo.get(normalized_schema().key(cfg), [&] { return build_linear_attn_normalized_fwd(cfg); });
 }
 
 /// The configuration for the given head dims and `heads` = sequences x heads (0: unknown); opts.config and
 /// --chunk-size override the defaults.
 LinearAttnNormalizedConfig normalized_config(const OpOptions& opts, int64_t K, int64_t V, int64_t heads) {
-  check_config_keys("linear_attn", opts, normalized_config_keys());
+  check_config_keys("linear_attn", opts, normalized_schema().tuning());
   LinearAttnNormalizedConfig cfg;
   cfg.dtype = opts.dtype;
   cfg.block_k = padded_head_dim(K);
@@ -46,11 +51,11 @@ LinearAttnNormalizedConfig normalized_config(const OpOptions& opts, int64_t K, i
   // registers there (sm_90a). Timings: docs/ops/linear_attn.md, "Measured".
   const bool wide = opts.dtype != DType::f32 && K <= 128 && V > 64 && heads * ((V + 127) / 128) >= 120;
   const int dflt_chunk = wide ? 64 : opts.dtype == DType::f32 && cfg.block_k > 128 ? 16 : 32;
-  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, dflt_chunk), {16, 32, 64, 128}));
-  cfg.block_v = static_cast<int>(
-      config_value(opts, "bv", wide ? 128 : std::min(64, padded_head_dim(V)), {16, 32, 64, 128, 256}));
-  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
-  cfg.num_stages = static_cast<int>(config_value(opts, "stages", 2, {1, 2}));
+  cfg.chunk = checked_chunk_size(opts.chunk_size, dflt_chunk);
+  cfg.block_v = wide ? 128 : std::min(64, padded_head_dim(V));
+  cfg.num_warps = 8;
+  cfg.num_stages = 2;
+  normalized_schema().apply(opts, cfg);
   return cfg;
 }
 
@@ -88,15 +93,20 @@ std::vector<std::shared_ptr<ir::Kernel>> linear_attn_normalized_kernels(const Op
   return {cached_normalized_fwd(cfg), cached_normalized_fwd(gated)};
 }
 
-const std::vector<std::pair<std::string, std::string>>& linear_attn_config_keys() { return chunked_config_keys(); }
+/// The forward kernel's configuration: chunk, bv, warps and stages are linear_attn's tuning keys.
+const ConfigSchema<LinearAttnConfig>& linear_attn_schema() {
+  using C = LinearAttnConfig;
+  static const ConfigSchema<C> schema(field<&C::dtype>(), tuned<&C::chunk>(chunk_key()), field<&C::block_k>(),
+                                      tuned<&C::block_v>(bv_key()), field<&C::gated>(), field<&C::initial_state>(),
+                                      field<&C::final_state>(), field<&C::varlen>(), tuned<&C::num_warps>(warps_key()),
+                                      tuned<&C::num_stages>(stages_key()));
+  return schema;
+}
 
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_linear_attn_fwd(const LinearAttnConfig& cfg) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}{}{}{}/{}/{}", dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
-                                cfg.block_v, cfg.gated, cfg.initial_state, cfg.final_state, cfg.varlen,
-                                cfg.num_warps, cfg.num_stages);
-  return memo.get(key, [&] { return build_linear_attn_fwd(cfg); });
+  return memo.get(linear_attn_schema().key(cfg), [&] { return build_linear_attn_fwd(cfg); });
 }
 
 OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
@@ -106,14 +116,15 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
     if (inputs.count(name)) throw UserError(fmt::format("linear_attn: input '{}' is a gradient; it needs --backward", name));
   if (opts.normalize) return plan_linear_attn_normalized(inputs, opts, wanted);
   if (opts.recurrent)
-    return plan_recurrent("linear_attn", RecurrentGate::scalar, false, linear_attn_config_keys(), inputs, opts, wanted);
+    return plan_recurrent("linear_attn", RecurrentGate::scalar, false, config_key_lines(linear_attn_schema().tuning()),
+                          inputs, opts, wanted);
   SequenceLayout seq = check_qkv_inputs("linear_attn", inputs);
   const bool gated = inputs.count("g") > 0;
   if (gated) check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H});
   const bool has_h0 = inputs.count("initial_state") > 0;
   if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
 
-  check_config_keys("linear_attn", opts, linear_attn_config_keys());
+  check_config_keys("linear_attn", opts, linear_attn_schema().tuning());
   LinearAttnConfig cfg;
   cfg.dtype = opts.dtype;
   cfg.block_k = padded_head_dim(seq.K);
@@ -122,19 +133,17 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
   // 142-191 KB. Above head dim 128 chunk 16 (the gated kernel plans 259 KB at 32 with K = 256; 163 KB at 16).
   const int default_chunk = cfg.dtype != DType::f32 ? 64 : cfg.block_k > 128 ? 16 : cfg.block_k > 64 ? 32 : 64;
   cfg.chunk = checked_chunk_size(opts.chunk_size, default_chunk);
-  cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
   // The defaults the tuner starts from (and what runs without it), chosen by measurement
   // (docs/ops/linear_attn.md, "Measured"): one program per head and 128 value columns when that fills
   // the GPU, else 64 columns (more programs), 8 warps for wide heads.
-  int64_t bv = 64, warps = 8;
+  cfg.block_v = 64, cfg.num_warps = 8;
   if (seq.V <= 64) {
-    bv = padded_head_dim(seq.V), warps = 4;
+    cfg.block_v = padded_head_dim(seq.V), cfg.num_warps = 4;
   } else if (seq.K <= 128 && seq.N * seq.H * ((seq.V + 127) / 128) >= 120) {
-    bv = 128;
+    cfg.block_v = 128;
   }
-  cfg.block_v = static_cast<int>(config_value(opts, "bv", bv, {16, 32, 64, 128, 256}));
-  cfg.num_warps = static_cast<int>(config_value(opts, "warps", warps, {2, 4, 8}));
-  cfg.num_stages = static_cast<int>(config_value(opts, "stages", 2, {1, 2}));
+  cfg.num_stages = 2;
+  linear_attn_schema().apply(opts, cfg);
   cfg.gated = gated;
   cfg.initial_state = has_h0;
   cfg.final_state = wants(wanted, "final_state");
@@ -240,18 +249,18 @@ OpDef linear_attn_op() {
     if (!s.gated && s.B * s.H <= 64 && std::max(s.K, s.V) <= 128) space.push_back({{"split", 1}});
     return space;
   };
-  op.config_keys = linear_attn_config_keys();
-  for (const auto& key : linear_attn_bwd_config_keys())
-    if (key.first == "bk") op.config_keys.push_back(key);  // the backward's only key the forward lacks
+  // Every key some form takes (the forward's, then the backward's others).
+  op.config_keys = config_key_lines(merge_tuning_keys({linear_attn_schema().tuning(), linear_attn_bwd_tuning_keys()}));
   op.kernels = [](const OpOptions& opts) {
-    check_config_keys("linear_attn", opts, linear_attn_config_keys());
+    check_config_keys("linear_attn", opts, linear_attn_schema().tuning());
     LinearAttnConfig cfg;
     cfg.dtype = opts.dtype;
-    cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, 64), {16, 32, 64, 128}));
+    cfg.chunk = checked_chunk_size(opts.chunk_size, 64);
     cfg.block_k = 64;
-    cfg.block_v = static_cast<int>(config_value(opts, "bv", 64, {16, 32, 64, 128, 256}));
-    cfg.num_warps = static_cast<int>(config_value(opts, "warps", 4, {2, 4, 8}));
-    cfg.num_stages = static_cast<int>(config_value(opts, "stages", 2, {1, 2}));
+    cfg.block_v = 64;
+    cfg.num_warps = 4;
+    cfg.num_stages = 2;
+    linear_attn_schema().apply(opts, cfg);
     LinearAttnConfig gated = cfg;
     gated.gated = gated.initial_state = gated.final_state = true;
     std::vector<std::shared_ptr<ir::Kernel>> out{cached_linear_attn_fwd(cfg), cached_linear_attn_fwd(gated)};

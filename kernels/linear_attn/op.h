@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/common/config_schema.h"
 #include "kernels/op.h"
 
 namespace linac {
@@ -15,8 +16,9 @@ namespace linac {
 /// The op "linear_attn" for the registry.
 OpDef linear_attn_op();
 
-/// Tuning keys of the backward (chunk, bk, bv, warps, split, sbk, sbv).
-const std::vector<std::pair<std::string, std::string>>& linear_attn_bwd_config_keys();
+/// Tuning keys of the backward (chunk, bk, bv, warps, split, sbk, sbv): its walks', the split
+/// schedule's and the switch between them.
+TuningKeys linear_attn_bwd_tuning_keys();
 
 /// The plan of `linac run linear_attn --backward`.
 OpPlan plan_linear_attn_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted);

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <map>
 
+#include "kernels/common/config_schema.h"
 #include "kernels/common/op_support.h"
 #include "kernels/linear_attn/bwd.h"
 #include "kernels/linear_attn/normalized_bwd.h"
@@ -28,13 +29,44 @@ int default_bwd_chunk(DType dt, bool gated) { return dt == DType::f32 || gated ?
 int wide_heads_bwd_chunk(DType dt) { return dt == DType::f32 ? 16 : 32; }
 int64_t default_bwd_split(DType dt, int64_t padded) { return std::min<int64_t>(padded, dt == DType::f32 ? 64 : 128); }
 
+/// The walks' configuration (bwd.h): chunk, bk, bv and warps are tuned.
+const ConfigSchema<LinearAttnBwdConfig>& walks_schema() {
+  using C = LinearAttnBwdConfig;
+  static const ConfigSchema<C> schema(
+      field<&C::dtype>(), tuned<&C::chunk>(chunk_key()), field<&C::block_k>(), field<&C::block_v>(),
+      tuned<&C::split_k>(
+          {"bk", {16, 32, 64, 128, 256}, "--backward: key columns per program of the dq and dk kernels"}),
+      tuned<&C::split_v>({"bv", {16, 32, 64, 128, 256}, "--backward: value columns per program of the dv kernel"}),
+      field<&C::gated>(), field<&C::initial_state>(), field<&C::final_state_grad>(), field<&C::initial_state_grad>(),
+      field<&C::varlen>(), field<&C::denominator>(), tuned<&C::num_warps>(warps_key()));
+  return schema;
+}
+
+/// The split schedule's configuration (split_bwd.h): chunk, sbk, sbv and warps are tuned.
+const ConfigSchema<LinearAttnSplitBwdConfig>& split_schema() {
+  using C = LinearAttnSplitBwdConfig;
+  static const ConfigSchema<C> schema(
+      field<&C::dtype>(), tuned<&C::chunk>(chunk_key()), field<&C::block_k>(), field<&C::block_v>(),
+      tuned<&C::state_block_k>(
+          {"sbk", {16, 32, 64, 128}, "--backward split=1: key columns per program of the state passes (default 32)"}),
+      tuned<&C::state_block_v>(
+          {"sbv", {16, 32, 64, 128}, "--backward split=1: value columns per program of the state passes (default 32)"}),
+      field<&C::state_warps>(), field<&C::state_stages>(), tuned<&C::num_warps>(warps_key()),
+      field<&C::initial_state>(), field<&C::final_state_grad>(), field<&C::initial_state_grad>());
+  return schema;
+}
+
+/// The switch between the walks and the split schedule.
+TuningKey split_key() {
+  return {"split",
+          {0, 1},
+          "--backward: 1 = the split schedule (plain form, head dims up to 128; varlen walks): state passes "
+          "storing the state and its gradient per chunk, then every chunk's gradients in parallel"};
+}
+
 std::shared_ptr<ir::Kernel> cached_bwd(const LinearAttnBwdConfig& cfg, LinearAttnBwdKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
-                                cfg.chunk, cfg.block_k, cfg.block_v, cfg.split_k, cfg.split_v, cfg.gated,
-                                cfg.initial_state, cfg.final_state_grad, cfg.initial_state_grad, cfg.varlen,
-                                cfg.denominator, cfg.num_warps);
-  return memo.get(key, [&] { return build_linear_attn_bwd(cfg, which); });
+  return memo.get(walks_schema().key(cfg, which), [&] { return build_linear_attn_bwd(cfg, which); });
 }
 
 /// Few (sequence, head) pairs leave SMs idle: each walk program takes a head's column block through every
@@ -59,29 +91,19 @@ void configure(LinearAttnBwdConfig& cfg, const OpOptions& opts, int64_t heads = 
   cfg.chunk = checked_chunk_size(opts.chunk_size,
                                  wide_heads ? wide_heads_bwd_chunk(cfg.dtype)
                                  : narrowed ? 32 : default_bwd_chunk(cfg.dtype, cfg.gated));
-  cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
-  cfg.split_k = config_value(opts, "bk", bk, {16, 32, 64, 128, 256});
-  cfg.split_v = config_value(opts, "bv", bv, {16, 32, 64, 128, 256});
+  cfg.split_k = bk;
+  cfg.split_v = bv;
+  cfg.num_warps = narrowed ? 4 : 8;
+  walks_schema().apply(opts, cfg);
   if (cfg.split_k > cfg.block_k || cfg.split_v > cfg.block_v)
     throw UserError(fmt::format("linear_attn --backward: --config bk={} bv={} exceed the padded head dims {} and {}",
                                 cfg.split_k, cfg.split_v, cfg.block_k, cfg.block_v));
-  cfg.num_warps = static_cast<int>(config_value(opts, "warps", narrowed ? 4 : 8, {2, 4, 8}));
 }
 
 }  // namespace
 
-const std::vector<std::pair<std::string, std::string>>& linear_attn_bwd_config_keys() {
-  static const std::vector<std::pair<std::string, std::string>> keys = {
-      {"chunk", "rows per chunk (16, 32, 64, 128)"},
-      {"bk", "--backward: key columns per program of the dq and dk kernels (16..256)"},
-      {"bv", "--backward: value columns per program of the dv kernel (16..256)"},
-      {"warps", "warps per program (2, 4, 8)"},
-      {"split", "--backward: 1 = the split schedule (plain form, head dims up to 128; varlen walks): state passes "
-                "storing the state and its gradient per chunk, then every chunk's gradients in parallel"},
-      {"sbk", "--backward split=1: key columns per program of the state passes (16..128, default 32)"},
-      {"sbv", "--backward split=1: value columns per program of the state passes (16..128, default 32)"},
-  };
-  return keys;
+TuningKeys linear_attn_bwd_tuning_keys() {
+  return merge_tuning_keys({walks_schema().tuning(), {split_key()}, split_schema().tuning()});
 }
 
 namespace {
@@ -93,22 +115,22 @@ OpPlan plan_split_bwd(const TensorMap& inputs, const OpOptions& opts, const std:
   cfg.dtype = walks.dtype;
   // Its own defaults (the walks' narrow ones are for the walks): chunk 64 in 16-bit, 32 in fp32 (the
   // per-chunk kernel holds S and dS' whole); 8 warps.
-  cfg.chunk = static_cast<int>(config_value(
-      opts, "chunk", checked_chunk_size(opts.chunk_size, cfg.dtype == DType::f32 ? 32 : 64), {16, 32, 64, 128}));
+  cfg.chunk = checked_chunk_size(opts.chunk_size, cfg.dtype == DType::f32 ? 32 : 64);
   cfg.block_k = walks.block_k;
   cfg.block_v = walks.block_v;
-  cfg.state_block_k = std::min<int64_t>(config_value(opts, "sbk", 32, {16, 32, 64, 128}), cfg.block_k);
-  cfg.state_block_v = std::min<int64_t>(config_value(opts, "sbv", 32, {16, 32, 64, 128}), cfg.block_v);
+  cfg.state_block_k = cfg.state_block_v = 32;
   cfg.state_stages = cfg.dtype == DType::f32 ? 1 : 2;
-  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
+  cfg.num_warps = 8;
+  split_schema().apply(opts, cfg);
+  cfg.state_block_k = std::min(cfg.state_block_k, cfg.block_k);
+  cfg.state_block_v = std::min(cfg.state_block_v, cfg.block_v);
   cfg.initial_state = walks.initial_state;
   cfg.final_state_grad = walks.final_state_grad;
   cfg.initial_state_grad = walks.initial_state_grad;
   static KernelMemo memo;
-  const std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}{}{}", dtype_name(cfg.dtype), cfg.chunk, cfg.block_k,
-                                      cfg.block_v, cfg.state_block_k, cfg.state_block_v, cfg.num_warps,
-                                      cfg.initial_state, cfg.final_state_grad, cfg.initial_state_grad);
-  auto kernel = [&](const char* which, auto build) { return memo.get(key + which, [&] { return build(cfg); }); };
+  auto kernel = [&](const char* which, auto build) {
+    return memo.get(split_schema().key(cfg, which), [&] { return build(cfg); });
+  };
 
   OpPlan plan;
   add_backward_inputs(plan, inputs, seq, cfg.dtype, {"initial_state", "dfinal_state"});
@@ -150,7 +172,7 @@ OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vecto
   }
   if (wants(wanted, "dg") && !gated) throw UserError("linear_attn --backward: -o dg needs the gate input g");
 
-  check_config_keys("linear_attn --backward", opts, linear_attn_bwd_config_keys());
+  check_config_keys("linear_attn --backward", opts, linear_attn_bwd_tuning_keys());
   LinearAttnBwdConfig cfg;
   cfg.dtype = opts.dtype;
   cfg.block_k = padded_head_dim(seq.K);
@@ -171,7 +193,7 @@ OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vecto
   // linear_attn.md, "Measured": split vs walks).
   const bool split_by_default = !gated && !denominator && !seq.varlen && cfg.dtype != DType::f32 &&
                                 std::max(cfg.block_k, cfg.block_v) <= 128 && seq.N * seq.H <= 32 && seq.T >= 1024;
-  if (config_value(opts, "split", split_by_default ? 1 : 0, {0, 1}) == 1) {
+  if (split_key().value(opts, split_by_default ? 1 : 0) == 1) {
     if (gated || denominator || std::max(cfg.block_k, cfg.block_v) > 128)
       throw UserError("linear_attn --backward --config split=1 takes the plain form (no g, no --normalize) with "
                       "head dims up to 128");
@@ -269,9 +291,7 @@ namespace {
 
 std::shared_ptr<ir::Kernel> cached_prep(DType dt, int64_t block_v) {
   static KernelMemo memo;
-  return memo.get(fmt::format("{}/{}", dtype_name(dt), block_v), [&] {
-    return build_linear_attn_normalized_bwd_prep(dt, block_v);
-  });
+  return memo.get(memo_key(dt, block_v), [&] { return build_linear_attn_normalized_bwd_prep(dt, block_v); });
 }
 
 /// Appends `part`'s launches to `plan`. Its tensors are renamed `prefix + name`, except those named in

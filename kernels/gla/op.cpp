@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include "kernels/common/config_schema.h"
 #include "kernels/common/op_support.h"
 #include "kernels/common/recurrent_op.h"
 #include "kernels/gla/fwd.h"
@@ -21,17 +22,22 @@ namespace {
 /// H100/H200 has SMs, with room for them to be starved).
 constexpr int64_t kSplitCandidatesBelowHeads = 64;
 
-const std::vector<std::pair<std::string, std::string>>& gla_config_keys() {
-  static const std::vector<std::pair<std::string, std::string>> keys = {
-      {"chunk", "rows per chunk (16, 32, 64, 128; sub-chunks of 16)"},
-      {"bv", "value columns per program (16..128)"},
-      {"warps", "warps per program (2, 4, 8)"},
-      {"stages", "pipeline stages of the chunk loads (1 or 2)"},
-      {"split", "1: state pass + parallel outputs (dense inputs; varlen runs fused), 0: fused chunk loop; "
-                "--backward: state passes (states and their gradients per chunk), then per-chunk gradients"},
-      {"sbk", "split=1: key columns per program of the state pass (16..128; default all; --backward 32)"},
-  };
-  return keys;
+/// The forward's configuration (fwd.h): chunk, bv, warps, stages, split and sbk are tuned.
+const ConfigSchema<GlaConfig>& gla_schema() {
+  using C = GlaConfig;
+  static const ConfigSchema<C> schema(
+      field<&C::dtype>(), tuned<&C::chunk>({"chunk", {16, 32, 64, 128}, "rows per chunk (sub-chunks of 16)"}),
+      field<&C::block_k>(), tuned<&C::block_v>(bv_key({16, 32, 64, 128})), field<&C::initial_state>(),
+      field<&C::final_state>(), field<&C::varlen>(), tuned<&C::num_warps>(warps_key()),
+      tuned<&C::num_stages>(stages_key()),
+      tuned<&C::split>({"split",
+                        {0, 1},
+                        "1: state pass + parallel outputs (dense inputs; varlen runs fused), 0: fused chunk loop; "
+                        "--backward: state passes (states and their gradients per chunk), then per-chunk gradients"}),
+      tuned<&C::state_block_k>({"sbk",
+                                {16, 32, 64, 128},
+                                "split=1: key columns per program of the state pass (default all; --backward 32)"}));
+  return schema;
 }
 
 enum class GlaKernel { intra, fused, gates, state, out };
@@ -56,15 +62,15 @@ GlaSplitBwdConfig split_state_config(const GlaConfig& cfg) {
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_gla_kernel(const GlaConfig& cfg, GlaKernel which) {
   static KernelMemo memo;
-  std::string key = which == GlaKernel::intra
-                        ? fmt::format("intra/{}/{}/{}", dtype_name(cfg.dtype), cfg.block_k, cfg.varlen)
-                        : fmt::format("{}/{}/{}/{}/{}/{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
-                                      cfg.chunk, cfg.block_k, cfg.block_v, cfg.initial_state, cfg.final_state,
-                                      cfg.varlen, cfg.num_warps, cfg.num_stages) +
-                              (which == GlaKernel::state ? fmt::format("/{}", cfg.state_block_k) : "");
-  return memo.get(key, [&] {
+  // gla_intra reads only the dtype, the key tile and varlen: one kernel for every configuration that
+  // shares them (so the tuner's candidates share it too).
+  GlaConfig intra;
+  intra.dtype = cfg.dtype;
+  intra.block_k = cfg.block_k;
+  intra.varlen = cfg.varlen;
+  return memo.get(gla_schema().key(which == GlaKernel::intra ? intra : cfg, which), [&] {
     switch (which) {
-      case GlaKernel::intra: return build_gla_intra(cfg);
+      case GlaKernel::intra: return build_gla_intra(intra);
       case GlaKernel::fused: return build_gla_fwd(cfg);
       case GlaKernel::gates: return build_gla_bwd_gates(split_state_config(cfg));
       case GlaKernel::state: return build_gla_bwd_states(split_state_config(cfg));
@@ -76,7 +82,7 @@ std::shared_ptr<ir::Kernel> cached_gla_kernel(const GlaConfig& cfg, GlaKernel wh
 
 /// The configuration for head dims K and V (opts.config and --chunk-size override the defaults).
 GlaConfig gla_config(const OpOptions& opts, int64_t K, int64_t V) {
-  check_config_keys("gla", opts, gla_config_keys());
+  check_config_keys("gla", opts, gla_schema().tuning());
   GlaConfig cfg;
   cfg.dtype = opts.dtype;
   cfg.block_k = padded_head_dim(K);
@@ -85,14 +91,16 @@ GlaConfig gla_config(const OpOptions& opts, int64_t K, int64_t V) {
   // value columns for K = 128 (each program redoes the key-side decay math), 32 columns otherwise. These
   // are spill-free for K = V = 64 and 128 (test_ptxas).
   const int64_t bv = std::min<int64_t>(padded_head_dim(V), cfg.block_k == 128 ? 128 : 32);
-  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, 16), {16, 32, 64, 128}));
-  cfg.block_v = static_cast<int>(config_value(opts, "bv", bv, {16, 32, 64, 128}));
-  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
+  cfg.chunk = checked_chunk_size(opts.chunk_size, 16);
+  cfg.block_v = static_cast<int>(bv);
+  cfg.num_warps = 8;
   // The chunk loads pipelined (cp.async one chunk ahead) for 16-bit tiles, faster (docs/ops/gla.md,
   // "Measured"; the tuner had been picking it). fp32 blocks keep one stage (twice the shared memory).
-  cfg.num_stages = static_cast<int>(config_value(opts, "stages", dtype_bytes(cfg.dtype) == 2 ? 2 : 1, {1, 2}));
-  cfg.split = config_value(opts, "split", 0, {0, 1}) == 1;
-  cfg.state_block_k = static_cast<int>(std::min<int64_t>(config_value(opts, "sbk", cfg.block_k, {16, 32, 64, 128}), cfg.block_k));
+  cfg.num_stages = dtype_bytes(cfg.dtype) == 2 ? 2 : 1;
+  cfg.split = false;
+  cfg.state_block_k = cfg.block_k;
+  gla_schema().apply(opts, cfg);
+  cfg.state_block_k = std::min(cfg.state_block_k, cfg.block_k);
   return cfg;
 }
 
@@ -101,7 +109,8 @@ OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vecto
   for (const char* name : {"do", "dfinal_state"})
     if (inputs.count(name)) throw UserError(fmt::format("gla: input '{}' is a gradient; it needs --backward", name));
   if (opts.recurrent)
-    return plan_recurrent("gla", RecurrentGate::channel, true, gla_config_keys(), inputs, opts, wanted);
+    return plan_recurrent("gla", RecurrentGate::channel, true, config_key_lines(gla_schema().tuning()), inputs, opts,
+                          wanted);
   SequenceLayout seq = check_qkv_inputs("gla", inputs);
   if (!inputs.count("g")) throw UserError("gla: missing input 'g'");
   check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H, seq.K});
@@ -190,10 +199,8 @@ OpDef gla_op() {
     }
     return space;
   };
-  op.config_keys = gla_config_keys();
-  for (const auto& key : gla_chunked_bwd_config_keys())
-    for (const char* name : {"bk", "iwarps", "take", "fuse", "sbv", "tokenwise"})
-      if (key.first == name) op.config_keys.push_back(key);
+  // Every key some form takes (the forward's, then the backward's others).
+  op.config_keys = config_key_lines(merge_tuning_keys({gla_schema().tuning(), gla_bwd_tuning_keys()}));
   op.random_inputs = [](const ProblemShape& s, uint64_t seed) {
     TensorMap in;
     in["q"] = random_uniform({s.B, s.T, s.H, s.K}, seed);

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/common/config_schema.h"
 #include "kernels/op.h"
 
 namespace linac {
@@ -20,7 +21,7 @@ OpDef gla_op();
 inline constexpr int64_t kGlaBwdSplitHeads = 64;
 
 /// Tuning keys of gla's backward (chunk, bk, bv, warps, iwarps, take, fuse, split, sbk, sbv, tokenwise).
-const std::vector<std::pair<std::string, std::string>>& gla_chunked_bwd_config_keys();
+TuningKeys gla_bwd_tuning_keys();
 
 /// The plan of gla's backward. Inputs q k v g [initial_state] [cu_seqlens] do [dfinal_state];
 /// outputs dq dk dv dg [dinitial_state]. In chunks, or token by token with --config tokenwise=1.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include "kernels/common/config_schema.h"
 #include "kernels/common/op_support.h"
 #include "kernels/gla/bwd.h"
 #include "kernels/gla/bwd_tokenwise.h"
@@ -20,14 +21,44 @@ enum class GlaBwdKernel { intra, dq, dk, dv, dkdv, dg, gates, states, dstates, i
 
 GlaSplitBwdConfig split_config(const GlaChunkedBwdConfig& cfg);
 
+/// The chunked backward's rows per chunk (read before the other keys: its default depends on split).
+TuningKey bwd_chunk_key() {
+  return {"chunk", {16, 32, 64}, "--backward: rows per chunk of the walks (16-row diagonal blocks)"};
+}
+
+/// The chunked backward's configuration (bwd.h; the split schedule's kernels take it through split_config).
+const ConfigSchema<GlaChunkedBwdConfig>& chunked_schema() {
+  using C = GlaChunkedBwdConfig;
+  static const ConfigSchema<C> schema(
+      field<&C::dtype>(), tuned<&C::chunk>(bwd_chunk_key()), field<&C::block_k>(), field<&C::block_v>(),
+      tuned<&C::split_k>({"bk", {16, 32, 64, 128, 256}, "--backward: key columns per program of the dq and dk walks"}),
+      tuned<&C::split_v>({"bv", {16, 32, 64, 128, 256}, "--backward: value columns per program of the dv walk"}),
+      field<&C::initial_state>(), field<&C::final_state_grad>(), field<&C::initial_state_grad>(), field<&C::varlen>(),
+      tuned<&C::num_warps>({"warps", {2, 4, 8}, "warps per program of the walks"}),
+      tuned<&C::intra_warps>({"iwarps", {2, 4, 8}, "--backward: warps per program of gla_bwd_intra"}),
+      tuned<&C::take>({"take",
+                       {0, 1},
+                       "--backward: 1 (default) = gla_bwd_intra reads dA's entries with take, 0 = masked row sums"}),
+      tuned<&C::fuse_dkdv>(
+          {"fuse",
+           {0, 1},
+           "--backward: 1 (default) = dk and dv in one walk where bk and bv cover the head dims, 0 = two walks"}),
+      tuned<&C::split>({"split",
+                        {0, 1},
+                        "--backward: 1 = the split schedule (dense inputs; varlen walks): state passes storing the "
+                        "state before and its gradient after every chunk, then every chunk's gradients in parallel"}),
+      tuned<&C::state_block_k>({"sbk",
+                                {16, 32, 64, 128, 256},
+                                "--backward split=1: key columns per program of the state passes (default 32)"}),
+      tuned<&C::state_block_v>({"sbv",
+                                {16, 32, 64, 128, 256},
+                                "--backward split=1: value columns per program of the state passes (default 32)"}));
+  return schema;
+}
+
 std::shared_ptr<ir::Kernel> cached(const GlaChunkedBwdConfig& cfg, GlaBwdKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}{}{}{}/{}/{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype), cfg.chunk,
-                                cfg.block_k, cfg.block_v, cfg.split_k, cfg.split_v, cfg.intra_warps, cfg.take, cfg.fuse_dkdv,
-                                cfg.initial_state, cfg.final_state_grad,
-                                cfg.initial_state_grad, cfg.varlen, cfg.num_warps, cfg.split, cfg.state_block_k,
-                                cfg.state_block_v);
-  return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
+  return memo.get(chunked_schema().key(cfg, which), [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
       case GlaBwdKernel::intra: return build_gla_bwd_intra(cfg);
       case GlaBwdKernel::dq: return build_gla_bwd_walk(cfg, GlaBwdWalk::dq);
@@ -92,24 +123,28 @@ void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts, const SequenceLa
   const bool half_width = cfg.dtype != DType::f32;  // bf16 or fp16 tiles
   // Varlen inputs take the walks even when split=1 is asked (the state passes are dense only), at the
   // walks' chunk.
-  cfg.split = config_value(opts, "split", split_by_default(cfg, seq) ? 1 : 0, {0, 1}) == 1 && !(seq && seq->varlen);
+  cfg.split = split_by_default(cfg, seq);
+  cfg.split_k = half_width ? 128 : 64;
+  // fp32 above head dim 128: 32 value columns (the dv walk plans 238 KB of shared memory at 64, K = V = 256).
+  cfg.split_v = half_width ? 128 : std::max(cfg.block_k, cfg.block_v) > 128 ? 32 : 64;
+  cfg.num_warps = half_width ? 8 : 4;
+  cfg.intra_warps = 4;
+  // take=1: faster than masked row sums (docs/ops/gla.md, "Measured").
+  cfg.take = true;
+  cfg.fuse_dkdv = true;
+  // The state passes' blocks: 32 x 32 was the fastest measured (docs/ops/gla.md, "Measured").
+  cfg.state_block_k = cfg.state_block_v = 32;
+  chunked_schema().apply(opts, cfg);
+  cfg.split = cfg.split && !(seq && seq->varlen);
   // The split schedule's chunk: its walks carry one product per chunk, so fewer, longer chunks.
   const int dflt_chunk = cfg.split ? split_default_chunk(cfg.dtype, cfg.block_k, cfg.block_v) : 16;
-  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, dflt_chunk), {16, 32, 64}));
+  cfg.chunk = static_cast<int>(bwd_chunk_key().value(opts, checked_chunk_size(opts.chunk_size, dflt_chunk)));
   if (cfg.chunk > 64)
     throw UserError(fmt::format("--chunk-size {}: gla --backward takes chunks of 16, 32 or 64 rows", cfg.chunk));
-  cfg.split_k = std::min<int64_t>(config_value(opts, "bk", half_width ? 128 : 64, {16, 32, 64, 128, 256}), cfg.block_k);
-  // fp32 above head dim 128: 32 value columns (the dv walk plans 238 KB of shared memory at 64, K = V = 256).
-  const int64_t dflt_bv = half_width ? 128 : std::max(cfg.block_k, cfg.block_v) > 128 ? 32 : 64;
-  cfg.split_v = std::min<int64_t>(config_value(opts, "bv", dflt_bv, {16, 32, 64, 128, 256}), cfg.block_v);
-  cfg.num_warps = static_cast<int>(config_value(opts, "warps", half_width ? 8 : 4, {2, 4, 8}));
-  cfg.intra_warps = static_cast<int>(config_value(opts, "iwarps", 4, {2, 4, 8}));
-  // take=1: faster than masked row sums (docs/ops/gla.md, "Measured").
-  cfg.take = config_value(opts, "take", 1, {0, 1}) == 1;
-  cfg.fuse_dkdv = config_value(opts, "fuse", 1, {0, 1}) == 1;
-  cfg.state_block_k = std::min<int64_t>(config_value(opts, "sbk", 32, {16, 32, 64, 128, 256}), cfg.block_k);
-  // The state passes' blocks: 32 x 32 was the fastest measured (docs/ops/gla.md, "Measured").
-  cfg.state_block_v = std::min<int64_t>(config_value(opts, "sbv", 32, {16, 32, 64, 128, 256}), cfg.block_v);
+  cfg.split_k = std::min(cfg.split_k, cfg.block_k);
+  cfg.split_v = std::min(cfg.split_v, cfg.block_v);
+  cfg.state_block_k = std::min(cfg.state_block_k, cfg.block_k);
+  cfg.state_block_v = std::min(cfg.state_block_v, cfg.block_v);
 }
 
 /// Whether dk and dv are one walk: asked for, and both column blocks whole (one program holds dS).
@@ -119,23 +154,12 @@ bool fused_dkdv(const GlaChunkedBwdConfig& cfg) {
 
 }  // namespace
 
-const std::vector<std::pair<std::string, std::string>>& gla_chunked_bwd_config_keys() {
-  static const std::vector<std::pair<std::string, std::string>> keys = {
-      {"chunk", "--backward: rows per chunk of the walks (16, 32, 64; 16-row diagonal blocks)"},
-      {"bk", "--backward: key columns per program of the dq and dk walks (16..256)"},
-      {"bv", "--backward: value columns per program of the dv walk (16..256)"},
-      {"warps", "warps per program of the walks (2, 4, 8)"},
-      {"iwarps", "--backward: warps per program of gla_bwd_intra (2, 4, 8)"},
-      {"take", "--backward: 1 (default) = gla_bwd_intra reads dA's entries with take, 0 = masked row sums"},
-      {"fuse", "--backward: 1 (default) = dk and dv in one walk where bk and bv cover the head dims, 0 = two walks"},
-      {"split", "--backward: 1 = the split schedule (dense inputs; varlen walks): state passes storing the state "
-                "before and its gradient after every chunk, then every chunk's gradients in parallel"},
-      {"sbk", "--backward split=1: key columns per program of the state passes (16..256, default 32)"},
-      {"sbv", "--backward split=1: value columns per program of the state passes (16..256, default 32)"},
-      {"tokenwise", "--backward: 1 = the token-by-token form (the reference)"},
-  };
-  return keys;
-}
+namespace {
+/// The token-by-token form's switch (take_tokenwise reads it).
+TuningKey tokenwise_key() { return {"tokenwise", {0, 1}, "--backward: 1 = the token-by-token form (the reference)"}; }
+}  // namespace
+
+TuningKeys gla_bwd_tuning_keys() { return merge_tuning_keys({chunked_schema().tuning(), {tokenwise_key()}}); }
 
 OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
   SequenceLayout seq = check_qkv_inputs("gla", inputs);
@@ -240,17 +264,20 @@ std::vector<std::shared_ptr<ir::Kernel>> gla_chunked_bwd_kernels(const OpOptions
 
 namespace {
 
-std::shared_ptr<ir::Kernel> cached_gla_bwd(const GlaBwdConfig& cfg, bool dq_kernel) {
-  static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}{}{}{}/{}", dq_kernel, dtype_name(cfg.dtype), cfg.block_k, cfg.block_v,
-                                cfg.initial_state, cfg.final_state_grad, cfg.initial_state_grad, cfg.varlen,
-                                cfg.num_warps);
-  return memo.get(key, [&] { return dq_kernel ? build_gla_bwd_tokenwise_dq(cfg) : build_gla_bwd_tokenwise_dkv(cfg); });
+/// The token-by-token form's configuration (bwd_tokenwise.h): warps is tuned.
+const ConfigSchema<GlaBwdConfig>& tokenwise_schema() {
+  using C = GlaBwdConfig;
+  static const ConfigSchema<C> schema(field<&C::dtype>(), field<&C::block_k>(), field<&C::block_v>(),
+                                      field<&C::initial_state>(), field<&C::final_state_grad>(),
+                                      field<&C::initial_state_grad>(), field<&C::varlen>(),
+                                      tuned<&C::num_warps>(warps_key()));
+  return schema;
 }
 
-const std::vector<std::pair<std::string, std::string>>& gla_bwd_config_keys() {
-  static const std::vector<std::pair<std::string, std::string>> keys = {{"warps", "warps per program (2, 4, 8)"}};
-  return keys;
+std::shared_ptr<ir::Kernel> cached_gla_bwd(const GlaBwdConfig& cfg, bool dq_kernel) {
+  static KernelMemo memo;
+  return memo.get(tokenwise_schema().key(cfg, dq_kernel),
+                  [&] { return dq_kernel ? build_gla_bwd_tokenwise_dq(cfg) : build_gla_bwd_tokenwise_dkv(cfg); });
 }
 
 }  // namespace
@@ -269,18 +296,19 @@ OpPlan plan_gla_bwd(const TensorMap& inputs, const OpOptions& opts, const std::v
   for (const auto& w : wanted)
     if (w != "dq" && w != "dk" && w != "dv" && w != "dg" && w != "dinitial_state")
       throw UserError(fmt::format("gla --backward produces dq, dk, dv, dg and dinitial_state, not '{}'", w));
-  check_config_keys("gla --backward", opts, gla_chunked_bwd_config_keys());
+  check_config_keys("gla --backward", opts, gla_bwd_tuning_keys());
   // In chunks unless --config tokenwise=1 asks for the token-by-token reference form.
   OpOptions tw = opts;
   if (!take_tokenwise(tw)) return plan_gla_chunked_bwd(inputs, tw, wanted);
-  check_config_keys("gla --backward --config tokenwise=1", tw, gla_bwd_config_keys());
+  check_config_keys("gla --backward --config tokenwise=1", tw, tokenwise_schema().tuning());
   if (opts.chunk_size) throw UserError("gla --backward --config tokenwise=1 runs token by token: --chunk-size does not apply");
 
   GlaBwdConfig cfg;
   cfg.dtype = opts.dtype;
   cfg.block_k = padded_head_dim(seq.K);
   cfg.block_v = padded_head_dim(seq.V);
-  cfg.num_warps = static_cast<int>(config_value(tw, "warps", 8, {2, 4, 8}));
+  cfg.num_warps = 8;
+  tokenwise_schema().apply(tw, cfg);
   cfg.initial_state = has_h0;
   cfg.final_state_grad = has_dht;
   cfg.initial_state_grad = wants(wanted, "dinitial_state");

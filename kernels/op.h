@@ -37,6 +37,8 @@ struct OpOptions {
   /// Dynamic shared memory one block may have on the GPU the call runs on (set by the runtime for CUDA
   /// calls; 0: not known, e.g. `linac compile`, so defaults must fit every target).
   int64_t max_smem_per_block = 0;
+  /// Streaming multiprocessors of that GPU (set with it; 0: not known): how many programs fill it.
+  int64_t num_sms = 0;
   /// Tuning parameters by name (e.g. {"bv": 128, "warps": 8}); see OpDef::config_keys. They change
   /// speed, never results beyond rounding.
   std::map<std::string, int64_t> config;

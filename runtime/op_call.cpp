@@ -600,7 +600,10 @@ int64_t prepared_calls() { return g_prepared.load(); }
 }  // namespace ops
 
 void set_device_limits(OpOptions& opts) {
-  if (opts.device == Device::cuda) opts.max_smem_per_block = cuda::device_info().max_shared_per_block_optin;
+  if (opts.device == Device::cuda) {
+    opts.max_smem_per_block = cuda::device_info().max_shared_per_block_optin;
+    opts.num_sms = cuda::device_info().sm_count;
+  }
 }
 
 TensorMap run_op(const OpDef& op, const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {

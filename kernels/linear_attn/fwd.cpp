@@ -15,38 +15,53 @@ using namespace dsl;
 //   S = exp(b_C) S + (exp(b_C - b) .* K)^T V
 std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
-  const DType dt = cfg.dtype;
-  KernelBuilder kb("linear_attn_fwd");
+  const DType dt = cfg.dtype, f32 = DType::f32;
+  const bool states_only = cfg.walk == LinearAttnWalk::segment_states;
+  const bool from_segment = cfg.walk == LinearAttnWalk::segment_outputs;
+  KernelBuilder kb(states_only ? "linear_attn_segment_states" : "linear_attn_fwd");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
   auto [q, k, v] = declare_qkv(kb, dt);
-  Tensor g = cfg.gated ? kb.tensor("g", DType::f32, 3) : Tensor();
-  Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", DType::f32, 4) : Tensor();
-  Tensor ht = cfg.final_state ? kb.tensor("final_state", DType::f32, 4) : Tensor();
+  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  const bool h0_in = cfg.initial_state && cfg.walk == LinearAttnWalk::sequence;
+  const bool ht_out = cfg.final_state && cfg.walk == LinearAttnWalk::sequence;
+  Tensor h0 = h0_in ? kb.tensor("initial_state", f32, 4) : Tensor();
+  Tensor ht = ht_out ? kb.tensor("final_state", f32, 4) : Tensor();
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor o = kb.tensor("o", dt, 4);
-  Tile scale = kb.scalar("scale", DType::f32);
+  Tensor seg_states = states_only ? kb.tensor("segment_states", f32, 5) : Tensor();
+  Tensor seg_decays = states_only && cfg.gated ? kb.tensor("segment_decays", f32, 3) : Tensor();
+  Tensor seg_inputs = from_segment ? kb.tensor("segment_inputs", f32, 5) : Tensor();
+  Tensor o = states_only ? Tensor() : kb.tensor("o", dt, 4);
+  Tile scale = kb.scalar("scale", f32);
 
   Tile i_v = program_id(0);
   const auto [i_nh, i_n, i_h, seq_rows] = sequence_program(q, cu, cfg.varlen, 1);
-  const auto [b, bos, eos] = seq_rows;
+  auto [b, bos, eos] = seq_rows;
+  // A segment's rows: [bos + s L, min(eos, bos + (s + 1) L)).
+  Tile i_s = cfg.walk == LinearAttnWalk::sequence ? Tile() : program_id(2);
+  if (i_s.valid()) {
+    bos = bos + i_s * cfg.segment;
+    eos = minimum(eos, bos + cfg.segment);
+  }
   Tile num_chunks = (eos - bos + (BT - 1)) / BT;
   Tile v0 = i_v * BV;
 
-  Tile S = zeros({BK, BV}, DType::f32);
-  if (cfg.initial_state) S = load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
+  Tile S = zeros({BK, BV}, f32);
+  if (h0_in) S = load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
+  if (from_segment) S = load(seg_inputs, {i_n, i_s, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
+  Tile decay_sum = constant(0.0f, f32);  // the segment's log-decay (segment_states, gated)
 
   Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
   Tile causal = row >= col;
   AccessOptions in_seq{.limits = {{1, eos}}};
 
-  for_range(0, num_chunks, [&](Tile i) {
+  auto body = [&](Tile i) {
     Tile t0 = bos + i * BT;
     // scale is applied to the fp32 products rather than to Q: Q then feeds the tensor cores as loaded.
-    Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+    Tile Q = states_only ? Tile() : load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
     Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
     Tile V = load(v, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
-    Tile A = where(causal, dot(Q, K.T()) * scale, 0.0f);
+    Tile A = states_only ? Tile() : where(causal, dot(Q, K.T()) * scale, 0.0f);
     Tile O;
     if (cfg.gated) {
       // Rows past the sequence end load g = 0, so b stops growing there and b_C = b at the last row.
@@ -55,19 +70,64 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
       Tile bg = cumsum(gc, 0);
       Tile b_last = sum(gc, 0);
       Tile br = expand_dims(bg, 1), bc = expand_dims(bg, 0);
-      // Exponentiate only where r >= c: the upper triangle would overflow.
-      A = A * exp(where(causal, br - bc, 0.0f));
-      O = dot(Q, S.to(dt)) * (exp(br) * scale);
-      Tile K_decayed = (K.to(DType::f32) * expand_dims(exp(b_last - bg), 1)).to(dt);
+      if (!states_only) {
+        // Exponentiate only where r >= c: the upper triangle would overflow.
+        A = A * exp(where(causal, br - bc, 0.0f));
+        O = dot(Q, S.to(dt)) * (exp(br) * scale);
+      }
+      Tile K_decayed = (K.to(f32) * expand_dims(exp(b_last - bg), 1)).to(dt);
       S = S * exp(b_last) + dot(K_decayed.T(), V);
+      if (states_only) decay_sum = decay_sum + b_last;
     } else {
-      O = dot(Q, S.to(dt)) * scale;
+      if (!states_only) O = dot(Q, S.to(dt)) * scale;
       S = S + dot(K.T(), V);
     }
+    if (states_only) return;
     O = O + dot(A.to(dt), V);
     store(o, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), in_seq);
-  }, S);
+  };
+  if (states_only && cfg.gated) {
+    for_range(0, num_chunks, body, S, decay_sum);
+  } else {
+    for_range(0, num_chunks, body, S);
+  }
 
+  if (ht_out) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
+  if (states_only) {
+    store(seg_states, {i_n, i_s, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S);
+    if (cfg.gated) {
+      // One value per (sequence, segment, head): the first V block stores it, the others are masked.
+      AccessOptions first_block{.limits = {{2, i_h + 1 - minimum(i_v, 1)}}};
+      store(seg_decays, {i_n, i_s, i_h}, {kIndex, kIndex, 1}, zeros({1}, f32) + decay_sum, first_block);
+    }
+  }
+  return kb.finish();
+}
+
+// One program per (V block, sequence x head) walks the segments in order (a handful): the state
+// entering segment s is S_s = exp(d_{s-1}) S_{s-1} + T_{s-1}, S_0 = h0 (or zeros), with T the
+// segment's own state from zero and d its total log-decay (zero without a gate).
+std::shared_ptr<ir::Kernel> build_linear_attn_segment_combine(const LinearAttnConfig& cfg) {
+  const int64_t BK = cfg.block_k, BV = cfg.block_v;
+  const DType f32 = DType::f32;
+  KernelBuilder kb("linear_attn_segment_combine");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(1);
+  Tensor seg_states = kb.tensor("segment_states", f32, 5);
+  Tensor seg_decays = cfg.gated ? kb.tensor("segment_decays", f32, 3) : Tensor();
+  Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
+  Tensor seg_inputs = kb.tensor("segment_inputs", f32, 5);
+  Tensor ht = cfg.final_state ? kb.tensor("final_state", f32, 4) : Tensor();
+  Tile i_v = program_id(0), i_nh = program_id(1);
+  Tile H = seg_states.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  Tile v0 = i_v * BV;
+  Tile S = cfg.initial_state ? load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}) : zeros({BK, BV}, f32);
+  for_range(0, seg_states.dim(1), [&](Tile s) {
+    store(seg_inputs, {i_n, s, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S);
+    Tile T = load(seg_states, {i_n, s, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
+    S = cfg.gated ? S * exp(load(seg_decays, {i_n, s, i_h}, {kIndex, kIndex, kIndex})) + T : S + T;
+  }, S);
   if (cfg.final_state) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
   return kb.finish();
 }

@@ -11,6 +11,11 @@ namespace ir {
 struct Kernel;
 }
 
+/// What one program of the forward walks (the segment-parallel schedule is docs/ops/linear_attn.md,
+/// "Segments"): its whole sequence, or one segment of it (grid axis 2), from zero to the segment's
+/// state and total log-decay (no outputs), or from the state entering the segment to its outputs.
+enum class LinearAttnWalk : uint8_t { sequence, segment_states, segment_outputs };
+
 /// Compile-time configuration of the forward kernel. Every field specializes the kernel.
 struct LinearAttnConfig {
   DType dtype = DType::f32;  // q, k, v and o
@@ -23,9 +28,19 @@ struct LinearAttnConfig {
   bool varlen = false;       // cu_seqlens [N+1] present, B == 1
   int num_warps = 4;
   int num_stages = 2;        // 2: chunk loads are pipelined one iteration ahead (cp.async)
+  LinearAttnWalk walk = LinearAttnWalk::sequence;
+  int segment = 0;           // rows per segment (a multiple of chunk) when walking segments
 };
 
-/// Records the forward kernel for `cfg`. Parameters: q k v [g] [h0] [ht] [cu_seqlens] o scale.
+/// Records the forward kernel for `cfg`. Parameters: q k v [g] [h0] [ht] [cu_seqlens] o scale; a
+/// segment_states walk takes q k v [g] and writes segment_states [N, segments, H, K, V] (and
+/// segment_decays [N, segments, H] when gated) instead of o; a segment_outputs walk reads
+/// segment_inputs [N, segments, H, K, V] instead of h0 and writes no final state.
 std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg);
+
+/// The segments' states combined in order (segment_states, segment_decays as above): one program per
+/// (V block, sequence x head) writes the state entering each segment, segment_inputs, from h0 (or
+/// zeros), and the state after the last, final_state (when cfg.final_state).
+std::shared_ptr<ir::Kernel> build_linear_attn_segment_combine(const LinearAttnConfig& cfg);
 
 }  // namespace linac

@@ -93,20 +93,44 @@ std::vector<std::shared_ptr<ir::Kernel>> linear_attn_normalized_kernels(const Op
   return {cached_normalized_fwd(cfg), cached_normalized_fwd(gated)};
 }
 
-/// The forward kernel's configuration: chunk, bv, warps and stages are linear_attn's tuning keys.
+/// The forward kernel's configuration: chunk, bv, warps, stages and segment are linear_attn's tuning keys.
 const ConfigSchema<LinearAttnConfig>& linear_attn_schema() {
   using C = LinearAttnConfig;
-  static const ConfigSchema<C> schema(field<&C::dtype>(), tuned<&C::chunk>(chunk_key()), field<&C::block_k>(),
-                                      tuned<&C::block_v>(bv_key()), field<&C::gated>(), field<&C::initial_state>(),
-                                      field<&C::final_state>(), field<&C::varlen>(), tuned<&C::num_warps>(warps_key()),
-                                      tuned<&C::num_stages>(stages_key()));
+  static const ConfigSchema<C> schema(
+      field<&C::dtype>(), tuned<&C::chunk>(chunk_key()), field<&C::block_k>(), tuned<&C::block_v>(bv_key()),
+      field<&C::gated>(), field<&C::initial_state>(), field<&C::final_state>(), field<&C::varlen>(),
+      tuned<&C::num_warps>(warps_key()), tuned<&C::num_stages>(stages_key()), field<&C::walk>(),
+      tuned<&C::segment>(TuningKey{"segment",
+                                   {0, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384},
+                                   "rows per segment of the segment-parallel forward (0: one walk per sequence; "
+                                   "default from the GPU's SM count, docs/ops/linear_attn.md)"}));
   return schema;
+}
+
+/// The segments of the forward's default schedule: where the walks (sequences x heads x V blocks)
+/// leave at least half the SMs idle, each sequence is cut into about 2 x SMs / walks segments (two
+/// programs per SM, each a whole number of chunks) so that its walks run side by side; else 0, one walk
+/// per sequence (with 128 walks on 132 SMs, two segments each were slower: docs/ops/linear_attn.md,
+/// "Segments"). Without a known GPU (`linac compile`), 132 SMs (an H100).
+int default_segment(const SequenceLayout& seq, int64_t walks, int chunk, const OpOptions& opts) {
+  const int64_t sms = opts.num_sms > 0 ? opts.num_sms : 132;
+  if (seq.varlen || 2 * walks > sms) return 0;
+  const int64_t segments = 2 * sms / std::max<int64_t>(walks, 1);
+  const int64_t rows = (seq.T + segments - 1) / segments;
+  int segment = 256;  // the smallest key value; the largest that leaves at least `segments` segments
+  while (segment * 2 <= rows) segment *= 2;
+  return segment >= chunk && segment < seq.T ? segment : 0;
 }
 
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_linear_attn_fwd(const LinearAttnConfig& cfg) {
   static KernelMemo memo;
   return memo.get(linear_attn_schema().key(cfg), [&] { return build_linear_attn_fwd(cfg); });
+}
+
+std::shared_ptr<ir::Kernel> cached_segment_combine(const LinearAttnConfig& cfg) {
+  static KernelMemo memo;
+  return memo.get(linear_attn_schema().key(cfg), [&] { return build_linear_attn_segment_combine(cfg); });
 }
 
 OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
@@ -143,17 +167,43 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
     cfg.block_v = 128;
   }
   cfg.num_stages = 2;
+  cfg.segment = default_segment(seq, seq.N * seq.H * ((seq.V + cfg.block_v - 1) / cfg.block_v), cfg.chunk, opts);
   linear_attn_schema().apply(opts, cfg);
   cfg.gated = gated;
   cfg.initial_state = has_h0;
   cfg.final_state = wants(wanted, "final_state");
   cfg.varlen = seq.varlen;
+  if (cfg.segment % cfg.chunk != 0)
+    throw UserError(fmt::format("linear_attn: --config segment={} must be a multiple of the chunk ({} rows)", cfg.segment,
+                                cfg.chunk));
+  if (cfg.segment > 0 && seq.varlen)
+    throw UserError("linear_attn: --config segment takes dense inputs (the segment-parallel forward does not take cu_seqlens yet)");
+  const int64_t segments = cfg.segment > 0 ? (seq.T + cfg.segment - 1) / cfg.segment : 1;
 
   OpPlan plan;
   add_forward_tensors(plan, inputs, seq, cfg.dtype, cfg.final_state);
-  plan.launches.push_back(plan_launch(plan, cached_linear_attn_fwd(cfg),
-                                      {(seq.V + cfg.block_v - 1) / cfg.block_v, seq.N * seq.H, 1},
-                                      {{"scale", attention_scale(opts, seq.K)}}));
+  const int64_t v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
+  const double scale = attention_scale(opts, seq.K);
+  if (segments <= 1) {
+    cfg.segment = 0;
+    plan.launches.push_back(plan_launch(plan, cached_linear_attn_fwd(cfg), {v_blocks, seq.N * seq.H, 1}, {{"scale", scale}}));
+  } else {
+    // The segment-parallel forward: each segment's state from zero (and its log-decay), the states
+    // entering the segments in order, then each segment's outputs from its entering state.
+    plan.tensors["segment_states"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K, seq.V});
+    plan.tensors["segment_inputs"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K, seq.V});
+    if (gated) plan.tensors["segment_decays"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H});
+    LinearAttnConfig states = cfg, outputs = cfg;
+    states.walk = LinearAttnWalk::segment_states;
+    states.initial_state = states.final_state = false;
+    outputs.walk = LinearAttnWalk::segment_outputs;
+    outputs.initial_state = outputs.final_state = false;
+    plan.launches.push_back(
+        plan_launch(plan, cached_linear_attn_fwd(states), {v_blocks, seq.N * seq.H, segments}, {{"scale", scale}}));
+    plan.launches.push_back(plan_launch(plan, cached_segment_combine(cfg), {v_blocks, seq.N * seq.H, 1}, {}));
+    plan.launches.push_back(
+        plan_launch(plan, cached_linear_attn_fwd(outputs), {v_blocks, seq.N * seq.H, segments}, {{"scale", scale}}));
+  }
   if (wants(wanted, "o")) plan.outputs["o"] = "o";
   if (cfg.final_state) plan.outputs["final_state"] = "final_state";
   return plan;
@@ -264,6 +314,14 @@ OpDef linear_attn_op() {
     LinearAttnConfig gated = cfg;
     gated.gated = gated.initial_state = gated.final_state = true;
     std::vector<std::shared_ptr<ir::Kernel>> out{cached_linear_attn_fwd(cfg), cached_linear_attn_fwd(gated)};
+    // The segment-parallel forward's three kernels, gated, with an initial and a final state.
+    LinearAttnConfig states = gated, outputs = gated;
+    states.segment = outputs.segment = 1024;
+    states.walk = LinearAttnWalk::segment_states;
+    outputs.walk = LinearAttnWalk::segment_outputs;
+    states.initial_state = states.final_state = outputs.initial_state = outputs.final_state = false;
+    for (auto& k : {cached_linear_attn_fwd(states), cached_segment_combine(gated), cached_linear_attn_fwd(outputs)})
+      out.push_back(k);
     for (auto& k : linear_attn_normalized_kernels(opts)) out.push_back(k);
     for (auto& k : recurrent_kernels(opts, RecurrentGate::scalar)) out.push_back(k);
     for (auto& k : linear_attn_bwd_kernels(opts)) out.push_back(k);

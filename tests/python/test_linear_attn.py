@@ -111,6 +111,18 @@ def test_chunk_sizes_agree(linac):
             assert err < FP32_TOL, f"{name}: chunk {chunk} vs 16 differ by {err:.3g}"
 
 
+@pytest.mark.parametrize("gate_bias", [None, 4.0, 0.0], ids=["nogate", "mild_gate", "gate"])
+def test_segments_agree_with_the_reference(linac, gate_bias):
+    # The segment-parallel forward (--config segment=L; by default where few walks leave the GPU idle):
+    # segments of 64 rows, the last one short (T = 200), three sequences x two heads, an initial state;
+    # mild gates keep the earlier segments' states alive across segment ends.
+    inputs = make_inputs(650 + int(gate_bias or 0), B=3, T=200, H=2, K=32, V=32, gate=gate_bias is not None,
+                         gate_bias=gate_bias or 0.0, init=True)
+    run_and_check(linac, inputs, options=["--chunk-size", "32", "--config", "segment=256"])  # one segment: the walk
+    got = run_and_check(linac, inputs, options=["--chunk-size", "32", "--config", "segment=64"])
+    assert got["final_state"].shape == (3, 2, 32, 32)
+
+
 @pytest.mark.parametrize("init", [False, True], ids=["zero_state", "initial_state"])
 @pytest.mark.parametrize("gate", [False, True], ids=["nogate", "gate"])
 def test_varlen(linac, gate, init):
@@ -238,6 +250,19 @@ def test_error_cu_seqlens_not_covering_t(linac):
     inputs = make_inputs(10, B=1, T=8, H=2, K=8, V=8)
     inputs["cu_seqlens"] = np.array([0, 3, 7], dtype=np.int64)  # ends at 7, T = 8
     expect_error(linac, ["run", "linear_attn", *write_inputs(linac, inputs), "-o", "o=o.npy", "--device", "cpu"])
+
+
+def test_error_segment_not_a_multiple_of_the_chunk(linac):
+    args = write_inputs(linac, make_inputs(12, B=1, T=300, H=1, K=8, V=8))
+    expect_error(linac, ["run", "linear_attn", *args, "-o", "o=o.npy", "--device", "cpu", "--chunk-size", "128",
+                         "--config", "segment=64"], mentions="multiple of the chunk")
+
+
+def test_error_segments_of_packed_sequences(linac):
+    inputs = make_inputs(13, B=1, T=130, H=1, K=8, V=8)
+    inputs["cu_seqlens"] = np.array([0, 70, 130], dtype=np.int32)
+    expect_error(linac, ["run", "linear_attn", *write_inputs(linac, inputs), "-o", "o=o.npy", "--device", "cpu",
+                         "--config", "segment=64"], mentions="dense inputs")
 
 
 def test_error_bad_dtype(linac):

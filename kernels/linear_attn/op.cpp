@@ -108,14 +108,14 @@ const ConfigSchema<LinearAttnConfig>& linear_attn_schema() {
 }
 
 /// The segments of the forward's default schedule: where the walks (sequences x heads x V blocks)
-/// leave at least half the SMs idle, each sequence is cut into about 2 x SMs / walks segments (two
-/// programs per SM, each a whole number of chunks) so that its walks run side by side; else 0, one walk
-/// per sequence (with 128 walks on 132 SMs, two segments each were slower: docs/ops/linear_attn.md,
-/// "Segments"). Without a known GPU (`linac compile`), 132 SMs (an H100).
+/// leave at least half the SMs idle, each sequence is cut into about SMs / walks segments (a program
+/// per SM, each a whole number of chunks) so that its walks run side by side; else 0, one walk per
+/// sequence (with 128 walks on 132 SMs, two segments each were slower; twice as many segments, too:
+/// docs/ops/linear_attn.md, "Segments"). Without a known GPU (`linac compile`), 132 SMs (an H100).
 int default_segment(const SequenceLayout& seq, int64_t walks, int chunk, const OpOptions& opts) {
   const int64_t sms = opts.num_sms > 0 ? opts.num_sms : 132;
   if (seq.varlen || 2 * walks > sms) return 0;
-  const int64_t segments = 2 * sms / std::max<int64_t>(walks, 1);
+  const int64_t segments = sms / std::max<int64_t>(walks, 1);
   const int64_t rows = (seq.T + segments - 1) / segments;
   int segment = 256;  // the smallest key value; the largest that leaves at least `segments` segments
   while (segment * 2 <= rows) segment *= 2;
@@ -158,12 +158,15 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
   const int default_chunk = cfg.dtype != DType::f32 ? 64 : cfg.block_k > 128 ? 16 : cfg.block_k > 64 ? 32 : 64;
   cfg.chunk = checked_chunk_size(opts.chunk_size, default_chunk);
   // The defaults the tuner starts from (and what runs without it), chosen by measurement
-  // (docs/ops/linear_attn.md, "Measured"): one program per head and 128 value columns when that fills
-  // the GPU, else 64 columns (more programs), 8 warps for wide heads.
+  // (docs/ops/linear_attn.md, "Measured" and "Segments"): one program per head and 128 value columns
+  // when that fills the GPU or the sequences are cut in segments (the segments then give the programs,
+  // and each walk forms its scores once for all 128 columns), else 64 columns (more programs), 8 warps
+  // for wide heads.
   cfg.block_v = 64, cfg.num_warps = 8;
+  const int64_t wide_walks = seq.N * seq.H * ((seq.V + 127) / 128);
   if (seq.V <= 64) {
     cfg.block_v = padded_head_dim(seq.V), cfg.num_warps = 4;
-  } else if (seq.K <= 128 && seq.N * seq.H * ((seq.V + 127) / 128) >= 120) {
+  } else if (seq.K <= 128 && (wide_walks >= 120 || default_segment(seq, wide_walks, cfg.chunk, opts) > 0)) {
     cfg.block_v = 128;
   }
   cfg.num_stages = 2;

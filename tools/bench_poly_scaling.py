@@ -352,14 +352,15 @@ class Runner:
 
 
 def extrapolate(prior, T):
-    """The ms of the next point from the series' last two ok points (growth exponent at least 1), or
-    None with fewer than one."""
+    """The ms of the next point from the series' last two ok points (growth exponent between 1 and 2:
+    no method here grows faster than softmax attention's T^2; two noisy points on a loaded machine
+    gave exponents near 10, which skipped a point the run had time for), or None with fewer than one."""
     if not prior:
         return None
     last = prior[-1]
     p = 1.0
     if len(prior) >= 2 and prior[-2]["ms"] > 0 and last["ms"] > 0 and last["T"] != prior[-2]["T"]:
-        p = max(1.0, math.log(last["ms"] / prior[-2]["ms"]) / math.log(last["T"] / prior[-2]["T"]))
+        p = min(2.0, max(1.0, math.log(last["ms"] / prior[-2]["ms"]) / math.log(last["T"] / prior[-2]["T"])))
     return last["ms"] * (T / last["T"]) ** p
 
 

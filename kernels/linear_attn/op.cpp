@@ -12,6 +12,7 @@
 #include "kernels/common/noise_dropout.h"
 #include "kernels/common/op_support.h"
 #include "kernels/common/recurrent_op.h"
+#include "kernels/common/segments.h"
 #include "kernels/linear_attn/fwd.h"
 #include "kernels/linear_attn/normalized.h"
 #include "linac/error.h"
@@ -100,26 +101,8 @@ const ConfigSchema<LinearAttnConfig>& linear_attn_schema() {
       field<&C::dtype>(), tuned<&C::chunk>(chunk_key()), field<&C::block_k>(), tuned<&C::block_v>(bv_key()),
       field<&C::gated>(), field<&C::initial_state>(), field<&C::final_state>(), field<&C::varlen>(),
       tuned<&C::num_warps>(warps_key()), tuned<&C::num_stages>(stages_key()), field<&C::walk>(),
-      tuned<&C::segment>(TuningKey{"segment",
-                                   {0, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384},
-                                   "rows per segment of the segment-parallel forward (0: one walk per sequence; "
-                                   "default from the GPU's SM count, docs/ops/linear_attn.md)"}));
+      tuned<&C::segment>(segment_key()));
   return schema;
-}
-
-/// The segments of the forward's default schedule: where the walks (sequences x heads x V blocks)
-/// leave at least half the SMs idle, each sequence is cut into about SMs / walks segments (a program
-/// per SM, each a whole number of chunks) so that its walks run side by side; else 0, one walk per
-/// sequence (with 128 walks on 132 SMs, two segments each were slower; twice as many segments, too:
-/// docs/ops/linear_attn.md, "Segments"). Without a known GPU (`linac compile`), 132 SMs (an H100).
-int default_segment(const SequenceLayout& seq, int64_t walks, int chunk, const OpOptions& opts) {
-  const int64_t sms = opts.num_sms > 0 ? opts.num_sms : 132;
-  if (seq.varlen || 2 * walks > sms) return 0;
-  const int64_t segments = sms / std::max<int64_t>(walks, 1);
-  const int64_t rows = (seq.T + segments - 1) / segments;
-  int segment = 256;  // the smallest key value; the largest that leaves at least `segments` segments
-  while (segment * 2 <= rows) segment *= 2;
-  return segment >= chunk && segment < seq.T ? segment : 0;
 }
 
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
@@ -176,12 +159,7 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
   cfg.initial_state = has_h0;
   cfg.final_state = wants(wanted, "final_state");
   cfg.varlen = seq.varlen;
-  if (cfg.segment % cfg.chunk != 0)
-    throw UserError(fmt::format("linear_attn: --config segment={} must be a multiple of the chunk ({} rows)", cfg.segment,
-                                cfg.chunk));
-  if (cfg.segment > 0 && seq.varlen)
-    throw UserError("linear_attn: --config segment takes dense inputs (the segment-parallel forward does not take cu_seqlens yet)");
-  const int64_t segments = cfg.segment > 0 ? (seq.T + cfg.segment - 1) / cfg.segment : 1;
+  const int64_t segments = segments_per_sequence("linear_attn", seq, cfg.segment, cfg.chunk);
 
   OpPlan plan;
   add_forward_tensors(plan, inputs, seq, cfg.dtype, cfg.final_state);

@@ -1,0 +1,38 @@
+#include "kernels/common/segments.h"
+
+#include <algorithm>
+#include <fmt/format.h>
+
+#include "linac/error.h"
+
+namespace linac {
+
+TuningKey segment_key() {
+  return {"segment",
+          {0, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384},
+          "rows per segment of the segment-parallel forward (0: one walk per sequence; default from the GPU's "
+          "SM count, docs/ops/linear_attn.md)"};
+}
+
+// With 128 walks on 132 SMs two segments each were slower than one walk; at few walks, twice as many
+// segments as SMs / walks were slower than that many (docs/ops/linear_attn.md, "Segments").
+int default_segment(const SequenceLayout& seq, int64_t walks, int chunk, const OpOptions& opts) {
+  const int64_t sms = opts.num_sms > 0 ? opts.num_sms : 132;
+  if (seq.varlen || 2 * walks > sms) return 0;
+  const int64_t segments = sms / std::max<int64_t>(walks, 1);
+  const int64_t rows = (seq.T + segments - 1) / segments;
+  int segment = 256;  // the smallest key value; the largest that leaves at least `segments` segments
+  while (segment * 2 <= rows) segment *= 2;
+  return segment >= chunk && segment < seq.T ? segment : 0;
+}
+
+int64_t segments_per_sequence(const std::string& op, const SequenceLayout& seq, int segment, int chunk) {
+  if (segment % chunk != 0)
+    throw UserError(fmt::format("{}: --config segment={} must be a multiple of the chunk ({} rows)", op, segment, chunk));
+  if (segment > 0 && seq.varlen)
+    throw UserError(fmt::format("{}: --config segment takes dense inputs (the segment-parallel forward does not take "
+                                "cu_seqlens yet)", op));
+  return segment > 0 ? std::max<int64_t>(1, (seq.T + segment - 1) / segment) : 1;
+}
+
+}  // namespace linac

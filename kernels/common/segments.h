@@ -1,0 +1,27 @@
+// The segment-parallel schedule of a chunked forward, what its ops share: where few (sequence x head)
+// walks leave the GPU idle, each sequence is cut in segments walked side by side (each segment's state
+// from zero, the states entering the segments combined in order, each segment's outputs from its
+// entering state: docs/ops/linear_attn.md, "Segments"). The rule that picks the segment length and
+// the tuning key that overrides it.
+#pragma once
+#include <cstdint>
+
+#include "kernels/common/config_schema.h"
+#include "kernels/common/op_support.h"
+
+namespace linac {
+
+/// `--config segment=L`: rows per segment (0: one walk per sequence).
+TuningKey segment_key();
+
+/// The default segment length: where the walks (sequences x heads x V blocks) leave at least half the
+/// GPU's SMs idle (opts.num_sms; 132, an H100, where no GPU is known), about SMs / walks segments per
+/// sequence (a program per SM), L the largest power of two from 256 that leaves that many and at least
+/// `chunk`; else 0. Dense inputs only (varlen: 0).
+int default_segment(const SequenceLayout& seq, int64_t walks, int chunk, const OpOptions& opts);
+
+/// Checks a segment length against the chunk and the inputs (UserError naming `op`) and returns the
+/// number of segments per sequence (1: the one-walk schedule).
+int64_t segments_per_sequence(const std::string& op, const SequenceLayout& seq, int segment, int chunk);
+
+}  // namespace linac

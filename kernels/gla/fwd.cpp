@@ -144,26 +144,77 @@ std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg) {
   if (BT % BC != 0) throw InternalError(fmt::format("gla: chunk {} is not a multiple of {}", BT, BC));
   const int NC = static_cast<int>(BT / BC);
   const DType dt = cfg.dtype, f32 = DType::f32;
-  KernelBuilder kb("gla_fwd");
+  const bool states_only = cfg.walk == GlaWalk::segment_states;
+  const bool from_segment = cfg.walk == GlaWalk::segment_outputs;
+  const bool h0_in = cfg.initial_state && cfg.walk == GlaWalk::sequence;
+  const bool ht_out = cfg.final_state && cfg.walk == GlaWalk::sequence;
+  KernelBuilder kb(states_only ? "gla_segment_states" : "gla_fwd");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
+  // The segment walks run about one program per SM (kernels/common/segments.h): ptxas need not keep
+  // registers for more (left to itself it held the outputs walk at 80 and spilled).
+  if (cfg.walk != GlaWalk::sequence) kb.set_min_ctas_per_sm(1);
   auto [q, k, v] = declare_qkv(kb, dt);
   Tensor g = kb.tensor("g", f32, 4);
-  Tensor a_diag = kb.tensor("a_diag", f32, 4);
-  Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
-  Tensor ht = cfg.final_state ? kb.tensor("final_state", f32, 4) : Tensor();
+  Tensor a_diag = states_only ? Tensor() : kb.tensor("a_diag", f32, 4);
+  Tensor h0 = h0_in ? kb.tensor("initial_state", f32, 4) : Tensor();
+  Tensor ht = ht_out ? kb.tensor("final_state", f32, 4) : Tensor();
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor o = kb.tensor("o", dt, 4);
+  Tensor seg_states = states_only ? kb.tensor("segment_states", f32, 5) : Tensor();
+  Tensor seg_decays = states_only ? kb.tensor("segment_decays", f32, 4) : Tensor();
+  Tensor seg_inputs = from_segment ? kb.tensor("segment_inputs", f32, 5) : Tensor();
+  Tensor o = states_only ? Tensor() : kb.tensor("o", dt, 4);
   Tile scale = kb.scalar("scale", f32);
 
   Tile i_v = program_id(0);
-  const auto [i_nh, i_n, i_h, seq] = sequence_program(q, cu, cfg.varlen, 1);
+  const auto [i_nh, i_n, i_h, seq_rows] = sequence_program(q, cu, cfg.varlen, 1);
+  SequenceBounds seq = seq_rows;
+  // A segment's rows: [bos + s L, min(eos, bos + (s + 1) L)).
+  Tile i_s = cfg.walk == GlaWalk::sequence ? Tile() : program_id(2);
+  if (i_s.valid()) {
+    seq.bos = seq.bos + i_s * cfg.segment;
+    seq.eos = minimum(seq.eos, seq.bos + cfg.segment);
+  }
   Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
   Tile v0 = i_v * BV;
 
   Tile S = zeros({BK, BV}, f32);
-  if (cfg.initial_state) S = load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
+  if (h0_in) S = load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
+  if (from_segment) S = load(seg_inputs, {i_n, i_s, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
   AccessOptions in_seq{.limits = {{1, seq.eos}}};
+
+  if (states_only) {
+    // The state update alone: S = diag(exp(G_C)) S + sum_i (K_i .* exp(R_i + tot_{i+1} + ...))^T V_i
+    // (as below), and the segment's log-decay per channel, the sum of its chunks' G_C.
+    Tile decays = zeros({BK}, f32);
+    for_range(0, num_chunks, [&](Tile ic) {
+      Tile t0 = seq.bos + ic * BT;
+      std::vector<Tile> V(NC), Kr(NC), tot(NC);
+      for (int i = 0; i < NC; ++i) {
+        Tile ti = t0 + i * BC;
+        Tile Kf = load(k, {seq.b, ti, i_h, 0}, {kIndex, BC, kIndex, BK}, in_seq).to(f32);
+        V[i] = load(v, {seq.b, ti, i_h, v0}, {kIndex, BC, kIndex, BV}, in_seq);
+        Tile gi = floor_log_decay(load(g, {seq.b, ti, i_h, 0}, {kIndex, BC, kIndex, BK}, in_seq));
+        tot[i] = sum(gi, 0);
+        Kr[i] = Kf * exp(expand_dims(tot[i], 0) - cumsum(gi, 0));  // K_i .* exp(R_i)
+      }
+      Tile P, after;  // G_C; tot_{i+1} + ... + tot_{NC-1}
+      for (int i = 0; i < NC; ++i) P = i == 0 ? tot[0] : P + tot[i];
+      Tile S_next = S * expand_dims(exp(P), 1);
+      for (int i = NC - 1; i >= 0; --i) {
+        Tile Kc = i == NC - 1 ? Kr[i] : Kr[i] * expand_dims(exp(after), 0);
+        S_next = S_next + dot(Kc.to(dt).T(), V[i]);
+        after = i == NC - 1 ? tot[i] : after + tot[i];
+      }
+      S = S_next;
+      decays = decays + P;
+    }, S, decays);
+    store(seg_states, {i_n, i_s, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S);
+    // One row per (sequence, segment, head): the first V block stores it, the others are masked.
+    AccessOptions first_block{.limits = {{2, i_h + 1 - minimum(i_v, 1)}}};
+    store(seg_decays, {i_n, i_s, i_h, 0}, {kIndex, kIndex, kIndex, BK}, decays, first_block);
+    return kb.finish();
+  }
 
   // The diagonal blocks are loaded one chunk ahead (carried), so that their latency overlaps a step:
   // [16, 16] fp32 tiles are too small for cp.async pipelining, and waiting on them was the walk's top
@@ -186,6 +237,35 @@ std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg) {
     A = A_ahead;
   }, carried);
 
+  if (ht_out) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
+  return kb.finish();
+}
+
+// One program per (V block, sequence x head) walks the segments in order (a handful): the state
+// entering segment s is S_s = diag(exp(d_{s-1})) S_{s-1} + T_{s-1}, S_0 = h0 (or zeros), with T the
+// segment's own state from zero and d its log-decay per key channel.
+std::shared_ptr<ir::Kernel> build_gla_segment_combine(const GlaConfig& cfg) {
+  const int64_t BK = cfg.block_k, BV = cfg.block_v;
+  const DType f32 = DType::f32;
+  KernelBuilder kb("gla_segment_combine");
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(1);
+  Tensor seg_states = kb.tensor("segment_states", f32, 5);
+  Tensor seg_decays = kb.tensor("segment_decays", f32, 4);
+  Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
+  Tensor seg_inputs = kb.tensor("segment_inputs", f32, 5);
+  Tensor ht = cfg.final_state ? kb.tensor("final_state", f32, 4) : Tensor();
+  Tile i_v = program_id(0), i_nh = program_id(1);
+  Tile H = seg_states.dim(2);
+  Tile i_n = i_nh / H, i_h = i_nh % H;
+  Tile v0 = i_v * BV;
+  Tile S = cfg.initial_state ? load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}) : zeros({BK, BV}, f32);
+  for_range(0, seg_states.dim(1), [&](Tile s) {
+    store(seg_inputs, {i_n, s, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S);
+    Tile T = load(seg_states, {i_n, s, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
+    Tile d = load(seg_decays, {i_n, s, i_h, 0}, {kIndex, kIndex, kIndex, BK});
+    S = S * expand_dims(exp(d), 1) + T;
+  }, S);
   if (cfg.final_state) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
   return kb.finish();
 }

@@ -25,6 +25,11 @@ inline constexpr int kGlaSubChunk = 16;
 /// (blocks::gated_scores_diagonal).
 inline constexpr double kGlaFactorSpread = blocks::kFactorSpread;
 
+/// What one program of gla_fwd walks (the segment-parallel schedule, kernels/common/segments.h): its
+/// whole sequence, or one segment of it (grid axis 2), from zero to the segment's state and its total
+/// log-decay per key channel (no outputs), or from the state entering the segment to its outputs.
+enum class GlaWalk : uint8_t { sequence, segment_states, segment_outputs };
+
 /// Compile-time configuration of the chunked forward kernels. Every field specializes the kernel.
 /// (The op's defaults depend on the head dims: see gla_config in op.cpp.)
 struct GlaConfig {
@@ -39,6 +44,8 @@ struct GlaConfig {
   int num_stages = 1;
   bool split = false;  // the split schedule (a state pass + gla_out; dense inputs only)
   int state_block_k = 0;  // the split schedule's state pass: key columns per program (0: block_k)
+  GlaWalk walk = GlaWalk::sequence;
+  int segment = 0;        // rows per segment (a multiple of chunk) when walking segments
 };
 
 /// Records the kernel of the diagonal 16x16 blocks of the intra-chunk attention (in fp32: a product of
@@ -46,8 +53,15 @@ struct GlaConfig {
 /// block_k and varlen). Parameters: q k g [cu_seqlens] a_diag scale.
 std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg);
 /// Records the chunk loop that consumes a_diag [B,T,H,16]. Parameters: q k v g a_diag [initial_state]
-/// [final_state] [cu_seqlens] o scale.
+/// [final_state] [cu_seqlens] o scale. A segment_states walk takes k v g and writes segment_states
+/// [N, segments, H, K, V] and segment_decays [N, segments, H, K] instead; a segment_outputs walk reads
+/// segment_inputs [N, segments, H, K, V] instead of initial_state and writes no final state.
 std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg);
+
+/// The segments' states combined in order: one program per (V block, sequence x head) writes the state
+/// entering each segment, segment_inputs, S_0 = initial_state (or zeros), S_{s+1} = diag(exp(d_s)) S_s +
+/// T_s, and the state after the last, final_state (when cfg.final_state).
+std::shared_ptr<ir::Kernel> build_gla_segment_combine(const GlaConfig& cfg);
 
 /// The split schedule's outputs, one program per (chunk, sequence x head, V block) from h.
 /// Parameters: q k v g a_diag h o scale.

@@ -9,6 +9,7 @@
 
 #include "kernels/common/config_schema.h"
 #include "kernels/common/op_support.h"
+#include "kernels/common/segments.h"
 #include "kernels/common/recurrent_op.h"
 #include "kernels/gla/fwd.h"
 #include "kernels/gla/split_bwd.h"
@@ -36,11 +37,12 @@ const ConfigSchema<GlaConfig>& gla_schema() {
                         "--backward: state passes (states and their gradients per chunk), then per-chunk gradients"}),
       tuned<&C::state_block_k>({"sbk",
                                 {16, 32, 64, 128},
-                                "split=1: key columns per program of the state pass (default all; --backward 32)"}));
+                                "split=1: key columns per program of the state pass (default all; --backward 32)"}),
+      field<&C::walk>(), tuned<&C::segment>(segment_key()));
   return schema;
 }
 
-enum class GlaKernel { intra, fused, gates, state, out };
+enum class GlaKernel { intra, fused, gates, state, out, segment_combine };
 
 /// The split schedule's state pass (and its decayed keys) as the backward's kernels take it.
 GlaSplitBwdConfig split_state_config(const GlaConfig& cfg) {
@@ -75,13 +77,15 @@ std::shared_ptr<ir::Kernel> cached_gla_kernel(const GlaConfig& cfg, GlaKernel wh
       case GlaKernel::gates: return build_gla_bwd_gates(split_state_config(cfg));
       case GlaKernel::state: return build_gla_bwd_states(split_state_config(cfg));
       case GlaKernel::out: return build_gla_out(cfg);
+      case GlaKernel::segment_combine: return build_gla_segment_combine(cfg);
     }
     throw InternalError("bad gla kernel");
   });
 }
 
-/// The configuration for head dims K and V (opts.config and --chunk-size override the defaults).
-GlaConfig gla_config(const OpOptions& opts, int64_t K, int64_t V) {
+/// The configuration for head dims K and V (opts.config and --chunk-size override the defaults); with
+/// `seq`, the forward's: segments where few walks leave the GPU idle (kernels/common/segments.h).
+GlaConfig gla_config(const OpOptions& opts, int64_t K, int64_t V, const SequenceLayout* seq = nullptr) {
   check_config_keys("gla", opts, gla_schema().tuning());
   GlaConfig cfg;
   cfg.dtype = opts.dtype;
@@ -99,6 +103,7 @@ GlaConfig gla_config(const OpOptions& opts, int64_t K, int64_t V) {
   cfg.num_stages = dtype_bytes(cfg.dtype) == 2 ? 2 : 1;
   cfg.split = false;
   cfg.state_block_k = cfg.block_k;
+  if (seq) cfg.segment = default_segment(*seq, seq->N * seq->H * ((V + cfg.block_v - 1) / cfg.block_v), cfg.chunk, opts);
   gla_schema().apply(opts, cfg);
   cfg.state_block_k = std::min(cfg.state_block_k, cfg.block_k);
   return cfg;
@@ -117,10 +122,14 @@ OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vecto
   const bool has_h0 = inputs.count("initial_state") > 0;
   if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
 
-  GlaConfig cfg = gla_config(opts, seq.K, seq.V);
+  GlaConfig cfg = gla_config(opts, seq.K, seq.V, &seq);
   cfg.initial_state = has_h0;
   cfg.final_state = wants(wanted, "final_state");
   cfg.varlen = seq.varlen;
+  if (cfg.split && opts.config.count("segment"))
+    throw UserError("gla: --config split=1 and segment are two schedules; choose one");
+  if (cfg.split) cfg.segment = 0;  // the split schedule is its own answer to few walks
+  const int64_t segments = segments_per_sequence("gla", seq, cfg.segment, cfg.chunk);
 
   OpPlan plan;
   add_forward_tensors(plan, inputs, seq, cfg.dtype, cfg.final_state);
@@ -148,7 +157,23 @@ OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vecto
     plan.launches.push_back(plan_launch(plan, cached_gla_kernel(cfg, GlaKernel::out),
                                         {std::max<int64_t>(num_chunks, 1), seq.N * seq.H, num_v_blocks},
                                         {{"scale", scale}}));
+  } else if (segments > 1) {
+    // The segment-parallel forward: each segment's state from zero (and its log-decay per channel),
+    // the states entering the segments in order, then each segment's outputs from its entering state.
+    plan.tensors["segment_states"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K, seq.V});
+    plan.tensors["segment_inputs"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K, seq.V});
+    plan.tensors["segment_decays"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K});
+    GlaConfig states = cfg, outputs = cfg;
+    states.walk = GlaWalk::segment_states;
+    outputs.walk = GlaWalk::segment_outputs;
+    states.initial_state = states.final_state = outputs.initial_state = outputs.final_state = false;
+    const std::array<int64_t, 3> per_segment = {num_v_blocks, seq.N * seq.H, segments};
+    plan.launches.push_back(plan_launch(plan, cached_gla_kernel(states, GlaKernel::fused), per_segment, {{"scale", scale}}));
+    plan.launches.push_back(
+        plan_launch(plan, cached_gla_kernel(cfg, GlaKernel::segment_combine), {num_v_blocks, seq.N * seq.H, 1}, {}));
+    plan.launches.push_back(plan_launch(plan, cached_gla_kernel(outputs, GlaKernel::fused), per_segment, {{"scale", scale}}));
   } else {
+    cfg.segment = 0;
     plan.launches.push_back(plan_launch(plan, cached_gla_kernel(cfg, GlaKernel::fused),
                                         {num_v_blocks, seq.N * seq.H, 1}, {{"scale", scale}}));
   }
@@ -253,6 +278,15 @@ OpDef gla_op() {
       out.push_back(cached_gla_kernel(split, GlaKernel::gates));
       out.push_back(cached_gla_kernel(split, GlaKernel::state));
       out.push_back(cached_gla_kernel(split, GlaKernel::out));
+      // The segment-parallel forward's kernels.
+      GlaConfig states = cfg, outputs = cfg;
+      states.segment = outputs.segment = 1024;
+      states.walk = GlaWalk::segment_states;
+      outputs.walk = GlaWalk::segment_outputs;
+      states.initial_state = states.final_state = outputs.initial_state = outputs.final_state = false;
+      out.push_back(cached_gla_kernel(states, GlaKernel::fused));
+      out.push_back(cached_gla_kernel(cfg, GlaKernel::segment_combine));
+      out.push_back(cached_gla_kernel(outputs, GlaKernel::fused));
     }
     for (auto& k : recurrent_kernels(opts, RecurrentGate::channel)) out.push_back(k);
     for (auto& k : gla_bwd_kernels(opts)) out.push_back(k);

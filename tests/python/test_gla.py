@@ -107,6 +107,24 @@ def test_chunk_sizes_agree(linac):
             assert err < FP32_TOL, f"{name}: chunk {chunk} vs 16 differ by {err:.3g}"
 
 
+@pytest.mark.parametrize("chunk", [16, 32])
+@pytest.mark.parametrize("gate_bias", [5.0, 0.0], ids=["mild_gate", "gate"])
+def test_segments_agree_with_the_reference(linac, gate_bias, chunk):
+    # The segment-parallel forward (--config segment=L; by default where few walks leave the GPU idle):
+    # segments of 64 rows, the last one short (T = 200), three sequences x two heads, an initial state;
+    # mild gates keep the earlier segments' states alive across segment ends, per channel.
+    inputs = make_inputs(450 + chunk + int(gate_bias), B=3, T=200, H=2, K=32, V=16, gate_bias=gate_bias, init=True)
+    options = ["--chunk-size", str(chunk), "--config", "segment=64"]
+    got = run_and_check(linac, inputs, options=options)
+    assert got["final_state"].shape == (3, 2, 32, 16)
+
+
+def test_error_segment_and_split(linac):
+    inputs = make_inputs(460, B=1, T=64, H=1, K=16, V=16)
+    with pytest.raises(Exception, match="two schedules"):
+        linac.run_op("gla", inputs, outputs=("o",), options=["--config", "split=1,segment=64"])
+
+
 @pytest.mark.parametrize("init", [False, True], ids=["zero_state", "initial_state"])
 def test_varlen(linac, init):
     # Sequences of length 1 first, in the middle and near the end; 130 tokens in all, packed in B=1.

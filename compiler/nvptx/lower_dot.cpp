@@ -1,6 +1,8 @@
 // dot on tensor cores: operands in shared memory (row-major, padded rows), fragments loaded with
 // ldmatrix (.trans where the stored orientation is the other one), mma.sync m16n8k16 with f32
-// accumulators in the mma layout.
+// accumulators in the mma layout. On sm_90a, the dots the shared-memory plan puts on warpgroups
+// (passes::WgmmaDot) run as wgmma.mma_async m64nNk16 instead: B (and optionally A) read by the tensor
+// cores from swizzled buffers through matrix descriptors (docs/hopper.md).
 //
 // f32 operands: in kernels marked tensor_core_f32, on the tensor cores as three tf32 products
 // (mma.sync m16n8k8): with x = x_big + x_small, both rounded to tf32 (11 significant bits each),
@@ -264,8 +266,8 @@ std::vector<llvm::Value*> KernelLowering::lower_wgmma(
     return ((lbo >> 4) & 0x3FFF) << 16 | ((sbo >> 4) & 0x3FFF) << 32 | mode << 62;
   };
   // How far the step at depth k0 starts from depth 0, in the descriptor's 16-byte units: a constant
-  // (both starts are unswizzled), added inside the instruction's PTX so that LLVM keeps one descriptor
-  // per operand alive, not one per step (hoisted out of loops they took 2 registers each).
+  // (both starts are unswizzled), added inside the instruction's PTX, so that one address per operand
+  // stays alive rather than one descriptor per step.
   auto step_units = [&](const passes::WgmmaOperand& o, int64_t k0) {
     const int64_t W = smem_.buffers.at(o.buf).swizzle_bytes, elem = dtype_bytes(o.buf->type.dtype);
     const int64_t block_cols = W / elem, block_bytes = o.buf->type.shape[0] * W;

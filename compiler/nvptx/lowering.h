@@ -3,7 +3,8 @@
 //   lower_kernel.cpp   entry, parameters, control flow, elementwise math, coordinates, rematerialization
 //   lower_views.cpp    views evaluated where used (transpose, slice, ...) and concat/place
 //   lower_memory.cpp   global loads/stores (masked, vectorized) and shared-memory spills/reads
-//   lower_dot.cpp      dot on tensor cores (ldmatrix + mma.sync m16n8k16) and the f32 FMA path
+//   lower_dot.cpp      dot on tensor cores (ldmatrix + mma.sync m16n8k16; on sm_90a wgmma.mma_async where
+//                      the plan says, passes::WgmmaDot) and the f32 FMA path
 //   lower_reduce.cpp   reductions and scans
 #pragma once
 #include <llvm/IR/DIBuilder.h>

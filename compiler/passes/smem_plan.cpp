@@ -419,7 +419,7 @@ std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
   if (plan.scratch_bytes)
     out += fmt::format("smem {:>6} +{:<6} scratch (reductions and scans{})\n", plan.scratch_offset, plan.scratch_bytes,
                        plan.line_scans ? ", 2-D scans line by line" : "");
-  // The dots on wgmma, in program order: where each reads its B operand.
+  // The dots on wgmma, in program order: where each reads its operands.
   std::vector<std::pair<int64_t, std::string>> dots;
   auto where = [&](const WgmmaOperand& o) {
     return fmt::format("{} {}-major at [{}, {}]", names.at(o.buf), o.k_major ? "K" : "MN", o.row0, o.col0);

@@ -11,9 +11,9 @@
 // from coordinates in whatever layout needs it ("rematerialized"), as are view ops.
 //
 // Each stored value gets its own buffer in the dynamic shared memory of the program, row-major with
-// rows padded by 16 bytes so that ldmatrix and column reads avoid bank conflicts; except the B operands
-// of dots on sm_90a's warpgroup tensor cores (WgmmaDot), which the tensor cores read through matrix
-// descriptors in one of their swizzled layouts (SmemBuffer::swizzle_bytes). Buffers of values
+// rows padded by 16 bytes so that ldmatrix and column reads avoid bank conflicts; except the operands
+// that sm_90a's warpgroup tensor cores read themselves (WgmmaDot: B, and A on request), through matrix
+// descriptors, in one of their swizzled layouts (SmemBuffer::swizzle_bytes). Buffers of values
 // whose live ranges do not overlap share space (allocation by liveness over program order, a loop
 // body being live as a whole for values defined outside it).
 #pragma once

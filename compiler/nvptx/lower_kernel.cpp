@@ -526,6 +526,12 @@ void KernelLowering::lower_for(const ir::Op& op) {
     issue_async_copy(load, [&](const ir::Value* v) { return scalar_at_iteration(v, body, at); }, stage_off);
   };
   if (!async_loads.empty()) {
+    // Other threads may still read or write bytes of these buffers (values whose live ranges ended just
+    // before the loop: racecheck found poly's backward reading a broadcast tile there while the first
+    // iteration's copies landed), as for a prefetched load (lower_load).
+    std::vector<ByteRange> stages;
+    for (const ir::Op* load : async_loads) stages.push_back(smem_range(load->result()));
+    before_smem_access({}, stages);
     for (const ir::Op* load : async_loads) issue(*load, lo, i32(0));
     b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, {});
   }

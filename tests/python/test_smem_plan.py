@@ -33,7 +33,8 @@ def test_view_keeps_its_source_live(linac_bin):
 
 def smem_events(linac_bin, tir):
     """The shared-memory accesses and barriers of the kernel in `tir`, in emission order (unoptimized
-    LLVM IR): ("R", line), ("W", line) or ("BAR", None), `line` the tir line of the op emitting it."""
+    LLVM IR): ("R", line), ("W", line), ("CP", line) for an asynchronous copy into shared memory, or
+    ("BAR", None), `line` the tir line of the op emitting it."""
     r = subprocess.run([str(linac_bin), "compile", str(tir), "--emit", "llvm"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
@@ -45,6 +46,8 @@ def smem_events(linac_bin, tir):
         line = lines.get(dbg.group(1)) if dbg else None
         if "call" in t and "barrier" in t:
             events.append(("BAR", None))
+        elif "call" in t and "cp.async" in t and "shared.global" in t:
+            events.append(("CP", line))
         elif re.search(r"\bstore .*addrspace\(3\)", t):
             events.append(("W", line))
         elif re.search(r"= load .*addrspace\(3\)", t):
@@ -77,3 +80,15 @@ def test_delta_rule_wy_prefetches_its_key_and_value_blocks(linac_bin):
     wy = r.stdout.split("smem total")[0]  # the first kernel of the call: delta_rule_wy
     prefetched = re.findall(r"tile<16x128xbf16>.* prefetched", wy)
     assert len(prefetched) == 4, wy
+
+
+def test_barrier_between_reads_before_a_loop_and_its_first_copies(linac_bin):
+    tir = ROOT / "tests" / "regress" / "loop_copy_reuse.tir"
+    bufs = plan(linac_bin, tir)
+    a, x = bufs["%5"], bufs["%13"]  # printer numbering: %a is %5, the loop's %x is %13
+    assert x[0] < a[1] and a[0] < x[1], "the plan no longer gives %a's bytes to %x: the test checks nothing"
+    events = smem_events(linac_bin, tir)
+    last_a_read = max(i for i, e in enumerate(events) if e == ("R", 13))  # %r = reduce %a
+    first_copy = min(i for i, e in enumerate(events) if e[0] == "CP" and i > last_a_read)
+    assert ("BAR", None) in events[last_a_read:first_copy], \
+        "no barrier between the reads of %a and the loop's first copies into the same bytes"

@@ -18,6 +18,10 @@ int64_t TuningKey::value(const OpOptions& opts, int64_t dflt) const {
   return given(opts).value_or(dflt);
 }
 
+bool TuningKey::asked(const OpOptions& opts) const {
+  return opts.config.count(key) > 0;
+}
+
 std::string TuningKey::line() const {
   return fmt::format("{} ({})", help, fmt::join(allowed, ", "));
 }
@@ -62,6 +66,9 @@ TuningKey warps_key() {
 }
 TuningKey stages_key() {
   return {"stages", {1, 2}, "pipeline stages of the chunk loads"};
+}
+TuningKey tokenwise_key(std::string help) {
+  return {"tokenwise", {0, 1}, std::move(help)};
 }
 
 namespace config_schema_detail {

@@ -34,6 +34,9 @@ struct TuningKey {
   /// opts.config[key] if given (checked as above), else `dflt`: for keys that choose a schedule rather
   /// than set a field.
   int64_t value(const OpOptions& opts, int64_t dflt) const;
+  /// Whether opts.config gives this key at all (its value is checked where it is applied): for
+  /// defaults that change when the user asks for a value.
+  bool asked(const OpOptions& opts) const;
   /// The help with the allowed values, e.g. "warps per program (2, 4, 8)".
   std::string line() const;
 };
@@ -102,6 +105,9 @@ TuningKey chunk_key(std::vector<int64_t> allowed = {16, 32, 64, 128});
 TuningKey bv_key(std::vector<int64_t> allowed = {16, 32, 64, 128, 256});
 TuningKey warps_key();
 TuningKey stages_key();
+/// A backward's switch to its token-by-token reference form (take_tokenwise reads it); `help` as the
+/// family words it.
+TuningKey tokenwise_key(std::string help = "--backward: 1 = the token-by-token form (the reference)");
 
 /// One field of a configuration struct C: how it enters the memo key, and its tuning key if it has one.
 template <class C>

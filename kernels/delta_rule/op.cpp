@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include "kernels/common/config_schema.h"
 #include "kernels/common/l2norm.h"
 #include "kernels/common/op_support.h"
 #include "kernels/delta_rule/bwd.h"
@@ -18,14 +19,24 @@ namespace linac {
 
 namespace {
 
-const std::vector<std::pair<std::string, std::string>>& delta_rule_config_keys() {
-  static const std::vector<std::pair<std::string, std::string>> keys = [] {
-    auto k = chunked_config_keys();
-    k.push_back({"split", "1: a state pass storing the state before every chunk, then every chunk's outputs in "
-                          "parallel (not with --l2norm-qk); 0: the fused walk"});
-    return k;
-  }();
-  return keys;
+/// The forward's rows per chunk (plan_delta_rule asks whether it was given: saving for the backward
+/// takes the backward's chunk unless one is asked for).
+TuningKey fwd_chunk_key() { return chunk_key(); }
+
+/// The forward's configuration (fwd.h): chunk, bv, warps, stages and split are tuned.
+const ConfigSchema<DeltaRuleConfig>& delta_rule_schema() {
+  using C = DeltaRuleConfig;
+  static const ConfigSchema<C> schema(
+      field<&C::dtype>(), tuned<&C::chunk>(fwd_chunk_key()), field<&C::block_k>(), tuned<&C::block_v>(bv_key()),
+      field<&C::gated>(), field<&C::l2norm_qk>(), field<&C::initial_state>(), field<&C::final_state>(),
+      field<&C::varlen>(), tuned<&C::num_warps>(warps_key()), field<&C::wy_warps>(),
+      tuned<&C::num_stages>(stages_key()), field<&C::store_t>(), field<&C::save_states>(),
+      tuned<&C::split>({"split",
+                        {0, 1},
+                        "1: a state pass storing the state before every chunk, then every chunk's outputs in "
+                        "parallel (not with --l2norm-qk); 0: the fused walk"}),
+      field<&C::v_blocks>());
+  return schema;
 }
 
 enum class DeltaKernel { wy, fwd, out, recurrent };
@@ -33,11 +44,7 @@ enum class DeltaKernel { wy, fwd, out, recurrent };
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_delta_kernel(DeltaKernel which, const DeltaRuleConfig& cfg) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
-                                cfg.chunk, cfg.block_k, cfg.block_v, cfg.gated, cfg.l2norm_qk, cfg.initial_state,
-                                cfg.final_state, cfg.varlen, cfg.store_t, cfg.num_warps, cfg.num_stages, cfg.wy_warps) +
-                    fmt::format("/{}/{}/{}", cfg.v_blocks, cfg.save_states, cfg.split);
-  return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
+  return memo.get(delta_rule_schema().key(cfg, which), [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
       case DeltaKernel::wy: return build_delta_rule_wy(cfg);
       case DeltaKernel::fwd: return build_delta_rule_fwd(cfg);
@@ -52,7 +59,7 @@ std::shared_ptr<ir::Kernel> cached_delta_kernel(DeltaKernel which, const DeltaRu
 /// `heads`: sequences x heads of the call (0: unknown), for the few-heads value blocks.
 DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t V, const OpOptions& opts,
                                   int64_t heads = 0) {
-  check_config_keys(op, opts, delta_rule_config_keys());
+  check_config_keys(op, opts, delta_rule_schema().tuning());
   DeltaRuleConfig cfg;
   cfg.dtype = opts.dtype;
   cfg.gated = gated;
@@ -67,18 +74,16 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   //    pipelined; fp32 blocks and K = 256 leave no room for the second stage.
   const bool small = K <= 64 && V <= 64, fp32 = dtype_bytes(cfg.dtype) == 4;
   cfg.chunk = checked_chunk_size(opts.chunk_size, small ? 64 : 32);
-  cfg.chunk = static_cast<int>(config_value(opts, "chunk", cfg.chunk, {16, 32, 64, 128}));
   //  - value blocks of 128 for the 16-bit walk above head dim 64 (one program holds the whole state; no
   //    program redoes another's W S); with at most 64 sequences x heads, 64 columns (more programs).
   //    Both faster where they apply (docs/ops/delta_rule.md, "Measured").
   const int64_t wide_v = !small && !fp32 && !(heads > 0 && heads <= kDeltaFewHeads) ? 128 : 64;
-  const int64_t bv = std::min<int64_t>(padded_head_dim(V), opts.recurrent || (fp32 && !small) ? 32 : wide_v);
-  cfg.block_v = static_cast<int>(config_value(opts, "bv", bv, {16, 32, 64, 128, 256}));
+  cfg.block_v = std::min(padded_head_dim(V), opts.recurrent || (fp32 && !small) ? 32 : static_cast<int>(wide_v));
+  cfg.num_warps = small || (fp32 && !opts.recurrent) ? 4 : 8;
+  cfg.num_stages = fp32 || cfg.block_k > 128 ? 1 : 2;
+  cfg.split = false;
+  delta_rule_schema().apply(opts, cfg);
   cfg.v_blocks = static_cast<int>((padded_head_dim(V) + cfg.block_v - 1) / cfg.block_v);
-  const int64_t warps = small || (fp32 && !opts.recurrent) ? 4 : 8;
-  cfg.num_warps = static_cast<int>(config_value(opts, "warps", warps, {2, 4, 8}));
-  cfg.num_stages = static_cast<int>(config_value(opts, "stages", fp32 || cfg.block_k > 128 ? 1 : 2, {1, 2}));
-  cfg.split = config_value(opts, "split", 0, {0, 1}) == 1;
   if (cfg.split && opts.l2norm_qk) throw UserError(fmt::format("{}: --config split=1 does not take --l2norm-qk", op));
   if (cfg.split && opts.recurrent) throw UserError(fmt::format("{}: --config split=1 is for the chunked form, not --recurrent", op));
   return cfg;
@@ -108,7 +113,7 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
   if (save && opts.l2norm_qk)
     throw UserError(fmt::format("{}: saved_* outputs are not made with --l2norm-qk (its backward recomputes them)", name));
   OpOptions fwd_opts = opts;
-  const bool chunk_asked = opts.chunk_size || opts.config.count("chunk");
+  const bool chunk_asked = opts.chunk_size || fwd_chunk_key().asked(opts);
   if (save && !chunk_asked) fwd_opts.chunk_size = delta_bwd_default_chunk(opts.dtype, seq.K, seq.V);
   DeltaRuleConfig cfg = delta_rule_config(name, gated, seq.K, seq.V, fwd_opts, seq.N * seq.H);
   if (save && cfg.chunk > 64)
@@ -252,8 +257,8 @@ OpDef delta_rule_op_def(bool gated) {
     // 3.2 KB (gated: more shared memory than a block has), so neither is offered.
     return std::vector<Config>{{}, {{"chunk", 16}}, {{"bv", 64}}};
   };
-  op.config_keys = delta_rule_config_keys();
-  op.config_keys.push_back({"tokenwise", "--backward: 1 = the token-by-token reference form"});
+  // Every key some form takes (the forward's, then the backward's others).
+  op.config_keys = config_key_lines(merge_tuning_keys({delta_rule_schema().tuning(), delta_rule_bwd_tuning_keys()}));
   op.prepare = [gated](const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
     return plan_delta_rule(gated, inputs, opts, wanted);
   };

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/common/config_schema.h"
 #include "kernels/common/op_support.h"
 #include "kernels/op.h"
 
@@ -40,8 +41,8 @@ const std::vector<DeltaSavedTensor>& delta_saved_tensors();
 /// The backward's default chunk for head dims K, V in `dtype` (the per-chunk kernel's shared memory).
 int delta_bwd_default_chunk(DType dtype, int64_t K, int64_t V);
 
-/// Tuning keys of the chunked backward (chunk, bv, warps, cv, ck, kwarps, kstages).
-const std::vector<std::pair<std::string, std::string>>& delta_chunked_bwd_config_keys();
+/// Tuning keys of the backward (the chunked form's chunk, bv, cv, ck, kwarps, kstages, warps; tokenwise).
+TuningKeys delta_rule_bwd_tuning_keys();
 
 /// The plan of `linac run delta_rule|gated_delta_rule ... --backward`: in chunks, or token by token with
 /// --config tokenwise=1; with --l2norm-qk, q and k normalized around it.

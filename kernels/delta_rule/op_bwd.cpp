@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include "kernels/common/config_schema.h"
 #include "kernels/common/l2norm.h"
 #include "kernels/common/op_support.h"
 #include "kernels/delta_rule/bwd.h"
@@ -45,13 +46,40 @@ int delta_bwd_keys_stages(DType dtype) {
 
 enum class DeltaBwdKernel { wy, states, dstates, chunk, chunk_keys, chunk_ut };
 
+/// The chunked backward's rows per chunk (the saved tensors' chunk is checked against it when asked for).
+TuningKey bwd_chunk_key() { return {"chunk", {16, 32, 64}, "--backward: rows per chunk"}; }
+/// The key-block kernel's warps (read after the others: its default is the walks' warps).
+TuningKey kwarps_key() {
+  return {"kwarps", {2, 4, 8}, "--backward: warps of the key-block kernel where ck splits K (default warps)"};
+}
+
+/// The chunked backward's configuration (bwd.h): chunk, bv, cv, ck, kwarps, kstages and warps are tuned.
+const ConfigSchema<DeltaChunkedBwdConfig>& chunked_schema() {
+  using C = DeltaChunkedBwdConfig;
+  static const ConfigSchema<C> schema(
+      field<&C::dtype>(), tuned<&C::chunk>(bwd_chunk_key()), field<&C::block_k>(),
+      tuned<&C::block_v>({"bv", {16, 32, 64, 128}, "--backward: value columns per program of the state walks"}),
+      field<&C::full_v>(),
+      tuned<&C::chunk_v>({"cv",
+                          {16, 32, 64, 128, 256},
+                          "--backward: value columns per step of the per-chunk kernel (default all of V up to 128)"}),
+      tuned<&C::chunk_k>({"ck",
+                          {16, 32, 64, 128, 256},
+                          "--backward: key columns per program of the per-chunk work, in two kernels under the "
+                          "padded K (default all of K up to 128, else 128)"}),
+      tuned<&C::keys_warps>(kwarps_key()),
+      tuned<&C::keys_stages>({"kstages",
+                              {1, 2},
+                              "--backward: 2 = the key-block kernel prefetches its next value step's loads "
+                              "(default 2, fp32 1)"}),
+      field<&C::gated>(), field<&C::initial_state>(), field<&C::final_state>(), field<&C::final_state_grad>(),
+      field<&C::initial_state_grad>(), field<&C::varlen>(), tuned<&C::num_warps>(warps_key()));
+  return schema;
+}
+
 std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, DeltaBwdKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}/{}/{}", static_cast<int>(which),
-                                dtype_name(cfg.dtype), cfg.chunk, cfg.block_k, cfg.block_v, cfg.full_v, cfg.chunk_v,
-                                cfg.chunk_k, cfg.gated, cfg.initial_state, cfg.final_state, cfg.final_state_grad,
-                                cfg.initial_state_grad, cfg.varlen, cfg.num_warps, cfg.keys_warps, cfg.keys_stages);
-  return memo.get(key, [&]() -> std::shared_ptr<ir::Kernel> {
+  return memo.get(chunked_schema().key(cfg, which), [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
       case DeltaBwdKernel::wy: {
         DeltaRuleConfig wy;
@@ -96,18 +124,9 @@ int delta_bwd_default_chunk(DType dtype, int64_t K, int64_t V) {
   return dtype == DType::f32 && std::max(padded_head_dim(K), padded_head_dim(V)) > 64 ? 16 : 32;
 }
 
-const std::vector<std::pair<std::string, std::string>>& delta_chunked_bwd_config_keys() {
-  static const std::vector<std::pair<std::string, std::string>> keys = {
-      {"chunk", "--backward: rows per chunk (16, 32, 64)"},
-      {"bv", "--backward: value columns per program of the state walks (16..128)"},
-      {"warps", "warps per program (2, 4, 8)"},
-      {"cv", "--backward: value columns per step of the per-chunk kernel (16..256; default all of V up to 128)"},
-      {"ck", "--backward: key columns per program of the per-chunk work, in two kernels under the padded K "
-             "(16..256; default all of K up to 128, else 128)"},
-      {"kwarps", "--backward: warps of the key-block kernel where ck splits K (2, 4, 8; default warps)"},
-      {"kstages", "--backward: 2 = the key-block kernel prefetches its next value step's loads (default 2, fp32 1)"},
-  };
-  return keys;
+TuningKeys delta_rule_bwd_tuning_keys() {
+  return merge_tuning_keys(
+      {chunked_schema().tuning(), {tokenwise_key("--backward: 1 = the token-by-token reference form")}});
 }
 
 OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const OpOptions& opts,
@@ -121,19 +140,35 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
   const bool has_dht = inputs.count("dfinal_state") > 0;
   if (has_dht) check_shape("dfinal_state", inputs.at("dfinal_state"), {seq.N, seq.H, seq.K, seq.V});
-  check_config_keys(fmt::format("{} --backward", name), opts, delta_chunked_bwd_config_keys());
+  check_config_keys(fmt::format("{} --backward", name), opts, chunked_schema().tuning());
 
   DeltaChunkedBwdConfig cfg;
   cfg.dtype = opts.dtype;
   cfg.block_k = padded_head_dim(seq.K);
   cfg.full_v = padded_head_dim(seq.V);
-  cfg.chunk_v = std::min<int64_t>(
-      config_value(opts, "cv", delta_bwd_chunk_columns(cfg.dtype, cfg.full_v), {16, 32, 64, 128, 256}), cfg.full_v);
+  // Defaults, then --config on top (kwarps after: its default is the walks' warps).
+  const int dflt_chunk = delta_bwd_default_chunk(cfg.dtype, seq.K, seq.V);
+  cfg.chunk = checked_chunk_size(opts.chunk_size, dflt_chunk);
+  // V blocks of 128 in the walks: the fastest of `linac tune --backward` (docs/ops/delta_rule.md,
+  // "Measured"). fp32 above head dim 128: 64 (the reverse walk plans 260 KB of shared memory at 128,
+  // K = V = 256). At most 64 sequences x heads: 64 (more programs per walk, faster there).
+  const bool few_heads = seq.N * seq.H <= kDeltaFewHeads;
+  cfg.block_v = (cfg.dtype == DType::f32 && std::max(cfg.block_k, cfg.full_v) > 128) || few_heads ? 64 : 128;
+  cfg.chunk_v = delta_bwd_chunk_columns(cfg.dtype, cfg.full_v);
+  cfg.chunk_k = delta_bwd_chunk_key_columns(cfg.block_k, gated);
+  // The key-block kernel's own (untimed: session 9 ran it at 8 warps and 1 stage only).
+  cfg.keys_stages = delta_bwd_keys_stages(cfg.dtype);
+  // 8 warps: at 4 the per-chunk kernel (K = V = 128, chunk 32) spills 1004 bytes, at 8 it spills 8
+  // (ptxas, sm_90a); 4 warps were also slower (docs/ops/delta_rule.md, "Measured").
+  cfg.num_warps = 8;
+  chunked_schema().apply(opts, cfg);
+  cfg.keys_warps = static_cast<int>(kwarps_key().value(opts, cfg.num_warps));
+  cfg.block_v = std::min(cfg.block_v, cfg.full_v);
+  cfg.chunk_v = std::min(cfg.chunk_v, cfg.full_v);
   if (cfg.full_v % cfg.chunk_v != 0)
     throw UserError(fmt::format("{} --backward: --config cv={} does not divide the padded value dim {}", name,
                                 cfg.chunk_v, cfg.full_v));
-  cfg.chunk_k = std::min<int64_t>(
-      config_value(opts, "ck", delta_bwd_chunk_key_columns(cfg.block_k, gated), {16, 32, 64, 128, 256}), cfg.block_k);
+  cfg.chunk_k = std::min(cfg.chunk_k, cfg.block_k);
   if (cfg.block_k % cfg.chunk_k != 0)
     throw UserError(fmt::format("{} --backward: --config ck={} does not divide the padded key dim {}", name,
                                 cfg.chunk_k, cfg.block_k));
@@ -150,15 +185,13 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   if (saved_count > 0 && !saved)
     throw UserError(fmt::format("{} --backward: give all of {} (the forward's, with -o) or none of them", name,
                                 fmt::join(saved_names, ", ")));
-  const int dflt_chunk = delta_bwd_default_chunk(cfg.dtype, seq.K, seq.V);
-  cfg.chunk = static_cast<int>(config_value(opts, "chunk", checked_chunk_size(opts.chunk_size, dflt_chunk), {16, 32, 64}));
   if (saved) {
     const HostTensor& t_saved = inputs.at("saved_t");
     if (t_saved.rank() != 4 || (t_saved.shape[3] != 16 && t_saved.shape[3] != 32 && t_saved.shape[3] != 64))
       throw UserError(fmt::format("{} --backward: saved_t has shape {}, expected [B,T,H,chunk] with chunk 16, 32 "
                                   "or 64 (the forward's chunk)", name, t_saved.shape_str()));
     const int saved_chunk = static_cast<int>(t_saved.shape[3]);
-    if ((opts.chunk_size || opts.config.count("chunk")) && cfg.chunk != saved_chunk)
+    if ((opts.chunk_size || bwd_chunk_key().asked(opts)) && cfg.chunk != saved_chunk)
       throw UserError(fmt::format("{} --backward: chunk {} asked for, but the saved tensors are in chunks of {}", name,
                                   cfg.chunk, saved_chunk));
     if (saved_chunk > dflt_chunk && dflt_chunk == 16)
@@ -166,18 +199,6 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
                                   "backward needs chunks of 16 (run the forward with --chunk-size 16)", name, saved_chunk));
     cfg.chunk = saved_chunk;
   }
-  // V blocks of 128 in the walks: the fastest of `linac tune --backward` (docs/ops/delta_rule.md,
-  // "Measured"). fp32 above head dim 128: 64 (the reverse walk plans 260 KB of shared memory at 128,
-  // K = V = 256). At most 64 sequences x heads: 64 (more programs per walk, faster there).
-  const bool few_heads = seq.N * seq.H <= kDeltaFewHeads;
-  const int64_t dflt_bv = (cfg.dtype == DType::f32 && std::max(cfg.block_k, cfg.full_v) > 128) || few_heads ? 64 : 128;
-  cfg.block_v = std::min<int64_t>(config_value(opts, "bv", dflt_bv, {16, 32, 64, 128}), cfg.full_v);
-  // 8 warps: at 4 the per-chunk kernel (K = V = 128, chunk 32) spills 1004 bytes, at 8 it spills 8
-  // (ptxas, sm_90a); 4 warps were also slower (docs/ops/delta_rule.md, "Measured").
-  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 8, {2, 4, 8}));
-  // The key-block kernel's own (untimed: session 9 ran it at 8 warps and 1 stage only).
-  cfg.keys_warps = static_cast<int>(config_value(opts, "kwarps", cfg.num_warps, {2, 4, 8}));
-  cfg.keys_stages = static_cast<int>(config_value(opts, "kstages", delta_bwd_keys_stages(cfg.dtype), {1, 2}));
   cfg.gated = gated;
   cfg.initial_state = has_h0;
   cfg.final_state_grad = has_dht;
@@ -282,11 +303,19 @@ std::vector<std::shared_ptr<ir::Kernel>> delta_chunked_bwd_kernels(bool gated, c
 
 namespace {
 
+/// The token-by-token form's configuration (bwd_tokenwise.h): nothing tuned (it takes no --config).
+const ConfigSchema<DeltaBwdConfig>& tokenwise_schema() {
+  using C = DeltaBwdConfig;
+  static const ConfigSchema<C> schema(field<&C::dtype>(), field<&C::block_k>(), field<&C::block_v>(),
+                                      field<&C::gated>(), field<&C::initial_state>(), field<&C::final_state_grad>(),
+                                      field<&C::initial_state_grad>(), field<&C::varlen>());
+  return schema;
+}
+
 std::shared_ptr<ir::Kernel> cached_delta_bwd(const DeltaBwdConfig& cfg, bool forward) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}{}{}{}{}", forward, dtype_name(cfg.dtype), cfg.block_k, cfg.block_v,
-                                cfg.gated, cfg.initial_state, cfg.final_state_grad, cfg.initial_state_grad, cfg.varlen);
-  return memo.get(key, [&] { return forward ? build_delta_bwd_forward(cfg) : build_delta_bwd_reverse(cfg); });
+  return memo.get(tokenwise_schema().key(cfg, forward),
+                  [&] { return forward ? build_delta_bwd_forward(cfg) : build_delta_bwd_reverse(cfg); });
 }
 
 /// --l2norm-qk: the backward of the normalized q and k (`plan`, made as if the inputs were normalized)

@@ -154,11 +154,6 @@ bool fused_dkdv(const GlaChunkedBwdConfig& cfg) {
 
 }  // namespace
 
-namespace {
-/// The token-by-token form's switch (take_tokenwise reads it).
-TuningKey tokenwise_key() { return {"tokenwise", {0, 1}, "--backward: 1 = the token-by-token form (the reference)"}; }
-}  // namespace
-
 TuningKeys gla_bwd_tuning_keys() { return merge_tuning_keys({chunked_schema().tuning(), {tokenwise_key()}}); }
 
 OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {

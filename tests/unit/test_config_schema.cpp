@@ -59,6 +59,8 @@ TEST_CASE("config schema: --config sets the tuned fields and refuses other value
   CHECK(cfg.chunk == 32);
   CHECK(cfg.gated);
   CHECK(cfg.block_v == 128);
+  CHECK(chunk_key().asked(opts));  // given, whatever its value
+  CHECK_FALSE(bv_key().asked(opts));
 
   opts.config = {{"chunk", 48}};
   CHECK_THROWS_WITH_AS(toy_schema().apply(opts, cfg), "--config chunk=48: must be one of 16, 32, 64, 128", UserError);

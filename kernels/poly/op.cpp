@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include "kernels/common/config_schema.h"
 #include "kernels/common/noise_dropout.h"
 #include "kernels/common/op_support.h"
 #include "kernels/poly/bwd.h"
@@ -33,16 +34,30 @@ void check_poly_coefficients(double a, double b, double c, bool normalize) {
 
 namespace {
 
-const std::vector<std::pair<std::string, std::string>>& poly_config_keys() {
-  static const std::vector<std::pair<std::string, std::string>> keys = {
-      {"chunk", "rows per chunk (16, 32, 64, 128)"},
-      {"segment", "rows per segment (16, 32, ..., 8192; a multiple of chunk): the earlier tokens each output chunk sums directly"},
-      {"bv", "value columns per program (16..128)"},
-      {"warps", "warps per program (2, 4, 8)"},
-      {"stages", "pipeline stages of the loads (1 or 2)"},
-  };
-  return keys;
+/// Rows per segment: not a field (the kernels take chunks per segment), so read with its default.
+TuningKey segment_key() {
+  return {"segment",
+          {16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192},
+          "rows per segment (a multiple of chunk): the earlier tokens each output chunk sums directly"};
 }
+/// Pipeline stages (read after the others: the default depends on the chunk).
+TuningKey poly_stages_key() {
+  return {"stages", {1, 2}, "pipeline stages of the loads"};
+}
+
+/// The configuration of every poly kernel (fwd.h): chunk, bv, warps and stages are tuned.
+const ConfigSchema<PolyConfig>& poly_schema() {
+  using C = PolyConfig;
+  static const ConfigSchema<C> schema(field<&C::dtype>(), tuned<&C::chunk>(chunk_key()), field<&C::segment_chunks>(),
+                                      field<&C::block_k>(), tuned<&C::block_v>(bv_key({16, 32, 64, 128})),
+                                      field<&C::normalize>(), field<&C::quadratic>(), field<&C::varlen>(),
+                                      field<&C::coefficient_grads>(), field<&C::store_den>(), field<&C::exact_k>(),
+                                      tuned<&C::num_warps>(warps_key()), tuned<&C::num_stages>(poly_stages_key()));
+  return schema;
+}
+
+/// Every key poly's segmented kernels take (the schema's and segment).
+TuningKeys poly_tuning_keys() { return merge_tuning_keys({poly_schema().tuning(), {segment_key()}}); }
 
 /// The defaults first, then shorter and longer segments (the direct part against the states' reads),
 /// smaller chunks and value blocks (more programs for few sequences x heads).
@@ -69,11 +84,7 @@ const std::vector<PolySavedTensor>& poly_saved_tensors() {
 
 std::shared_ptr<ir::Kernel> poly_kernel(const PolyConfig& cfg, PolyKernel which) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}/{}/{}{}{}{}{}{}/{}/{}", static_cast<int>(which), dtype_name(cfg.dtype),
-                                cfg.chunk, cfg.segment_chunks, cfg.block_k, cfg.block_v, cfg.normalize, cfg.quadratic,
-                                cfg.varlen, cfg.coefficient_grads, cfg.store_den, cfg.exact_k, cfg.num_warps,
-                                cfg.num_stages);
-  return memo.get(key, [&] {
+  return memo.get(poly_schema().key(cfg, which), [&] {
     switch (which) {
       case PolyKernel::sums: return build_poly_sums(cfg, false);
       case PolyKernel::scan: return build_poly_scan(cfg, false);
@@ -136,7 +147,7 @@ PolyDefaults poly_defaults(const OpOptions& opts, int64_t K, int64_t V, PolyKern
 
 PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel which, bool quadratic, bool backward,
                        bool coefficient_grads) {
-  check_config_keys("poly", opts, poly_config_keys());
+  check_config_keys("poly", opts, poly_tuning_keys());
   const PolyDefaults d = poly_defaults(opts, K, V, which, backward, coefficient_grads);
   PolyConfig cfg;
   cfg.dtype = opts.dtype;
@@ -144,15 +155,15 @@ PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel w
   cfg.quadratic = quadratic;
   cfg.normalize = !opts.no_normalize;
   cfg.exact_k = K == cfg.block_k;
-  const int64_t segment =
-      config_value(opts, "segment", d.segment, {16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192});
-  cfg.chunk = static_cast<int>(config_value(
-      opts, "chunk", checked_chunk_size(opts.chunk_size, static_cast<int>(std::min(d.chunk, segment))), {16, 32, 64, 128}));
+  // Defaults, then --config on top (stages after: its default depends on the chunk).
+  const int64_t segment = segment_key().value(opts, d.segment);
+  cfg.chunk = checked_chunk_size(opts.chunk_size, static_cast<int>(std::min(d.chunk, segment)));
+  cfg.block_v = std::min(64, padded_head_dim(V));
+  cfg.num_warps = d.warps;
+  poly_schema().apply(opts, cfg);
   if (segment % cfg.chunk != 0)
     throw UserError(fmt::format("poly: --config segment={} must be a multiple of the chunk ({} rows)", segment, cfg.chunk));
   cfg.segment_chunks = static_cast<int>(segment / cfg.chunk);
-  cfg.block_v = static_cast<int>(config_value(opts, "bv", std::min(64, padded_head_dim(V)), {16, 32, 64, 128}));
-  cfg.num_warps = static_cast<int>(config_value(opts, "warps", d.warps, {2, 4, 8}));
   // Two pipeline stages, but one where two are more shared memory than sm_80 gives a block: fp32, the
   // backward at BK = 128, and the backward's per-chunk kernels at chunks of 128 unless the call's GPU
   // has the room.
@@ -161,7 +172,7 @@ PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel w
   const bool room_for_two = opts.max_smem_per_block >= kTwoStagePerChunkBwdSmem;
   const bool one_stage = opts.dtype == DType::f32 || (backward && cfg.block_k > 64) ||
                          (per_chunk_bwd && cfg.chunk > 64 && !room_for_two);
-  cfg.num_stages = static_cast<int>(config_value(opts, "stages", one_stage ? 1 : 2, {1, 2}));
+  cfg.num_stages = static_cast<int>(poly_stages_key().value(opts, one_stage ? 1 : 2));
   return cfg;
 }
 
@@ -312,7 +323,8 @@ OpDef poly_op() {
     return ProblemShape{q.shape[0], q.shape[1], q.shape[2], q.shape[3], in.at("v").shape[3], false};
   };
   op.tuning_space = poly_tuning_space;
-  op.config_keys = poly_config_keys();
+  // Every key some form takes (the backward's segmented form takes the forward's).
+  op.config_keys = config_key_lines(merge_tuning_keys({poly_tuning_keys(), {poly_tokenwise_key()}}));
   op.kernels = [](const OpOptions& opts) {
     // The segmented kernels and the recurrent one for K = V = 64 and K = V = 128, all with the
     // degree-2 state and normalization.

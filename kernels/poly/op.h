@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/config_schema.h"
 #include "kernels/common/op_support.h"
 #include "kernels/op.h"
 #include "kernels/poly/fwd.h"
@@ -55,6 +56,9 @@ SegmentedPlan add_segment_tables(OpPlan& plan, const SequenceLayout& seq, const 
 /// Adds the per-segment states the scan writes: before each segment (states, zstates) or, `reverse`,
 /// after it (rstates, rzstates).
 void add_states(OpPlan& plan, const SequenceLayout& seq, const PolyConfig& cfg, const SegmentedPlan& sp, bool reverse);
+
+/// The backward's switch to the pairwise form (take_tokenwise reads it).
+TuningKey poly_tokenwise_key();
 
 /// The plan of `linac run poly --backward` for coefficients a, b, c.
 OpPlan plan_poly_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted, double a,

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include "kernels/common/config_schema.h"
 #include "kernels/common/op_support.h"
 #include "kernels/poly/bwd.h"
 #include "kernels/poly/bwd_pairwise.h"
@@ -15,10 +16,17 @@ namespace linac {
 
 namespace {
 
+/// The pairwise form's configuration (bwd_pairwise.h): nothing tuned (it takes no --config).
+const ConfigSchema<PolyBwdConfig>& pairwise_schema() {
+  using C = PolyBwdConfig;
+  static const ConfigSchema<C> schema(field<&C::dtype>(), field<&C::block_k>(), field<&C::block_v>(),
+                                      field<&C::normalize>(), field<&C::varlen>());
+  return schema;
+}
+
 std::shared_ptr<ir::Kernel> cached_poly_bwd_pairwise(const PolyBwdConfig& cfg, bool q_kernel) {
   static KernelMemo memo;
-  return memo.get(fmt::format("{}/{}/{}/{}/{}{}", q_kernel, dtype_name(cfg.dtype), cfg.block_k, cfg.block_v,
-                              cfg.normalize, cfg.varlen),
+  return memo.get(pairwise_schema().key(cfg, q_kernel),
                   [&] { return q_kernel ? build_poly_bwd_q(cfg) : build_poly_bwd_kv(cfg); });
 }
 
@@ -48,6 +56,10 @@ OpPlan plan_pairwise(const OpOptions& opts, const SequenceLayout& seq, OpPlan pl
 }
 
 }  // namespace
+
+TuningKey poly_tokenwise_key() {
+  return tokenwise_key("--backward: 1 = the pairwise O(T^2) form (the reference; fp32 above head dim 64 takes it)");
+}
 
 OpPlan plan_poly_bwd(const TensorMap& inputs, const OpOptions& opts_in, const std::vector<std::string>& wanted, double a,
                      double b, double c) {

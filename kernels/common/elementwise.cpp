@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/common/config_schema.h"
 #include "kernels/common/op_support.h"
 #include "linac/dsl.h"
 
@@ -50,7 +51,7 @@ std::shared_ptr<ir::Kernel> build_convert(DType from, DType to) {
 
 std::shared_ptr<ir::Kernel> convert_kernel(DType from, DType to) {
   static KernelMemo memo;
-  return memo.get(fmt::format("{}/{}", dtype_name(from), dtype_name(to)), [&] { return build_convert(from, to); });
+  return memo.get(memo_key(from, to), [&] { return build_convert(from, to); });
 }
 
 std::array<int64_t, 3> convert_grid(int64_t length) {
@@ -61,9 +62,9 @@ std::shared_ptr<ir::Kernel> elementwise_update_kernel(ElementwiseUpdate kind, DT
                                                       int64_t block_d) {
   if (rank != 3 && rank != 4) throw InternalError(fmt::format("elementwise update of rank {}", rank));
   static KernelMemo memo;
-  return memo.get(fmt::format("{}/{}/{}/{}/{}", static_cast<int>(kind), dtype_name(acc_t), dtype_name(x_t), rank,
-                              rank == 4 ? block_d : 0),
-                  [&] { return build_update(kind, acc_t, x_t, rank, block_d); });
+  // block_d is read at rank 4 only: one kernel for every block_d at rank 3.
+  if (rank != 4) block_d = 0;
+  return memo.get(memo_key(kind, acc_t, x_t, rank, block_d), [&] { return build_update(kind, acc_t, x_t, rank, block_d); });
 }
 
 KernelLaunch elementwise_update_launch(const OpPlan& plan, ElementwiseUpdate kind, const std::string& acc,

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/common/config_schema.h"
 #include "kernels/common/op_support.h"
 #include "linac/blocks.h"
 #include "linac/dsl.h"
@@ -47,7 +48,7 @@ KernelLaunch launch(const OpPlan& plan, bool backward, const std::string& x, con
     throw InternalError(fmt::format("l2norm of {} {} into {} {}", x, xt.shape_str(), y, yt.shape_str()));
   static KernelMemo memo;
   const int64_t block_d = padded_head_dim(xt.shape[3]);
-  auto kernel = memo.get(fmt::format("{}/{}/{}/{}", backward, dtype_name(xt.dtype), dtype_name(yt.dtype), block_d),
+  auto kernel = memo.get(memo_key(backward, xt.dtype, yt.dtype, block_d),
                          [&] { return build_l2norm(backward, xt.dtype, yt.dtype, block_d); });
   return bound_launch(kernel, {std::max<int64_t>(1, (xt.shape[1] + kRows - 1) / kRows), xt.shape[0] * xt.shape[2], 1},
                       {{"x", x}, {backward ? "dy" : "y", y}}, {{"eps", eps}});

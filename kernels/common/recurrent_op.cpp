@@ -11,13 +11,19 @@ namespace linac {
 
 namespace {
 
+/// The token-by-token kernel's configuration (recurrent.h): bv and warps are tuned.
+const ConfigSchema<RecurrentConfig>& recurrent_schema() {
+  using C = RecurrentConfig;
+  static const ConfigSchema<C> schema(field<&C::dtype>(), field<&C::block_k>(), tuned<&C::block_v>(bv_key()),
+                                      field<&C::gate>(), field<&C::initial_state>(), field<&C::final_state>(),
+                                      field<&C::varlen>(), tuned<&C::num_warps>(warps_key()));
+  return schema;
+}
+
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_recurrent_fwd(const RecurrentConfig& cfg) {
   static KernelMemo memo;
-  std::string key = fmt::format("{}/{}/{}/{}/{}{}{}/{}", dtype_name(cfg.dtype), cfg.block_k, cfg.block_v,
-                                static_cast<int>(cfg.gate), cfg.initial_state, cfg.final_state, cfg.varlen,
-                                cfg.num_warps);
-  return memo.get(key, [&] { return build_recurrent_fwd(cfg); });
+  return memo.get(recurrent_schema().key(cfg), [&] { return build_recurrent_fwd(cfg); });
 }
 
 /// dtype, tiles and warps for head dims K and V (opts.config's bv and warps override the defaults).
@@ -27,10 +33,10 @@ RecurrentConfig recurrent_config(const OpOptions& opts, int64_t K, int64_t V) {
   cfg.block_k = padded_head_dim(K);
   // S lives in registers: at most 8192 fp32 elements per program (64 per thread at 4 warps); narrow
   // value blocks also mean more programs for the few sequences of a decode step.
-  int64_t bv = std::min<int64_t>(padded_head_dim(V), 64);
-  while (bv > 16 && cfg.block_k * bv > 8192) bv /= 2;
-  cfg.block_v = static_cast<int>(config_value(opts, "bv", bv, {16, 32, 64, 128, 256}));
-  cfg.num_warps = static_cast<int>(config_value(opts, "warps", 4, {2, 4, 8}));
+  cfg.block_v = std::min(padded_head_dim(V), 64);
+  while (cfg.block_v > 16 && cfg.block_k * cfg.block_v > 8192) cfg.block_v /= 2;
+  cfg.num_warps = 4;
+  recurrent_schema().apply(opts, cfg);
   return cfg;
 }
 
@@ -39,6 +45,13 @@ RecurrentConfig recurrent_config(const OpOptions& opts, int64_t K, int64_t V) {
 OpPlan plan_recurrent(const std::string& op, RecurrentGate gate, bool gate_required,
                       const std::vector<std::pair<std::string, std::string>>& config_keys, const TensorMap& inputs,
                       const OpOptions& opts, const std::vector<std::string>& wanted) {
+  TuningKeys keys;
+  for (const auto& k : config_keys) keys.push_back({k.first, {}, k.second});
+  return plan_recurrent(op, gate, gate_required, keys, inputs, opts, wanted);
+}
+
+OpPlan plan_recurrent(const std::string& op, RecurrentGate gate, bool gate_required, const TuningKeys& config_keys,
+                      const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
   SequenceLayout seq = check_qkv_inputs(op, inputs);
   const bool gated = inputs.count("g") > 0;
   if (gate_required && !gated) throw UserError(fmt::format("{}: missing input 'g'", op));

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/common/config_schema.h"
 #include "kernels/common/recurrent.h"
 #include "kernels/op.h"
 
@@ -14,6 +15,10 @@ namespace linac {
 /// prepare() of `op` under --recurrent. The op's g, when given, has the shape `gate` implies
 /// (RecurrentGate::none: the op takes no g); `gate_required` makes g mandatory. `config_keys` are
 /// the op's tuning keys (all accepted; bv and warps apply here).
+OpPlan plan_recurrent(const std::string& op, RecurrentGate gate, bool gate_required, const TuningKeys& config_keys,
+                      const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted);
+/// The same with the keys as `linac list` lines (OpDef::config_keys): only their names are read.
+/// (For the callers not yet on config_schema.h.)
 OpPlan plan_recurrent(const std::string& op, RecurrentGate gate, bool gate_required,
                       const std::vector<std::pair<std::string, std::string>>& config_keys, const TensorMap& inputs,
                       const OpOptions& opts, const std::vector<std::string>& wanted);

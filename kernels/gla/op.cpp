@@ -114,8 +114,7 @@ OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vecto
   for (const char* name : {"do", "dfinal_state"})
     if (inputs.count(name)) throw UserError(fmt::format("gla: input '{}' is a gradient; it needs --backward", name));
   if (opts.recurrent)
-    return plan_recurrent("gla", RecurrentGate::channel, true, config_key_lines(gla_schema().tuning()), inputs, opts,
-                          wanted);
+    return plan_recurrent("gla", RecurrentGate::channel, true, gla_schema().tuning(), inputs, opts, wanted);
   SequenceLayout seq = check_qkv_inputs("gla", inputs);
   if (!inputs.count("g")) throw UserError("gla: missing input 'g'");
   check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H, seq.K});

@@ -64,7 +64,8 @@ std::shared_ptr<ir::Kernel> elementwise_update_kernel(ElementwiseUpdate kind, DT
   static KernelMemo memo;
   // block_d is read at rank 4 only: one kernel for every block_d at rank 3.
   if (rank != 4) block_d = 0;
-  return memo.get(memo_key(kind, acc_t, x_t, rank, block_d), [&] { return build_update(kind, acc_t, x_t, rank, block_d); });
+  return memo.get(memo_key(kind, acc_t, x_t, rank, block_d),
+                  [&] { return build_update(kind, acc_t, x_t, rank, block_d); });
 }
 
 KernelLaunch elementwise_update_launch(const OpPlan& plan, ElementwiseUpdate kind, const std::string& acc,

@@ -1,6 +1,7 @@
 #include "kernels/common/op_support.h"
 
 #include "compiler/ir/ir.h"
+#include "kernels/common/config_schema.h"
 
 #include <cmath>
 #include <fmt/format.h>
@@ -73,37 +74,6 @@ std::shared_ptr<ir::Kernel> KernelMemo::get(const std::string& key,
   auto& slot = kernels_[key];
   if (!slot) slot = build();
   return slot;
-}
-
-const std::vector<std::pair<std::string, std::string>>& chunked_config_keys() {
-  static const std::vector<std::pair<std::string, std::string>> keys = {
-      {"chunk", "rows per chunk (16, 32, 64, 128)"},
-      {"bv", "value columns per program (16..256)"},
-      {"warps", "warps per program (2, 4, 8)"},
-      {"stages", "pipeline stages of the chunk loads (1 or 2)"},
-  };
-  return keys;
-}
-
-void check_config_keys(const std::string& op, const OpOptions& opts,
-                       const std::vector<std::pair<std::string, std::string>>& keys) {
-  for (const auto& [key, value] : opts.config) {
-    bool known = false;
-    for (const auto& k : keys) known |= k.first == key;
-    if (!known) {
-      std::vector<std::string> names;
-      for (const auto& k : keys) names.push_back(k.first);
-      throw UserError(fmt::format("{} has no tuning parameter '{}' (known: {})", op, key, fmt::join(names, ", ")));
-    }
-  }
-}
-
-int64_t config_value(const OpOptions& opts, const std::string& key, int64_t dflt, std::initializer_list<int64_t> allowed) {
-  auto it = opts.config.find(key);
-  if (it == opts.config.end()) return dflt;
-  for (int64_t a : allowed)
-    if (a == it->second) return a;
-  throw UserError(fmt::format("--config {}={}: must be one of {}", key, it->second, fmt::join(allowed, ", ")));
 }
 
 HostTensor random_uniform(std::vector<int64_t> shape, uint64_t seed) {
@@ -192,7 +162,7 @@ KernelLaunch bound_launch(std::shared_ptr<ir::Kernel> kernel, std::array<int64_t
 }
 
 bool take_tokenwise(OpOptions& opts) {
-  const bool tokenwise = config_value(opts, "tokenwise", 0, {0, 1}) == 1;
+  const bool tokenwise = tokenwise_key().value(opts, 0) == 1;
   opts.config.erase("tokenwise");
   return tokenwise;
 }

@@ -1,4 +1,5 @@
-// Argument checks and configuration helpers shared by the ops of the library.
+// Argument checks, kernel memos and launch helpers shared by the ops of the library (configurations:
+// config_schema.h).
 #pragma once
 #include <functional>
 #include <map>
@@ -41,15 +42,6 @@ class KernelMemo {
   std::map<std::string, std::shared_ptr<ir::Kernel>> kernels_;
 };
 
-/// The tuning parameters of the chunked ops: chunk, bv, warps, stages (with their descriptions).
-const std::vector<std::pair<std::string, std::string>>& chunked_config_keys();
-
-/// Checks that every key of opts.config is one the op knows; UserError naming the valid keys.
-void check_config_keys(const std::string& op, const OpOptions& opts,
-                       const std::vector<std::pair<std::string, std::string>>& keys);
-/// opts.config[key] if present and one of `allowed`, else `dflt`.
-int64_t config_value(const OpOptions& opts, const std::string& key, int64_t dflt, std::initializer_list<int64_t> allowed);
-
 /// float32 values uniform in [-1, 1) from a fixed seed (fast enough for the largest benchmark shapes).
 HostTensor random_uniform(std::vector<int64_t> shape, uint64_t seed);
 /// float32 log-decays logsigmoid(3u), u uniform in [-1, 1): values in about (-3.05, -0.05).
@@ -88,8 +80,9 @@ KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel,
 KernelLaunch bound_launch(std::shared_ptr<ir::Kernel> kernel, std::array<int64_t, 3> grid,
                           std::map<std::string, std::string> tensors, std::map<std::string, double> scalars = {});
 
-/// Whether `--config tokenwise=1` asks for a backward's token-by-token reference form; the key is taken
-/// out of `opts` either way, leaving the rest for the form that runs (0 or absent: the chunked one).
+/// Whether `--config tokenwise=1` (config_schema.h's tokenwise_key) asks for a backward's token-by-token
+/// reference form; the key is taken out of `opts` either way, leaving the rest for the form that runs (0 or
+/// absent: the chunked one).
 bool take_tokenwise(OpOptions& opts);
 
 /// Chunk offsets per sequence ([N+1]: the first global chunk of each) and (sequence, chunk of it) per

@@ -42,14 +42,6 @@ RecurrentConfig recurrent_config(const OpOptions& opts, int64_t K, int64_t V) {
 
 }  // namespace
 
-OpPlan plan_recurrent(const std::string& op, RecurrentGate gate, bool gate_required,
-                      const std::vector<std::pair<std::string, std::string>>& config_keys, const TensorMap& inputs,
-                      const OpOptions& opts, const std::vector<std::string>& wanted) {
-  TuningKeys keys;
-  for (const auto& k : config_keys) keys.push_back({k.first, {}, k.second});
-  return plan_recurrent(op, gate, gate_required, keys, inputs, opts, wanted);
-}
-
 OpPlan plan_recurrent(const std::string& op, RecurrentGate gate, bool gate_required, const TuningKeys& config_keys,
                       const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
   SequenceLayout seq = check_qkv_inputs(op, inputs);

@@ -17,11 +17,6 @@ namespace linac {
 /// the op's tuning keys (all accepted; bv and warps apply here).
 OpPlan plan_recurrent(const std::string& op, RecurrentGate gate, bool gate_required, const TuningKeys& config_keys,
                       const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted);
-/// The same with the keys as `linac list` lines (OpDef::config_keys): only their names are read.
-/// (For the callers not yet on config_schema.h.)
-OpPlan plan_recurrent(const std::string& op, RecurrentGate gate, bool gate_required,
-                      const std::vector<std::pair<std::string, std::string>>& config_keys, const TensorMap& inputs,
-                      const OpOptions& opts, const std::vector<std::string>& wanted);
 
 /// The recurrent kernel for K = V = 64 with the given gate, initial and final state, at opts.dtype and
 /// opts.config (for OpDef::kernels).

@@ -123,8 +123,8 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
     if (inputs.count(name)) throw UserError(fmt::format("linear_attn: input '{}' is a gradient; it needs --backward", name));
   if (opts.normalize) return plan_linear_attn_normalized(inputs, opts, wanted);
   if (opts.recurrent)
-    return plan_recurrent("linear_attn", RecurrentGate::scalar, false, config_key_lines(linear_attn_schema().tuning()),
-                          inputs, opts, wanted);
+    return plan_recurrent("linear_attn", RecurrentGate::scalar, false, linear_attn_schema().tuning(), inputs, opts,
+                          wanted);
   SequenceLayout seq = check_qkv_inputs("linear_attn", inputs);
   const bool gated = inputs.count("g") > 0;
   if (gated) check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H});

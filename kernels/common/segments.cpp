@@ -35,4 +35,10 @@ int64_t segments_per_sequence(const std::string& op, const SequenceLayout& seq, 
   return segment > 0 ? std::max<int64_t>(1, (seq.T + segment - 1) / segment) : 1;
 }
 
+std::shared_ptr<ir::Kernel> cached_segment_combine(const SegmentCombineConfig& cfg) {
+  static KernelMemo memo;
+  return memo.get(memo_key(cfg.block_k, cfg.block_v, cfg.decay, cfg.initial_state, cfg.final_state, cfg.num_warps),
+                  [&] { return build_segment_combine(cfg); });
+}
+
 }  // namespace linac

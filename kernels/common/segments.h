@@ -6,8 +6,11 @@
 #pragma once
 #include <cstdint>
 
+#include <memory>
+
 #include "kernels/common/config_schema.h"
 #include "kernels/common/op_support.h"
+#include "kernels/common/segment_combine.h"
 
 namespace linac {
 
@@ -23,5 +26,8 @@ int default_segment(const SequenceLayout& seq, int64_t walks, int chunk, const O
 /// Checks a segment length against the chunk and the inputs (UserError naming `op`) and returns the
 /// number of segments per sequence (1: the one-walk schedule).
 int64_t segments_per_sequence(const std::string& op, const SequenceLayout& seq, int segment, int chunk);
+
+/// The combine kernel for `cfg`, recorded once per configuration.
+std::shared_ptr<ir::Kernel> cached_segment_combine(const SegmentCombineConfig& cfg);
 
 }  // namespace linac

@@ -241,35 +241,6 @@ std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg) {
   return kb.finish();
 }
 
-// One program per (V block, sequence x head) walks the segments in order (a handful): the state
-// entering segment s is S_s = diag(exp(d_{s-1})) S_{s-1} + T_{s-1}, S_0 = h0 (or zeros), with T the
-// segment's own state from zero and d its log-decay per key channel.
-std::shared_ptr<ir::Kernel> build_gla_segment_combine(const GlaConfig& cfg) {
-  const int64_t BK = cfg.block_k, BV = cfg.block_v;
-  const DType f32 = DType::f32;
-  KernelBuilder kb("gla_segment_combine");
-  kb.set_num_warps(cfg.num_warps);
-  kb.set_num_stages(1);
-  Tensor seg_states = kb.tensor("segment_states", f32, 5);
-  Tensor seg_decays = kb.tensor("segment_decays", f32, 4);
-  Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
-  Tensor seg_inputs = kb.tensor("segment_inputs", f32, 5);
-  Tensor ht = cfg.final_state ? kb.tensor("final_state", f32, 4) : Tensor();
-  Tile i_v = program_id(0), i_nh = program_id(1);
-  Tile H = seg_states.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  Tile v0 = i_v * BV;
-  Tile S = cfg.initial_state ? load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}) : zeros({BK, BV}, f32);
-  for_range(0, seg_states.dim(1), [&](Tile s) {
-    store(seg_inputs, {i_n, s, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S);
-    Tile T = load(seg_states, {i_n, s, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
-    Tile d = load(seg_decays, {i_n, s, i_h, 0}, {kIndex, kIndex, kIndex, BK});
-    S = S * expand_dims(exp(d), 1) + T;
-  }, S);
-  if (cfg.final_state) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
-  return kb.finish();
-}
-
 // The split schedule (dense inputs), for parallelism where the fused one has too few programs to
 // fill the GPU: gla_bwd_gates decays every chunk's keys in parallel (K .* exp(R), exp(tot)), the state
 // pass gla_bwd_states walks the chunks of each (V block, sequence x head, K block) storing the state

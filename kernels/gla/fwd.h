@@ -58,10 +58,6 @@ std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg);
 /// segment_inputs [N, segments, H, K, V] instead of initial_state and writes no final state.
 std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg);
 
-/// The segments' states combined in order: one program per (V block, sequence x head) writes the state
-/// entering each segment, segment_inputs, S_0 = initial_state (or zeros), S_{s+1} = diag(exp(d_s)) S_s +
-/// T_s, and the state after the last, final_state (when cfg.final_state).
-std::shared_ptr<ir::Kernel> build_gla_segment_combine(const GlaConfig& cfg);
 
 /// The split schedule's outputs, one program per (chunk, sequence x head, V block) from h.
 /// Parameters: q k v g a_diag h o scale.

@@ -42,7 +42,7 @@ const ConfigSchema<GlaConfig>& gla_schema() {
   return schema;
 }
 
-enum class GlaKernel { intra, fused, gates, state, out, segment_combine };
+enum class GlaKernel { intra, fused, gates, state, out };
 
 /// The split schedule's state pass (and its decayed keys) as the backward's kernels take it.
 GlaSplitBwdConfig split_state_config(const GlaConfig& cfg) {
@@ -77,10 +77,14 @@ std::shared_ptr<ir::Kernel> cached_gla_kernel(const GlaConfig& cfg, GlaKernel wh
       case GlaKernel::gates: return build_gla_bwd_gates(split_state_config(cfg));
       case GlaKernel::state: return build_gla_bwd_states(split_state_config(cfg));
       case GlaKernel::out: return build_gla_out(cfg);
-      case GlaKernel::segment_combine: return build_gla_segment_combine(cfg);
     }
     throw InternalError("bad gla kernel");
   });
+}
+
+/// The segments' combine for the forward's configuration (a decay per key channel).
+SegmentCombineConfig combine_config(const GlaConfig& cfg) {
+  return {cfg.block_k, cfg.block_v, SegmentDecay::per_channel, cfg.initial_state, cfg.final_state, cfg.num_warps};
 }
 
 /// The configuration for head dims K and V (opts.config and --chunk-size override the defaults); with
@@ -169,7 +173,7 @@ OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vecto
     const std::array<int64_t, 3> per_segment = {num_v_blocks, seq.N * seq.H, segments};
     plan.launches.push_back(plan_launch(plan, cached_gla_kernel(states, GlaKernel::fused), per_segment, {{"scale", scale}}));
     plan.launches.push_back(
-        plan_launch(plan, cached_gla_kernel(cfg, GlaKernel::segment_combine), {num_v_blocks, seq.N * seq.H, 1}, {}));
+        plan_launch(plan, cached_segment_combine(combine_config(cfg)), {num_v_blocks, seq.N * seq.H, 1}, {}));
     plan.launches.push_back(plan_launch(plan, cached_gla_kernel(outputs, GlaKernel::fused), per_segment, {{"scale", scale}}));
   } else {
     cfg.segment = 0;
@@ -284,7 +288,7 @@ OpDef gla_op() {
       outputs.walk = GlaWalk::segment_outputs;
       states.initial_state = states.final_state = outputs.initial_state = outputs.final_state = false;
       out.push_back(cached_gla_kernel(states, GlaKernel::fused));
-      out.push_back(cached_gla_kernel(cfg, GlaKernel::segment_combine));
+      out.push_back(cached_segment_combine(combine_config(cfg)));
       out.push_back(cached_gla_kernel(outputs, GlaKernel::fused));
     }
     for (auto& k : recurrent_kernels(opts, RecurrentGate::channel)) out.push_back(k);

@@ -104,32 +104,4 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
   return kb.finish();
 }
 
-// One program per (V block, sequence x head) walks the segments in order (a handful): the state
-// entering segment s is S_s = exp(d_{s-1}) S_{s-1} + T_{s-1}, S_0 = h0 (or zeros), with T the
-// segment's own state from zero and d its total log-decay (zero without a gate).
-std::shared_ptr<ir::Kernel> build_linear_attn_segment_combine(const LinearAttnConfig& cfg) {
-  const int64_t BK = cfg.block_k, BV = cfg.block_v;
-  const DType f32 = DType::f32;
-  KernelBuilder kb("linear_attn_segment_combine");
-  kb.set_num_warps(cfg.num_warps);
-  kb.set_num_stages(1);
-  Tensor seg_states = kb.tensor("segment_states", f32, 5);
-  Tensor seg_decays = cfg.gated ? kb.tensor("segment_decays", f32, 3) : Tensor();
-  Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
-  Tensor seg_inputs = kb.tensor("segment_inputs", f32, 5);
-  Tensor ht = cfg.final_state ? kb.tensor("final_state", f32, 4) : Tensor();
-  Tile i_v = program_id(0), i_nh = program_id(1);
-  Tile H = seg_states.dim(2);
-  Tile i_n = i_nh / H, i_h = i_nh % H;
-  Tile v0 = i_v * BV;
-  Tile S = cfg.initial_state ? load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}) : zeros({BK, BV}, f32);
-  for_range(0, seg_states.dim(1), [&](Tile s) {
-    store(seg_inputs, {i_n, s, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S);
-    Tile T = load(seg_states, {i_n, s, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
-    S = cfg.gated ? S * exp(load(seg_decays, {i_n, s, i_h}, {kIndex, kIndex, kIndex})) + T : S + T;
-  }, S);
-  if (cfg.final_state) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
-  return kb.finish();
-}
-
 }  // namespace linac

@@ -38,9 +38,5 @@ struct LinearAttnConfig {
 /// segment_inputs [N, segments, H, K, V] instead of h0 and writes no final state.
 std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg);
 
-/// The segments' states combined in order (segment_states, segment_decays as above): one program per
-/// (V block, sequence x head) writes the state entering each segment, segment_inputs, from h0 (or
-/// zeros), and the state after the last, final_state (when cfg.final_state).
-std::shared_ptr<ir::Kernel> build_linear_attn_segment_combine(const LinearAttnConfig& cfg);
 
 }  // namespace linac

@@ -111,9 +111,11 @@ std::shared_ptr<ir::Kernel> cached_linear_attn_fwd(const LinearAttnConfig& cfg) 
   return memo.get(linear_attn_schema().key(cfg), [&] { return build_linear_attn_fwd(cfg); });
 }
 
-std::shared_ptr<ir::Kernel> cached_segment_combine(const LinearAttnConfig& cfg) {
-  static KernelMemo memo;
-  return memo.get(linear_attn_schema().key(cfg), [&] { return build_linear_attn_segment_combine(cfg); });
+
+/// The segments' combine for the forward's configuration (a decay per head when gated).
+SegmentCombineConfig combine_config(const LinearAttnConfig& cfg) {
+  return {cfg.block_k, cfg.block_v, cfg.gated ? SegmentDecay::per_head : SegmentDecay::none, cfg.initial_state,
+          cfg.final_state, cfg.num_warps};
 }
 
 OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
@@ -181,7 +183,7 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
     outputs.initial_state = outputs.final_state = false;
     plan.launches.push_back(
         plan_launch(plan, cached_linear_attn_fwd(states), {v_blocks, seq.N * seq.H, segments}, {{"scale", scale}}));
-    plan.launches.push_back(plan_launch(plan, cached_segment_combine(cfg), {v_blocks, seq.N * seq.H, 1}, {}));
+    plan.launches.push_back(plan_launch(plan, cached_segment_combine(combine_config(cfg)), {v_blocks, seq.N * seq.H, 1}, {}));
     plan.launches.push_back(
         plan_launch(plan, cached_linear_attn_fwd(outputs), {v_blocks, seq.N * seq.H, segments}, {{"scale", scale}}));
   }
@@ -301,7 +303,7 @@ OpDef linear_attn_op() {
     states.walk = LinearAttnWalk::segment_states;
     outputs.walk = LinearAttnWalk::segment_outputs;
     states.initial_state = states.final_state = outputs.initial_state = outputs.final_state = false;
-    for (auto& k : {cached_linear_attn_fwd(states), cached_segment_combine(gated), cached_linear_attn_fwd(outputs)})
+    for (auto& k : {cached_linear_attn_fwd(states), cached_segment_combine(combine_config(gated)), cached_linear_attn_fwd(outputs)})
       out.push_back(k);
     for (auto& k : linear_attn_normalized_kernels(opts)) out.push_back(k);
     for (auto& k : recurrent_kernels(opts, RecurrentGate::scalar)) out.push_back(k);

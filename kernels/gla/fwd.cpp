@@ -123,6 +123,20 @@ GlaChunkTerms gla_chunk_outputs(const GlaConfig& cfg, const GlaChunk& c, const T
   return r;
 }
 
+/// The state after a chunk from the state before it and the chunk's terms:
+///   S = diag(exp(G_C)) S + sum_i (Kr_i .* exp(tot_{i+1} + ... + tot_{NC-1}))^T V_i    (t.P is G_C)
+Tile gla_state_update(const Tile& S, const GlaChunkTerms& t, DType dt) {
+  const int NC = static_cast<int>(t.V.size());
+  Tile S_next = S * expand_dims(exp(t.P), 1);
+  Tile after;  // tot_{i+1} + ... + tot_{NC-1}
+  for (int i = NC - 1; i >= 0; --i) {
+    Tile Kc = i == NC - 1 ? t.Kr[i] : t.Kr[i] * expand_dims(exp(after), 0);
+    S_next = S_next + dot(Kc.to(dt).T(), t.V[i]);
+    after = i == NC - 1 ? t.tot[i] : after + t.tot[i];
+  }
+  return S_next;
+}
+
 }  // namespace
 
 // One program per (V block, sequence x head) walks the chunks of its sequence in order, carrying the
@@ -184,8 +198,8 @@ std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg) {
   AccessOptions in_seq{.limits = {{1, seq.eos}}};
 
   if (states_only) {
-    // The state update alone: S = diag(exp(G_C)) S + sum_i (K_i .* exp(R_i + tot_{i+1} + ...))^T V_i
-    // (as below), and the segment's log-decay per channel, the sum of its chunks' G_C.
+    // The state update alone (gla_state_update, as below), and the segment's log-decay per channel, the
+    // sum of its chunks' G_C.
     Tile decays = zeros({BK}, f32);
     for_range(0, num_chunks, [&](Tile ic) {
       Tile t0 = seq.bos + ic * BT;
@@ -198,16 +212,10 @@ std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg) {
         tot[i] = sum(gi, 0);
         Kr[i] = Kf * exp(expand_dims(tot[i], 0) - cumsum(gi, 0));  // K_i .* exp(R_i)
       }
-      Tile P, after;  // G_C; tot_{i+1} + ... + tot_{NC-1}
-      for (int i = 0; i < NC; ++i) P = i == 0 ? tot[0] : P + tot[i];
-      Tile S_next = S * expand_dims(exp(P), 1);
-      for (int i = NC - 1; i >= 0; --i) {
-        Tile Kc = i == NC - 1 ? Kr[i] : Kr[i] * expand_dims(exp(after), 0);
-        S_next = S_next + dot(Kc.to(dt).T(), V[i]);
-        after = i == NC - 1 ? tot[i] : after + tot[i];
-      }
-      S = S_next;
-      decays = decays + P;
+      GlaChunkTerms t{V, Kr, tot, Tile()};
+      for (int i = 0; i < NC; ++i) t.P = i == 0 ? tot[0] : t.P + tot[i];
+      S = gla_state_update(S, t, dt);
+      decays = decays + t.P;
     }, S, decays);
     store(seg_states, {i_n, i_s, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S);
     // One row per (sequence, segment, head): the first V block stores it, the others are masked.
@@ -226,14 +234,7 @@ std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg) {
     GlaChunk c{seq.b, i_h, seq.bos + ic * BT, v0, in_seq};
     std::vector<Tile> A_ahead = load_diagonal_blocks(cfg, a_diag, seq.b, i_h, c.t0 + BT, in_seq);
     GlaChunkTerms t = gla_chunk_outputs(cfg, c, S.to(dt), q, k, v, g, [&](int i) { return A[i]; }, o, scale);
-    Tile S_next = S * expand_dims(exp(t.P), 1);  // t.P is G_C
-    Tile after;                                  // tot_{i+1} + ... + tot_{NC-1}
-    for (int i = NC - 1; i >= 0; --i) {
-      Tile Kc = i == NC - 1 ? t.Kr[i] : t.Kr[i] * expand_dims(exp(after), 0);
-      S_next = S_next + dot(Kc.to(dt).T(), t.V[i]);
-      after = i == NC - 1 ? t.tot[i] : after + t.tot[i];
-    }
-    S = S_next;
+    S = gla_state_update(S, t, dt);
     A = A_ahead;
   }, carried);
 

@@ -19,6 +19,14 @@ Tile symmetric_weights(int64_t BK) {
   return where(iota(BK) == 0, full({BK}, 1.0, DType::f32), full({BK}, 2.0, DType::f32));
 }
 
+/// What the backward needs of a chunk's outputs through the normalizer, from dO and O (fp32) and the
+/// denominators den: dn = dO / den (input dtype) and dd = -rowsum(dO .* O) / den.
+void store_normalizer_grads(const Tensor& dn, const Tensor& dd, const ChunkBounds& ch, const Tile& dO, const Tile& O,
+                            const Tile& den, int64_t BT, int64_t BV, DType dt) {
+  store(dn, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BV}, (dO / expand_dims(den, 1)).to(dt), ch.in_seq);
+  store(dd, {ch.b, ch.t0, ch.i_h}, {kIndex, BT, kIndex}, -sum(dO * O, 1) / den, ch.in_seq);
+}
+
 }  // namespace
 
 int poly_feature_blocks(const PolyConfig& cfg) { return poly_degree2_blocks(cfg) + 2; }
@@ -257,8 +265,7 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
     return kb.finish();
   }
   Tile dO = load(d_o, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BV}, ch.in_seq).to(f32);
-  store(dn, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BV}, (dO / expand_dims(den, 1)).to(dt), ch.in_seq);
-  store(dd, {ch.b, ch.t0, ch.i_h}, {kIndex, BT, kIndex}, -sum(dO * O, 1) / den, ch.in_seq);
+  store_normalizer_grads(dn, dd, ch, dO, O, den, BT, BV, dt);
   return kb.finish();
 }
 
@@ -280,8 +287,7 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_from_saved(const PolyConfig& cfg) {
   Tile O = load(o, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BV}, ch.in_seq).to(f32);
   // Rows past the sequence read den = 0 and are not stored.
   Tile D = load(den, {ch.b, ch.t0, ch.i_h}, {kIndex, BT, kIndex}, ch.in_seq);
-  store(dn, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BV}, (dO / expand_dims(D, 1)).to(dt), ch.in_seq);
-  store(dd, {ch.b, ch.t0, ch.i_h}, {kIndex, BT, kIndex}, -sum(dO * O, 1) / D, ch.in_seq);
+  store_normalizer_grads(dn, dd, ch, dO, O, D, BT, BV, dt);
   return kb.finish();
 }
 

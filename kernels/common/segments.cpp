@@ -41,4 +41,19 @@ std::shared_ptr<ir::Kernel> cached_segment_combine(const SegmentCombineConfig& c
                   [&] { return build_segment_combine(cfg); });
 }
 
+void add_segment_schedule(OpPlan& plan, const SequenceLayout& seq, int64_t segments, int64_t v_blocks,
+                          const SegmentCombineConfig& combine, std::shared_ptr<ir::Kernel> states,
+                          std::shared_ptr<ir::Kernel> outputs, const std::map<std::string, double>& scalars) {
+  plan.tensors["segment_states"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K, seq.V});
+  plan.tensors["segment_inputs"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K, seq.V});
+  if (combine.decay == SegmentDecay::per_head)
+    plan.tensors["segment_decays"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H});
+  if (combine.decay == SegmentDecay::per_channel)
+    plan.tensors["segment_decays"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K});
+  const std::array<int64_t, 3> per_segment = {v_blocks, seq.N * seq.H, segments};
+  plan.launches.push_back(plan_launch(plan, std::move(states), per_segment, scalars));
+  plan.launches.push_back(plan_launch(plan, cached_segment_combine(combine), {v_blocks, seq.N * seq.H, 1}, {}));
+  plan.launches.push_back(plan_launch(plan, std::move(outputs), per_segment, scalars));
+}
+
 }  // namespace linac

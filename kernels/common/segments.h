@@ -30,4 +30,12 @@ int64_t segments_per_sequence(const std::string& op, const SequenceLayout& seq, 
 /// The combine kernel for `cfg`, recorded once per configuration.
 std::shared_ptr<ir::Kernel> cached_segment_combine(const SegmentCombineConfig& cfg);
 
+/// Adds the segment-parallel forward to `plan`: its scratch (segment_states, segment_inputs and
+/// segment_decays as `combine.decay` shapes them) and its three launches, the op's `states` walk and
+/// `outputs` walk (one program per (V block, sequence x head, segment), with `scalars`) around the
+/// combine (one per (V block, sequence x head)).
+void add_segment_schedule(OpPlan& plan, const SequenceLayout& seq, int64_t segments, int64_t v_blocks,
+                          const SegmentCombineConfig& combine, std::shared_ptr<ir::Kernel> states,
+                          std::shared_ptr<ir::Kernel> outputs, const std::map<std::string, double>& scalars);
+
 }  // namespace linac

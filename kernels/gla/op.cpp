@@ -161,20 +161,13 @@ OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vecto
                                         {std::max<int64_t>(num_chunks, 1), seq.N * seq.H, num_v_blocks},
                                         {{"scale", scale}}));
   } else if (segments > 1) {
-    // The segment-parallel forward: each segment's state from zero (and its log-decay per channel),
-    // the states entering the segments in order, then each segment's outputs from its entering state.
-    plan.tensors["segment_states"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K, seq.V});
-    plan.tensors["segment_inputs"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K, seq.V});
-    plan.tensors["segment_decays"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K});
+    // The segment-parallel forward (kernels/common/segments.h), decays per key channel.
     GlaConfig states = cfg, outputs = cfg;
     states.walk = GlaWalk::segment_states;
     outputs.walk = GlaWalk::segment_outputs;
     states.initial_state = states.final_state = outputs.initial_state = outputs.final_state = false;
-    const std::array<int64_t, 3> per_segment = {num_v_blocks, seq.N * seq.H, segments};
-    plan.launches.push_back(plan_launch(plan, cached_gla_kernel(states, GlaKernel::fused), per_segment, {{"scale", scale}}));
-    plan.launches.push_back(
-        plan_launch(plan, cached_segment_combine(combine_config(cfg)), {num_v_blocks, seq.N * seq.H, 1}, {}));
-    plan.launches.push_back(plan_launch(plan, cached_gla_kernel(outputs, GlaKernel::fused), per_segment, {{"scale", scale}}));
+    add_segment_schedule(plan, seq, segments, num_v_blocks, combine_config(cfg), cached_gla_kernel(states, GlaKernel::fused),
+                         cached_gla_kernel(outputs, GlaKernel::fused), {{"scale", scale}});
   } else {
     cfg.segment = 0;
     plan.launches.push_back(plan_launch(plan, cached_gla_kernel(cfg, GlaKernel::fused),

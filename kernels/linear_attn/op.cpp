@@ -171,21 +171,13 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
     cfg.segment = 0;
     plan.launches.push_back(plan_launch(plan, cached_linear_attn_fwd(cfg), {v_blocks, seq.N * seq.H, 1}, {{"scale", scale}}));
   } else {
-    // The segment-parallel forward: each segment's state from zero (and its log-decay), the states
-    // entering the segments in order, then each segment's outputs from its entering state.
-    plan.tensors["segment_states"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K, seq.V});
-    plan.tensors["segment_inputs"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K, seq.V});
-    if (gated) plan.tensors["segment_decays"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H});
+    // The segment-parallel forward (kernels/common/segments.h), decays per head when gated.
     LinearAttnConfig states = cfg, outputs = cfg;
     states.walk = LinearAttnWalk::segment_states;
-    states.initial_state = states.final_state = false;
     outputs.walk = LinearAttnWalk::segment_outputs;
-    outputs.initial_state = outputs.final_state = false;
-    plan.launches.push_back(
-        plan_launch(plan, cached_linear_attn_fwd(states), {v_blocks, seq.N * seq.H, segments}, {{"scale", scale}}));
-    plan.launches.push_back(plan_launch(plan, cached_segment_combine(combine_config(cfg)), {v_blocks, seq.N * seq.H, 1}, {}));
-    plan.launches.push_back(
-        plan_launch(plan, cached_linear_attn_fwd(outputs), {v_blocks, seq.N * seq.H, segments}, {{"scale", scale}}));
+    states.initial_state = states.final_state = outputs.initial_state = outputs.final_state = false;
+    add_segment_schedule(plan, seq, segments, v_blocks, combine_config(cfg), cached_linear_attn_fwd(states),
+                         cached_linear_attn_fwd(outputs), {{"scale", scale}});
   }
   if (wants(wanted, "o")) plan.outputs["o"] = "o";
   if (cfg.final_state) plan.outputs["final_state"] = "final_state";

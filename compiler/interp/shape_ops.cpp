@@ -95,15 +95,12 @@ int64_t origin(const std::vector<int64_t>& offsets, const std::vector<int64_t>& 
   return o;
 }
 
-/// The block of `in` at op.attrs.offsets with the result's shape.
-void slice(const ir::Op& op, const Buffer& in, Buffer& out) {
+/// The block of `in` at `offsets` (op.attrs.offsets plus the dynamic starts) with the result's shape.
+void slice(const ir::Op& op, const Buffer& in, const std::vector<int64_t>& offsets, Buffer& out) {
   const std::vector<int64_t>& from = op.operands[0]->type.shape;
   const std::vector<int64_t>& to = op.result()->type.shape;
-  if (op.attrs.offsets.size() != from.size() || to.size() != from.size()) malformed(op, "offsets or rank differ");
-  for (size_t d = 0; d < to.size(); ++d)
-    if (op.attrs.offsets[d] < 0 || op.attrs.offsets[d] + to[d] > from[d]) malformed(op, "the slice leaves the tile");
   std::vector<int64_t> strides = row_major_strides(from);
-  strided_gather(in.data() + origin(op.attrs.offsets, strides), strides, to, out.data());
+  strided_gather(in.data() + origin(offsets, strides), strides, to, out.data());
 }
 
 /// The operands one after another along op.attrs.axis: [outer, n_i, inner] -> [outer, sum n_i, inner].
@@ -163,6 +160,22 @@ void eval_shape(const ir::Op& op, Frame& f) {
                                           program_context(f)));
     return take(op, f.operand(op, 0), static_cast<int64_t>(index), f.result(op));
   }
+  if (op.code == ir::OpCode::Slice) {
+    const std::vector<int64_t>& from = op.operands[0]->type.shape;
+    const std::vector<int64_t>& to = op.result()->type.shape;
+    if (op.attrs.offsets.size() != from.size() || to.size() != from.size()) malformed(op, "offsets or rank differ");
+    if (op.operands.size() != 1 && op.operands.size() != 1 + from.size()) malformed(op, "expected one start per axis");
+    std::vector<int64_t> offsets = op.attrs.offsets;
+    for (size_t d = 0; d + 1 < op.operands.size(); ++d) {
+      const double start = f.operand(op, d + 1)[0];
+      const double first = static_cast<double>(offsets[d]) + start;
+      if (!(first >= 0 && first + static_cast<double>(to[d]) <= static_cast<double>(from[d])))
+        throw UserError(op.loc, fmt::format("slice: {} elements from {} leave axis {} of size {} ({})", to[d], first, d,
+                                            from[d], program_context(f)));
+      offsets[d] = static_cast<int64_t>(first);
+    }
+    return slice(op, f.operand(op, 0), offsets, f.result(op));
+  }
   if (op.code == ir::OpCode::Concat) return concat(op, f, f.result(op));
   if (op.code == ir::OpCode::Place) {
     if (op.operands.size() != 2) malformed(op, "expected a tile and a block");
@@ -185,8 +198,6 @@ void eval_shape(const ir::Op& op, Frame& f) {
       return;
     case ir::OpCode::Transpose:
       return transpose(op, in, out);
-    case ir::OpCode::Slice:
-      return slice(op, in, out);
     default:
       malformed(op, "not a shape op");
   }

@@ -438,9 +438,18 @@ class OpChecker {
              block, int_list(block_shape), int_list(off), outer.str(), d, off[d], block_shape[d], outer.shape[d]);
   }
 
+  // Operands: the tile, then either nothing or one i32 start per axis added to `offsets` at run time
+  // (the static part must lie inside; the interpreter checks the whole, the GPU does not).
   void check_slice() {
-    expect_counts(1, 1);
+    expect_results(1);
+    if (op_.operands.empty()) expect_operands(1);
     const Type& a = tile_operand("");
+    if (op_.operands.size() != 1 && static_cast<int>(op_.operands.size()) != 1 + a.rank())
+      fail("takes the tile and either no starts or one per axis ({}), got {} operands", a.rank(), op_.operands.size());
+    for (size_t d = 1; d < op_.operands.size(); ++d) {
+      const Type& s = value_operand(d, "a start");
+      if (!s.is_scalar() || s.dtype != DType::i32) fail("start {} must be an i32 scalar, got {}", d - 1, s.str());
+    }
     const Type& r = result_type();
     if (!r.is_tile() || r.rank() != a.rank() || r.dtype != a.dtype)
       fail("result type is {}, expected a tile of rank {} and dtype {} (a slice keeps the rank)", r.str(), a.rank(),

@@ -23,6 +23,7 @@
 
 #include "compiler/ir/printer.h"
 #include "compiler/nvptx/lowering.h"
+#include "compiler/passes/dot_accumulate.h"
 #include "compiler/passes/layout.h"
 #include "compiler/passes/smem_plan.h"
 
@@ -168,7 +169,8 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
   out.tir = ir::print(k);
   out.num_threads = k.num_warps * 32;
   passes::LayoutMap layouts = passes::assign_layouts(k, target.uses_wgmma());
-  out.tir_layouts = passes::print_with_layouts(k, layouts);
+  const passes::DotAccumulators accumulators = passes::find_dot_accumulators(k, layouts);
+  out.tir_layouts = passes::print_with_layouts(k, layouts, &accumulators);
   if (last == Stage::layouts) return out;
   passes::SmemPlan plan = passes::plan_shared_memory(k, layouts, passes::plan_pipelining(k), target.max_smem_bytes(),
                                                      target.dots());
@@ -184,7 +186,7 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
   m->setTargetTriple(triple);
   m->addModuleFlag(llvm::Module::Warning, "Debug Info Version", llvm::DEBUG_METADATA_VERSION);
   // The lowering runs even under an override: its parameter list is the launch ABI.
-  KernelLowering(k, layouts, plan, *m, &out.params).run();
+  KernelLowering(k, layouts, accumulators, plan, *m, &out.params).run();
   std::string err;
   llvm::raw_string_ostream es(err);
   if (llvm::verifyModule(*m, &es))

@@ -79,6 +79,13 @@ void KernelLowering::lower_dot(const ir::Op& op) {
     return b_.CreateLoad(llvm_type(o.buf->type.dtype), o.transposed ? stored_addr(o, j, i) : stored_addr(o, i, j));
   };
 
+  // Where the dot absorbs `acc + dot` (passes::find_dot_accumulators), its accumulators start at acc.
+  const auto absorbed = accumulators_.acc_of_dot.find(&op);
+  const bool accumulate = absorbed != accumulators_.acc_of_dot.end();
+  auto initial_accumulators = [&] {
+    return accumulate ? get_in_layout(absorbed->second, l) : Regs(l.regs_per_thread(), llvm::ConstantFP::get(f32, 0.0));
+  };
+
   const bool tensor_cores = (in == DType::bf16 || in == DType::f16) && l.kind == Layout::Kind::Mma && K % 16 == 0;
   const bool tf32x3 = k_.tensor_core_f32 && in == DType::f32 && l.kind == Layout::Kind::Mma && K % 8 == 0;
   if (!tensor_cores && !tf32x3) {
@@ -87,7 +94,7 @@ void KernelLowering::lower_dot(const ir::Op& op) {
     int n = out_l.regs_per_thread();
     std::vector<Coords> cs;
     for (int r = 0; r < n; ++r) cs.push_back(coords_of(out_l, r));
-    std::vector<llvm::Value*> init(n, llvm::ConstantFP::get(f32, 0.0));
+    std::vector<llvm::Value*> init = initial_accumulators();
     auto accs = emit_counted_loop(i32(0), i32(K), init, [&](llvm::Value* kk, const std::vector<llvm::Value*>& cur) {
       std::vector<llvm::Value*> next(n);
       for (int r = 0; r < n; ++r) {
@@ -174,7 +181,7 @@ void KernelLowering::lower_dot(const ir::Op& op) {
     return i32s(b_.CreateIntrinsic(id, {addr->getType()}, {addr}), count);
   };
 
-  std::vector<llvm::Value*> acc(mt * nt * 4, llvm::ConstantFP::get(f32, 0.0));
+  std::vector<llvm::Value*> acc = initial_accumulators();
   // A's fragments of the 16-deep step at k0, one per 16-row tile of this warp: a0 rows 0-7/k 0-7, a1
   // rows 8-15/k 0-7, a2 rows 0-7/k 8-15, a3 rows 8-15/k 8-15 (as mma.sync and wgmma take them).
   auto a_fragments = [&](int64_t k0) {
@@ -199,7 +206,7 @@ void KernelLowering::lower_dot(const ir::Op& op) {
     // The first row of this warpgroup's 64 in tile tm: its warps are 4 consecutive along M.
     llvm::Value* wg_base = b_.CreateMul(b_.CreateUDiv(w.m, i32(4)), i32(64));
     auto wg_row = [&](int64_t tm) { return b_.CreateAdd(wg_base, i32(tm * 16 * l.wm)); };
-    regs_[op.result()] = lower_wgmma(wgmma->second, in, K, N / l.wn, mt, n_base, wg_row, acc, a_fragments);
+    regs_[op.result()] = lower_wgmma(wgmma->second, in, K, N / l.wn, mt, n_base, wg_row, acc, accumulate, a_fragments);
     return;
   }
   const auto mma_id = in == DType::bf16 ? llvm::Intrinsic::nvvm_mma_m16n8k16_row_col_bf16
@@ -246,7 +253,7 @@ void KernelLowering::lower_dot(const ir::Op& op) {
 
 std::vector<llvm::Value*> KernelLowering::lower_wgmma(
     const passes::WgmmaDot& d, DType in, int64_t K, int64_t n_wg, int64_t mt, llvm::Value* n_base,
-    const std::function<llvm::Value*(int64_t)>& wg_row, std::vector<llvm::Value*> acc,
+    const std::function<llvm::Value*(int64_t)>& wg_row, std::vector<llvm::Value*> acc, bool accumulate,
     const std::function<std::vector<std::vector<llvm::Value*>>(int64_t)>& a_fragments) {
   // An operand's matrix descriptor at depth 0 for the rows or columns from `mn` (this warpgroup's): the
   // shared address of its first element (passed as 32 bits, the descriptor made in the instruction's
@@ -315,7 +322,7 @@ std::vector<llvm::Value*> KernelLowering::lower_wgmma(
   };
 
   // Issued back to back, then waited for as a group: the accumulators are this dot's result. Where the
-  // first step does not add, the accumulators' values going in do not matter. wgmma.fence orders the
+  // first step does not add (no `accumulate`), the accumulators' values going in do not matter. wgmma.fence orders the
   // registers' earlier writes before the instructions that read them: once before the first, and
   // after each step's ldmatrix of A (an A fragment written after the fence is undefined to wgmma: the
   // GPU test's products came out wrong without it).
@@ -336,8 +343,9 @@ std::vector<llvm::Value*> KernelLowering::lower_wgmma(
       if (a_smem) args = {a_desc[tm]};
       else args = {afrag[tm][0], afrag[tm][1], afrag[tm][2], afrag[tm][3]};
       args.push_back(b_desc);
-      args.push_back(i32(k0 > 0));
-      for (int q = 0; q < nacc; ++q) args.push_back(k0 > 0 ? acc[tm * nacc + q] : llvm::UndefValue::get(f32));
+      const bool add = accumulate || k0 > 0;
+      args.push_back(i32(add));
+      for (int q = 0; q < nacc; ++q) args.push_back(add ? acc[tm * nacc + q] : llvm::UndefValue::get(f32));
       llvm::Value* r = b_.CreateCall(fty, mma, args);
       for (int q = 0; q < nacc; ++q) acc[tm * nacc + q] = b_.CreateExtractValue(r, q);
     }

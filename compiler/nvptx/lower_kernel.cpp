@@ -12,9 +12,10 @@ using ir::OpCode;
 using passes::Layout;
 using passes::ValueClass;
 
-KernelLowering::KernelLowering(const ir::Kernel& k, const passes::LayoutMap& layouts, const passes::SmemPlan& smem,
-                               llvm::Module& m, std::vector<KernelParamInfo>* abi)
-    : k_(k), layouts_(layouts), smem_(smem), m_(m), ctx_(m.getContext()), b_(m.getContext()), abi_(abi) {}
+KernelLowering::KernelLowering(const ir::Kernel& k, const passes::LayoutMap& layouts,
+                               const passes::DotAccumulators& accumulators, const passes::SmemPlan& smem, llvm::Module& m,
+                               std::vector<KernelParamInfo>* abi)
+    : k_(k), layouts_(layouts), accumulators_(accumulators), smem_(smem), m_(m), ctx_(m.getContext()), b_(m.getContext()), abi_(abi) {}
 
 llvm::Type* KernelLowering::llvm_type(DType t) {
   switch (t) {
@@ -127,9 +128,9 @@ void KernelLowering::run() {
 
 void KernelLowering::barrier() {
   b_.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_all, {i32(0)});
-  smem_written_.clear();
-  smem_read_.clear();
-  smem_unknown_ = false;
+  hazards_ = {};
+  for (LoopHead& head : loop_heads_)
+    if (head.depth == region_depth_) head.open = false;
 }
 
 namespace {
@@ -139,6 +140,16 @@ bool overlaps(const std::vector<std::pair<int64_t, int64_t>>& ranges, std::pair<
   return false;
 }
 }  // namespace
+
+bool KernelLowering::SmemHazards::conflicts(const std::vector<ByteRange>& reads,
+                                            const std::vector<ByteRange>& writes) const {
+  if (unknown && !(reads.empty() && writes.empty())) return true;
+  for (const ByteRange& r : reads)
+    if (overlaps(written, r)) return true;
+  for (const ByteRange& w : writes)
+    if (overlaps(read, w) || overlaps(written, w)) return true;
+  return false;
+}
 
 void KernelLowering::wait_prefetched_loads() {
   b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(0)});
@@ -152,13 +163,15 @@ void KernelLowering::before_smem_access(const std::vector<ByteRange>& reads, con
   for (const ByteRange& r : reads) in_flight = in_flight || overlaps(prefetch_in_flight_, r);
   for (const ByteRange& w : writes) in_flight = in_flight || overlaps(prefetch_in_flight_, w);
   if (in_flight) wait_prefetched_loads();
-  bool wait = smem_unknown_;
-  for (const ByteRange& r : reads) wait = wait || overlaps(smem_written_, r);
-  for (const ByteRange& w : writes) wait = wait || overlaps(smem_read_, w) || overlaps(smem_written_, w);
-  if (wait) barrier();
+  if (hazards_.conflicts(reads, writes)) barrier();
   // Registered only after the barrier: every access announced here is emitted after it.
-  smem_read_.insert(smem_read_.end(), reads.begin(), reads.end());
-  smem_written_.insert(smem_written_.end(), writes.begin(), writes.end());
+  hazards_.read.insert(hazards_.read.end(), reads.begin(), reads.end());
+  hazards_.written.insert(hazards_.written.end(), writes.begin(), writes.end());
+  for (LoopHead& head : loop_heads_) {
+    if (!head.open) continue;
+    head.reads.insert(head.reads.end(), reads.begin(), reads.end());
+    head.writes.insert(head.writes.end(), writes.begin(), writes.end());
+  }
 }
 
 void KernelLowering::before_smem_write(ByteRange r) { before_smem_access({}, {r}); }
@@ -238,6 +251,10 @@ void KernelLowering::lower_op(const ir::Op& op) {
   // Tiles: rematerialized and view values are evaluated where used; data values are computed now.
   ValueClass c = cls(op.result());
   if (c == ValueClass::Remat || c == ValueClass::View) return;
+  if (auto absorbed = accumulators_.dot_of_add.find(&op); absorbed != accumulators_.dot_of_add.end()) {
+    regs_[op.result()] = regs_.at(absorbed->second->result());  // the dot accumulated into its operand
+    return;
+  }
   if (ir::is_elementwise(op.code)) {
     lower_data_elementwise(op);
     return;
@@ -540,7 +557,7 @@ void KernelLowering::lower_for(const ir::Op& op) {
   auto* header = llvm::BasicBlock::Create(ctx_, "for", fn_);
   auto* body_bb = llvm::BasicBlock::Create(ctx_, "for.body", fn_);
   auto* exit = llvm::BasicBlock::Create(ctx_, "for.exit", fn_);
-  b_.CreateBr(header);
+  llvm::Instruction* enter = b_.CreateBr(header);
   b_.SetInsertPoint(header);
   llvm::PHINode* iv = b_.CreatePHI(b_.getInt32Ty(), 2, "iv");
   iv->addIncoming(lo, pre);
@@ -558,7 +575,14 @@ void KernelLowering::lower_for(const ir::Op& op) {
   }
   b_.CreateCondBr(b_.CreateICmpSLT(iv, hi), body_bb, exit);
   b_.SetInsertPoint(body_bb);
-  assume_smem_hazards();  // the loop header joins the entry with the back edge
+  // The header joins the entry with the back edge. The body is lowered as if it started after a
+  // barrier, recording what it accesses before its first barrier on every path (its head); once its
+  // end is known, a barrier goes where the head conflicts with what is pending: before the loop (the
+  // entry's accesses) or at the end of the body (the previous iteration's). A body that only reads a
+  // buffer written before the loop then runs without a barrier of its own.
+  SmemHazards at_entry = std::move(hazards_);
+  hazards_ = {};
+  loop_heads_.push_back(LoopHead{.depth = ++region_depth_, .open = true, .reads = {}, .writes = {}});
   // Inside the loop the thread id is read anew, opaquely: otherwise LLVM hoists every per-element
   // address (all loop-invariant functions of tid) out of the loop, and each then occupies a register
   // for the whole loop (255 registers and spills on the linear-attention kernel). Recomputed in the
@@ -589,13 +613,25 @@ void KernelLowering::lower_for(const ir::Op& op) {
   set_location(yield.loc);
   std::vector<Regs> next;
   for (size_t i = 0; i < op.results.size(); ++i) next.push_back(get_in_layout(yield.operands[i], layout(body.args[i + 1])));
+  const LoopHead head = std::move(loop_heads_.back());
+  loop_heads_.pop_back();
+  if (hazards_.conflicts(head.reads, head.writes)) barrier();  // at the end of the body, before the back edge
+  --region_depth_;
+  if (at_entry.conflicts(head.reads, head.writes)) {
+    llvm::IRBuilder<> before_loop(enter);
+    before_loop.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_all, {i32(0)});
+    at_entry = {};
+  }
   llvm::BasicBlock* latch = b_.GetInsertBlock();
   iv->addIncoming(b_.CreateAdd(iv, step), latch);
   for (size_t i = 0; i < op.results.size(); ++i)
     for (size_t r = 0; r < phis[i].size(); ++r) phis[i][r]->addIncoming(next[i][r], latch);
   b_.CreateBr(header);
   b_.SetInsertPoint(exit);
-  assume_smem_hazards();
+  // The exit is reached from the entry (no iteration) or from the end of the body.
+  hazards_.written.insert(hazards_.written.end(), at_entry.written.begin(), at_entry.written.end());
+  hazards_.read.insert(hazards_.read.end(), at_entry.read.begin(), at_entry.read.end());
+  hazards_.unknown = hazards_.unknown || at_entry.unknown;
   tid_ = outer_tid;
   if (!async_loads.empty()) {
     // The copies issued for the iteration past the end are still in flight: drain them before the
@@ -615,6 +651,7 @@ void KernelLowering::lower_if(const ir::Op& op) {
   b_.CreateCondBr(cond, then_bb, else_bb);
   std::vector<std::pair<std::vector<Regs>, llvm::BasicBlock*>> arms;
   llvm::BasicBlock* blocks[] = {then_bb, else_bb};
+  ++region_depth_;  // a barrier in one arm is not on every path
   for (size_t a = 0; a < 2; ++a) {
     b_.SetInsertPoint(blocks[a]);
     assume_smem_hazards();
@@ -628,6 +665,7 @@ void KernelLowering::lower_if(const ir::Op& op) {
     arms.push_back({vals, b_.GetInsertBlock()});
     b_.CreateBr(merge);
   }
+  --region_depth_;
   b_.SetInsertPoint(merge);
   assume_smem_hazards();
   for (size_t i = 0; i < op.results.size(); ++i) {

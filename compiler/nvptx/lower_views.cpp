@@ -37,10 +37,12 @@ std::pair<const ir::Value*, Coords> KernelLowering::view_source(const ir::Op& op
       s.insert(s.begin() + op.attrs.axis, scalar(op.operands[1]));
       return {src, s};
     }
-    case OpCode::Slice: {
+    case OpCode::Slice: {  // static offsets, plus one start per axis where they are dynamic
       Coords s = c;
-      for (size_t d = 0; d < c.size(); ++d)
-        if (op.attrs.offsets[d]) s[d] = b_.CreateAdd(c[d], i32(op.attrs.offsets[d]));
+      for (size_t d = 0; d < c.size(); ++d) {
+        if (op.attrs.offsets[d]) s[d] = b_.CreateAdd(s[d], i32(op.attrs.offsets[d]));
+        if (op.operands.size() > 1) s[d] = b_.CreateAdd(s[d], scalar(op.operands[d + 1]));
+      }
       return {src, s};
     }
     case OpCode::Reshape: {

@@ -17,6 +17,7 @@
 
 #include "compiler/ir/ir.h"
 #include "compiler/nvptx/codegen.h"
+#include "compiler/passes/dot_accumulate.h"
 #include "compiler/passes/layout.h"
 #include "compiler/passes/smem_plan.h"
 
@@ -35,8 +36,8 @@ struct TensorView {
 
 class KernelLowering {
  public:
-  KernelLowering(const ir::Kernel& k, const passes::LayoutMap& layouts, const passes::SmemPlan& smem,
-                 llvm::Module& m, std::vector<KernelParamInfo>* abi);
+  KernelLowering(const ir::Kernel& k, const passes::LayoutMap& layouts, const passes::DotAccumulators& accumulators,
+                 const passes::SmemPlan& smem, llvm::Module& m, std::vector<KernelParamInfo>* abi);
   void run();
 
  private:
@@ -82,7 +83,7 @@ class KernelLowering {
   void before_smem_write(ByteRange bytes);
   void before_smem_read(ByteRange bytes);
   /// At control-flow joins the state of the paths is unknown: assume every hazard.
-  void assume_smem_hazards() { smem_unknown_ = true; }
+  void assume_smem_hazards() { hazards_.unknown = true; }
   /// Emits `for (j = lo; j < hi; ++j) accs = body(j, accs)` as an LLVM loop; returns the final accs.
   std::vector<llvm::Value*> emit_counted_loop(llvm::Value* lo, llvm::Value* hi, std::vector<llvm::Value*> init,
                                               const std::function<std::vector<llvm::Value*>(llvm::Value*, const std::vector<llvm::Value*>&)>& body);
@@ -130,10 +131,10 @@ class KernelLowering {
   /// The accumulators `acc` (mt x N/8 tiles of this warp) after a dot on wgmma (passes::WgmmaDot): K/16
   /// steps of wgmma.mma_async m64nNk16 (N = n_wg, this warpgroup's columns from n_base) per 16-row tile
   /// tm (this warpgroup's 64 rows from wg_row(tm)); A from shared memory, or its fragments from
-  /// `a_fragments(k0)`.
+  /// `a_fragments(k0)`. With `accumulate` the first step adds to `acc` as it comes in.
   std::vector<llvm::Value*> lower_wgmma(const passes::WgmmaDot& d, DType in, int64_t K, int64_t n_wg, int64_t mt,
                                         llvm::Value* n_base, const std::function<llvm::Value*(int64_t)>& wg_row,
-                                        std::vector<llvm::Value*> acc,
+                                        std::vector<llvm::Value*> acc, bool accumulate,
                                         const std::function<std::vector<std::vector<llvm::Value*>>(int64_t)>& a_fragments);
 
   // lower_reduce.cpp
@@ -153,6 +154,7 @@ class KernelLowering {
 
   const ir::Kernel& k_;
   const passes::LayoutMap& layouts_;
+  const passes::DotAccumulators& accumulators_;
   const passes::SmemPlan& smem_;
   llvm::Module& m_;
   llvm::LLVMContext& ctx_;
@@ -165,9 +167,24 @@ class KernelLowering {
   std::map<const ir::Value*, TensorView> tensors_;
   std::map<const ir::Value*, llvm::Value*> stage_base_;
   std::set<const ir::Value*> read_write_tensors_;  // tensors the kernel both loads and stores
-  std::vector<ByteRange> smem_written_;  // shared-memory bytes written since the last barrier
-  std::vector<ByteRange> smem_read_;     // and read
-  bool smem_unknown_ = false;            // after a join: anything may be pending
+  /// The shared-memory accesses since the last barrier (what the next access may conflict with).
+  struct SmemHazards {
+    std::vector<ByteRange> written, read;
+    bool unknown = false;  // after a join whose paths are not tracked: anything may be pending
+    /// Whether accessing `reads` and `writes` now needs a barrier first (RAW, WAR, WAW).
+    bool conflicts(const std::vector<ByteRange>& reads, const std::vector<ByteRange>& writes) const;
+    bool empty() const { return written.empty() && read.empty() && !unknown; }
+  };
+  SmemHazards hazards_;
+  /// A loop body's accesses before its first barrier on every path: what the hazards at the loop's
+  /// entry and at the end of its body (the previous iteration's) must be checked against (lower_for).
+  struct LoopHead {
+    int depth;         // the body's region depth: only a barrier at that depth is on every path
+    bool open = true;  // no such barrier yet
+    std::vector<ByteRange> reads, writes;
+  };
+  std::vector<LoopHead> loop_heads_;  // of the loops being lowered, innermost last
+  int region_depth_ = 0;              // loop bodies and branch arms entered
   std::vector<ByteRange> prefetch_in_flight_;  // buffers of prefetched loads not yet waited for
   // Debug info: DSL lines become PTX .loc directives.
   std::unique_ptr<llvm::DIBuilder> di_;

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "compiler/ir/printer.h"
+#include "compiler/passes/dot_accumulate.h"
 
 namespace linac::passes {
 
@@ -324,8 +325,10 @@ class LayoutAssigner {
       // Elementwise ops keep their operands' layout (mma first: it anchors the dot chains) so that a
       // chain of casts and math never moves data between threads.
       const Layout* chosen = nullptr;
-      // Among blocked data operands, computed values win over loaded ones (the loads then follow).
-      bool chosen_loaded = false;
+      // Among blocked data operands, computed values win over loaded ones (the loads then follow) and
+      // over loop-carried ones (whose layout is whatever the loop's yield has: an accumulator
+      // `acc + x` then takes x's layout instead of converting x to the layout acc started in).
+      bool chosen_follows = false;
       for (ir::Value* v : op.operands) {
         auto it = out_.find(v);
         if (it == out_.end() || it->second.shape != t.shape) continue;
@@ -333,9 +336,11 @@ class LayoutAssigner {
           chosen = &it->second;
           break;
         }
-        if (it->second.kind == Layout::Kind::Blocked && is_data(v) && (!chosen || (chosen_loaded && !load_rooted(v)))) {
+        const bool follows = load_rooted(v) || (!v->def && v->owner && v->owner->parent &&
+                                                v->owner->parent->code == OpCode::For);
+        if (it->second.kind == Layout::Kind::Blocked && is_data(v) && (!chosen || (chosen_follows && !follows))) {
           chosen = &it->second;
-          chosen_loaded = load_rooted(v);
+          chosen_follows = follows;
         }
       }
       if (chosen) {
@@ -365,11 +370,14 @@ class LayoutAssigner {
 
 LayoutMap assign_layouts(const ir::Kernel& k, bool warpgroups) { return LayoutAssigner(k, warpgroups).run(); }
 
-std::string print_with_layouts(const ir::Kernel& k, const LayoutMap& layouts) {
+std::string print_with_layouts(const ir::Kernel& k, const LayoutMap& layouts, const DotAccumulators* accumulators) {
   return ir::print(k, [&](const ir::Value* v) -> std::string {
     auto it = layouts.find(v);
     if (it == layouts.end() || it->second.kind == Layout::Kind::Uniform) return "";
-    return it->second.str();
+    std::string s = it->second.str();
+    if (accumulators && v->def && accumulators->acc_of_dot.count(v->def)) s += " (accumulates)";
+    if (accumulators && v->def && accumulators->dot_of_add.count(v->def)) s += " (accumulated by the dot)";
+    return s;
   });
 }
 

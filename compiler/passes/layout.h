@@ -89,7 +89,12 @@ using LayoutMap = std::map<const ir::Value*, Layout>;
 /// `warpgroups`: the target runs dots on warpgroups (sm_90a), whose mma layouts place warps so.
 LayoutMap assign_layouts(const ir::Kernel& k, bool warpgroups = false);
 
-/// The kernel's IR text with each result annotated by its layout (the dump of this pass).
-std::string print_with_layouts(const ir::Kernel& k, const LayoutMap& layouts);
+struct DotAccumulators;
+
+/// The kernel's IR text with each result annotated by its layout (the dump of this pass), and where
+/// `accumulators` is given, the dots that accumulate in place (dot_accumulate.h) marked "(accumulates)"
+/// and the adds they absorb "(accumulated by the dot)".
+std::string print_with_layouts(const ir::Kernel& k, const LayoutMap& layouts,
+                               const DotAccumulators* accumulators = nullptr);
 
 }  // namespace linac::passes

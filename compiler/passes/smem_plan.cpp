@@ -77,12 +77,13 @@ class Planner {
       return all_remat ? ValueClass::Remat : ValueClass::View;
     }
     if (ir::is_elementwise(op.code)) {
-      bool all_remat = true;
-      for (const ir::Value* o : op.operands) {
-        ValueClass c = plan_.classes.at(o);
-        all_remat &= c == ValueClass::Remat || c == ValueClass::Scalar;
-      }
-      return all_remat ? ValueClass::Remat : ValueClass::Data;
+      // Math on index math and views (no operand computed into registers) is evaluated where it is
+      // used, as the layout pass assumes (it gives such values no layout of their own to convert from):
+      // a cast of a slice multiplied with a data tile reads the slice's source at the data tile's
+      // coordinates, with no copy of the cast through shared memory.
+      bool any_data = false;
+      for (const ir::Value* o : op.operands) any_data |= plan_.classes.at(o) == ValueClass::Data;
+      return any_data ? ValueClass::Data : ValueClass::Remat;
     }
     return ValueClass::Data;
   }
@@ -110,8 +111,9 @@ class Planner {
   ValueClass cls(const ir::Value* v) const { return plan_.classes.at(v); }
 
   void need_smem(const ir::Value* v) {
-    if (cls(v) == ValueClass::View) {
-      // A view consumed as a whole (dot operand, reduction) is materialized from its sources.
+    if (cls(v) == ValueClass::View || cls(v) == ValueClass::Remat) {
+      // A view, or math on views, consumed as a whole (dot operand, reduction) is materialized from
+      // its sources.
       for (const ir::Value* o : v->def->operands) need_eval(o);
     }
     spilled_.insert(v);
@@ -138,14 +140,15 @@ class Planner {
 
   void note_use(const ir::Value* v, const ir::Op& op) {
     uses_[v].push_back(&op);
-    if (!v->type.is_tensor() && cls(v) == ValueClass::View)
+    if (!v->type.is_tensor() && (cls(v) == ValueClass::View || cls(v) == ValueClass::Remat))
       for (const ir::Value* o : v->def->operands) note_use(o, op);
   }
 
   void mark_op(const ir::Op& op) {
-    // A view (expand_dims, broadcast, reshape, transpose, take, slice, concat, place) reads its sources
-    // wherever it is used, so a use of the view is a use of every value down its chains: the sources'
-    // buffers must stay live (regression: tests/python/test_smem_plan.py, a view made early and used late).
+    // A view (expand_dims, broadcast, reshape, transpose, take, slice, concat, place), and math on views
+    // and index math, reads its sources wherever it is used, so a use of it is a use of every value down
+    // its chains: the sources' buffers must stay live (regression: tests/python/test_smem_plan.py, a view
+    // made early and used late).
     for (const ir::Value* v : op.operands) note_use(v, op);
     switch (op.code) {
       case OpCode::Dot:
@@ -382,6 +385,7 @@ std::optional<DotOperandInPlace> dot_operand_in_place(const ir::Value* v,
   while (u->def && classes.at(u) == ValueClass::View && u->type.rank() == 2) {
     const ir::Op& op = *u->def;
     if (op.code == OpCode::Slice) {
+      if (op.operands.size() > 1) return std::nullopt;  // a start known at run time
       r.row0 += op.attrs.offsets[0];
       r.col0 += op.attrs.offsets[1];
     } else if (op.code == OpCode::Transpose) {

@@ -31,7 +31,7 @@ namespace linac::passes {
 /// How the lowering computes a value.
 enum class ValueClass : uint8_t {
   Scalar,  // a uniform scalar, computed once per program
-  Remat,   // index math: recomputed from coordinates where used
+  Remat,   // index math, and math on views and index math: recomputed from coordinates where used
   View,    // a view op (expand_dims, ..., slice, concat, place) over data: evaluated through its sources' buffers
   Data,    // held in registers in its layout
 };

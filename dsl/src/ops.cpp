@@ -294,6 +294,25 @@ Tile slice(const Tile& x, int axis, int64_t start, int64_t size, Loc loc) {
   return Tile(emit1(OpCode::Slice, {x.value()}, Type::tile(ty.dtype, std::move(shape)), attrs, loc));
 }
 
+Tile slice(const Tile& x, int axis, const Tile& start, int64_t size, Loc loc) {
+  const Type& ty = type_of(x, loc);
+  if (ty.is_scalar()) throw UserError(sl(loc), "slice: the operand is a scalar, not a tile");
+  const Type& ts = type_of(start, loc);
+  if (!ts.is_scalar() || ts.dtype != DType::i32)
+    throw UserError(sl(loc), fmt::format("slice: the start must be an i32 scalar, got {}", ts.str()));
+  const int a = normalize_axis(axis, ty.rank(), loc, "slice");
+  if (size < 1 || size > ty.shape[a])
+    throw UserError(sl(loc), fmt::format("slice: {} elements do not fit axis {} of {} (size {})", size, a, ty.str(),
+                                         ty.shape[a]));
+  ir::Attrs attrs;
+  attrs.offsets.assign(ty.shape.size(), 0);
+  std::vector<ir::Value*> operands = {x.value()};
+  for (int d = 0; d < ty.rank(); ++d) operands.push_back(d == a ? start.value() : constant(0, DType::i32, loc).value());
+  std::vector<int64_t> shape = ty.shape;
+  shape[a] = size;
+  return Tile(emit1(OpCode::Slice, operands, Type::tile(ty.dtype, std::move(shape)), attrs, loc));
+}
+
 Tile concat(const std::vector<Tile>& parts, int axis, Loc loc) {
   if (parts.empty()) throw UserError(sl(loc), "concat: no tiles to join");
   std::vector<ir::Value*> operands;

@@ -21,6 +21,9 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
   KernelBuilder kb(states_only ? "linear_attn_segment_states" : "linear_attn_fwd");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
+  // One block per SM is enough for ptxas: left to choose, it held the sm_80 form to 128 registers
+  // (four blocks) and spilled once its products accumulated in place.
+  kb.set_min_ctas_per_sm(1);
   auto [q, k, v] = declare_qkv(kb, dt);
   Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
   const bool h0_in = cfg.initial_state && cfg.walk == LinearAttnWalk::sequence;

@@ -1,5 +1,7 @@
 #include "kernels/poly/fwd.h"
 
+#include <cmath>
+
 #include "kernels/common/prologue.h"
 #include "kernels/poly/features.h"
 #include "linac/dsl.h"
@@ -77,7 +79,10 @@ std::shared_ptr<ir::Kernel> build_poly_sums(const PolyConfig& cfg, bool backward
   };
 
   auto degree2 = [&] {
-    Tile roll = roll_matrix(BK, x.dim(3), i_f, dt);
+    // X rolled by m: with K == BK a slice of [X X] (reads of X's shared copy), else a product with the
+    // roll matrix.
+    Tile roll = cfg.exact_k ? Tile() : roll_matrix(BK, x.dim(3), i_f, dt);
+    auto rolled = [&](const Tile& X) { return cfg.exact_k ? slice(concat({X, X}, 1), 1, i_f, BK).to(f32) : dot(X, roll); };
     Tile column0 = expand_dims(iota(kSumColumns), 0) == 0;
     Tile S = zeros({BK, BV}, f32);
     Tile Z = zeros({BK, kSumColumns}, f32);  // column 0: phi^T w (normalize)
@@ -86,7 +91,7 @@ std::shared_ptr<ir::Kernel> build_poly_sums(const PolyConfig& cfg, bool backward
     over_chunks(
         [&](Tile t0) {
           Tile X = chunk_of(x, t0, 0, BK);
-          Tile phi_t = (X.to(f32) * dot(X, roll)).to(dt).T();  // x_j x_{(j+m) mod K}, transposed
+          Tile phi_t = (X.to(f32) * rolled(X)).to(dt).T();  // x_j x_{(j+m) mod K}, transposed
           S = S + dot(phi_t, chunk_of(y, t0, v0, BV));
           if (cfg.normalize) Z = Z + dot(phi_t, where(column0, expand_dims(weights(t0), 1), 0.0f).to(dt));
         },
@@ -211,30 +216,44 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
   auto state = [&](const Operand& block) {
     return load(states, {row, ch.i_h, block, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
   };
-  auto zstate = [&](const Operand& block) { return load(zstates, {row, ch.i_h, block, 0}, {kIndex, kIndex, kIndex, BK}); };
 
-  // Everything before the segment, from its stored states.
+  // Everything before the segment, from its stored states. The normalizer's share of every feature
+  // block, phi z_m, is summed elementwise over the blocks and reduced along K once after them; the z of
+  // all blocks are loaded once (rows of Z) and read by row inside the loop.
   Tile O = zeros({BT, BV}, f32);
-  Tile den = zeros({BT}, f32);
+  Tile den_terms = zeros({BT, BK}, f32);  // sum over blocks of phi_m(q) (*) z_m (normalize)
+  Tile Z;
+  if (cfg.normalize) {
+    const int64_t rows = int64_t{1} << static_cast<int>(std::ceil(std::log2(poly_feature_blocks(cfg))));
+    Z = load(zstates, {row, ch.i_h, 0, 0}, {kIndex, kIndex, rows, BK});
+  }
+  auto z_row = [&](const Tile& block) { return slice(Z, 0, block, 1); };  // [1, BK]
   if (deg2 > 0) {
-    Tile roll1 = roll_matrix(BK, Kdim, constant(1, DType::i32), dt);
-    Tile Qr = Q;  // Q rolled by m
-    std::vector<Tile*> carried = {&O, &Qr};
-    if (cfg.normalize) carried.push_back(&den);
+    // Q rolled by m: with K == BK a slice of [Q Q] at column m (reads of Q's shared copy), else Q
+    // rolled one more column each time by a product with the roll matrix.
+    const bool by_slice = cfg.exact_k;
+    Tile QQ = by_slice ? concat({Q, Q}, 1) : Tile();
+    Tile roll1 = by_slice ? Tile() : roll_matrix(BK, Kdim, constant(1, DType::i32), dt);
+    Tile Qr = Q;
+    std::vector<Tile*> carried = {&O};
+    if (!by_slice) carried.push_back(&Qr);
+    if (cfg.normalize) carried.push_back(&den_terms);
     Tile c2 = cc * scale * scale;
     for_range_carrying(0, Kdim / 2 + 1, [&](Tile m) {
-      Tile phi = Qf * Qr.to(f32) * (degree2_weight(m, Kdim) * c2);
+      Tile rolled = by_slice ? slice(QQ, 1, m, BK) : Qr;
+      Tile phi = Qf * rolled.to(f32) * (degree2_weight(m, Kdim) * c2);
       O = O + dot(phi.to(dt), state(m));
-      if (cfg.normalize) den = den + sum(phi * expand_dims(zstate(m), 0), 1);
-      Qr = roll_by_one(cfg, Qr, roll1, /*right=*/false);
+      if (cfg.normalize) den_terms = den_terms + phi * z_row(m);
+      if (!by_slice) Qr = roll_by_one(cfg, Qr, roll1, /*right=*/false);
     }, carried);
   }
   Tile b1 = cb * scale;
   O = O + dot(Q, state(deg2)) * b1;
   O = O + expand_dims(load(states, {row, ch.i_h, deg2 + 1, 0, v0}, {kIndex, kIndex, kIndex, kIndex, BV}).to(f32) * ca, 0);
+  Tile den;
   if (cfg.normalize) {
-    den = den + sum(Qf * expand_dims(zstate(deg2) * b1, 0), 1);
-    den = den + load(zstates, {row, ch.i_h, deg2 + 1, 0}, {kIndex, kIndex, kIndex, kIndex}) * ca;  // a per token
+    den_terms = den_terms + Qf * z_row(constant(deg2, DType::i32)) * b1;
+    den = sum(den_terms, 1) + take(take(Z, constant(deg2 + 1, DType::i32), 0), 0, 0) * ca;  // a per token
   }
 
   // The segment's own chunks up to this one, directly: f on the scores, causal inside this chunk.

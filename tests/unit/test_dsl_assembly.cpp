@@ -204,3 +204,60 @@ TEST_CASE("dsl assembly: the guide's block matrix, on the interpreter and to PTX
   CHECK(worst < 1e-5);
   CHECK(rt::compile(*kernel, rt::Arch::sm_90a).ptx.find(".entry guide_blocks") != std::string::npos);
 }
+
+namespace {
+
+/// Block m of o ([n * 16, 16]) is X * roll_left(X, m) for m < n (the poly kernel's degree-2 features):
+/// the roll is a slice of [X X] at a start known at run time, inside a loop.
+std::shared_ptr<ir::Kernel> rolled_products() {
+  KernelBuilder kb("rolled_products");
+  Tensor x = kb.tensor("x", DType::f32, 2);
+  Tensor o = kb.tensor("o", DType::f32, 2);
+  Tile X = load(x, {0, 0}, {16, 16});
+  Tile XX = concat({X, X}, 1);
+  for_range(0, o.dim(0) / 16, [&](Tile m) { store(o, {m * 16, 0}, {16, 16}, X * slice(XX, 1, m, 16)); });
+  return kb.finish();
+}
+
+}  // namespace
+
+TEST_CASE("dsl assembly: a slice at a start known at run time rolls a tile, on the interpreter and to PTX") {
+  auto k = rolled_products();
+  std::vector<float> x(16 * 16);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.41 * static_cast<double>(i)));
+  std::vector<float> o(18 * 16 * 16, -7.0f);
+  auto run_blocks = [&](int64_t blocks) {
+    rt::run(*k, rt::Grid{1},
+            {{"x", rt::TensorView::of(x.data(), {16, 16})}, {"o", rt::TensorView::of(o.data(), {blocks * 16, 16})}},
+            rt::Device::cpu);
+  };
+  run_blocks(17);  // m = 16 is the last start inside [X X]
+  for (int m = 0; m < 17; ++m)
+    for (int r = 0; r < 16; ++r)
+      for (int c = 0; c < 16; ++c) {
+        CAPTURE(m);
+        CAPTURE(r);
+        CAPTURE(c);
+        CHECK(o[(m * 16 + r) * 16 + c] == x[r * 16 + c] * x[r * 16 + (c + m) % 16]);
+      }
+  // m = 17 starts the slice one column past [X X]'s last 16: the interpreter names the slice.
+  CHECK_THROWS_WITH_AS(run_blocks(18), doctest::Contains("slice: 16 elements from 17 leave axis 1 of size 32"),
+                       UserError);
+
+  // On the GPU the slice reads X's shared-memory copy, written once before the loop: the loop body
+  // (from the first label after that copy to the last branch) reads shared memory and has no barrier.
+  for (rt::Arch arch : {rt::Arch::sm_80, rt::Arch::sm_90a}) {
+    rt::Compiled c = rt::compile(*k, arch);
+    const std::string& ptx = c.ptx;
+    const size_t st_shared = ptx.find("st.shared");
+    REQUIRE(st_shared != std::string::npos);
+    const size_t loop = ptx.find("$L__BB0_", st_shared);
+    REQUIRE(loop != std::string::npos);
+    const size_t back = ptx.rfind("bra.uni");
+    REQUIRE(back != std::string::npos);
+    REQUIRE(back > loop);
+    const std::string body = ptx.substr(loop, back - loop);
+    CHECK(body.find("ld.shared") != std::string::npos);
+    CHECK_MESSAGE(body.find("bar.sync") == std::string::npos, body);
+  }
+}

@@ -195,6 +195,12 @@ Tile transpose(const Tile& x, std::vector<int64_t> perm = {1, 0}, Loc loc = Loc:
 /// The `size` elements of `x` from `start` along `axis`; the rank stays: slice(A, 0, 16, 16) is rows
 /// 16..31 of A, slice(slice(A, 0, r, 16), 1, c, 16) its 16x16 block at (r, c).
 Tile slice(const Tile& x, int axis, int64_t start, int64_t size, Loc loc = Loc::current());
+/// The same with a start known only when the kernel runs (an i32 scalar, e.g. a loop variable): the
+/// size stays a number. slice(concat({X, X}, 1), 1, m, K) is X with its K columns rolled left by m.
+/// On the GPU its elements are reads of x's shared-memory copy at the shifted coordinates, so a slice
+/// of a tile made before a loop costs no copy inside it. A start that leaves the axis is an error on
+/// the interpreter (undefined on the GPU).
+Tile slice(const Tile& x, int axis, const Tile& start, int64_t size, Loc loc = Loc::current());
 /// The tiles one after another along `axis` (one dtype and rank; the other dims agree):
 /// concat({A, B}, 1) is [A B], concat({A, B}, 0) is A above B.
 Tile concat(const std::vector<Tile>& parts, int axis, Loc loc = Loc::current());

@@ -35,10 +35,14 @@ struct OpOptions {
   std::optional<double> noise_dropout;  // --noise-dropout P (linear_attn, poly): see kernels/common/noise_dropout.h
   uint64_t seed = 0;                    // --seed: of the noise-dropout generator
   /// Dynamic shared memory one block may have on the GPU the call runs on (set by the runtime for CUDA
-  /// calls; 0: not known, e.g. `linac compile`, so defaults must fit every target).
+  /// calls; 0: not known, e.g. `linac plan`: defaults are then made for the reference GPU,
+  /// kernels/common/device_limits.h).
   int64_t max_smem_per_block = 0;
   /// Streaming multiprocessors of that GPU (set with it; 0: not known): how many programs fill it.
   int64_t num_sms = 0;
+  /// Its compute capability x 10 (set with it; 0: not known): the target whose shared-memory plan the
+  /// defaults must fit.
+  int sm = 0;
   /// Tuning parameters by name (e.g. {"bv": 128, "warps": 8}); see OpDef::config_keys. They change
   /// speed, never results beyond rounding.
   std::map<std::string, int64_t> config;
@@ -102,10 +106,11 @@ struct OpDef {
   std::function<TensorMap(const ProblemShape& shape, uint64_t seed)> random_inputs;
   /// The problem size of real inputs (the tuning database's key).
   std::function<ProblemShape(const TensorMap& inputs)> shape_of;
-  /// Candidate configurations for the autotuner (at this size and dtype).
-  std::function<std::vector<Config>(const ProblemShape& shape, DType dtype)> tuning_space;
+  /// Candidate configurations for the autotuner at this size, for opts.dtype on the GPU of opts (its
+  /// SM count: kernels/common/device_limits.h).
+  std::function<std::vector<Config>(const ProblemShape& shape, const OpOptions& opts)> tuning_space;
   /// Candidate configurations of the backward (--backward's kernels), for `linac tune --backward`.
-  std::function<std::vector<Config>(const ProblemShape& shape, DType dtype)> bwd_tuning_space;
+  std::function<std::vector<Config>(const ProblemShape& shape, const OpOptions& opts)> bwd_tuning_space;
   /// The op's kernels for opts.dtype and opts.config (defaults elsewhere), for dump/compile; a
   /// representative set when the kernels depend on inputs (e.g. with and without a gate).
   std::function<std::vector<std::shared_ptr<ir::Kernel>>(const OpOptions& opts)> kernels;

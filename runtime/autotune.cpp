@@ -121,7 +121,7 @@ TuneResult tune(const OpDef& op, const ProblemShape& shape, const OpOptions& bas
   auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   TuneResult result;
-  for (const Config& c : space(shape, base.dtype)) result.candidates.push_back({c, "", 0});
+  for (const Config& c : space(shape, base)) result.candidates.push_back({c, "", 0});
   // What each candidate must reproduce: the output, or the gradients every backward has.
   const std::vector<std::string> outputs = bwd ? std::vector<std::string>{"dq", "dk", "dv"} : std::vector<std::string>{"o"};
   // The backward's inputs add a random gradient of o.

@@ -603,6 +603,7 @@ void set_device_limits(OpOptions& opts) {
   if (opts.device == Device::cuda) {
     opts.max_smem_per_block = cuda::device_info().max_shared_per_block_optin;
     opts.num_sms = cuda::device_info().sm_count;
+    opts.sm = cuda::device_info().sm();
   }
 }
 

@@ -26,7 +26,7 @@ namespace linac {
 TensorMap run_op(const OpDef& op, const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted);
 
 /// For opts.device == cuda, the limits of the current device that ops' defaults may read
-/// (OpOptions::max_smem_per_block); nothing for the CPU.
+/// (OpOptions::max_smem_per_block, num_sms, sm); nothing for the CPU.
 void set_device_limits(OpOptions& opts);
 
 /// opts as the ops API spells it (OpOptions::dtype and device are not part of it), and back (dtype and

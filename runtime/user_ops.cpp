@@ -178,7 +178,7 @@ OpDef to_op_def(const ops::UserOp& user) {
       if (q.size() != 4 || v.size() != 4) return ProblemShape{};
       return ProblemShape{q[0], q[1], q[2], q[3], v[3], false};
     };
-    d.tuning_space = [op](const ProblemShape&, DType) { return tuning_space(*op); };
+    d.tuning_space = [op](const ProblemShape&, const OpOptions&) { return tuning_space(*op); };
   }
   return d;
 }

@@ -374,6 +374,9 @@ std::vector<std::shared_ptr<ir::Kernel>> load_kernels(const std::string& what, c
     ps.gated = sel.gated;
     OpOptions opts = sel.opts;
     opts.device = Device::cpu;
+    // The defaults of a call on the target (its shared memory; the SM count stays the reference GPU's).
+    opts.sm = sel.target.sm;
+    opts.max_smem_per_block = sel.target.max_smem_bytes();
     check_op_options(op, opts);
     OpPlan plan = op.prepare(shape_only_inputs(op, ps, opts.backward), opts, synthetic_outputs(opts.backward, sel.gated));
     std::vector<std::shared_ptr<ir::Kernel>> kernels;
@@ -527,7 +530,7 @@ int cmd_tune(const std::vector<std::string>& args) {
   const auto& space = opts.backward ? op.bwd_tuning_space : op.tuning_space;
   if (!space) usage_error(fmt::format("{} has no {}tuning space", op.name, opts.backward ? "backward " : ""));
   if (list) {
-    for (const Config& c : space(*shape, opts.dtype)) fmt::print("{}\n", config_str(c));
+    for (const Config& c : space(*shape, opts)) fmt::print("{}\n", config_str(c));
     return 0;
   }
   set_device_limits(opts);

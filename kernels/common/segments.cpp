@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fmt/format.h>
 
+#include "kernels/common/device_limits.h"
 #include "linac/error.h"
 
 namespace linac {
@@ -14,11 +15,11 @@ TuningKey segment_key() {
           "SM count, docs/ops/linear_attn.md)"};
 }
 
-// With 128 walks on 132 SMs two segments each were slower than one walk; at few walks, twice as many
+// With one walk per SM two segments each were slower than one walk; at few walks, twice as many
 // segments as SMs / walks were slower than that many (docs/ops/linear_attn.md, "Segments").
 int default_segment(const SequenceLayout& seq, int64_t walks, int chunk, const OpOptions& opts) {
-  const int64_t sms = opts.num_sms > 0 ? opts.num_sms : 132;
-  if (seq.varlen || 2 * walks > sms) return 0;
+  if (seq.varlen || !few_walks(walks, opts)) return 0;
+  const int64_t sms = device_limits(opts).sms;
   const int64_t segments = sms / std::max<int64_t>(walks, 1);
   const int64_t rows = (seq.T + segments - 1) / segments;
   int segment = 256;  // the smallest key value; the largest that leaves at least `segments` segments

@@ -18,7 +18,7 @@ namespace linac {
 TuningKey segment_key();
 
 /// The default segment length: where the walks (sequences x heads x V blocks) leave at least half the
-/// GPU's SMs idle (opts.num_sms; 132, an H100, where no GPU is known), about SMs / walks segments per
+/// GPU's SMs idle (few_walks, kernels/common/device_limits.h), about SMs / walks segments per
 /// sequence (a program per SM), L the largest power of two from 256 that leaves that many and at least
 /// `chunk`; else 0. Dense inputs only (varlen: 0).
 int default_segment(const SequenceLayout& seq, int64_t walks, int chunk, const OpOptions& opts);

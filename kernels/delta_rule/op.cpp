@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "kernels/common/config_schema.h"
+#include "kernels/common/device_limits.h"
 #include "kernels/common/l2norm.h"
 #include "kernels/common/op_support.h"
 #include "kernels/delta_rule/bwd.h"
@@ -75,9 +76,10 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   const bool small = K <= 64 && V <= 64, fp32 = dtype_bytes(cfg.dtype) == 4;
   cfg.chunk = checked_chunk_size(opts.chunk_size, small ? 64 : 32);
   //  - value blocks of 128 for the 16-bit walk above head dim 64 (one program holds the whole state; no
-  //    program redoes another's W S); with at most 64 sequences x heads, 64 columns (more programs).
+  //    program redoes another's W S); where those walks are few (few_walks), 64 columns (more programs).
   //    Both faster where they apply (docs/ops/delta_rule.md, "Measured").
-  const int64_t wide_v = !small && !fp32 && !(heads > 0 && heads <= kDeltaFewHeads) ? 128 : 64;
+  const bool few = heads > 0 && few_walks(heads * ((padded_head_dim(V) + 127) / 128), opts);
+  const int64_t wide_v = !small && !fp32 && !few ? 128 : 64;
   cfg.block_v = std::min(padded_head_dim(V), opts.recurrent || (fp32 && !small) ? 32 : static_cast<int>(wide_v));
   cfg.num_warps = small || (fp32 && !opts.recurrent) ? 4 : 8;
   cfg.num_stages = fp32 || cfg.block_k > 128 ? 1 : 2;
@@ -251,7 +253,7 @@ OpDef delta_rule_op_def(bool gated) {
   for (const auto& t : delta_saved_tensors())
     op.outputs.push_back({t.name, false, t.shape, fmt::format("{}, for --backward (inputs saved_*)", t.what)});
   op.flags = {"recurrent", "l2norm_qk", "backward"};
-  op.bwd_tuning_space = [](const ProblemShape&, DType) {
+  op.bwd_tuning_space = [](const ProblemShape&, const OpOptions&) {
     // The chunked backward's chunk and walk width. The default (chunk 32, bv 128, 8 warps) was the
     // fastest measured (docs/ops/delta_rule.md, "Measured"); 4 warps were slower and chunk 64 spilled
     // 3.2 KB (gated: more shared memory than a block has), so neither is offered.
@@ -287,7 +289,7 @@ OpDef delta_rule_op_def(bool gated) {
     const HostTensor& q = in.at("q");
     return ProblemShape{q.shape[0], q.shape[1], q.shape[2], q.shape[3], in.at("v").shape[3], gated};
   };
-  op.tuning_space = [](const ProblemShape& s, DType) {
+  op.tuning_space = [](const ProblemShape& s, const OpOptions& opts) {
     // The defaults first. Every candidate must match the interpreter before it is timed, which also
     // guards against the chunk-64/8-warp GPU results seen during development (see the issue notes).
     std::vector<Config> space{{},
@@ -301,7 +303,7 @@ OpDef delta_rule_op_def(bool gated) {
     if (std::max(s.K, s.V) <= 64) space.insert(space.begin() + 2, {{"chunk", 64}, {"warps", 4}, {"bv", 64}});
     // Few walks (sequences x heads): the split schedule, whose walk carries only the state from chunk to
     // chunk and leaves the outputs to a kernel over every chunk in parallel.
-    if (s.B * s.H <= 64) {
+    if (few_walks(s.B * s.H, opts)) {
       space.push_back({{"split", 1}, {"chunk", 32}, {"warps", 4}, {"bv", 32}});
       space.push_back({{"split", 1}, {"chunk", 32}, {"warps", 8}, {"bv", 64}});
     }

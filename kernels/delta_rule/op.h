@@ -21,10 +21,6 @@ struct DeltaChunkedBwdConfig;
 OpDef delta_rule_op();
 OpDef gated_delta_rule_op();
 
-/// Sequences x heads up to which the delta rules' walks (forward and backward) default to 64-column
-/// value blocks instead of 128 (more programs where few heads leave SMs idle).
-inline constexpr int64_t kDeltaFewHeads = 64;
-
 /// build_delta_bwd_states, recorded once per configuration (the forward's split schedule runs it too).
 std::shared_ptr<ir::Kernel> delta_state_pass_kernel(const DeltaChunkedBwdConfig& cfg);
 

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "kernels/common/config_schema.h"
+#include "kernels/common/device_limits.h"
 #include "kernels/common/l2norm.h"
 #include "kernels/common/op_support.h"
 #include "kernels/delta_rule/bwd.h"
@@ -151,9 +152,9 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   cfg.chunk = checked_chunk_size(opts.chunk_size, dflt_chunk);
   // V blocks of 128 in the walks: the fastest of `linac tune --backward` (docs/ops/delta_rule.md,
   // "Measured"). fp32 above head dim 128: 64 (the reverse walk plans 260 KB of shared memory at 128,
-  // K = V = 256). At most 64 sequences x heads: 64 (more programs per walk, faster there).
-  const bool few_heads = seq.N * seq.H <= kDeltaFewHeads;
-  cfg.block_v = (cfg.dtype == DType::f32 && std::max(cfg.block_k, cfg.full_v) > 128) || few_heads ? 64 : 128;
+  // K = V = 256). Where those walks are few (few_walks): 64 (more programs per walk, faster there).
+  const bool few = few_walks(seq.N * seq.H * ((cfg.full_v + 127) / 128), opts);
+  cfg.block_v = (cfg.dtype == DType::f32 && std::max(cfg.block_k, cfg.full_v) > 128) || few ? 64 : 128;
   cfg.chunk_v = delta_bwd_chunk_columns(cfg.dtype, cfg.full_v);
   cfg.chunk_k = delta_bwd_chunk_key_columns(cfg.block_k, gated);
   // The key-block kernel's own (untimed: session 9 ran it at 8 warps and 1 stage only).

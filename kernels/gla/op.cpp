@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "kernels/common/config_schema.h"
+#include "kernels/common/device_limits.h"
 #include "kernels/common/op_support.h"
 #include "kernels/common/segments.h"
 #include "kernels/common/recurrent_op.h"
@@ -18,10 +19,6 @@
 namespace linac {
 
 namespace {
-
-/// Sequences x heads below which the tuner also times the split schedule (fewer fused walks than an
-/// H100/H200 has SMs, with room for them to be starved).
-constexpr int64_t kSplitCandidatesBelowHeads = 64;
 
 /// The forward's configuration (fwd.h): chunk, bv, warps, stages, split and sbk are tuned.
 const ConfigSchema<GlaConfig>& gla_schema() {
@@ -205,7 +202,7 @@ OpDef gla_op() {
   };
   op.flags = {"recurrent", "backward"};
   op.prepare = plan_gla;
-  op.bwd_tuning_space = [](const ProblemShape& s, DType) {
+  op.bwd_tuning_space = [](const ProblemShape& s, const OpOptions& opts) {
     // The chunked backward's chunk, column blocks and warps: the default (16-bit: chunk 16, whole
     // 128-column blocks, 8 warps) and the runners-up measured (docs/ops/gla.md, "Measured"); intra with
     // 8 warps was slower there, and take=0 (masked row sums in gla_bwd_intra) too, so neither is offered.
@@ -214,7 +211,7 @@ OpDef gla_op() {
                               {{"chunk", 32}, {"bk", 64}, {"bv", 64}, {"warps", 8}}};
     // Both schedules where few walks leave SMs idle (head dims up to 128; the default picks by shape,
     // see split_by_default in op_bwd.cpp). gla_bwd_inter at 4 warps was slower (docs/ops/gla.md).
-    if (s.B * s.H <= kGlaBwdSplitHeads && std::max(s.K, s.V) <= 128) {
+    if (few_walks(s.B * s.H, opts) && std::max(s.K, s.V) <= 128) {
       space.push_back({{"split", 1}});
       space.push_back({{"split", 0}});
     }
@@ -234,7 +231,7 @@ OpDef gla_op() {
     const HostTensor& q = in.at("q");
     return ProblemShape{q.shape[0], q.shape[1], q.shape[2], q.shape[3], in.at("v").shape[3], true};
   };
-  op.tuning_space = [](const ProblemShape& s, DType) {
+  op.tuning_space = [](const ProblemShape& s, const OpOptions& opts) {
     // The defaults first; then what won in measurements at other sizes (docs/ops/gla.md, "Measured").
     std::vector<Config> space{{},
                               {{"chunk", 16}, {"bv", 128}, {"warps", 8}, {"stages", 2}},
@@ -242,10 +239,10 @@ OpDef gla_op() {
                               {{"chunk", 32}, {"bv", 128}, {"warps", 8}, {"stages", 2}},
                               {{"chunk", 64}, {"bv", 128}, {"warps", 8}, {"stages", 1}}};
     // The split schedule (a state pass, then every chunk's outputs in parallel) pays for its state
-    // round trip through memory with parallelism over chunks: only when the fused walk leaves SMs idle.
+    // round trip through memory with parallelism over chunks: only when the fused walks leave SMs idle.
     // With 128 heads (B8 H16) it never won (docs/ops/gla.md, "Measured") and cost 4 of 9 candidates'
     // compile and timing in every cold start.
-    if (s.B * s.H < kSplitCandidatesBelowHeads) {
+    if (few_walks(s.B * s.H, opts)) {
       // Key blocks in the state pass (sbk) for more programs (docs/ops/gla.md, "Measured").
       space.push_back({{"split", 1}, {"chunk", 64}, {"bv", 128}, {"warps", 8}});
       space.push_back({{"split", 1}, {"chunk", 32}, {"bv", 64}, {"warps", 4}});

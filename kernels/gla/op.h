@@ -16,10 +16,6 @@ namespace linac {
 /// The op "gla" for the registry (--recurrent runs kernels/common/recurrent.h's token-by-token form).
 OpDef gla_op();
 
-/// Sequences x heads up to which gla's backward defaults to the split schedule (16-bit, dense, head dims
-/// up to 128, T >= 1024) and its tuner offers it.
-inline constexpr int64_t kGlaBwdSplitHeads = 64;
-
 /// Tuning keys of gla's backward (chunk, bk, bv, warps, iwarps, take, fuse, split, sbk, sbv, tokenwise).
 TuningKeys gla_bwd_tuning_keys();
 

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "kernels/common/config_schema.h"
+#include "kernels/common/device_limits.h"
 #include "kernels/common/op_support.h"
 #include "kernels/gla/bwd.h"
 #include "kernels/gla/bwd_tokenwise.h"
@@ -107,11 +108,11 @@ int split_default_chunk(DType dtype, int64_t block_k, int64_t block_v) {
 }
 
 /// Whether the split schedule is the default for these inputs: 16-bit, dense, head dims up to 128 and
-/// at most 64 sequences x heads over at least 1024 tokens; with more heads the walks win (docs/ops/
-/// gla.md, "Measured": split vs walks).
-bool split_by_default(const GlaChunkedBwdConfig& cfg, const SequenceLayout* seq) {
+/// few walks (one per sequence x head: few_walks) over at least 1024 tokens; with more heads the walks
+/// win (docs/ops/gla.md, "Measured": split vs walks).
+bool split_by_default(const GlaChunkedBwdConfig& cfg, const SequenceLayout* seq, const OpOptions& opts) {
   return seq && cfg.dtype != DType::f32 && !seq->varlen && std::max(cfg.block_k, cfg.block_v) <= 128 &&
-         seq->N * seq->H <= kGlaBwdSplitHeads && seq->T >= 1024;
+         few_walks(seq->N * seq->H, opts) && seq->T >= 1024;
 }
 
 /// seq: the call's inputs (nullptr: the representative kernels).
@@ -123,7 +124,7 @@ void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts, const SequenceLa
   const bool half_width = cfg.dtype != DType::f32;  // bf16 or fp16 tiles
   // Varlen inputs take the walks even when split=1 is asked (the state passes are dense only), at the
   // walks' chunk.
-  cfg.split = split_by_default(cfg, seq);
+  cfg.split = split_by_default(cfg, seq, opts);
   cfg.split_k = half_width ? 128 : 64;
   // fp32 above head dim 128: 32 value columns (the dv walk plans 238 KB of shared memory at 64, K = V = 256).
   cfg.split_v = half_width ? 128 : std::max(cfg.block_k, cfg.block_v) > 128 ? 32 : 64;

@@ -8,7 +8,9 @@
 #include <fmt/format.h>
 
 #include "kernels/common/config_schema.h"
+#include "kernels/common/device_limits.h"
 #include "kernels/common/elementwise.h"
+#include "kernels/common/fitting.h"
 #include "kernels/common/noise_dropout.h"
 #include "kernels/common/op_support.h"
 #include "kernels/common/recurrent_op.h"
@@ -38,26 +40,37 @@ std::shared_ptr<ir::Kernel> cached_normalized_fwd(const LinearAttnNormalizedConf
 
 /// The configuration for the given head dims and `heads` = sequences x heads (0: unknown); opts.config and
 /// --chunk-size override the defaults.
-LinearAttnNormalizedConfig normalized_config(const OpOptions& opts, int64_t K, int64_t V, int64_t heads) {
+LinearAttnNormalizedConfig normalized_config(const OpOptions& opts, int64_t K, int64_t V, int64_t heads, bool gated,
+                                             bool varlen) {
   check_config_keys("linear_attn", opts, normalized_schema().tuning());
-  LinearAttnNormalizedConfig cfg;
-  cfg.dtype = opts.dtype;
-  cfg.block_k = padded_head_dim(K);
   // Until the normalized form is tuned on its own, the defaults are what ptxas assembles without
   // spills for sm_80 and sm_90a in every dtype (tests/python/test_ptxas.py): z and the row sums cost
-  // registers that linear_attn's 64-row chunks with 4 warps do not have. fp32 above head dim 128:
-  // chunk 16 (259 KB of shared memory at 32 with K = 256; 164 KB at 16).
-  // In 16-bit with 128-column value blocks filling the GPU (as linear_attn's forward chooses them),
-  // chunk 64 with whole 128-column blocks and 8 warps: faster, although ptxas spills 64 bytes at 255
-  // registers there (sm_90a). Timings: docs/ops/linear_attn.md, "Measured".
-  const bool wide = opts.dtype != DType::f32 && K <= 128 && V > 64 && heads * ((V + 127) / 128) >= 120;
-  const int dflt_chunk = wide ? 64 : opts.dtype == DType::f32 && cfg.block_k > 128 ? 16 : 32;
-  cfg.chunk = checked_chunk_size(opts.chunk_size, dflt_chunk);
-  cfg.block_v = wide ? 128 : std::min(64, padded_head_dim(V));
-  cfg.num_warps = 8;
-  cfg.num_stages = 2;
-  normalized_schema().apply(opts, cfg);
-  return cfg;
+  // registers that linear_attn's 64-row chunks with 4 warps do not have, so chunks of 32, else 16
+  // where 32 does not fit (kernels/common/fitting.h). In 16-bit with 128-column value blocks filling
+  // the GPU (as linear_attn's forward chooses them), first chunk 64 with whole 128-column blocks and 8
+  // warps: faster, although ptxas spills 64 bytes at 255 registers there (sm_90a). Timings:
+  // docs/ops/linear_attn.md, "Measured".
+  const bool wide =
+      opts.dtype != DType::f32 && K <= 128 && V > 64 && heads > 0 && fills_gpu(heads * ((V + 127) / 128), opts);
+  std::vector<std::pair<int, int>> chunk_and_bv;  // in order of preference
+  if (wide) chunk_and_bv.push_back({64, 128});
+  for (int chunk : {32, 16}) chunk_and_bv.push_back({chunk, std::min(64, padded_head_dim(V))});
+  std::vector<LinearAttnNormalizedConfig> proposals;
+  for (const auto& [chunk, bv] : chunk_and_bv) {
+    LinearAttnNormalizedConfig cfg;
+    cfg.dtype = opts.dtype;
+    cfg.block_k = padded_head_dim(K);
+    cfg.chunk = checked_chunk_size(opts.chunk_size, chunk);
+    cfg.block_v = bv;
+    cfg.num_warps = 8;
+    cfg.num_stages = 2;
+    cfg.gated = gated;
+    cfg.varlen = varlen;
+    normalized_schema().apply(opts, cfg);
+    proposals.push_back(cfg);
+  }
+  return first_fitting<LinearAttnNormalizedConfig>(
+      proposals, [](const LinearAttnNormalizedConfig& c) { return std::vector{cached_normalized_fwd(c)}; }, opts);
 }
 
 /// linear_attn's prepare() with opts.normalize: checks the inputs (UserError for an initial state, a
@@ -73,9 +86,7 @@ OpPlan plan_linear_attn_normalized(const TensorMap& inputs, const OpOptions& opt
   const bool gated = inputs.count("g") > 0;
   if (gated) check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H});
 
-  LinearAttnNormalizedConfig cfg = normalized_config(opts, seq.K, seq.V, seq.N * seq.H);
-  cfg.gated = gated;
-  cfg.varlen = seq.varlen;
+  const LinearAttnNormalizedConfig cfg = normalized_config(opts, seq.K, seq.V, seq.N * seq.H, gated, seq.varlen);
 
   OpPlan plan;
   add_forward_tensors(plan, inputs, seq, cfg.dtype);
@@ -88,10 +99,8 @@ OpPlan plan_linear_attn_normalized(const TensorMap& inputs, const OpOptions& opt
 
 /// The normalized kernels at their default configuration for opts (for linear_attn's OpDef::kernels).
 std::vector<std::shared_ptr<ir::Kernel>> linear_attn_normalized_kernels(const OpOptions& opts) {
-  LinearAttnNormalizedConfig cfg = normalized_config(opts, 64, 64, 0);
-  LinearAttnNormalizedConfig gated = cfg;
-  gated.gated = gated.varlen = true;
-  return {cached_normalized_fwd(cfg), cached_normalized_fwd(gated)};
+  return {cached_normalized_fwd(normalized_config(opts, 64, 64, 0, false, false)),
+          cached_normalized_fwd(normalized_config(opts, 64, 64, 0, true, true))};
 }
 
 /// The forward kernel's configuration: chunk, bv, warps, stages and segment are linear_attn's tuning keys.
@@ -118,6 +127,60 @@ SegmentCombineConfig combine_config(const LinearAttnConfig& cfg) {
           cfg.final_state, cfg.num_warps};
 }
 
+/// The forward's configurations for these inputs in order of preference, each with the user's --config
+/// on top; the first whose kernels fit the GPU runs (kernels/common/fitting.h). Chunks of 64, else 32,
+/// else 16 (fp32 tiles are twice as large). For each, the defaults the tuner starts from (and what runs
+/// without it), chosen by measurement (docs/ops/linear_attn.md, "Measured" and "Segments"): one program
+/// per head and 128 value columns when that fills the GPU or the sequences are cut in segments (the
+/// segments then give the programs, and each walk forms its scores once for all 128 columns), else 64
+/// columns (more programs), 8 warps for wide heads.
+std::vector<LinearAttnConfig> forward_proposals(const SequenceLayout& seq, const OpOptions& opts, bool gated,
+                                                bool initial_state, bool final_state) {
+  std::vector<LinearAttnConfig> proposals;
+  for (int chunk : {64, 32, 16}) {
+    LinearAttnConfig cfg;
+    cfg.dtype = opts.dtype;
+    cfg.block_k = padded_head_dim(seq.K);
+    cfg.chunk = checked_chunk_size(opts.chunk_size, chunk);
+    cfg.block_v = 64, cfg.num_warps = 8;
+    const int64_t wide_walks = seq.N * seq.H * ((seq.V + 127) / 128);
+    if (seq.V <= 64) {
+      cfg.block_v = padded_head_dim(seq.V), cfg.num_warps = 4;
+    } else if (seq.K <= 128 && (fills_gpu(wide_walks, opts) || default_segment(seq, wide_walks, cfg.chunk, opts) > 0)) {
+      cfg.block_v = 128;
+    }
+    cfg.num_stages = 2;
+    cfg.segment = default_segment(seq, seq.N * seq.H * ((seq.V + cfg.block_v - 1) / cfg.block_v), cfg.chunk, opts);
+    linear_attn_schema().apply(opts, cfg);
+    cfg.gated = gated;
+    cfg.initial_state = initial_state;
+    cfg.final_state = final_state;
+    cfg.varlen = seq.varlen;
+    proposals.push_back(cfg);
+  }
+  return proposals;
+}
+
+/// The walks of the segment-parallel forward for `cfg` (kernels/common/segments.h): no states of their own.
+std::pair<LinearAttnConfig, LinearAttnConfig> segment_walks(const LinearAttnConfig& cfg) {
+  LinearAttnConfig states = cfg, outputs = cfg;
+  states.walk = LinearAttnWalk::segment_states;
+  outputs.walk = LinearAttnWalk::segment_outputs;
+  states.initial_state = states.final_state = outputs.initial_state = outputs.final_state = false;
+  return {states, outputs};
+}
+
+/// The kernels the forward launches with `cfg`: the walk, or the segment-parallel schedule's three.
+std::vector<std::shared_ptr<ir::Kernel>> forward_kernels(const LinearAttnConfig& cfg, const SequenceLayout& seq) {
+  if (segments_per_sequence("linear_attn", seq, cfg.segment, cfg.chunk) <= 1) {
+    LinearAttnConfig walk = cfg;
+    walk.segment = 0;
+    return {cached_linear_attn_fwd(walk)};
+  }
+  const auto [states, outputs] = segment_walks(cfg);
+  return {cached_linear_attn_fwd(states), cached_segment_combine(combine_config(cfg)), cached_linear_attn_fwd(outputs)};
+}
+
 OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
   if (opts.backward)
     return opts.normalize ? plan_linear_attn_normalized_bwd(inputs, opts, wanted) : plan_linear_attn_bwd(inputs, opts, wanted);
@@ -134,33 +197,9 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
   if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
 
   check_config_keys("linear_attn", opts, linear_attn_schema().tuning());
-  LinearAttnConfig cfg;
-  cfg.dtype = opts.dtype;
-  cfg.block_k = padded_head_dim(seq.K);
-  // Chunk 32 for fp32 above head dim 64: at 64 the gated kernel plans 257 KB (64 value columns) to
-  // 323 KB (128) of shared memory, more than an sm_90 block has (test_default_plans_fit.py); at 32,
-  // 142-191 KB. Above head dim 128 chunk 16 (the gated kernel plans 259 KB at 32 with K = 256; 163 KB at 16).
-  const int default_chunk = cfg.dtype != DType::f32 ? 64 : cfg.block_k > 128 ? 16 : cfg.block_k > 64 ? 32 : 64;
-  cfg.chunk = checked_chunk_size(opts.chunk_size, default_chunk);
-  // The defaults the tuner starts from (and what runs without it), chosen by measurement
-  // (docs/ops/linear_attn.md, "Measured" and "Segments"): one program per head and 128 value columns
-  // when that fills the GPU or the sequences are cut in segments (the segments then give the programs,
-  // and each walk forms its scores once for all 128 columns), else 64 columns (more programs), 8 warps
-  // for wide heads.
-  cfg.block_v = 64, cfg.num_warps = 8;
-  const int64_t wide_walks = seq.N * seq.H * ((seq.V + 127) / 128);
-  if (seq.V <= 64) {
-    cfg.block_v = padded_head_dim(seq.V), cfg.num_warps = 4;
-  } else if (seq.K <= 128 && (wide_walks >= 120 || default_segment(seq, wide_walks, cfg.chunk, opts) > 0)) {
-    cfg.block_v = 128;
-  }
-  cfg.num_stages = 2;
-  cfg.segment = default_segment(seq, seq.N * seq.H * ((seq.V + cfg.block_v - 1) / cfg.block_v), cfg.chunk, opts);
-  linear_attn_schema().apply(opts, cfg);
-  cfg.gated = gated;
-  cfg.initial_state = has_h0;
-  cfg.final_state = wants(wanted, "final_state");
-  cfg.varlen = seq.varlen;
+  LinearAttnConfig cfg = first_fitting<LinearAttnConfig>(
+      forward_proposals(seq, opts, gated, has_h0, wants(wanted, "final_state")),
+      [&](const LinearAttnConfig& c) { return forward_kernels(c, seq); }, opts);
   const int64_t segments = segments_per_sequence("linear_attn", seq, cfg.segment, cfg.chunk);
 
   OpPlan plan;
@@ -172,10 +211,7 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
     plan.launches.push_back(plan_launch(plan, cached_linear_attn_fwd(cfg), {v_blocks, seq.N * seq.H, 1}, {{"scale", scale}}));
   } else {
     // The segment-parallel forward (kernels/common/segments.h), decays per head when gated.
-    LinearAttnConfig states = cfg, outputs = cfg;
-    states.walk = LinearAttnWalk::segment_states;
-    outputs.walk = LinearAttnWalk::segment_outputs;
-    states.initial_state = states.final_state = outputs.initial_state = outputs.final_state = false;
+    const auto [states, outputs] = segment_walks(cfg);
     add_segment_schedule(plan, seq, segments, v_blocks, combine_config(cfg), cached_linear_attn_fwd(states),
                          cached_linear_attn_fwd(outputs), {{"scale", scale}});
   }
@@ -233,7 +269,7 @@ OpDef linear_attn_op() {
     const HostTensor& q = in.at("q");
     return ProblemShape{q.shape[0], q.shape[1], q.shape[2], q.shape[3], in.at("v").shape[3], in.count("g") > 0};
   };
-  op.tuning_space = [](const ProblemShape& s, DType) {
+  op.tuning_space = [](const ProblemShape& s, const OpOptions&) {
     // Chunk 64 with 64 or 128 value columns and 4 or 8 warps covers what won in measurements
     // (docs/ops/linear_attn.md, "Measured"); chunks of 32 and 128 as outliers. Configs that do not fit
     // are skipped.
@@ -244,7 +280,8 @@ OpDef linear_attn_op() {
     if (s.V <= 64) space.push_back({{"bv", 64}, {"warps", 2}});
     return space;
   };
-  op.bwd_tuning_space = [](const ProblemShape& s, DType dt) {
+  op.bwd_tuning_space = [](const ProblemShape& s, const OpOptions& opts) {
+    const DType dt = opts.dtype;
     // The default first (from the sweep in docs/ops/linear_attn.md, "Measured"), then that sweep's other
     // contenders; fp32 tiles are twice as large, so only its smaller configurations fit. Column blocks
     // are capped at the padded head dims (candidates that become equal are listed once).
@@ -259,7 +296,7 @@ OpDef linear_attn_op() {
                                   {{"chunk", 64}, {"bk", 128}, {"bv", 64}, {"warps", 8}}};
     // Few heads leave most SMs idle (one program per column block and head, each walking every chunk):
     // there 32-column blocks put four programs on each head.
-    if (s.B * s.H <= 64) {
+    if (few_walks(s.B * s.H, opts)) {
       wanted.push_back({{"chunk", dt == DType::f32 ? 32 : 64}, {"bk", 32}, {"bv", 32}, {"warps", 4}});
       wanted.push_back({{"chunk", 32}, {"bk", 32}, {"bv", 32}, {"warps", 4}});
     }
@@ -271,7 +308,7 @@ OpDef linear_attn_op() {
     }
     // The split schedule (plain form, head dims up to 128): the state passes in blocks, every chunk's
     // gradients in parallel (split_bwd.h).
-    if (!s.gated && s.B * s.H <= 64 && std::max(s.K, s.V) <= 128) space.push_back({{"split", 1}});
+    if (!s.gated && few_walks(s.B * s.H, opts) && std::max(s.K, s.V) <= 128) space.push_back({{"split", 1}});
     return space;
   };
   // Every key some form takes (the forward's, then the backward's others).
@@ -290,11 +327,9 @@ OpDef linear_attn_op() {
     gated.gated = gated.initial_state = gated.final_state = true;
     std::vector<std::shared_ptr<ir::Kernel>> out{cached_linear_attn_fwd(cfg), cached_linear_attn_fwd(gated)};
     // The segment-parallel forward's three kernels, gated, with an initial and a final state.
-    LinearAttnConfig states = gated, outputs = gated;
-    states.segment = outputs.segment = 1024;
-    states.walk = LinearAttnWalk::segment_states;
-    outputs.walk = LinearAttnWalk::segment_outputs;
-    states.initial_state = states.final_state = outputs.initial_state = outputs.final_state = false;
+    LinearAttnConfig segmented = gated;
+    segmented.segment = 1024;
+    const auto [states, outputs] = segment_walks(segmented);
     for (auto& k : {cached_linear_attn_fwd(states), cached_segment_combine(combine_config(gated)), cached_linear_attn_fwd(outputs)})
       out.push_back(k);
     for (auto& k : linear_attn_normalized_kernels(opts)) out.push_back(k);

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "kernels/common/config_schema.h"
+#include "kernels/common/device_limits.h"
 #include "kernels/common/op_support.h"
 #include "kernels/linear_attn/bwd.h"
 #include "kernels/linear_attn/normalized_bwd.h"
@@ -70,11 +71,11 @@ std::shared_ptr<ir::Kernel> cached_bwd(const LinearAttnBwdConfig& cfg, LinearAtt
 }
 
 /// Few (sequence, head) pairs leave SMs idle: each walk program takes a head's column block through every
-/// chunk. Below 65 programs per walk the default halves the column blocks (down to 32) until there are
-/// more, with chunks of 32 and 4 warps: faster at few heads, and what `linac tune --backward` chose there;
+/// chunk. While the programs of a walk are few (few_walks) the default halves the column blocks (down to
+/// 32), with chunks of 32 and 4 warps: faster at few heads, and what `linac tune --backward` chose there;
 /// from 96 heads on the wide defaults stand (docs/ops/linear_attn.md, "Measured").
-int64_t narrowed_split(int64_t split, int64_t padded, int64_t heads) {
-  while (heads > 0 && split > 32 && heads * (padded / split) <= 64) split /= 2;
+int64_t narrowed_split(int64_t split, int64_t padded, int64_t heads, const OpOptions& opts) {
+  while (heads > 0 && split > 32 && few_walks(heads * (padded / split), opts)) split /= 2;
   return split;
 }
 
@@ -82,7 +83,8 @@ int64_t narrowed_split(int64_t split, int64_t padded, int64_t heads) {
 /// `heads` (sequences x heads, 0 when unknown) narrows the default column blocks (narrowed_split).
 void configure(LinearAttnBwdConfig& cfg, const OpOptions& opts, int64_t heads = 0) {
   const int64_t wide_k = default_bwd_split(cfg.dtype, cfg.block_k), wide_v = default_bwd_split(cfg.dtype, cfg.block_v);
-  const int64_t bk = narrowed_split(wide_k, cfg.block_k, heads), bv = narrowed_split(wide_v, cfg.block_v, heads);
+  const int64_t bk = narrowed_split(wide_k, cfg.block_k, heads, opts);
+  const int64_t bv = narrowed_split(wide_v, cfg.block_v, heads, opts);
   const bool narrowed = bk < wide_k || bv < wide_v;
   // Head dims over 128: the walks' [chunk, K] and [chunk, V] tiles at chunk 64 take 239616 bytes of shared
   // memory in 16-bit, over an sm_90 block's 232448 (test_default_plans_fit); chunk 32 takes 154624
@@ -188,11 +190,12 @@ OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vecto
     throw InternalError("linear_attn bwd: the denominator form has no states");
   const double scale = attention_scale(opts, seq.K);
   // The split schedule by default where the walks leave most SMs idle: plain form, 16-bit, dense, head
-  // dims up to 128, at most 32 sequences x heads over at least 1024 tokens. At 64 heads it depends
-  // (`linac tune --backward` times both there); 128 heads and more favour the walks (docs/ops/
-  // linear_attn.md, "Measured": split vs walks).
+  // dims up to 128, one walk per sequence x head busying at most a quarter of the SMs, over at least
+  // 1024 tokens. At half the SMs it depends (`linac tune --backward` times both there: few_walks); a
+  // walk per SM and more favour the walks (docs/ops/linear_attn.md, "Measured": split vs walks).
   const bool split_by_default = !gated && !denominator && !seq.varlen && cfg.dtype != DType::f32 &&
-                                std::max(cfg.block_k, cfg.block_v) <= 128 && seq.N * seq.H <= 32 && seq.T >= 1024;
+                                std::max(cfg.block_k, cfg.block_v) <= 128 &&
+                                4 * seq.N * seq.H <= device_limits(opts).sms && seq.T >= 1024;
   if (split_key().value(opts, split_by_default ? 1 : 0) == 1) {
     if (gated || denominator || std::max(cfg.block_k, cfg.block_v) > 128)
       throw UserError("linear_attn --backward --config split=1 takes the plain form (no g, no --normalize) with "

@@ -61,7 +61,7 @@ TuningKeys poly_tuning_keys() { return merge_tuning_keys({poly_schema().tuning()
 
 /// The defaults first, then shorter and longer segments (the direct part against the states' reads),
 /// smaller chunks and value blocks (more programs for few sequences x heads).
-std::vector<Config> poly_tuning_space(const ProblemShape& s, DType) {
+std::vector<Config> poly_tuning_space(const ProblemShape& s, const OpOptions&) {
   std::vector<Config> space = {{}};
   space.push_back({{"segment", 512}});
   space.push_back({{"segment", 2048}});

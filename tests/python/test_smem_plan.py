@@ -73,7 +73,7 @@ def test_delta_rule_wy_prefetches_its_key_and_value_blocks(linac_bin):
     # K and V blocks of both row blocks are copied with cp.async where they stand ("prefetched"), so
     # that their latency overlaps T's inverse. With U's value blocks in a loop, V waited in it (ncu: the
     # gated wy's hottest stall); the plan then shows two prefetched buffers instead of four. (128 heads:
-    # with 64 or fewer the value blocks are 64 columns, kDeltaFewHeads.)
+    # where the walks are few the value blocks are 64 columns: few_walks, kernels/common/device_limits.h.)
     r = subprocess.run([str(linac_bin), "compile", "delta_rule", "--shape", "B=8,T=256,H=16,K=128", "--dtype", "bf16",
                         "--emit", "smem"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

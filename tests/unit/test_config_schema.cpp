@@ -93,7 +93,9 @@ TEST_CASE("every op's tuning candidates use the tuning keys it declares (`linac 
       for (DType dt : {DType::bf16, DType::f32})
         for (const auto* space : {&op.tuning_space, &op.bwd_tuning_space}) {
           if (!*space) continue;
-          for (const Config& c : (*space)(shape, dt))
+          OpOptions opts;
+          opts.dtype = dt;
+          for (const Config& c : (*space)(shape, opts))
             for (const auto& [key, value] : c) {
               INFO(op.name << " " << config_str(c));
               CHECK(known(key));

@@ -1,0 +1,24 @@
+#include "kernels/common/device_limits.h"
+
+namespace linac {
+
+namespace {
+
+/// The reference GPU (an H100 SXM): see the header.
+constexpr DeviceLimits kReferenceGpu{132, 232448, 90};
+
+}  // namespace
+
+DeviceLimits device_limits(const OpOptions& opts) {
+  return {opts.num_sms > 0 ? opts.num_sms : kReferenceGpu.sms,
+          opts.max_smem_per_block > 0 ? opts.max_smem_per_block : kReferenceGpu.max_smem_per_block,
+          opts.sm > 0 ? opts.sm : kReferenceGpu.sm};
+}
+
+// 9 in 10: one program per head at 128 (sequences x heads) fills an H100's 132 SMs; a wave of 119 or
+// more leaves too few idle for a schedule with more programs to win back its extra work.
+bool fills_gpu(int64_t programs, const OpOptions& opts) { return 10 * programs >= 9 * device_limits(opts).sms; }
+
+bool few_walks(int64_t walks, const OpOptions& opts) { return 2 * walks <= device_limits(opts).sms; }
+
+}  // namespace linac

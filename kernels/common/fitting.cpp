@@ -1,0 +1,42 @@
+#include "kernels/common/fitting.h"
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "compiler/passes/layout.h"
+#include "compiler/passes/pipeline.h"
+#include "compiler/passes/smem_plan.h"
+#include "kernels/common/device_limits.h"
+
+namespace linac {
+
+int64_t planned_smem_bytes(const std::shared_ptr<ir::Kernel>& k, const OpOptions& opts) {
+  const DeviceLimits gpu = device_limits(opts);
+  // sm_90a's dots run on wgmma, with swizzled operand buffers (nvptx::GpuTarget::for_sm's default).
+  const bool wgmma = gpu.sm >= 90;
+  // Every call planned asks again, for kernels that are memoized (KernelMemo) and immutable: one plan
+  // per kernel and target (the key holds the kernel, so its address is never reused for another).
+  using Key = std::tuple<std::shared_ptr<ir::Kernel>, int64_t, bool>;
+  static std::mutex mu;
+  static std::map<Key, int64_t> planned;
+  const Key key{k, gpu.max_smem_per_block, wgmma};
+  {
+    std::lock_guard lock(mu);
+    if (auto it = planned.find(key); it != planned.end()) return it->second;
+  }
+  const passes::SmemPlan plan =
+      passes::plan_shared_memory(*k, passes::assign_layouts(*k, wgmma), passes::plan_pipelining(*k),
+                                 gpu.max_smem_per_block, wgmma ? passes::DotUnit::wgmma : passes::DotUnit::mma_sync);
+  std::lock_guard lock(mu);
+  planned[key] = plan.total_bytes;
+  return plan.total_bytes;
+}
+
+bool fits_gpu(const std::vector<std::shared_ptr<ir::Kernel>>& kernels, const OpOptions& opts) {
+  for (const auto& k : kernels)
+    if (planned_smem_bytes(k, opts) > device_limits(opts).max_smem_per_block) return false;
+  return true;
+}
+
+}  // namespace linac

@@ -1,0 +1,36 @@
+// Defaults the compiler's own plan decides: a family proposes configurations in order of preference and
+// the shared-memory planner (compiler/passes/smem_plan.h: layouts, pipelining and the plan, no LLVM) picks
+// the first whose kernels fit a block of the call's GPU (kernels/common/device_limits.h: the reference
+// GPU where none is known), planned for that GPU's target as its compile will (sm_90a's dots on wgmma;
+// LINAC_WGMMA=0, mma.sync there, is not what the defaults are checked against). So no default restates
+// what the planner would say ("fp32 at head dim 128 takes chunk 32 because chunk 64 needs N KB"), and a
+// GPU with less shared memory gets the next proposal instead of a launch that fails. Registers are not
+// planned before ptxas: defaults bounded by spills stay rules of their family, which say so.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "kernels/op.h"
+
+namespace linac {
+
+/// The dynamic shared memory `k` plans on the call's GPU (as `linac compile --emit smem` shows it).
+int64_t planned_smem_bytes(const std::shared_ptr<ir::Kernel>& k, const OpOptions& opts);
+
+/// Whether every one of `kernels` fits a block of the call's GPU.
+bool fits_gpu(const std::vector<std::shared_ptr<ir::Kernel>>& kernels, const OpOptions& opts);
+
+/// The first of `proposals` (non-empty) whose kernels fit (`kernels_of`: the kernels the plan launches
+/// with that configuration); the last when none does, whose compile then says what does not fit.
+template <class C>
+C first_fitting(const std::vector<C>& proposals,
+                const std::function<std::vector<std::shared_ptr<ir::Kernel>>(const C&)>& kernels_of,
+                const OpOptions& opts) {
+  for (const C& c : proposals)
+    if (fits_gpu(kernels_of(c), opts)) return c;
+  return proposals.back();
+}
+
+}  // namespace linac

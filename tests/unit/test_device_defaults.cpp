@@ -1,0 +1,58 @@
+// Defaults read the call's GPU (kernels/common/device_limits.h, fitting.h): its SM count decides how many
+// programs fill it, its shared memory which proposal runs; an unknown GPU is the reference one (an H100).
+#include <doctest/doctest.h>
+
+#include "compiler/ir/ir.h"
+#include "kernels/common/device_limits.h"
+#include "kernels/common/fitting.h"
+#include "kernels/common/host_tensor.h"
+#include "kernels/op.h"
+
+using namespace linac;
+
+namespace {
+
+OpOptions on_gpu(int64_t sms, int64_t max_smem, int sm) {
+  OpOptions opts;
+  opts.num_sms = sms;
+  opts.max_smem_per_block = max_smem;
+  opts.sm = sm;
+  return opts;
+}
+
+/// The kernel of linear_attn's gated fp32 forward at head dim 128 on `gpu`.
+std::shared_ptr<ir::Kernel> gated_fp32_forward(const OpOptions& gpu) {
+  TensorMap in;
+  for (const char* n : {"q", "k", "v"}) in[n] = HostTensor::zeros(DType::f32, {8, 256, 16, 128});
+  in["g"] = HostTensor::zeros(DType::f32, {8, 256, 16});
+  OpOptions opts = gpu;
+  opts.dtype = DType::f32;
+  const OpPlan plan = find_op("linear_attn").prepare(in, opts, {"o"});
+  REQUIRE(plan.launches.size() == 1);
+  return plan.launches[0].kernel;
+}
+
+}  // namespace
+
+TEST_CASE("fills_gpu and few_walks read the call's SM count, else the reference GPU's 132") {
+  const OpOptions unknown, small = on_gpu(16, 0, 0);
+  CHECK(fills_gpu(128, unknown));
+  CHECK_FALSE(fills_gpu(64, unknown));
+  CHECK(fills_gpu(16, small));
+  CHECK(few_walks(66, unknown));
+  CHECK_FALSE(few_walks(67, unknown));
+  CHECK_FALSE(few_walks(9, small));
+  CHECK(device_limits(unknown).max_smem_per_block == 232448);
+  CHECK(device_limits(unknown).sm == 90);
+}
+
+TEST_CASE("a default bounded by shared memory is the first proposal that fits the call's GPU") {
+  // linear_attn's gated fp32 forward at head dim 128: chunks of 64 fit neither; 32 fit sm_90, not sm_80.
+  const OpOptions sm90 = on_gpu(132, 232448, 90), sm80 = on_gpu(108, 166912, 80);
+  const auto on_sm90 = gated_fp32_forward(sm90), on_sm80 = gated_fp32_forward(sm80);
+  CHECK(on_sm90 != on_sm80);
+  CHECK(planned_smem_bytes(on_sm90, sm90) <= 232448);
+  CHECK(planned_smem_bytes(on_sm90, sm80) > 166912);  // what sm_80 would have been given without the planner
+  CHECK(planned_smem_bytes(on_sm80, sm80) <= 166912);
+  CHECK(gated_fp32_forward(OpOptions{}) == on_sm90);  // no GPU known: the reference GPU's
+}

@@ -129,8 +129,8 @@ SegmentCombineConfig combine_config(const LinearAttnConfig& cfg) {
 
 /// The forward's configurations for these inputs in order of preference, each with the user's --config
 /// on top; the first whose kernels fit the GPU runs (kernels/common/fitting.h). Chunks of 64, else 32,
-/// else 16 (fp32 tiles are twice as large); fp32 above head dim 64 from 32 on: chunk 64 fits there (222
-/// KB at K = 128, V = 64) but ran 8.6% slower than 32 (docs/ops/linear_attn.md, "Measured"). For each,
+/// else 16 (fp32 tiles are twice as large); fp32 above head dim 64 from 32 on: chunk 64 fits there but
+/// measured slower than 32 (docs/ops/linear_attn.md, "Measured"). For each,
 /// the defaults the tuner starts from (and what runs
 /// without it), chosen by measurement (docs/ops/linear_attn.md, "Measured" and "Segments"): one program
 /// per head and 128 value columns when that fills the GPU or the sequences are cut in segments (the

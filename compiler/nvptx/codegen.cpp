@@ -31,12 +31,7 @@ namespace linac::nvptx {
 
 GpuTarget GpuTarget::for_sm(int sm) {
   GpuTarget t{sm >= 90 ? 90 : 80};
-  if (const char* w = std::getenv("LINAC_WGMMA"); w && *w) {
-    const std::string s(w);
-    if (s == "0") t.sm90_dots = passes::DotUnit::mma_sync;
-    else if (s == "a-shared") t.sm90_dots = passes::DotUnit::wgmma_a_shared;
-    else if (s != "1") throw UserError(fmt::format("LINAC_WGMMA={}: expected 0, 1 or a-shared", s));
-  }
+  t.sm90_dots = passes::dot_unit_for_sm(90);
   return t;
 }
 

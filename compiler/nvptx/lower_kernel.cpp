@@ -151,6 +151,12 @@ bool KernelLowering::SmemHazards::conflicts(const std::vector<ByteRange>& reads,
   return false;
 }
 
+void KernelLowering::SmemHazards::merge(const SmemHazards& other) {
+  written.insert(written.end(), other.written.begin(), other.written.end());
+  read.insert(read.end(), other.read.begin(), other.read.end());
+  unknown = unknown || other.unknown;
+}
+
 void KernelLowering::wait_prefetched_loads() {
   b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(0)});
   prefetch_in_flight_.clear();
@@ -628,10 +634,7 @@ void KernelLowering::lower_for(const ir::Op& op) {
     for (size_t r = 0; r < phis[i].size(); ++r) phis[i][r]->addIncoming(next[i][r], latch);
   b_.CreateBr(header);
   b_.SetInsertPoint(exit);
-  // The exit is reached from the entry (no iteration) or from the end of the body.
-  hazards_.written.insert(hazards_.written.end(), at_entry.written.begin(), at_entry.written.end());
-  hazards_.read.insert(hazards_.read.end(), at_entry.read.begin(), at_entry.read.end());
-  hazards_.unknown = hazards_.unknown || at_entry.unknown;
+  hazards_.merge(at_entry);  // the exit is reached from the entry (no iteration) or from the end of the body
   tid_ = outer_tid;
   if (!async_loads.empty()) {
     // The copies issued for the iteration past the end are still in flight: drain them before the

@@ -173,7 +173,8 @@ class KernelLowering {
     bool unknown = false;  // after a join whose paths are not tracked: anything may be pending
     /// Whether accessing `reads` and `writes` now needs a barrier first (RAW, WAR, WAW).
     bool conflicts(const std::vector<ByteRange>& reads, const std::vector<ByteRange>& writes) const;
-    bool empty() const { return written.empty() && read.empty() && !unknown; }
+    /// Adds what `other` has pending (a join of two paths).
+    void merge(const SmemHazards& other);
   };
   SmemHazards hazards_;
   /// A loop body's accesses before its first barrier on every path: what the hazards at the loop's

@@ -1,6 +1,7 @@
 #include "compiler/passes/smem_plan.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <fmt/format.h>
 #include <vector>
 
@@ -435,6 +436,17 @@ std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
   for (auto& [id, line] : dots) out += line;
   out += fmt::format("smem total {} bytes\n", plan.total_bytes);
   return out;
+}
+
+DotUnit dot_unit_for_sm(int sm) {
+  DotUnit sm90 = DotUnit::wgmma;
+  if (const char* w = std::getenv("LINAC_WGMMA"); w && *w) {
+    const std::string s(w);
+    if (s == "0") sm90 = DotUnit::mma_sync;
+    else if (s == "a-shared") sm90 = DotUnit::wgmma_a_shared;
+    else if (s != "1") throw UserError(fmt::format("LINAC_WGMMA={}: expected 0, 1 or a-shared", s));
+  }
+  return sm >= 90 ? sm90 : DotUnit::mma_sync;
 }
 
 }  // namespace linac::passes

@@ -106,6 +106,12 @@ std::optional<DotOperandInPlace> dot_operand_in_place(const ir::Value* v,
 /// registers (ldmatrix) or from shared memory where its buffer can be swizzled.
 enum class DotUnit : uint8_t { mma_sync, wgmma, wgmma_a_shared };
 
+/// The one rule for where the dots of compute capability `sm` (x 10) run: mma.sync below 90; on sm_90a
+/// wgmma, or what LINAC_WGMMA asks for (0: mma.sync, a-shared: A from shared memory too, 1: the
+/// default; anything else is a UserError, checked on every target). Compiles (nvptx::GpuTarget::for_sm)
+/// and the defaults' fit checks (kernels/common/fitting.h) both ask it.
+DotUnit dot_unit_for_sm(int sm);
+
 /// Plans shared memory for `k` with the given layouts. With a wgmma `unit`, the dots that can run on
 /// warpgroup tensor cores do (WgmmaDot), their shared-memory operands' buffers swizzled.
 SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline,

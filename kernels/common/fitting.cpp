@@ -13,21 +13,22 @@ namespace linac {
 
 int64_t planned_smem_bytes(const std::shared_ptr<ir::Kernel>& k, const OpOptions& opts) {
   const DeviceLimits gpu = device_limits(opts);
-  // sm_90a's dots run on wgmma, with swizzled operand buffers (nvptx::GpuTarget::for_sm's default).
-  const bool wgmma = gpu.sm >= 90;
+  // Where the compile will run the dots (wgmma: swizzled operand buffers, warpgroup layouts).
+  const passes::DotUnit unit = passes::dot_unit_for_sm(gpu.sm);
+  const bool wgmma = unit != passes::DotUnit::mma_sync;
   // Every call planned asks again, for kernels that are memoized (KernelMemo) and immutable: one plan
   // per kernel and target (the key holds the kernel, so its address is never reused for another).
-  using Key = std::tuple<std::shared_ptr<ir::Kernel>, int64_t, bool>;
+  using Key = std::tuple<std::shared_ptr<ir::Kernel>, int64_t, passes::DotUnit>;
   static std::mutex mu;
   static std::map<Key, int64_t> planned;
-  const Key key{k, gpu.max_smem_per_block, wgmma};
+  const Key key{k, gpu.max_smem_per_block, unit};
   {
     std::lock_guard lock(mu);
     if (auto it = planned.find(key); it != planned.end()) return it->second;
   }
   const passes::SmemPlan plan =
       passes::plan_shared_memory(*k, passes::assign_layouts(*k, wgmma), passes::plan_pipelining(*k),
-                                 gpu.max_smem_per_block, wgmma ? passes::DotUnit::wgmma : passes::DotUnit::mma_sync);
+                                 gpu.max_smem_per_block, unit);
   std::lock_guard lock(mu);
   planned[key] = plan.total_bytes;
   return plan.total_bytes;

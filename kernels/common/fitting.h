@@ -1,8 +1,8 @@
 // Defaults the compiler's own plan decides: a family proposes configurations in order of preference and
 // the shared-memory planner (compiler/passes/smem_plan.h: layouts, pipelining and the plan, no LLVM) picks
 // the first whose kernels fit a block of the call's GPU (kernels/common/device_limits.h: the reference
-// GPU where none is known), planned for that GPU's target as its compile will (sm_90a's dots on wgmma;
-// LINAC_WGMMA=0, mma.sync there, is not what the defaults are checked against). So no default restates
+// GPU where none is known), planned for that GPU's target as its compile will (passes::dot_unit_for_sm:
+// sm_90a's dots on wgmma unless LINAC_WGMMA says otherwise). So no default restates
 // what the planner would say ("fp32 at head dim 128 takes chunk 32 because chunk 64 needs N KB"), and a
 // GPU with less shared memory gets the next proposal instead of a launch that fails. Registers are not
 // planned before ptxas: defaults bounded by spills stay rules of their family, which say so.

@@ -1,6 +1,6 @@
 #include "kernels/poly/fwd.h"
 
-#include <cmath>
+#include <bit>
 
 #include "kernels/common/prologue.h"
 #include "kernels/poly/features.h"
@@ -224,7 +224,7 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
   Tile den_terms = zeros({BT, BK}, f32);  // sum over blocks of phi_m(q) (*) z_m (normalize)
   Tile Z;
   if (cfg.normalize) {
-    const int64_t rows = int64_t{1} << static_cast<int>(std::ceil(std::log2(poly_feature_blocks(cfg))));
+    const int64_t rows = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(poly_feature_blocks(cfg))));
     Z = load(zstates, {row, ch.i_h, 0, 0}, {kIndex, kIndex, rows, BK});
   }
   auto z_row = [&](const Tile& block) { return slice(Z, 0, block, 1); };  // [1, BK]

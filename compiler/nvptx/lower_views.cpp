@@ -4,6 +4,8 @@
 // Over data tiles that means their shared-memory copies (smem_plan.h), the same copies that move a tile
 // between layouts; a concat or place whose parts are all in shared memory reads each element once,
 // from the address of the part that holds it.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "compiler/nvptx/lowering.h"
@@ -62,15 +64,15 @@ std::pair<const ir::Value*, Coords> KernelLowering::view_source(const ir::Op& op
   throw InternalError(fmt::format("{} is not a view with one source", ir::opcode_name(op.code)));
 }
 
-KernelLowering::Assembly KernelLowering::assembly_parts(const ir::Op& op, const Coords& c) {
+KernelLowering::Assembly KernelLowering::assembly_parts(const ir::Op& op, const Coords& c, bool clamped) {
   // Part i of a concat covers [start_i, start_i + n_i) of the axis; place's block covers
-  // [offset, offset + size) of every axis and the big tile the rest. Coordinates are clamped into each
-  // part, so that reading a part that is not chosen stays inside its buffer.
+  // [offset, offset + size) of every axis and the big tile the rest.
   Assembly a;
   a.parts.assign(op.operands.begin(), op.operands.end());
   a.at.assign(a.parts.size(), c);
   a.take.resize(a.parts.size() - 1);
-  auto clamp = [&](llvm::Value* x, int64_t n) {
+  auto clamp = [&](llvm::Value* x, int64_t n) -> llvm::Value* {
+    if (!clamped) return x;
     return b_.CreateBinaryIntrinsic(llvm::Intrinsic::smin, b_.CreateBinaryIntrinsic(llvm::Intrinsic::smax, x, i32(0)),
                                     i32(n - 1));
   };
@@ -123,7 +125,15 @@ llvm::Value* KernelLowering::smem_element_addr(const ir::Value* v, const Coords&
     auto [src, sc] = view_source(op, c);
     return smem_element_addr(src, sc, reads);
   }
-  Assembly a = assembly_parts(op, c);
+  // One address is chosen and read: the parts' coordinates need no clamping.
+  Assembly a = assembly_parts(op, c, /*clamped=*/false);
+  const bool one_value = std::all_of(a.parts.begin(), a.parts.end(), [&](const ir::Value* p) { return p == a.parts[0]; });
+  if (one_value) {  // a roll (concat({x, x})): choose the coordinates, then compute one address
+    Coords at = a.at.back();
+    for (size_t i = a.parts.size() - 1; i-- > 0;)
+      for (size_t d = 0; d < at.size(); ++d) at[d] = b_.CreateSelect(a.take[i], a.at[i][d], at[d]);
+    return smem_element_addr(a.parts[0], at, reads);
+  }
   llvm::Value* addr = smem_element_addr(a.parts.back(), a.at.back(), reads);
   for (size_t i = a.parts.size() - 1; i-- > 0;)
     addr = b_.CreateSelect(a.take[i], smem_element_addr(a.parts[i], a.at[i], reads), addr);
@@ -145,7 +155,7 @@ llvm::Value* KernelLowering::eval_view(const ir::Op& op, const Coords& c) {
     return t == DType::i1 ? b_.CreateICmpNE(x, b_.getInt8(0)) : x;
   }
   // Otherwise (index math among the parts) evaluate every part and choose the value.
-  Assembly a = assembly_parts(op, c);
+  Assembly a = assembly_parts(op, c, /*clamped=*/true);
   llvm::Value* x = eval_at(a.parts.back(), a.at.back());
   for (size_t i = a.parts.size() - 1; i-- > 0;) x = b_.CreateSelect(a.take[i], eval_at(a.parts[i], a.at[i]), x);
   return x;

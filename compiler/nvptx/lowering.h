@@ -101,7 +101,9 @@ class KernelLowering {
     std::vector<Coords> at;
     std::vector<llvm::Value*> take;
   };
-  Assembly assembly_parts(const ir::Op& op, const Coords& c);
+  /// `clamped`: each part's coordinates clamped into it, so that evaluating a part that is not chosen
+  /// stays inside it (needed where every part is evaluated; not where one address is chosen and read).
+  Assembly assembly_parts(const ir::Op& op, const Coords& c, bool clamped);
   /// Whether every element of v is an element of a shared-memory buffer: v is a data tile in shared
   /// memory, or views over such tiles only.
   bool in_smem(const ir::Value* v) const;

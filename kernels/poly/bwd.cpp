@@ -54,9 +54,7 @@ struct BwdProgram {
   Tile state(const Operand& block) const {
     return load(states, {row, ch.i_h, block, 0, 0}, {kIndex, kIndex, kIndex, cfg.block_k, cfg.block_v});
   }
-  Tile zstate(const Operand& block) const {
-    return load(zstates, {row, ch.i_h, block, 0}, {kIndex, kIndex, kIndex, cfg.block_k});
-  }
+  ZTables z_tables() const { return load_z_tables(cfg, zstates, row, ch.i_h); }
 
   /// For m = 0 .. K/2: body(m, w_m, X rolled left by m, X rolled right by m, f32 [BT, BK]) with w_m the
   /// block's weight; the rolls are products with the roll by one, carried from block to block.
@@ -77,14 +75,11 @@ struct BwdProgram {
     }, carried);
   }
 
-  /// Block m's state (and normalizer) with its rows rolled right by m, S': u' = dn S'^T (+ dd z') is
-  /// u = dn S^T (+ dd z) rolled right by m, so the Jacobian's J_m(x)^T u = u .* roll(x, m) +
-  /// roll(u .* x, -m) is u .* Xl + u' .* Xr without rolling u.
+  /// Block m's state with its rows rolled right by m, S': u' = dn S'^T is u = dn S^T rolled right by
+  /// m, so the Jacobian's J_m(x)^T u = u .* roll(x, m) + roll(u .* x, -m) is u .* Xl + u' .* Xr
+  /// without rolling u.
   Tile rolled_rows_state(const Tile& m) const {
     return rolled_rows(states, row, ch.i_h, m, Kdim, cfg.block_k, cfg.block_v);
-  }
-  Tile rolled_rows_zstate(const Tile& m) const {
-    return rolled_rows(zstates, row, ch.i_h, m, Kdim, cfg.block_k, 0);
   }
 };
 
@@ -101,6 +96,7 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_dq(const PolyConfig& cfg) {
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
   kb.set_min_ctas_per_sm(1);
+  kb.set_tensor_core_f32(cfg.dtype != f32);  // times_quadratic_form
   BwdProgram p(kb, cfg, /*reverse=*/false);
   Tensor dq = kb.tensor("dq", dt, 4);
   Tensor coef = cfg.coefficient_grads ? kb.tensor("coef_partials", f32, 2) : Tensor();
@@ -112,30 +108,35 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_dq(const PolyConfig& cfg) {
   Tile Qf = coefs ? Q.to(f32) : Tile();
   Tile dN = p.chunk(p.dn, ch.t0, BV);
   Tile dD = cfg.normalize ? p.dd_rows(ch.t0) : Tile();
-  // u = S dn (+ z dd) for a state S [BK, BV] (z [BK]) of the tokens before the segment.
-  auto feature_grad = [&](const Tile& S, const Tile& z) {
-    Tile u = dot(dN, S.T());
-    return cfg.normalize ? u + expand_dims(dD, 1) * expand_dims(z, 0) : u;
-  };
 
+  // The states' share, block by block: J_m(q)^T S_m dn (the normalizer's share of the degree-2 blocks
+  // is dd times the gradient of q^T Z2 q, 2 Z2 q, taken once after them).
   Tile dQ = zeros({BT, BK}, f32);
   Tile dA = zeros({BT}, f32), dB = zeros({BT}, f32), dC = zeros({BT}, f32);  // per row (coefs)
   std::vector<Tile*> carried = {&dQ};
   if (coefs) carried.push_back(&dC);
   Tile s2 = p.scale * p.scale;
   p.for_degree2(Q, [&](Tile m, Tile w, Tile Ql, Tile Qr) {
-    Tile u = feature_grad(p.state(m), cfg.normalize ? p.zstate(m) : Tile());
-    Tile u_rolled = feature_grad(p.rolled_rows_state(m), cfg.normalize ? p.rolled_rows_zstate(m) : Tile());
+    Tile u = dot(dN, p.state(m).T());
+    Tile u_rolled = dot(dN, p.rolled_rows_state(m).T());
     dQ = dQ + (u * Ql + u_rolled * Qr) * w;
     if (coefs) dC = dC + sum(Qf * Ql * u, 1) * (degree2_weight(m, p.Kdim) * s2);
   }, carried);
-  Tile u1 = feature_grad(p.state(p.deg2), cfg.normalize ? p.zstate(p.deg2) : Tile());
+  // Loaded after the blocks' loop, so that its buffer may take the place of the loop's.
+  const ZTables z = cfg.normalize ? p.z_tables() : ZTables{};
+  if (cfg.normalize && cfg.quadratic) {
+    Tile Zq = times_quadratic_form(Q, z.quadratic);  // rows (Z2 q_t)^T
+    dQ = dQ + expand_dims(dD, 1) * Zq * (2.0f * p.c * s2);
+    if (coefs) dC = dC + dD * sum(Qf * Zq, 1) * s2;
+  }
+  Tile u1 = dot(dN, p.state(p.deg2).T());
+  if (cfg.normalize) u1 = u1 + expand_dims(dD, 1) * slice(z.low, 0, 0, 1);
   dQ = dQ + u1 * (p.b * p.scale);
   if (coefs) {
     dB = sum(Qf * u1, 1) * p.scale;
     Tile s0 = load(p.states, {p.row, ch.i_h, p.deg2 + 1, 0, 0}, {kIndex, kIndex, kIndex, kIndex, BV}).to(f32);
     dA = sum(dN.to(f32) * expand_dims(s0, 0), 1);
-    if (cfg.normalize) dA = dA + dD * load(p.zstates, {p.row, ch.i_h, p.deg2 + 1, 0}, {kIndex, kIndex, kIndex, kIndex});
+    if (cfg.normalize) dA = dA + dD * take(take(z.low, 1, 0), 0, 0);
   }
 
   // The segment's own keys up to this chunk: dq_t += scale sum_s g_ts f'(x_ts) k_s.
@@ -201,6 +202,7 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_dkv(const PolyConfig& cfg) {
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
   kb.set_min_ctas_per_sm(1);
+  kb.set_tensor_core_f32(cfg.dtype != f32);  // times_quadratic_form
   BwdProgram p(kb, cfg, /*reverse=*/true);
   Tensor dk = kb.tensor("dk", dt, 4);
   Tensor dv = kb.tensor("dv", dt, 4);
@@ -210,25 +212,27 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_dkv(const PolyConfig& cfg) {
   Tile Kc = p.chunk(p.k, ch.t0, BK);
   Tile Kf = Kc.to(f32);
   Tile V = p.chunk(p.v, ch.t0, BV);
-  // u = R v (+ r) for a state R [BK, BV] (r [BK]) of the tokens after the segment.
-  auto feature_grad = [&](const Tile& R, const Tile& r) {
-    Tile u = dot(V, R.T());
-    return cfg.normalize ? u + expand_dims(r, 0) : u;
-  };
 
+  // The states' share, block by block: J_m(k)^T R_m v (the normalizer's share of the degree-2 blocks
+  // is the gradient of k^T R2 k, R2 = sum_t dd_t q_t q_t^T: 2 R2 k, taken once after them).
   Tile dK = zeros({BT, BK}, f32);
   Tile dV = zeros({BT, BV}, f32);
   p.for_degree2(Kc, [&](Tile m, Tile w, Tile Kl, Tile Kr) {
     Tile R = p.state(m);
     dV = dV + dot((Kf * Kl * w).to(dt), R);
-    Tile u = feature_grad(R, cfg.normalize ? p.zstate(m) : Tile());
-    Tile u_rolled = feature_grad(p.rolled_rows_state(m), cfg.normalize ? p.rolled_rows_zstate(m) : Tile());
+    Tile u = dot(V, R.T());
+    Tile u_rolled = dot(V, p.rolled_rows_state(m).T());
     dK = dK + (u * Kl + u_rolled * Kr) * w;
   }, {&dK, &dV});
+  const ZTables r = cfg.normalize ? p.z_tables() : ZTables{};
+  if (cfg.normalize && cfg.quadratic)
+    dK = dK + times_quadratic_form(Kc, r.quadratic) * (2.0f * p.c * p.scale * p.scale);
   Tile b1 = p.b * p.scale;
   Tile R1 = p.state(p.deg2);
   dV = dV + dot(Kc, R1) * b1;
-  dK = dK + feature_grad(R1, cfg.normalize ? p.zstate(p.deg2) : Tile()) * b1;
+  Tile u1 = dot(V, R1.T());
+  if (cfg.normalize) u1 = u1 + slice(r.low, 0, 0, 1);
+  dK = dK + u1 * b1;
   dV = dV + expand_dims(load(p.states, {p.row, ch.i_h, p.deg2 + 1, 0, 0}, {kIndex, kIndex, kIndex, kIndex, BV}).to(f32) * p.a, 0);
 
   // The segment's own queries from this chunk on: dk_s += scale sum_t g_ts f'(x_ts) q_t, dv_s += sum_t

@@ -7,9 +7,11 @@
 //   dk_s = sum_j w_j J_j(k_s)^T (R_j v_s + r_j),        R_j = sum_{t>=s} phi_j(q_t) dn_t^T, r_j = sum phi_j(q_t) dd_t
 //   dv_s = sum_j w_j R_j^T phi_j(k_s)
 // J_j the Jacobian of phi_j: for the degree-2 block m, J_m(x)^T u = u .* roll(x, m) + roll(u .* x, -m)
-// (roll left by m, then right), for degree 1 the identity. The states S, z are the forward's (states,
-// zstates: before each segment); R, r come from the same sums and a reverse scan over the segments
-// (rstates, rzstates: after each segment). Inside a segment the pairs (t, s) are taken directly:
+// (roll left by m, then right), for degree 1 the identity. The degree-2 blocks' normalizer terms add
+// up to the gradient of a quadratic form (fwd.h, poly_z_rows): sum_m w_m J_m(q)^T z_m = 2 Z2 q with
+// Z2 = sum_s k_s k_s^T, and likewise 2 R2 k with R2 = sum_t dd_t q_t q_t^T, one product per chunk.
+// The states S, z are the forward's (states, zstates: before each segment); R, r come from the same
+// sums and a reverse scan over the segments (rstates, rzstates: after each segment). Inside a segment the pairs (t, s) are taken directly:
 // dq_t += scale sum_s g_ts f'(x_ts) k_s, dk_s += scale sum_t g_ts f'(x_ts) q_t, dv_s += sum_t f_ts dn_t,
 // f' = b + 2 c x. O(T (L + K^2) D) work and O(T D) + O(T/L K^2 V) memory, like the forward.
 #pragma once

@@ -28,6 +28,16 @@ Tile first_segment(const PolyConfig& cfg, const Tensor& x, const Tensor& segment
   return i_n * ((x.dim(1) + (L - 1)) / L);
 }
 
+ZTables load_z_tables(const PolyConfig& cfg, const Tensor& t, const Tile& row, const Tile& h) {
+  const int64_t BK = cfg.block_k, low = poly_z_rows(cfg) - 2;
+  ZTables z;
+  if (cfg.quadratic) z.quadratic = load(t, {row, h, 0, 0}, {kIndex, kIndex, BK, BK});
+  z.low = load(t, {row, h, low, 0}, {kIndex, kIndex, 2, BK});
+  return z;
+}
+
+Tile times_quadratic_form(const Tile& X, const Tile& Z) { return dot(X.to(DType::f32), Z); }
+
 Tile rolled_rows(const Tensor& t, const Tile& row, const Tile& h, const Tile& m, const Tile& K, int64_t BK,
                  int64_t cols) {
   AccessOptions within_k{.limits = {{3, K}}};

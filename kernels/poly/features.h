@@ -36,6 +36,19 @@ dsl::Tile degree2_weight(const dsl::Tile& m, const dsl::Tile& K);
 dsl::Tile first_segment(const PolyConfig& cfg, const dsl::Tensor& x, const dsl::Tensor& segment_offsets,
                         const dsl::Tile& i_n);
 
+/// The normalizer's tables of one segment (poly_z_rows) from `t` ([segments, H, z_rows, BK] fp32):
+/// the quadratic form [BK, BK] (quadratic only; else null) and the low rows [2, BK], the degree-1 sum
+/// in row 0 and the degree-0 sum in element 0 of row 1.
+struct ZTables {
+  dsl::Tile quadratic, low;
+};
+ZTables load_z_tables(const PolyConfig& cfg, const dsl::Tensor& t, const dsl::Tile& row, const dsl::Tile& h);
+
+/// X [BT, BK] (cfg.dtype) times a quadratic form Z [BK, BK] fp32: rows (Z x_t)^T, fp32. A kernel that
+/// calls it sets kb.set_tensor_core_f32(cfg.dtype != f32): three tf32 products on the tensor cores
+/// (about fp32), its other products being 16-bit (in f32 kernels every product is f32 alike).
+dsl::Tile times_quadratic_form(const dsl::Tile& X, const dsl::Tile& Z);
+
 /// A [BK, cols] block of a per-segment table `t` ([segments, H, blocks, BK(, V)]) with its rows rolled
 /// right by m along K (row i holds row (i - m) mod K; rows past K hold garbage that a zero column of
 /// the rolled features cancels). Two loads at row offsets -m and K - m.

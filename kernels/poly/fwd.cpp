@@ -1,7 +1,5 @@
 #include "kernels/poly/fwd.h"
 
-#include <bit>
-
 #include "kernels/common/prologue.h"
 #include "kernels/poly/features.h"
 #include "linac/dsl.h"
@@ -35,11 +33,12 @@ int poly_feature_blocks(const PolyConfig& cfg) { return poly_degree2_blocks(cfg)
 
 int poly_degree2_blocks(const PolyConfig& cfg) { return cfg.quadratic ? cfg.block_k / 2 + 1 : 0; }
 
-// poly_*_sums: grid axis 0 runs over (feature block, V block). Degree-2 block m sums phi_m(x)^T y and,
-// for the normalizer, phi_m(x)^T w on the tensor cores beside it (w as column 0 of a narrow tile); the
-// last program sums the degrees 1 and 0 (x^T y into block deg2; sum y into row 0 of block deg2 + 1;
-// x^T w and sum w into the z of those blocks), its column sums accumulated elementwise and reduced
-// once. Forward: x = k, y = v, w = 1 on the sequence's rows; backward: x = q, y = dn, w = dd.
+int poly_z_rows(const PolyConfig& cfg) { return (cfg.quadratic ? cfg.block_k : 0) + 2; }
+
+// poly_*_sums: grid axis 0 runs over (feature block, V block), then with normalize one program for the
+// normalizer's tables. Degree-2 block m sums phi_m(x)^T y; the last feature block's programs sum the
+// degrees 1 and 0 (x^T y into block deg2; sum y into row 0 of block deg2 + 1). Forward: x = k, y = v, w = 1 on the sequence's rows; backward: x = q,
+// y = dn, w = dd.
 std::shared_ptr<ir::Kernel> build_poly_sums(const PolyConfig& cfg, bool backward) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v, CPS = cfg.segment_chunks;
   const DType dt = cfg.dtype, f32 = DType::f32;
@@ -63,8 +62,6 @@ std::shared_ptr<ir::Kernel> build_poly_sums(const PolyConfig& cfg, bool backward
   Tile b = seg.b, i_h = seg.i_h, row = seg.global_chunk;
   Tile v0 = i_v * BV;
   const int64_t deg2 = poly_degree2_blocks(cfg);
-  // Only the first V block stores z (every block computes the same).
-  AccessOptions z_rows{.limits = {{3, BK * (1 - minimum(i_v, 1))}}};
   auto chunk_of = [&](const Tensor& t, const Tile& t0, const Operand& col0, int64_t cols) {
     return load(t, {b, t0, i_h, col0}, {kIndex, BT, kIndex, cols}, seg.in_seq);
   };
@@ -83,67 +80,80 @@ std::shared_ptr<ir::Kernel> build_poly_sums(const PolyConfig& cfg, bool backward
     // roll matrix.
     Tile roll = cfg.exact_k ? Tile() : roll_matrix(BK, x.dim(3), i_f, dt);
     auto rolled = [&](const Tile& X) { return cfg.exact_k ? slice(concat({X, X}, 1), 1, i_f, BK).to(f32) : dot(X, roll); };
-    Tile column0 = expand_dims(iota(kSumColumns), 0) == 0;
     Tile S = zeros({BK, BV}, f32);
-    Tile Z = zeros({BK, kSumColumns}, f32);  // column 0: phi^T w (normalize)
-    std::vector<Tile*> carried = {&S};
-    if (cfg.normalize) carried.push_back(&Z);
     over_chunks(
         [&](Tile t0) {
           Tile X = chunk_of(x, t0, 0, BK);
           Tile phi_t = (X.to(f32) * rolled(X)).to(dt).T();  // x_j x_{(j+m) mod K}, transposed
           S = S + dot(phi_t, chunk_of(y, t0, v0, BV));
-          if (cfg.normalize) Z = Z + dot(phi_t, where(column0, expand_dims(weights(t0), 1), 0.0f).to(dt));
         },
-        carried);
+        {&S});
     store(sums, {row, i_h, i_f, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S);
-    if (cfg.normalize) store(zsums, {row, i_h, i_f, 0}, {kIndex, kIndex, kIndex, BK}, sum(Z, 1), z_rows);
   };
   auto low_degrees = [&] {
     Tile S1 = zeros({BK, BV}, f32);
     Tile Y0 = zeros({BT, BV}, f32);  // y summed row by row
-    Tile Z1 = zeros({BT, BK}, f32);  // x w summed row by row (normalize)
-    Tile Z0 = zeros({BT}, f32);      // w summed (normalize)
-    std::vector<Tile*> carried = {&S1, &Y0};
-    if (cfg.normalize) carried.insert(carried.end(), {&Z1, &Z0});
     over_chunks(
         [&](Tile t0) {
           Tile X = chunk_of(x, t0, 0, BK);
           Tile Y = chunk_of(y, t0, v0, BV);
           S1 = S1 + dot(X.T(), Y);
           Y0 = Y0 + Y.to(f32);
-          if (cfg.normalize) {
-            Tile wt = weights(t0);
-            Z1 = Z1 + X.to(f32) * expand_dims(wt, 1);
-            Z0 = Z0 + wt;
-          }
         },
-        carried);
+        {&S1, &Y0});
     Tile first_row = expand_dims(iota(BK), 1) == 0;
     store(sums, {row, i_h, deg2, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S1);
     store(sums, {row, i_h, deg2 + 1, 0, v0}, {kIndex, kIndex, kIndex, BK, BV},
           where(first_row, expand_dims(sum(Y0, 0), 0), 0.0f));
-    if (cfg.normalize) {
-      store(zsums, {row, i_h, deg2, 0}, {kIndex, kIndex, kIndex, BK}, sum(Z1, 0), z_rows);
-      store(zsums, {row, i_h, deg2 + 1, 0}, {kIndex, kIndex, kIndex, BK},
-            where(iota(BK) == 0, full({BK}, 1.0, f32) * sum(Z0, 0), 0.0f), z_rows);
-    }
   };
-  if (deg2 > 0)
-    if_then_else(i_f < deg2, degree2, low_degrees);
+  // The normalizer's tables (poly_z_rows): the quadratic form x^T diag(w) x on the tensor cores, the
+  // row sums elementwise and reduced once.
+  auto normalizer = [&] {
+    Tile Z2 = zeros({BK, BK}, f32);  // sum w x x^T (quadratic)
+    Tile Z1 = zeros({BT, BK}, f32);  // x w summed row by row
+    Tile Z0 = zeros({BT}, f32);      // w summed
+    std::vector<Tile*> carried = {&Z1, &Z0};
+    if (cfg.quadratic) carried.push_back(&Z2);
+    over_chunks(
+        [&](Tile t0) {
+          Tile X = chunk_of(x, t0, 0, BK);
+          Tile wt = weights(t0);
+          // Forward: w is 1 on the sequence's rows and x is 0 past them, so x w = x.
+          Tile Xw = backward ? X.to(f32) * expand_dims(wt, 1) : X.to(f32);
+          Z1 = Z1 + Xw;
+          Z0 = Z0 + wt;
+          if (cfg.quadratic) Z2 = Z2 + dot(X.T(), backward ? Xw.to(dt) : X);
+        },
+        carried);
+    const int64_t z1 = poly_z_rows(cfg) - 2;
+    if (cfg.quadratic) store(zsums, {row, i_h, 0, 0}, {kIndex, kIndex, BK, BK}, Z2);
+    store(zsums, {row, i_h, z1, 0}, {kIndex, kIndex, kIndex, BK}, sum(Z1, 0));
+    store(zsums, {row, i_h, z1 + 1, 0}, {kIndex, kIndex, kIndex, BK},
+          where(iota(BK) == 0, full({BK}, 1.0, f32) * sum(Z0, 0), 0.0f));
+  };
+  auto states = [&] {
+    if (deg2 > 0)
+      if_then_else(i_f < deg2, degree2, low_degrees);
+    else
+      low_degrees();
+  };
+  if (cfg.normalize)
+    if_then_else(program_id(0) < (deg2 + 1) * v_blocks, states, normalizer);
   else
-    low_degrees();
+    states();
   return kb.finish();
 }
 
 // poly_*_scan: one program per (feature block x V block, sequence x head) walks the segments, storing
-// the running sum before adding each segment's (forward), or from the last segment, after (backward).
+// the running sum before adding each segment's (forward), or from the last segment, after (backward);
+// with normalize one more program per sequence x head walks the normalizer's tables.
 std::shared_ptr<ir::Kernel> build_poly_scan(const PolyConfig& cfg, bool reverse) {
   const int64_t BK = cfg.block_k, BV = cfg.block_v, L = int64_t{cfg.chunk} * cfg.segment_chunks;
   const DType dt = cfg.dtype, f32 = DType::f32;
   KernelBuilder kb(reverse ? "poly_bwd_scan" : "poly_fwd_scan");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
+  kb.set_min_ctas_per_sm(1);  // ptxas kept 96 registers in f32 and spilled the normalizer's walk
   Tensor x = kb.tensor(reverse ? "q" : "k", dt, 4);  // for the sequences' bounds
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor seg_offsets = cfg.varlen ? kb.tensor("segment_offsets", DType::i32, 1) : Tensor();
@@ -153,33 +163,50 @@ std::shared_ptr<ir::Kernel> build_poly_scan(const PolyConfig& cfg, bool reverse)
   Tensor zstates = cfg.normalize ? kb.tensor(reverse ? "rzstates" : "zstates", f32, 4) : Tensor();
 
   Tile v_blocks = (sums.dim(4) + (BV - 1)) / BV;
+  Tile state_programs = poly_feature_blocks(cfg) * v_blocks;
   Tile i_f = program_id(0) / v_blocks;
   Tile i_v = program_id(0) % v_blocks;
   const auto [i_nh, i_n, i_h, seq] = sequence_program(x, cu, cfg.varlen, 1);
   Tile row0 = first_segment(cfg, x, seg_offsets, i_n);
   Tile segments = (seq.eos - seq.bos + (L - 1)) / L;
-  Tile v0 = i_v * BV;
-  AccessOptions z_rows{.limits = {{3, BK * (1 - minimum(i_v, 1))}}};
-  Tile S = zeros({BK, BV}, f32);
-  Tile z = zeros({BK}, f32);
-  std::vector<Tile*> carried = {&S};
-  if (cfg.normalize) carried.push_back(&z);
-  for_range_carrying(0, segments, [&](Tile s) {
-    Tile row = row0 + (reverse ? segments - 1 - s : s);
-    store(states, {row, i_h, i_f, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S.to(dt));
-    S = S + load(sums, {row, i_h, i_f, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
-    if (cfg.normalize) {
-      store(zstates, {row, i_h, i_f, 0}, {kIndex, kIndex, kIndex, BK}, z, z_rows);
-      z = z + load(zsums, {row, i_h, i_f, 0}, {kIndex, kIndex, kIndex, BK});
-    }
-  }, carried);
+  auto segment_row = [&](const Tile& s) { return row0 + (reverse ? segments - 1 - s : s); };
+
+  auto state_walk = [&] {
+    Tile v0 = i_v * BV;
+    Tile S = zeros({BK, BV}, f32);
+    for_range(0, segments, [&](Tile s) {
+      Tile row = segment_row(s);
+      store(states, {row, i_h, i_f, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S.to(dt));
+      S = S + load(sums, {row, i_h, i_f, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
+    }, S);
+  };
+  // The normalizer's tables: the quadratic form (rows 0 .. BK-1, quadratic) and the two low rows.
+  auto z_walk = [&] {
+    const int64_t low = poly_z_rows(cfg) - 2;
+    Tile Z2 = zeros({BK, BK}, f32);
+    Tile Z = zeros({2, BK}, f32);
+    std::vector<Tile*> carried = {&Z};
+    if (cfg.quadratic) carried.push_back(&Z2);
+    for_range_carrying(0, segments, [&](Tile s) {
+      Tile row = segment_row(s);
+      if (cfg.quadratic) {
+        store(zstates, {row, i_h, 0, 0}, {kIndex, kIndex, BK, BK}, Z2);
+        Z2 = Z2 + load(zsums, {row, i_h, 0, 0}, {kIndex, kIndex, BK, BK});
+      }
+      store(zstates, {row, i_h, low, 0}, {kIndex, kIndex, 2, BK}, Z);
+      Z = Z + load(zsums, {row, i_h, low, 0}, {kIndex, kIndex, 2, BK});
+    }, carried);
+  };
+  if (cfg.normalize)
+    if_then_else(program_id(0) < state_programs, state_walk, z_walk);
+  else
+    state_walk();
   return kb.finish();
 }
 
-// poly_fwd_out: the degree-2 blocks in order m = 0, 1, ... with Q rolled one more column each time (a
-// product with the loop-invariant roll by 1), then degrees 1 and 0; the segment's own chunks last.
-// The denominator's row sums stay inside a warp (the dots' rows are split over warps), so each
-// iteration reduces its own. With `grad` (the backward's first step) it stores what the backward
+// poly_fwd_out: the degree-2 blocks in order m = 0, 1, ... with Q rolled by m (a slice of [Q Q], or
+// one more column each time by a product with the roll by 1), then degrees 1 and 0 and the
+// denominator from the normalizer's tables; the segment's own chunks last. With `grad` (the backward's first step) it stores what the backward
 // needs of o instead of o: dn = do / den and dd = -(do . o) / den (one V block: the whole row of o).
 std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v, CPS = cfg.segment_chunks;
@@ -188,6 +215,7 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
   kb.set_min_ctas_per_sm(1);  // at 8 warps ptxas would keep 128 registers for two blocks, and spill
+  kb.set_tensor_core_f32(cfg.dtype != f32);  // times_quadratic_form
   auto [q, k, v] = declare_qkv(kb, dt);
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
@@ -217,43 +245,45 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
     return load(states, {row, ch.i_h, block, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
   };
 
-  // Everything before the segment, from its stored states. The normalizer's share of every feature
-  // block, phi z_m, is summed elementwise over the blocks and reduced along K once after them; the z of
-  // all blocks are loaded once (rows of Z) and read by row inside the loop.
+  // Everything before the segment, from its stored states.
   Tile O = zeros({BT, BV}, f32);
-  Tile den_terms = zeros({BT, BK}, f32);  // sum over blocks of phi_m(q) (*) z_m (normalize)
-  Tile Z;
-  if (cfg.normalize) {
-    const int64_t rows = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(poly_feature_blocks(cfg))));
-    Z = load(zstates, {row, ch.i_h, 0, 0}, {kIndex, kIndex, rows, BK});
-  }
-  auto z_row = [&](const Tile& block) { return slice(Z, 0, block, 1); };  // [1, BK]
   if (deg2 > 0) {
-    // Q rolled by m: with K == BK a slice of [Q Q] at column m (reads of Q's shared copy), else Q
-    // rolled one more column each time by a product with the roll matrix.
+    // sum_m w_m phi_m(Q) S_m, then times c scale^2: phi_m(Q) = Q .* (Q rolled by m) in the input dtype
+    // (two 16-bit values multiplied and rounded once, the tensor cores' operand), the weight w_m = 2 of
+    // the blocks 0 < m < K/2 taken by 2Q (exact), m = 0 and m = K/2 (weight 1) apart. Q rolled by m:
+    // with K == BK a slice of [Q Q] at column m (reads of Q's shared copy), else rolled one more
+    // column each time by a product with the roll by 1.
     const bool by_slice = cfg.exact_k;
     Tile QQ = by_slice ? concat({Q, Q}, 1) : Tile();
     Tile roll1 = by_slice ? Tile() : roll_matrix(BK, Kdim, constant(1, DType::i32), dt);
-    Tile Qr = Q;
+    Tile Q2 = Q + Q;
+    Tile Qr = Q;  // !by_slice: Q rolled by the block before
+    auto rolled = [&](const Tile& m) {
+      if (by_slice) return slice(QQ, 1, m, BK);
+      Qr = roll_by_one(cfg, Qr, roll1, /*right=*/false);
+      return Qr;
+    };
+    O = dot(Q * Q, state(constant(0, DType::i32)));
     std::vector<Tile*> carried = {&O};
     if (!by_slice) carried.push_back(&Qr);
-    if (cfg.normalize) carried.push_back(&den_terms);
-    Tile c2 = cc * scale * scale;
-    for_range_carrying(0, Kdim / 2 + 1, [&](Tile m) {
-      Tile rolled = by_slice ? slice(QQ, 1, m, BK) : Qr;
-      Tile phi = Qf * rolled.to(f32) * (degree2_weight(m, Kdim) * c2);
-      O = O + dot(phi.to(dt), state(m));
-      if (cfg.normalize) den_terms = den_terms + phi * z_row(m);
-      if (!by_slice) Qr = roll_by_one(cfg, Qr, roll1, /*right=*/false);
-    }, carried);
+    for_range_carrying(1, (Kdim + 1) / 2, [&](Tile m) { O = O + dot(Q2 * rolled(m), state(m)); }, carried);
+    // m = K/2 when K is even (with K odd the loop took floor(K/2); the block's state reads as 0; K ==
+    // BK is even).
+    Tile half = Kdim / 2;
+    AccessOptions if_even = cfg.exact_k ? AccessOptions{} : AccessOptions{.limits = {{3, BK * (1 - Kdim % 2)}}};
+    O = O + dot(Q * rolled(half), load(states, {row, ch.i_h, half, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, if_even));
+    O = O * (cc * scale * scale);
   }
   Tile b1 = cb * scale;
   O = O + dot(Q, state(deg2)) * b1;
   O = O + expand_dims(load(states, {row, ch.i_h, deg2 + 1, 0, v0}, {kIndex, kIndex, kIndex, kIndex, BV}).to(f32) * ca, 0);
+  // The denominator before the segment: c scale^2 q^T Z2 q + b scale q . z1 + a n (load_z_tables).
   Tile den;
   if (cfg.normalize) {
-    den_terms = den_terms + Qf * z_row(constant(deg2, DType::i32)) * b1;
-    den = sum(den_terms, 1) + take(take(Z, constant(deg2 + 1, DType::i32), 0), 0, 0) * ca;  // a per token
+    const ZTables z = load_z_tables(cfg, zstates, row, ch.i_h);
+    Tile terms = Qf * slice(z.low, 0, 0, 1) * b1;
+    if (cfg.quadratic) terms = terms + Qf * times_quadratic_form(Q, z.quadratic) * (cc * scale * scale);
+    den = sum(terms, 1) + take(take(z.low, 1, 0), 0, 0) * ca;
   }
 
   // The segment's own chunks up to this one, directly: f on the scores, causal inside this chunk.

@@ -9,8 +9,9 @@
 //   phi_m(x)_j = x_j x_{(j+m) mod K},  j < K,   weight 1 for m = 0 and m = K/2, 2 otherwise,
 // which lists every pair exactly once (the symmetric half of x (x) x, (K/2 + 1) K entries instead of
 // K(K+1)/2: 1.5% more at K = 64), each block a full [BT, K] tile built on chip from two loads of x.
-// The state of block j is S_j = sum_s phi_j(k_s)^T v_s [K, V] (and z_j = sum_s phi_j(k_s) [K] for
-// the denominator); the output's share is w_j phi_j(q_t) S_j.
+// The state of block j is S_j = sum_s phi_j(k_s)^T v_s [K, V]; the output's share is w_j phi_j(q_t) S_j.
+// The denominator's degree-2 share needs no feature blocks: sum_s (q.k_s)^2 = q^T Z q with the
+// quadratic form Z = sum_s k_s k_s^T [K, K] (one product per chunk, not one per block).
 //
 // The segmented schedule (poly_fwd_sums, poly_fwd_scan, poly_fwd_out). The degree-2 state is
 // K(K+1)/2 x V per head, too big for one program, and a head is one of only B*H walks: the sequence is
@@ -59,17 +60,23 @@ struct PolyConfig {
 int poly_feature_blocks(const PolyConfig& cfg);
 /// Degree-2 blocks: BK/2 + 1 when quadratic (those past floor(K/2) are unused), else 0.
 int poly_degree2_blocks(const PolyConfig& cfg);
+/// Rows of the normalizer tables (zsums, zstates: [segments, H, rows, BK] fp32), sums over tokens s
+/// with weights w_s (1 in the forward, dd in the backward): when quadratic, rows 0 .. BK-1 the
+/// quadratic form sum w_s x_s x_s^T; then the degree-1 row sum w_s x_s; then the degree-0 row with
+/// sum w_s in element 0.
+int poly_z_rows(const PolyConfig& cfg);
 
 /// Records the segmented form's first kernel: each segment's own sums of the feature blocks' states,
-/// sums [segments, H, blocks, BK, V] fp32 and with normalize zsums [segments, H, blocks, BK] fp32. Forward:
-/// phi(k)^T v and phi(k)^T 1; backward: phi(q)^T dn and phi(q)^T dd. Grid (blocks - 1 times V blocks,
-/// segments of a sequence, N*H), or with varlen (.., all segments, H) and segment_indices [segments, 2]
+/// sums [segments, H, blocks, BK, V] fp32 and with normalize the normalizer's, zsums [segments, H,
+/// poly_z_rows, BK] fp32. Forward: phi(k)^T v and w = 1; backward: phi(q)^T dn and w = dd. Grid ((blocks -
+/// 1) x V blocks, plus one program for the normalizer's tables when normalized, segments of a sequence, N*H), or with varlen (.., all segments, H) and segment_indices [segments, 2]
 /// = (sequence, segment of it). Parameters: k v (backward: q dn [dd]) [cu_seqlens segment_indices] sums
 /// [zsums].
 std::shared_ptr<ir::Kernel> build_poly_sums(const PolyConfig& cfg, bool backward);
 /// Records the scan of the sums over each sequence's segments: the state before every segment, states
-/// [segments, H, blocks, BK, V] in cfg.dtype (zstates fp32), or with `reverse` after it (rstates,
-/// rzstates). Grid (blocks x V blocks, N*H). Parameters: k (reverse: q) [cu_seqlens segment_offsets]
+/// [segments, H, blocks, BK, V] in cfg.dtype (zstates [segments, H, poly_z_rows, BK] fp32), or with
+/// `reverse` after it (rstates, rzstates). Grid (blocks x V blocks, plus one program for the
+/// normalizer's tables when normalized, N*H). Parameters: k (reverse: q) [cu_seqlens segment_offsets]
 /// sums [zsums] states [zstates]; segment_offsets [N+1] the first segment of each sequence (varlen;
 /// dense: n * ceil(T / L)).
 std::shared_ptr<ir::Kernel> build_poly_scan(const PolyConfig& cfg, bool reverse);

@@ -76,7 +76,7 @@ std::vector<Config> poly_tuning_space(const ProblemShape& s, const OpOptions&) {
 const std::vector<PolySavedTensor>& poly_saved_tensors() {
   static const std::vector<PolySavedTensor> saved = {
       {"saved_states", "states", "[segments,H,blocks,BK,V]", false},
-      {"saved_zstates", "zstates", "[segments,H,blocks,BK]", true},
+      {"saved_zstates", "zstates", "[segments,H,z_rows,BK]", true},
       {"saved_den", "den", "[B,T,H]", true},
   };
   return saved;
@@ -184,6 +184,7 @@ SegmentedPlan add_segment_tables(OpPlan& plan, const SequenceLayout& seq, const 
   sp.segments = chunk_tables(seq, L, &segment_offsets, &segment_indices);
   sp.chunks = chunk_tables(seq, cfg.chunk, &chunk_offsets, &chunk_indices);
   sp.blocks = poly_feature_blocks(cfg);
+  sp.z_rows = poly_z_rows(cfg);
   sp.v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
   if (sp.segments == 0) return sp;
   if (seq.varlen) {
@@ -193,13 +194,15 @@ SegmentedPlan add_segment_tables(OpPlan& plan, const SequenceLayout& seq, const 
   }
   plan.tensors["sums"] = HostTensor::zeros(DType::f32, {sp.segments, seq.H, sp.blocks, cfg.block_k, seq.V});
   if (cfg.normalize)
-    plan.tensors["zsums"] = HostTensor::zeros(DType::f32, {sp.segments, seq.H, sp.blocks, cfg.block_k});
+    plan.tensors["zsums"] = HostTensor::zeros(DType::f32, {sp.segments, seq.H, sp.z_rows, cfg.block_k});
   // The per-segment and per-chunk kernels run over the segments (chunks) of a sequence and B*H, or
   // with varlen over all of them and H.
   const int64_t sequences_per_axis = seq.varlen ? 1 : seq.B;
   sp.heads_axis = seq.varlen ? seq.H : seq.B * seq.H;
-  sp.sums_grid = {(sp.blocks - 1) * sp.v_blocks, sp.segments / sequences_per_axis, sp.heads_axis};
-  sp.scan_grid = {sp.blocks * sp.v_blocks, seq.N * seq.H, 1};
+  // One more sums and scan program per segment (sequence) and head for the normalizer's tables.
+  const int64_t z_programs = cfg.normalize ? 1 : 0;
+  sp.sums_grid = {(sp.blocks - 1) * sp.v_blocks + z_programs, sp.segments / sequences_per_axis, sp.heads_axis};
+  sp.scan_grid = {sp.blocks * sp.v_blocks + z_programs, seq.N * seq.H, 1};
   sp.chunks_per_axis = sp.chunks / sequences_per_axis;
   return sp;
 }
@@ -208,7 +211,7 @@ void add_states(OpPlan& plan, const SequenceLayout& seq, const PolyConfig& cfg, 
   const int64_t blocks = sp.blocks;
   plan.tensors[reverse ? "rstates" : "states"] = HostTensor::zeros(cfg.dtype, {sp.segments, seq.H, blocks, cfg.block_k, seq.V});
   if (cfg.normalize)
-    plan.tensors[reverse ? "rzstates" : "zstates"] = HostTensor::zeros(DType::f32, {sp.segments, seq.H, blocks, cfg.block_k});
+    plan.tensors[reverse ? "rzstates" : "zstates"] = HostTensor::zeros(DType::f32, {sp.segments, seq.H, sp.z_rows, cfg.block_k});
 }
 
 namespace {

@@ -47,7 +47,7 @@ PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel w
 /// The segmented schedule's tables in a plan (fwd.h): segment and chunk tables with varlen, the
 /// per-segment sums scratch, and the launch grids.
 struct SegmentedPlan {
-  int64_t segments = 0, chunks = 0, blocks = 0, v_blocks = 0;
+  int64_t segments = 0, chunks = 0, blocks = 0, z_rows = 0, v_blocks = 0;
   int64_t chunks_per_axis = 0, heads_axis = 0;  // per-chunk grids: (chunks_per_axis, .., heads_axis)
   std::array<int64_t, 3> sums_grid{}, scan_grid{};
 };

@@ -128,7 +128,7 @@ OpPlan plan_poly_bwd(const TensorMap& inputs, const OpOptions& opts_in, const st
   if (saved) {
     const std::map<std::string, std::vector<int64_t>> shapes = {
         {"states", {sp.segments, seq.H, sp.blocks, cfg.block_k, seq.V}},
-        {"zstates", {sp.segments, seq.H, sp.blocks, cfg.block_k}},
+        {"zstates", {sp.segments, seq.H, sp.z_rows, cfg.block_k}},
         {"den", {seq.B, seq.T, seq.H}}};
     for (const auto& t : poly_saved_tensors()) {
       if (t.normalized_only && !cfg.normalize) continue;

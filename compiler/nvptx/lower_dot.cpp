@@ -55,7 +55,9 @@ void KernelLowering::lower_dot(const ir::Op& op) {
     if (o.col0) col = b_.CreateAdd(col, i32(o.col0));
     return smem_addr(o.buf, {row, col});
   };
-  SmemOperand a = operand(op.operands[0]), b = operand(op.operands[1]);
+  // A from the registers that hold it (passes::dot_a_in_registers): no shared-memory copy to read.
+  const bool a_in_registers = smem_.dots_a_in_registers.count(&op) > 0;
+  SmemOperand a = a_in_registers ? SmemOperand{nullptr, false} : operand(op.operands[0]), b = operand(op.operands[1]);
   const int64_t M = op.operands[0]->type.shape[0], K = op.operands[0]->type.shape[1];
   const int64_t N = op.operands[1]->type.shape[1];
   const DType in = op.operands[0]->type.dtype;
@@ -74,7 +76,8 @@ void KernelLowering::lower_dot(const ir::Op& op) {
     b_.CreateIntrinsic(llvm::Intrinsic::nvvm_fence_proxy_async_shared_cta, {});
     barrier();
   }
-  before_smem_access({smem_range(a.buf), smem_range(b.buf)}, {});
+  if (a_in_registers) before_smem_access({smem_range(b.buf)}, {});
+  else before_smem_access({smem_range(a.buf), smem_range(b.buf)}, {});
   auto read = [&](const SmemOperand& o, llvm::Value* i, llvm::Value* j) {
     return b_.CreateLoad(llvm_type(o.buf->type.dtype), o.transposed ? stored_addr(o, j, i) : stored_addr(o, i, j));
   };
@@ -182,11 +185,25 @@ void KernelLowering::lower_dot(const ir::Op& op) {
   };
 
   std::vector<llvm::Value*> acc = initial_accumulators();
+  // A held in the mma layout: register 4 (tm * K/8 + j) + q is element (row g + 8 (q / 2), column
+  // 8 j + 2 t + q % 2) of the warp's 16-row tile tm (passes::Layout::register_coords).
+  const Regs a_regs = a_in_registers ? get_in_layout(op.operands[0], layout(op.operands[0])) : Regs{};
+  auto pack = [&](llvm::Value* lo, llvm::Value* hi) {
+    auto* pair = llvm::FixedVectorType::get(lo->getType(), 2);
+    llvm::Value* v = b_.CreateInsertElement(llvm::PoisonValue::get(pair), lo, uint64_t{0});
+    return b_.CreateBitCast(b_.CreateInsertElement(v, hi, uint64_t{1}), b_.getInt32Ty());
+  };
   // A's fragments of the 16-deep step at k0, one per 16-row tile of this warp: a0 rows 0-7/k 0-7, a1
   // rows 8-15/k 0-7, a2 rows 0-7/k 8-15, a3 rows 8-15/k 8-15 (as mma.sync and wgmma take them).
   auto a_fragments = [&](int64_t k0) {
     std::vector<std::vector<llvm::Value*>> afrag(mt);
     for (int64_t tm = 0; tm < mt; ++tm) {
+      if (a_in_registers) {  // the 8-column tiles k0/8 and k0/8 + 1: (a0, a1) and (a2, a3)
+        const size_t lo = static_cast<size_t>((tm * (K / 8) + k0 / 8) * 4), hi = lo + 4;
+        afrag[tm] = {pack(a_regs[lo], a_regs[lo + 1]), pack(a_regs[lo + 2], a_regs[lo + 3]),
+                     pack(a_regs[hi], a_regs[hi + 1]), pack(a_regs[hi + 2], a_regs[hi + 3])};
+        continue;
+      }
       llvm::Value* m0 = tile_row(tm);
       if (!a.transposed) {
         // Stored [m][k]: lane l addresses row m0 + l%16 at column k0 + (l/16)*8.

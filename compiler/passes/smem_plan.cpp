@@ -154,6 +154,10 @@ class Planner {
     switch (op.code) {
       case OpCode::Dot:
         for (const ir::Value* v : op.operands) {
+          if (v == op.operands[0] && dot_a_in_registers(op, layouts_, plan_.classes)) {
+            plan_.dots_a_in_registers.insert(&op);
+            continue;
+          }
           if (auto in_place = dot_operand_in_place(v, plan_.classes))
             need_smem(in_place->buf);  // read at an offset, or transposed with ldmatrix.trans
           else
@@ -403,6 +407,17 @@ std::optional<DotOperandInPlace> dot_operand_in_place(const ir::Value* v,
   return r;
 }
 
+bool dot_a_in_registers(const ir::Op& op, const LayoutMap& layouts, const std::map<const ir::Value*, ValueClass>& classes) {
+  if (op.code != OpCode::Dot) return false;
+  const ir::Value* a = op.operands[0];
+  if (a->type.dtype != DType::bf16 && a->type.dtype != DType::f16) return false;
+  if (op.operands[1]->type.dtype != a->type.dtype || a->type.shape[1] % 16 != 0) return false;
+  if (classes.at(a) != ValueClass::Data) return false;
+  const Layout &la = layouts.at(a), &l = layouts.at(op.result());
+  return la.kind == Layout::Kind::Mma && l.kind == Layout::Kind::Mma && la.wn == 1 && l.wn == 1 && la.wm == l.wm &&
+         la.warpgroups == l.warpgroups && la.num_threads == l.num_threads;
+}
+
 SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline,
                             int64_t max_smem_bytes, DotUnit unit) {
   return Planner(k, layouts, pipeline, max_smem_bytes, unit).run();
@@ -429,9 +444,15 @@ std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
   auto where = [&](const WgmmaOperand& o) {
     return fmt::format("{} {}-major at [{}, {}]", names.at(o.buf), o.k_major ? "K" : "MN", o.row0, o.col0);
   };
+  auto a_registers = [&](const ir::Op* op) {
+    return std::string(plan.dots_a_in_registers.count(op) ? "in its registers" : "by ldmatrix");
+  };
   for (const auto& [op, d] : plan.wgmma_dots)
     dots.push_back({op->result()->id, fmt::format("wgmma {} = dot: A {}, B {}\n", names.at(op->result()),
-                                                  d.a.buf ? where(d.a) : std::string("in registers"), where(d.b))});
+                                                  d.a.buf ? where(d.a) : a_registers(op), where(d.b))});
+  for (const ir::Op* op : plan.dots_a_in_registers)  // the mma.sync dots'
+    if (!plan.wgmma_dots.count(op))
+      dots.push_back({op->result()->id, fmt::format("dot {}: A in its registers\n", names.at(op->result()))});
   std::sort(dots.begin(), dots.end());
   for (auto& [id, line] : dots) out += line;
   out += fmt::format("smem total {} bytes\n", plan.total_bytes);

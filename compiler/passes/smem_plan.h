@@ -81,6 +81,7 @@ struct SmemPlan {
   bool line_scans = false;
   int64_t total_bytes = 0;
   std::map<const ir::Op*, WgmmaDot> wgmma_dots;  // the dots that run on wgmma (empty unless asked for)
+  std::set<const ir::Op*> dots_a_in_registers;    // the dots whose A is read from its registers (dot_a_in_registers)
 };
 
 /// The scratch bytes of a scan of a 2-D tile (f16, bf16, f32 or i32: 32-bit sums) along an axis of at
@@ -101,6 +102,14 @@ struct DotOperandInPlace {
 /// which gets a shared-memory copy of its own. `classes` is SmemPlan::classes.
 std::optional<DotOperandInPlace> dot_operand_in_place(const ir::Value* v,
                                                       const std::map<const ir::Value*, ValueClass>& classes);
+
+/// Whether dot `op` reads its A operand from the registers that hold it, with no shared-memory copy and
+/// no ldmatrix: A is a 16-bit tile computed into registers (ValueClass::Data) in an mma layout whose
+/// warps all lie along M, as the result's do (the same 16-row tiles per warp), and K is a multiple of
+/// 16. A thread's registers of two neighbouring 8-column tiles are then exactly its A fragment of one
+/// 16-deep step (the m16n8 accumulator layout is the m16n8k16 A layout in halves: FlashAttention feeds
+/// its scores to the second product so). The planner and the lowering both ask this.
+bool dot_a_in_registers(const ir::Op& op, const LayoutMap& layouts, const std::map<const ir::Value*, ValueClass>& classes);
 
 /// Where a target's dots run: mma.sync (sm_80, and sm_90a on request), or wgmma (sm_90a) with A from
 /// registers (ldmatrix) or from shared memory where its buffer can be swizzled.

@@ -122,7 +122,7 @@ TEST_CASE("wgmma: the sm_90a plan puts the products it can hold on warpgroup ten
     auto k = build(c);
     rt::Compiled hopper = rt::compile(*k, rt::Arch::sm_90a);
     CHECK(count(hopper.smem_plan, "\nwgmma ") == c.wgmma_dots);
-    CHECK(count(hopper.smem_plan, "A in registers") == c.wgmma_dots);  // the default
+    CHECK(count(hopper.smem_plan, "A by ldmatrix") == c.wgmma_dots);  // the default
     CHECK(count(hopper.ptx, "wgmma.mma_async.sync.aligned") >= c.K / 16);
     CHECK(hopper.ptx.find("fence.proxy.async.shared::cta") != std::string::npos);
     CHECK(hopper.ptx.find("wgmma.wait_group.sync.aligned") != std::string::npos);
@@ -130,7 +130,7 @@ TEST_CASE("wgmma: the sm_90a plan puts the products it can hold on warpgroup ten
       // A from shared memory wherever its rows take a swizzle: all but the 96-byte rows of K = 48.
       rt::Compiled a_shared = rt::compile(*k, rt::Arch::sm_90a);
       CHECK(count(a_shared.smem_plan, "\nwgmma ") == c.wgmma_dots);
-      CHECK(count(a_shared.smem_plan, "A in registers") == (c.K == 48 ? 1 : 0));
+      CHECK(count(a_shared.smem_plan, "A by ldmatrix") == (c.K == 48 ? 1 : 0));
     });
     with_dots("0", [&] { CHECK(count(rt::compile(*k, rt::Arch::sm_90a).ptx, "wgmma.mma_async") == 0); });
     rt::Compiled ampere = rt::compile(*k, rt::Arch::sm_80);

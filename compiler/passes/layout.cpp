@@ -240,12 +240,31 @@ class LayoutAssigner {
     return v->def && v->def->code == OpCode::Load;
   }
 
-  /// Records, for elementwise results, that a consumer computes in the mma layout; and for loads (and
-  /// their casts) that an elementwise consumer computes in another blocked layout.
+  /// Whether every tile operand of `op` that holds data is a load or a cast of one.
+  bool all_load_rooted(const ir::Op& op) {
+    for (const ir::Value* v : op.operands)
+      if (!v->type.is_scalar() && is_data(v) && !load_rooted(v)) return false;
+    return true;
+  }
+
+  /// Records, for elementwise results, that a consumer computes in the mma layout (or that a dot takes
+  /// them as its A operand, which it then reads from their registers: smem_plan.h dot_a_in_registers);
+  /// and for loads (and their casts) that an elementwise consumer computes in another blocked layout.
   void collect_wants(const ir::Block& b) {
     for (auto it = b.ops.rbegin(); it != b.ops.rend(); ++it) {
       const ir::Op& op = **it;
       for (const auto& r : op.regions) collect_wants(*r);
+      if (op.code == OpCode::Dot) {
+        // On sm_90a only: there A from registers saves wgmma a store, a barrier and ldmatrix per
+        // operand; on sm_80 the tiles held in registers made gated_delta_rule_bwd_chunk_ut spill.
+        const ir::Value* a = op.operands[0];
+        auto l = out_.find(op.result());
+        if (warpgroups_ && a->def && ir::is_elementwise(a->def->code) && Layout::mma_fits(a->type.shape) && l != out_.end() &&
+            l->second.kind == Layout::Kind::Mma && l->second.wn == 1 &&
+            Layout::mma(a->type.shape, num_warps_, warpgroups_).wn == 1)
+          wants_mma_.insert(a);
+        continue;
+      }
       if (!ir::is_elementwise(op.code) || op.results.empty()) continue;
       const ir::Value* res = op.result();
       auto l = out_.find(res);
@@ -343,12 +362,15 @@ class LayoutAssigner {
           chosen_follows = follows;
         }
       }
-      if (chosen) {
+      // Wanted in the mma layout (a consumer computes there, or a dot reads it as A from registers),
+      // a value of loaded operands only is computed there: they are read from their shared copies.
+      const bool wanted_mma = wants_mma_.count(op.result()) && Layout::mma_fits(t.shape);
+      if (chosen && !(wanted_mma && chosen_follows && all_load_rooted(op))) {
         Layout l = *chosen;
         out_[op.result()] = l;
         return;
       }
-      if (wants_mma_.count(op.result()) && Layout::mma_fits(t.shape)) {
+      if (wanted_mma) {
         out_[op.result()] = Layout::mma(t.shape, num_warps_, warpgroups_);
         return;
       }

@@ -156,6 +156,8 @@ class Planner {
         for (const ir::Value* v : op.operands) {
           if (v == op.operands[0] && dot_a_in_registers(op, layouts_, plan_.classes)) {
             plan_.dots_a_in_registers.insert(&op);
+            // Math on views is evaluated at the fragments' coordinates, from its sources' copies.
+            if (cls(v) == ValueClass::Remat) need_eval(v);
             continue;
           }
           if (auto in_place = dot_operand_in_place(v, plan_.classes))
@@ -412,7 +414,7 @@ bool dot_a_in_registers(const ir::Op& op, const LayoutMap& layouts, const std::m
   const ir::Value* a = op.operands[0];
   if (a->type.dtype != DType::bf16 && a->type.dtype != DType::f16) return false;
   if (op.operands[1]->type.dtype != a->type.dtype || a->type.shape[1] % 16 != 0) return false;
-  if (classes.at(a) != ValueClass::Data) return false;
+  if (classes.at(a) != ValueClass::Data && classes.at(a) != ValueClass::Remat) return false;
   const Layout &la = layouts.at(a), &l = layouts.at(op.result());
   return la.kind == Layout::Kind::Mma && l.kind == Layout::Kind::Mma && la.wn == 1 && l.wn == 1 && la.wm == l.wm &&
          la.warpgroups == l.warpgroups && la.num_threads == l.num_threads;

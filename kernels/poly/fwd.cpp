@@ -79,12 +79,19 @@ std::shared_ptr<ir::Kernel> build_poly_sums(const PolyConfig& cfg, bool backward
     // X rolled by m: with K == BK a slice of [X X] (reads of X's shared copy), else a product with the
     // roll matrix.
     Tile roll = cfg.exact_k ? Tile() : roll_matrix(BK, x.dim(3), i_f, dt);
-    auto rolled = [&](const Tile& X) { return cfg.exact_k ? slice(concat({X, X}, 1), 1, i_f, BK).to(f32) : dot(X, roll); };
+    // phi_m(X)^T [BK, BT]: x_sj x_s,(j+m) in the input dtype (two 16-bit values multiplied and rounded
+    // once). With K == BK math on views of X's shared copy, which the product evaluates at its A
+    // operand's coordinates (smem_plan.h dot_a_in_registers).
+    auto features_t = [&](const Tile& X) {
+      if (!cfg.exact_k) return (X.to(f32) * dot(X, roll)).to(dt).T();
+      Tile XT = X.T();
+      return XT * slice(concat({XT, XT}, 0), 0, i_f, BK);
+    };
     Tile S = zeros({BK, BV}, f32);
     over_chunks(
         [&](Tile t0) {
           Tile X = chunk_of(x, t0, 0, BK);
-          Tile phi_t = (X.to(f32) * rolled(X)).to(dt).T();  // x_j x_{(j+m) mod K}, transposed
+          Tile phi_t = features_t(X);
           S = S + dot(phi_t, chunk_of(y, t0, v0, BV));
         },
         {&S});

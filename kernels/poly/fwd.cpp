@@ -293,20 +293,27 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
     den = sum(terms, 1) + take(take(z.low, 1, 0), 0, 0) * ca;
   }
 
-  // The segment's own chunks up to this one, directly: f on the scores, causal inside this chunk.
+  // The segment's own chunks up to this one, directly: f on the scores x = q.k (the scale taken by the
+  // coefficients), causal inside this chunk only. The denominator's share, F's row sums, on the tensor
+  // cores beside the numerator: F times a column of ones (F as the numerator's product takes it).
   Tile causal = expand_dims(iota(BT), 1) >= expand_dims(iota(BT), 0);
-  std::vector<Tile*> carried = {&O};
-  if (cfg.normalize) carried.push_back(&den);
-  for_range_carrying(segment * CPS, ch.chunk + 1, [&](Tile c) {
+  Tile ones = full({BT, kSumColumns}, 1.0, dt);
+  Tile row_sums = zeros({BT, kSumColumns}, f32);  // column j: sum of F's rows (normalize)
+  auto pairs = [&](const Tile& c, bool diagonal) {
     Tile t0 = ch.bos + c * BT;
     Tile Kc = load(k, {ch.b, t0, ch.i_h, 0}, {kIndex, BT, kIndex, BK}, ch.in_seq);
     Tile V = load(v, {ch.b, t0, ch.i_h, v0}, {kIndex, BT, kIndex, BV}, ch.in_seq);
-    Tile X = dot(Q, Kc.T()) * scale;
-    Tile fx = cfg.quadratic ? ca + X * (cb + cc * X) : ca + cb * X;
-    Tile F = where(causal | (c < ch.chunk), fx, 0.0f);
-    O = O + dot(F.to(dt), V);
-    if (cfg.normalize) den = den + sum(F, 1);
-  }, carried);
+    Tile X = dot(Q, Kc.T());
+    Tile fx = cfg.quadratic ? ca + X * (b1 + cc * scale * scale * X) : ca + b1 * X;
+    Tile F = (diagonal ? where(causal, fx, 0.0f) : fx).to(dt);
+    O = O + dot(F, V);
+    if (cfg.normalize) row_sums = row_sums + dot(F, ones);
+  };
+  std::vector<Tile*> carried = {&O};
+  if (cfg.normalize) carried.push_back(&row_sums);
+  for_range_carrying(segment * CPS, ch.chunk, [&](Tile c) { pairs(c, false); }, carried);
+  pairs(ch.chunk, true);
+  if (cfg.normalize) den = den + take(row_sums, 0, 1);
   if (cfg.normalize) {
     den = den + kPolyEps;
     O = O / expand_dims(den, 1);

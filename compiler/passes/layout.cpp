@@ -256,7 +256,7 @@ class LayoutAssigner {
       for (const auto& r : op.regions) collect_wants(*r);
       if (op.code == OpCode::Dot) {
         // On sm_90a only: there A from registers saves wgmma a store, a barrier and ldmatrix per
-        // operand; on sm_80 the tiles held in registers made gated_delta_rule_bwd_chunk_ut spill.
+        // operand (on sm_80 the layouts stay as they were; see assign_op).
         const ir::Value* a = op.operands[0];
         auto l = out_.find(op.result());
         if (warpgroups_ && a->def && ir::is_elementwise(a->def->code) && Layout::mma_fits(a->type.shape) && l != out_.end() &&
@@ -363,9 +363,11 @@ class LayoutAssigner {
         }
       }
       // Wanted in the mma layout (a consumer computes there, or a dot reads it as A from registers),
-      // a value of loaded operands only is computed there: they are read from their shared copies.
+      // a value of loaded operands only is computed there on sm_90a: they are read from their shared
+      // copies (on sm_80 it stays with its loads: held in the mma layout such values made
+      // gated_delta_rule_bwd_chunk_ut spill 20 bytes instead of 4).
       const bool wanted_mma = wants_mma_.count(op.result()) && Layout::mma_fits(t.shape);
-      if (chosen && !(wanted_mma && chosen_follows && all_load_rooted(op))) {
+      if (chosen && !(warpgroups_ && wanted_mma && chosen_follows && all_load_rooted(op))) {
         Layout l = *chosen;
         out_[op.result()] = l;
         return;

@@ -135,11 +135,11 @@ PolyDefaults poly_defaults(const OpOptions& opts, int64_t K, int64_t V, PolyKern
   const bool wide_bwd_chunks = per_chunk_bwd && !fp32 && !coefficient_grads;
   d.chunk = wide ? (backward ? 16 : 32) : wide_bwd_chunks ? 128 : sums ? 32 : 64;
   // Warps: more where a program carries more (the backward's dq and dk/dv, 128-wide sums and scans,
-  // the outputs at BK = 128), fewer for the 16-bit sums at 64.
+  // the outputs at BK = 128). (The 16-bit sums at 64 took 2 until their features were evaluated at the
+  // product's A fragments: docs/ops/poly.md, "Measured", session 16.)
   if (per_chunk_bwd && which != PolyKernel::bwd_from_saved) d.warps = 8;
   if ((scan || which == PolyKernel::bwd_sums) && (wide || wide_v)) d.warps = 8;
   if ((which == PolyKernel::out || which == PolyKernel::recurrent) && wide) d.warps = 8;
-  if (sums && !wide && !wide_v && !fp32) d.warps = 2;
   return d;
 }
 

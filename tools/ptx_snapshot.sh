@@ -100,7 +100,8 @@ compare() {
   for f in "${only[@]}"; do echo "  missing: $f"; done
   for f in "${differ[@]}"; do
     echo "  differs: $f"
-    diff <(strip_locations "$a/$f") <(strip_locations "$b/$f") | head -20 | sed 's/^/    /'
+    # (|| true: diff exits 1 for files that differ, which under set -e and pipefail ended the listing here)
+    diff <(strip_locations "$a/$f") <(strip_locations "$b/$f") | head -20 | sed 's/^/    /' || true
   done
   [[ ${#only[@]} -eq 0 && ${#differ[@]} -eq 0 ]]
 }

@@ -22,6 +22,11 @@ void require_f32(const char* block, const char* what, const Tile& x, int rank, c
                                          dtype_name(x.dtype(loc)), fmt::join(x.shape(loc), "x")));
 }
 
+/// UserError at `loc` unless the gates g are f32 of rank 1 ([BT], per row) or 2 ([BT, K], per channel).
+void require_gates(const char* block, const Tile& g, const Loc& loc) {
+  require_f32(block, "g ([BT] or [BT, K])", g, g.rank(loc) == 1 ? 1 : 2, loc);
+}
+
 /// [t, c]: g_t where t > c, else 0 (the gates after column c, by row).
 Tile gates_below(const Tile& g) {
   const int64_t n = g.shape()[0];
@@ -89,6 +94,21 @@ Tile decays_to_chunk_end(const Tile& g, Loc loc) {
   const int64_t n = g.shape(loc)[0], k = g.shape(loc)[1];
   if (n == 1) return zeros({1, k}, DType::f32);
   return cumsum(concat({slice(g, 0, 1, n - 1), zeros({1, k}, DType::f32)}, 0), 0, /*reverse=*/true);
+}
+
+Tile decays_to_chunk_end_from_next(const Tile& g_next, Loc loc) {
+  require_gates("decays_to_chunk_end_from_next", g_next, loc);
+  // The last row's entry belongs to the next chunk: 0 in its place, then summed from the end.
+  const int64_t n = g_next.shape(loc)[0];
+  Tile last_row = g_next.rank() == 1 ? iota(n) == n - 1 : expand_dims(iota(n), 1) == n - 1;
+  return cumsum(where(last_row, 0.0f, g_next), 0, /*reverse=*/true);
+}
+
+Tile decays_from_first_row(const Tile& g, Loc loc) {
+  require_gates("decays_from_first_row", g, loc);
+  const int64_t n = g.shape(loc)[0];
+  Tile after_first = g.rank() == 1 ? iota(n) > 0 : expand_dims(iota(n), 1) > 0;
+  return cumsum(where(after_first, g, 0.0f), 0);
 }
 
 ScoreRows rows_of(const Tile& Y, const Tile& g, Loc loc) {
@@ -170,14 +190,13 @@ Tile gated_scores(const Tile& X, const Tile& Y, const Tile& g, bool strictly_low
   if (ns == 1) return diagonal(0);
   Tile A = zeros({BT, BT}, f32);
   for (int i = 0; i < ns; ++i) A = place(A, diagonal(i), {i * S, i * S});
-  Tile first_row = expand_dims(iota(S), 1) == 0;
   for (int j = 0; j + 1 < ns; ++j) {
     R[j] = decays_to_chunk_end(gs[j]);  // g_{c+1} + ... + g_{end of j}
     tot[j] = sum(gs[j], 0);
   }
   for (int i = 1; i < ns; ++i) {
     // X_i .* exp(g_{n+1} + ... + g_r), n the first row of block i.
-    Tile Xd = Xs[i] * exp(cumsum(where(first_row, 0.0f, gs[i]), 0));
+    Tile Xd = Xs[i] * exp(decays_from_first_row(gs[i]));
     Tile decay = take(gs[i], 0, 0);  // from the end of block j to row n, inclusive: g_n, then + tot_{j+1} ..
     for (int j = i - 1; j >= 0; --j) {
       Tile Yd = Ys[j] * exp(R[j] + expand_dims(decay, 0));

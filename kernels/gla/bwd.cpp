@@ -3,6 +3,7 @@
 #include "kernels/common/log_decay.h"
 #include "kernels/common/prologue.h"
 #include "kernels/gla/fwd.h"
+#include "linac/blocks.h"
 #include "linac/dsl.h"
 #include "linac/error.h"
 
@@ -43,13 +44,11 @@ ChunkGates chunk_gates(const Tensor& g, const Tile& b, const Tile& t0, const Til
                        int64_t BK, const Tile& eos) {
   AccessOptions in_seq{.limits = {{1, eos}}};
   Tile gc = load(g, {b, t0, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq);
-  // The gates of rows r+1.., the last row's replaced by 0 (it belongs to the next chunk), summed from the end.
-  Tile next = load(g, {b, t0 + 1, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq);
-  Tile last_row = expand_dims(iota(BT), 1) == BT - 1;
+  Tile next = load(g, {b, t0 + 1, i_h, k0}, {kIndex, BT, kIndex, BK}, in_seq);  // the gates one row ahead
   ChunkGates r;
   r.L = cumsum(gc, 0);
   r.tot = sum(gc, 0);
-  r.R = cumsum(where(last_row, 0.0f, next), 0, true);
+  r.R = blocks::decays_to_chunk_end_from_next(next);
   return r;
 }
 
@@ -99,12 +98,12 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
     if (i > 0) {
       if (i < NC - 1) tot[i] = sum(G, 0);
       g0[i] = load(g, {b, ti, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
-      Qexp[i] = exp(cumsum(where(rows > 0, G, 0.0f), 0));  // exp(g_{first+1} + ... + g_r)
+      Qexp[i] = exp(blocks::decays_from_first_row(G));  // exp(g_{first+1} + ... + g_r)
       Qd[i] = Qf[i] * Qexp[i];
     }
     if (i < NC - 1) {
       Tile next = load(g, {b, ti + 1, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq);
-      Rs[i] = cumsum(where(rows == kSub - 1, 0.0f, next), 0, true);  // g_{c+1} + ... + g_{last}
+      Rs[i] = blocks::decays_to_chunk_end_from_next(next);  // g_{c+1} + ... + g_{last}
     }
 
     // The diagonal block, in fp32, two ways as gla_intra chooses (see build_gla_intra):

@@ -2,6 +2,7 @@
 
 #include "kernels/common/prologue.h"
 #include "kernels/common/state_pass.h"
+#include "linac/blocks.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -51,12 +52,11 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_gates(const GlaSplitBwdConfig& cfg) {
   auto rows_of = [&](const Tensor& t, const Tile& row0) {
     return load(t, {b, row0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
   };
-  // L = the chunk's inclusive cumsum of g; R_r = g_{r+1} + ... + g_{BT-1}, summed directly (the gates
-  // after r only; the last row's replaced by 0: it belongs to the next chunk), never tot - L, so that
-  // very negative gates early in the chunk do not cancel the precision of the decays after them.
+  // L = the chunk's inclusive cumsum of g; R_r = g_{r+1} + ... + g_{BT-1}, summed directly from the gates
+  // one row ahead, never tot - L, so that very negative gates early in the chunk do not cancel the
+  // precision of the decays after them.
   Tile gc = rows_of(g, t0);
-  Tile last_row = expand_dims(iota(BT), 1) == BT - 1;
-  Tile R = cumsum(where(last_row, 0.0f, rows_of(g, t0 + 1)), 0, /*reverse=*/true);
+  Tile R = blocks::decays_to_chunk_end_from_next(rows_of(g, t0 + 1));
   if (cfg.decay_queries)
     store(qd, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, (rows_of(q, t0).to(f32) * exp(cumsum(gc, 0))).to(dt), in_seq);
   store(kd, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, (rows_of(k, t0).to(f32) * exp(R)).to(dt), in_seq);
@@ -135,13 +135,12 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_inter(const GlaSplitBwdConfig& cfg) {
   auto store_rows = [&](const Tensor& t, int64_t width, const Tile& x) {
     store(t, {b, t0, i_h, 0}, {kIndex, BT, kIndex, width}, x, in_seq);
   };
-  // L = the chunk's inclusive cumsum of g; R_r = g_{r+1} + ... + g_{BT-1}, summed directly (the gates
-  // after r only, the last row's replaced by 0: it belongs to the next chunk), as the walks take them.
+  // L = the chunk's inclusive cumsum of g; R_r = g_{r+1} + ... + g_{BT-1}, summed directly from the gates
+  // one row ahead, as the walks take them.
   Tile gc = rows_of(g, BK);
   Tile next = load(g, {b, t0 + 1, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-  Tile last_row = expand_dims(iota(BT), 1) == BT - 1;
   Tile eL = exp(cumsum(gc, 0));
-  Tile eR = exp(cumsum(where(last_row, 0.0f, next), 0, true));
+  Tile eR = exp(blocks::decays_to_chunk_end_from_next(next));
 
   Tile S = load(h, {b, ic, i_h, 0, 0}, {kIndex, kIndex, kIndex, BK, BV});
   Tile dS = load(dh, {b, ic, i_h, 0, 0}, {kIndex, kIndex, kIndex, BK, BV});

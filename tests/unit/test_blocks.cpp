@@ -189,6 +189,42 @@ TEST_CASE("blocks: decays_to_chunk_end per channel") {
     }
 }
 
+TEST_CASE("blocks: the decays to the chunk's end from the gates one row ahead, and from the first row") {
+  const int64_t n = 32, K = 8;
+  Array g = random_array({n, K}, -1.0, 0.0, 21);
+  g(3, 2) = -1e4f;
+  g(9, 0) = -1e4f;
+  // The gates one row ahead, as a kernel loads them from the chunk's first row + 1: the last row is the
+  // next chunk's first (here a value that would show if it were used).
+  Array next({n, K}, -7.0f), g1({n}), next1({n}, -7.0f);
+  for (int64_t r = 0; r + 1 < n; ++r)
+    for (int64_t d = 0; d < K; ++d) next(r, d) = g(r + 1, d);
+  for (int64_t r = 0; r < n; ++r) g1[r] = g(r, 0), next1[r] = r + 1 < n ? g(r + 1, 0) : -7.0f;
+  Array R({n, K}), R1({n}), F({n, K}), F1({n});
+  run_block({&next, &next1, &g, &g1}, {&R, &R1, &F, &F1}, [](const std::vector<Tile>& t) {
+    return std::vector<Tile>{blocks::decays_to_chunk_end_from_next(t[0]), blocks::decays_to_chunk_end_from_next(t[1]),
+                             blocks::decays_from_first_row(t[2]), blocks::decays_from_first_row(t[3])};
+  });
+  auto close = [](double x, double want) { return std::abs(x - want) <= 4e-6 * std::max(1.0, std::abs(want)); };
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t d = 0; d < K; ++d) {
+      double to_end = 0, from_first = 0;
+      for (int64_t t = r + 1; t < n; ++t) to_end += double(g(t, d));
+      for (int64_t t = 1; t <= r; ++t) from_first += double(g(t, d));
+      CAPTURE(r);
+      CAPTURE(d);
+      CHECK(close(R(r, d), to_end));
+      CHECK(close(F(r, d), from_first));
+      if (d == 0) {
+        CHECK(close(R1[r], to_end));
+        CHECK(close(F1[r], from_first));
+      }
+    }
+  KernelBuilder kb("decay_errors");
+  CHECK_THROWS_AS(blocks::decays_to_chunk_end_from_next(zeros({n}, DType::i32)), UserError);
+  CHECK_THROWS_AS(blocks::decays_from_first_row(zeros({2, n, K}, DType::f32)), UserError);
+}
+
 TEST_CASE("blocks: gated scores, factored and elementwise, with and without the diagonal") {
   const int64_t K = 24;
   // Mild gates take the factored form; steep ones (-6 per row in a channel: a spread of 90 over 16

@@ -67,6 +67,16 @@ Tile decays_between_rows(const Tile& g, Loc loc = Loc::current());
 /// chunk_decays' R alone: R[c] = g_{c+1} + ... + g_{BT-1}. Also per channel: for gates g [BT, K],
 /// R[c, d] = g_{c+1,d} + ... + g_{BT-1,d} ([BT, K]; 0 on the last row), summed directly.
 Tile decays_to_chunk_end(const Tile& g, Loc loc = Loc::current());
+/// decays_to_chunk_end from the gates one row ahead: g_next[c] = g_{c+1} ([BT] or [BT, K], f32; its
+/// last row, the next chunk's first gate or padding, is not used), as a kernel gets them by loading the
+/// gates once more from the chunk's first row + 1. A second load of the same rows reads the cache; the
+/// tile form shifts g by a row through shared memory. Per row the R of decays_to_chunk_end, summed
+/// from the end (a scan, no [BT, BT] tile).
+Tile decays_to_chunk_end_from_next(const Tile& g_next, Loc loc = Loc::current());
+/// The decays from a chunk's first row, per row (g [BT]) or per channel (g [BT, K]), f32:
+///   F[r] = g_1 + ... + g_r   (0 on row 0)
+/// so that exp(F) carries row 0's values to row r (the reference gate's factor of gated_scores).
+Tile decays_from_first_row(const Tile& g, Loc loc = Loc::current());
 
 // ---- gated scores: the decay-aware attention matrix of a chunk -------------------------------------
 

@@ -126,6 +126,16 @@ ScoreRows rows_of(const Tile& Y, const Tile& g, Loc loc) {
   return {row(Y), row(g)};
 }
 
+ScoreRows rows_of(const Tile& X, const Tile& Y, const Tile& g, Loc loc) {
+  if (X.rank(loc) != 2 || X.shape(loc) != Y.shape(loc))
+    throw UserError(sl(loc), fmt::format("rows_of: X, Y and g must be [n, K] tiles of one shape, got {}, {} and {}",
+                                         fmt::join(X.shape(loc), "x"), fmt::join(Y.shape(loc), "x"),
+                                         fmt::join(g.shape(loc), "x")));
+  ScoreRows rows = rows_of(Y, g, loc);
+  rows.x_row = rows_of(X, g, loc).y_row;
+  return rows;
+}
+
 Tile gated_scores_diagonal(const Tile& X, const Tile& Y, const Tile& L, const ScoreRows& rows, bool strictly_lower,
                            Loc loc) {
   require_f32("gated_scores_diagonal", "X", X, 2, loc);
@@ -165,6 +175,73 @@ Tile gated_scores_diagonal(const Tile& X, const Tile& Y, const Tile& L, const Sc
     }, A, Lc, y_row, g_row);
   }, A);
   return A;
+}
+
+GatedScoresGrads gated_scores_diagonal_grads(const Tile& X, const Tile& Y, const Tile& L, const Tile& dA,
+                                             const ScoreRows& rows, bool strictly_lower, const Tile& dA_T, Loc loc) {
+  const char* name = "gated_scores_diagonal_grads";
+  require_f32(name, "X", X, 2, loc);
+  require_f32(name, "Y", Y, 2, loc);
+  require_f32(name, "L", L, 2, loc);
+  require_f32(name, "dA", dA, 2, loc);
+  if (dA_T.valid()) require_f32(name, "dA_T", dA_T, 2, loc);
+  const int64_t n = X.shape(loc)[0], K = X.shape(loc)[1];
+  const std::vector<int64_t> square = {n, n};
+  if (X.shape(loc) != Y.shape(loc) || X.shape(loc) != L.shape(loc) || dA.shape(loc) != square ||
+      (dA_T.valid() && dA_T.shape(loc) != square))
+    throw UserError(sl(loc), fmt::format("{}: X, Y and L must have one shape [n, K] and dA (and dA_T) [n, n], got {}, "
+                                         "{}, {} and {}", name, fmt::join(X.shape(loc), "x"),
+                                         fmt::join(Y.shape(loc), "x"), fmt::join(L.shape(loc), "x"),
+                                         fmt::join(dA.shape(loc), "x")));
+  if (!rows.x_row || !rows.y_row || !rows.gate_row)
+    throw UserError(sl(loc), fmt::format("{}: `rows` needs x_row, y_row and gate_row (or use rows_of(X, Y, g))", name));
+  const DType f32 = DType::f32;
+  auto on_or_below = [strictly_lower](const Operand& r, const Operand& c) { return strictly_lower ? r > c : r >= c; };
+  Tile row = expand_dims(iota(n), 1), col = expand_dims(iota(n), 0);
+  Tile dX = zeros({n, K}, f32), dY = zeros({n, K}, f32), A = zeros({n, n}, f32);
+  Tile L_hi = max(L, 0), L_lo = min(L, 0);
+  if_then_else(max(L_hi - L_lo, 0) <= kFactorSpread, [&] {  // NaN spreads compare false: elementwise
+    Tile m = expand_dims((L_hi + L_lo) * 0.5f, 0);
+    Tile up = exp(L - m), down = exp(m - L);
+    Tile Xn = X * up, Yn = Y * down;
+    A = where(on_or_below(row, col), dot(Xn, Yn.T()), 0.0f);
+    dX = dot(dA, Yn) * up;
+    dY = dot(dA.T(), Xn) * down;
+  }, [&] {
+    // Columns from last to first, carrying E[r] = g_{c+1} + ... + g_r (r > c). The rows each step needs
+    // are read one step ahead (carried), so that a read from memory overlaps a step.
+    Tile E = zeros({n, K}, f32);
+    // Row c+1 of the gates; at c = n - 1 it lies past the block, and every row it reaches is masked.
+    Tile yc = rows.y_row(n - 1), g_next = rows.gate_row(n);
+    for_range(0, n, [&](Tile step) {
+      Tile c = n - 1 - step;
+      Tile c_ahead = where(c > 0, c - 1, 0);  // the next step's column (a harmless reread at the end)
+      Tile yc_ahead = rows.y_row(c_ahead), g_ahead = rows.gate_row(c);
+      E = where(row > c, E + expand_dims(g_next, 0), 0.0f);
+      Tile below = on_or_below(row, c);
+      Tile e = exp(E);  // exp(L_r - L_c) for r >= c (1 at r = c); rows above c are masked below
+      // Column c of dA, [n, 1].
+      Tile dA_c = expand_dims(dA_T.valid() ? sum(where(col == c, dA, 0.0f), 1) : take(dA, c, 1), 1);
+      Tile yc32 = yc.to(f32);
+      dX = dX + where(below, e * dA_c, 0.0f) * expand_dims(yc32, 0);
+      A = A + where((col == c) & below, expand_dims(sum(e * X * expand_dims(yc32, 0), 1), 1), 0.0f);
+      yc = yc_ahead;
+      g_next = g_ahead;
+    }, dX, A, E, yc, g_next);
+    // Rows from first to last, carrying F[c] = g_{c+1} + ... + g_r (c < r).
+    Tile F = zeros({n, K}, f32);
+    Tile xr = rows.x_row(0), g_r = rows.gate_row(0);
+    for_range(0, n, [&](Tile r) {
+      Tile xr_ahead = rows.x_row(r + 1), g_ahead = rows.gate_row(r + 1);  // row n past the end: unused
+      F = where(row < r, F + expand_dims(g_r, 0), 0.0f);
+      // Row r of dA (over c), as a column [n, 1].
+      Tile dA_r = expand_dims(dA_T.valid() ? sum(where(col == r, dA_T, 0.0f), 1) : take(dA, r, 0), 1);
+      dY = dY + where(strictly_lower ? row < r : row <= r, exp(F) * dA_r, 0.0f) * expand_dims(xr.to(f32), 0);
+      xr = xr_ahead;
+      g_r = g_ahead;
+    }, dY, F, xr, g_r);
+  }, dX, dY, A);
+  return {A, dX, dY};
 }
 
 Tile gated_scores(const Tile& X, const Tile& Y, const Tile& g, bool strictly_lower, Loc loc) {

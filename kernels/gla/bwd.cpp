@@ -23,7 +23,8 @@ using namespace dsl;
 //   dS = diag(exp(tot)) dS' + scale (Q .* exp(L))^T dO
 //   dg_t = sum_{s >= t} (q_s .* dq_s - k_s .* dk_s) + rowsum(dfinal_state .* S_T)   (per channel)
 // Kernels: gla_bwd_intra (every chunk in parallel: dQi, dKi and A^T dO; its 16x16 diagonal blocks
-// elementwise in fp32 like gla_intra, the blocks below them as products of decayed 16-row tiles, every
+// in fp32 by blocks::gated_scores_diagonal_grads, factored or elementwise as gla_intra chooses for A;
+// the blocks below them as products of decayed 16-row tiles, every
 // exp(L_r - L_c) split at a 16-row boundary into two sums of gates), then walks shaped like the
 // forward — dq forward in time over X = S^T [V, K] (key columns split in blocks), dk backward over
 // X = dS^T [V, K], dv backward over X = dS [K, V] (value columns split), or where one program holds
@@ -106,74 +107,26 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
       Rs[i] = blocks::decays_to_chunk_end_from_next(next);  // g_{c+1} + ... + g_{last}
     }
 
-    // The diagonal block, in fp32, two ways as gla_intra chooses (see build_gla_intra):
-    //  - factored where the sub-chunk's gates spread at most kGlaFactorSpread: with Qn = Q .* exp(L - m),
-    //    Kn = K .* exp(m - L) (m midway between each channel's extremes, every factor within exp(+-30)),
-    //      A = Qn Kn^T,  dQi = (dA Kn) .* exp(L - m),  dKi = (dA^T Qn) .* exp(m - L)   (masked dA);
-    //  - elementwise otherwise, in two passes over its 16 rows so that every sum is a row sum (warp
-    //    shuffles) and none runs down a column (a shared-memory walk per step). The entries of dA each
-    //    step needs are read from dA's shared-memory copy with take (no reduction; --config take=0
-    //    picks them by masked row sums instead, slower: docs/ops/gla.md, "Measured"):
-    //    - column c at a time (row c of K, column c of dA), as gla_intra builds A:
-    //        dQi[r] += dA[r, c] k_c .* exp(L_r - L_c) (r >= c),  A[r, c] = rowsum(q_r .* k_c .* exp(..))
-    //    - row r at a time (row r of Q, row r of dA):
-    //        dKi[c] += dA[r, c] q_r .* exp(L_r - L_c) (c <= r)
-    //    L_r - L_c is summed directly as g_{c+1} + ... + g_r, carried from step to step (each adds one
-    //    row of gates, in a fixed order): the difference of two cumulative sums loses the small gates
-    //    after a very negative one (-1e4 gates inside the chunk: 6e-4 relative error in dq).
+    // The diagonal block in fp32, blocks::gated_scores_diagonal_grads: A, dQi and dKi from the masked
+    // dA, factored where the sub-chunk's gates spread at most kGlaFactorSpread (as gla_intra chooses),
+    // elementwise otherwise, in two walks over its 16 rows whose exponents are sums of the gates (the
+    // difference of two cumulative sums loses the small gates after a very negative one: -1e4 gates
+    // inside the chunk gave 6e-4 relative error in dq). The walks read the rows of q, k and g from
+    // memory one step ahead, and the entries of dA with take (--config take=0 picks them by masked row
+    // sums of dA and of dA^T, its own product here, instead: slower, docs/ops/gla.md, "Measured").
     Tile dA = where(rows >= cols, dot(dO[i], V[i].T()) * scale, 0.0f);
     Tile dAt = cfg.take ? Tile() : where(rows <= cols, dot(V[i], dO[i].T()) * scale, 0.0f);  // dA^T
-    Tile dQ = zeros({kSub, BK}, f32), dK = zeros({kSub, BK}, f32), A = zeros({kSub, kSub}, f32);
-    Tile L = cumsum(G, 0);
-    Tile L_hi = max(L, 0), L_lo = min(L, 0);
-    if_then_else(max(L_hi - L_lo, 0) <= kGlaFactorSpread, [&] {
-      Tile m = expand_dims((L_hi + L_lo) * 0.5f, 0);
-      Tile up = exp(L - m), down = exp(m - L);
-      Tile Qn = Qf[i] * up, Kn = Kf[i] * down;
-      A = where(rows >= cols, dot(Qn, Kn.T()), 0.0f);
-      dQ = dot(dA, Kn) * up;
-      dK = dot(dA.T(), Qn) * down;
-    }, [&] {
-      const Tile& Qi = Qf[i];
-      // Columns from last to first, carrying E[r] = g_{c+1} + ... + g_r (r > c). The rows each step
-      // needs from memory are loaded one step ahead (carried), so that their latency overlaps a step.
-      auto row_of = [&](const Tensor& t, const Operand& r) {
-        return load(t, {b, ti + r, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
-      };
-      Tile E = zeros({kSub, BK}, f32);
-      // Row c+1 of the gates; at c = 15 it lies past the block, and every row it reaches is masked.
-      Tile kc = row_of(k, kSub - 1), g_next = row_of(g, kSub);
-      for_range(0, kSub, [&](Tile step) {
-        Tile c = kSub - 1 - step;
-        Tile c_ahead = where(c > 0, c - 1, 0);  // the next step's column (a harmless reload at the end)
-        Tile kc_ahead = row_of(k, c_ahead), g_ahead = row_of(g, c);
-        E = where(rows > c, E + expand_dims(g_next, 0), 0.0f);
-        Tile below = rows >= c;
-        Tile e = exp(E);  // exp(L_r - L_c) for r >= c (1 at r = c); rows above c are masked below
-        // Column c of dA, [16, 1].
-        Tile dA_c = expand_dims(cfg.take ? take(dA, c, 1) : sum(where(cols == c, dA, 0.0f), 1), 1);
-        Tile kc32 = kc.to(f32);
-        dQ = dQ + where(below, e * dA_c, 0.0f) * expand_dims(kc32, 0);
-        A = A + where((cols == c) & below, expand_dims(sum(e * Qi * expand_dims(kc32, 0), 1), 1), 0.0f);
-        kc = kc_ahead;
-        g_next = g_ahead;
-      }, dQ, A, E, kc, g_next);
-      // Rows from first to last, carrying F[c] = g_{c+1} + ... + g_r (c < r).
-      Tile F = zeros({kSub, BK}, f32);
-      Tile qr = row_of(q, 0), g_r = row_of(g, 0);
-      for_range(0, kSub, [&](Tile r) {
-        Tile qr_ahead = row_of(q, r + 1), g_ahead = row_of(g, r + 1);  // row 16 past the end: unused
-        F = where(rows < r, F + expand_dims(g_r, 0), 0.0f);
-        // Row r of dA (over c), as a column [16, 1].
-        Tile dA_r = expand_dims(cfg.take ? take(dA, r, 0) : sum(where(cols == r, dAt, 0.0f), 1), 1);
-        dK = dK + where(rows <= r, exp(F) * dA_r, 0.0f) * expand_dims(qr.to(f32), 0);
-        qr = qr_ahead;
-        g_r = g_ahead;
-      }, dK, F, qr, g_r);
-    }, dQ, dK, A);
-    dQi[i] = dQ;
-    dKi[i] = dK;
-    dVi[i] = dot((A * scale).T().to(dt), dO[i]);
+    auto row_of = [&](const Tensor& t, const Operand& r) {
+      return load(t, {b, ti + r, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
+    };
+    blocks::ScoreRows score_rows{[&](const Operand& r) { return row_of(k, r); },
+                                 [&](const Operand& r) { return row_of(g, r); },
+                                 [&](const Operand& r) { return row_of(q, r); }};
+    const blocks::GatedScoresGrads d =
+        blocks::gated_scores_diagonal_grads(Qf[i], Kf[i], cumsum(G, 0), dA, score_rows, false, dAt);
+    dQi[i] = d.dX;
+    dKi[i] = d.dY;
+    dVi[i] = dot((d.A * scale).T().to(dt), dO[i]);
   }
 
   // Blocks below the diagonal (sub-chunk i after j): exp(L_r - L_c) = exp(Qd exponent of r in i) *

@@ -261,6 +261,69 @@ TEST_CASE("blocks: gated scores, factored and elementwise, with and without the 
   }
 }
 
+TEST_CASE("blocks: the gradients of a diagonal block of gated scores, factored and elementwise") {
+  const int64_t n = 16, K = 24;
+  // Mild gates take the factored form, steep ones (-6 per row in a channel) the elementwise one; a gate
+  // of -1e4 in the steep case checks that the exponents are sums of gates, not differences of L.
+  for (double steep : {0.0, -6.0}) {
+    for (bool strict : {false, true}) {
+      for (bool transposed : {false, true}) {
+        CAPTURE(steep);
+        CAPTURE(strict);
+        CAPTURE(transposed);
+        Array X = random_array({n, K}, -1, 1, 31), Y = random_array({n, K}, -1, 1, 32);
+        Array g = random_array({n, K}, -0.5, 0.0, 33), dA = random_array({n, n}, -1, 1, 34), dAT({n, n});
+        if (steep != 0) {
+          for (int64_t r = 0; r < n; ++r) g(r, 1) = static_cast<float>(steep);
+          g(5, 2) = -1e4f;
+        }
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t c = 0; c < n; ++c)
+            if (strict ? c >= r : c > r) dA(r, c) = 0.0f;
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t c = 0; c < n; ++c) dAT(c, r) = dA(r, c);
+        Array A({n, n}), dX({n, K}), dY({n, K});
+        run_block({&X, &Y, &g, &dA, &dAT}, {&A, &dX, &dY}, [&](const std::vector<Tile>& t) {
+          blocks::GatedScoresGrads gr = blocks::gated_scores_diagonal_grads(
+              t[0], t[1], cumsum(t[2], 0), t[3], blocks::rows_of(t[0], t[1], t[2]), strict, transposed ? t[4] : Tile());
+          return std::vector<Tile>{gr.A, gr.dX, gr.dY};
+        });
+        // In double: E[r][c][d] = exp(g_{c+1,d} + ... + g_{r,d}) for r >= c.
+        auto decay = [&](int64_t r, int64_t c, int64_t d) {
+          double e = 0;
+          for (int64_t t = c + 1; t <= r; ++t) e += double(g(t, d));
+          return std::exp(e);
+        };
+        std::vector<double> want_A(n * n, 0.0), want_dX(n * K, 0.0), want_dY(n * K, 0.0);
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t c = 0; c < (strict ? r : r + 1); ++c)
+            for (int64_t d = 0; d < K; ++d) {
+              const double e = decay(r, c, d);
+              want_A[r * n + c] += double(X(r, d)) * Y(c, d) * e;
+              want_dX[r * K + d] += double(dA(r, c)) * Y(c, d) * e;
+              want_dY[c * K + d] += double(dA(r, c)) * X(r, d) * e;
+            }
+        auto relative = [](Array& x, const std::vector<double>& want) {
+          double worst = 0, scale = 0;
+          for (size_t i = 0; i < want.size(); ++i) {
+            const double d = std::abs(double(x.data[i]) - want[i]);
+            worst = std::isnan(d) ? std::numeric_limits<double>::infinity() : std::max(worst, d);
+            scale = std::max(scale, std::abs(want[i]));
+          }
+          return worst / scale;
+        };
+        CHECK(relative(A, want_A) < 1e-5);
+        CHECK(relative(dX, want_dX) < 1e-5);
+        CHECK(relative(dY, want_dY) < 1e-5);
+      }
+    }
+  }
+  KernelBuilder kb("grads_errors");
+  Tile Z = zeros({n, K}, DType::f32), dA0 = zeros({n, n}, DType::f32);
+  CHECK_THROWS_AS(blocks::gated_scores_diagonal_grads(Z, Z, Z, dA0, blocks::rows_of(Z, Z)), UserError);  // no x_row
+  CHECK_THROWS_AS(blocks::gated_scores_diagonal_grads(Z, Z, Z, Z, blocks::rows_of(Z, Z, Z)), UserError);  // dA [n, K]
+}
+
 TEST_CASE("blocks: inverse_norms and l2normalize, of rows and of a vector") {
   const int64_t n = 16, D = 24;
   Array x = random_array({n, D}, -2, 2, 9), inv({n}), rows({n, D}), vec({D});

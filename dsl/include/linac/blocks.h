@@ -87,9 +87,12 @@ Tile decays_from_first_row(const Tile& g, Loc loc = Loc::current());
 struct ScoreRows {
   std::function<Tile(const Operand& r)> y_row;     // row r of Y, [K] (any float dtype)
   std::function<Tile(const Operand& r)> gate_row;  // row r of the gates g, [K] f32
+  std::function<Tile(const Operand& r)> x_row = {};  // row r of X, [K]: gated_scores_diagonal_grads only
 };
 /// The rows of the tiles Y and g [n, K] (the read-ahead row n reads row n - 1 again).
 ScoreRows rows_of(const Tile& Y, const Tile& g, Loc loc = Loc::current());
+/// The rows of the tiles X, Y and g [n, K], for gated_scores_diagonal_grads.
+ScoreRows rows_of(const Tile& X, const Tile& Y, const Tile& g, Loc loc = Loc::current());
 
 /// The gates' spread up to which gated_scores_diagonal takes the factored form: its factors stay within
 /// exp(+-30). logsigmoid gates spread about 25 over 16 rows (fla's benchmark).
@@ -110,6 +113,31 @@ inline constexpr double kFactorSpread = 60.0;
 /// Gates of -inf give NaN spreads and differences: floor them first (exp(-128) is 0 in fp32).
 Tile gated_scores_diagonal(const Tile& X, const Tile& Y, const Tile& L, const ScoreRows& rows,
                            bool strictly_lower = false, Loc loc = Loc::current());
+
+/// The gradients of a diagonal block of gated scores (A as gated_scores_diagonal defines it, X, Y, L
+/// [n, K] f32 as there) from dA = dLoss/dA [n, n] f32, which must be 0 where A is (above the diagonal;
+/// on it too with strictly_lower):
+///   dX[r, d] = sum_{c <= r} dA[r, c] y_cd exp(L_rd - L_cd)     dY[c, d] = sum_{r >= c} dA[r, c] x_rd exp(L_rd - L_cd)
+/// (c < r and r > c with strictly_lower), and A itself, which a backward needs as well (dV = A^T dO)
+/// and which costs little beside them. In fp32, the two ways of gated_scores_diagonal, per program:
+///  - factored where the spread is at most kFactorSpread: with Xn = X .* exp(L - m), Yn = Y .* exp(m - L),
+///      A = Xn Yn^T (masked),   dX = (dA Yn) .* exp(L - m),   dY = (dA^T Xn) .* exp(m - L)
+///  - elementwise otherwise, in two walks over the block's rows so that every sum is a row sum (warp
+///    shuffles on the GPU) and none runs down a column: column c at a time (row c of Y) for dX and A,
+///    then row r at a time (row r of X) for dY. Their exponents L_r - L_c are sums of the gates g_{c+1}
+///    .. g_r read from `rows` and carried from step to step, never differences of L: the gates after a
+///    very negative one keep their precision. `rows` needs all three readers (rows_of(X, Y, g)).
+/// Each step reads one column (then one row) of dA with take, from dA's shared-memory copy on the GPU;
+/// given dA_T (dA's transpose, say as its own product), it picks them by masked row sums of dA and
+/// dA_T instead (which is faster depends on the kernel; gla's backward measures both).
+/// As for gated_scores_diagonal, floor gates of -inf in L first (the rows' gates need no floor: they
+/// are only summed).
+struct GatedScoresGrads {
+  Tile A, dX, dY;
+};
+GatedScoresGrads gated_scores_diagonal_grads(const Tile& X, const Tile& Y, const Tile& L, const Tile& dA,
+                                             const ScoreRows& rows, bool strictly_lower = false,
+                                             const Tile& dA_T = Tile(), Loc loc = Loc::current());
 
 /// The gated scores of a whole chunk, X, Y [BT, K] (any float dtype), per-channel gates g [BT, K] f32
 /// (BT a multiple of 16), with G = cumsum(g, 0):

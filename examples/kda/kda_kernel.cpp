@@ -69,7 +69,7 @@ std::shared_ptr<linac::ir::Kernel> build_kda_recurrent(const KdaConfig& cfg) {
 //   T = (I + diag(beta) M(K, K) strictly lower)^-1             (blocks::unit_lower_inverse)
 //   W = T diag(beta) (K .* exp(G)),   U = T diag(beta) V,   V_new = U - W S
 //   O = scale ((Q .* exp(G)) S + M(Q, K) V_new)                (M on and below the diagonal)
-//   S = diag(exp(G_C)) S + (K .* exp(R))^T V_new
+//   S = diag(exp(G_C)) S + (K .* exp(R))^T V_new                   (blocks::state_update)
 // Rows past the sequence end load zeros: their rows of M and V_new vanish, G stops growing. All in fp32.
 std::shared_ptr<linac::ir::Kernel> build_kda_chunked(const KdaConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
@@ -91,7 +91,7 @@ std::shared_ptr<linac::ir::Kernel> build_kda_chunked(const KdaConfig& cfg) {
     Tile V_new = U - dot(W, S);
     Tile O = (dot(Q * exp(G), S) + dot(blocks::gated_scores(Q, K, g), V_new)) * p.scale;
     store(p.o, {p.b, t0, p.h, p.v0}, {kIndex, BT, kIndex, BV}, O.to(cfg.dtype), in_seq);
-    S = S * expand_dims(exp(sum(g, 0)), 1) + dot((K * exp(R)).T(), V_new);
+    S = blocks::state_update(S, K * exp(R), V_new, sum(g, 0));
   }, S);
   store(p.ht, {p.b, p.h, 0, p.v0}, {kIndex, kIndex, BK, BV}, S);
   return kb.finish();

@@ -90,9 +90,9 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& 
       gc_next = load(g, {seq.b, t0 + BT, i_h}, {kIndex, BT, kIndex}, in_seq);
       Tile b_last = sum(gc, 0);
       Tile decay = exp(blocks::decays_to_chunk_end(gc));
-      S = S * exp(b_last) + dot(K.T(), (Vn32 * expand_dims(decay, 1)).to(dt));
+      S = blocks::state_update(S, K, (Vn32 * expand_dims(decay, 1)).to(dt), b_last);
     } else {
-      S = S + dot(K.T(), Vn);
+      S = blocks::state_update(S, K, Vn);
     }
   };
   if (cfg.gated) {

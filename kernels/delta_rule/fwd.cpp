@@ -252,8 +252,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
     Tile O = chunk_output(Q, K, S_dt, V_new, scale, q_factor, q_norm, k_norm, gam, causal, dt);
     store(o, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), in_seq);
 
-    if (cfg.gated) S = S * exp(b_last);
-    S = S + dot(K.T(), V_state);
+    S = blocks::state_update(S, K, V_state, b_last, /*in_place=*/true);
   };
   if (cfg.gated) {
     for_range(0, num_chunks, body, S, gc_next);

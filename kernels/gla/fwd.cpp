@@ -125,13 +125,14 @@ GlaChunkTerms gla_chunk_outputs(const GlaConfig& cfg, const GlaChunk& c, const T
 
 /// The state after a chunk from the state before it and the chunk's terms:
 ///   S = diag(exp(G_C)) S + sum_i (Kr_i .* exp(tot_{i+1} + ... + tot_{NC-1}))^T V_i    (t.P is G_C)
-Tile gla_state_update(const Tile& S, const GlaChunkTerms& t, DType dt) {
+Tile gla_state_update(const Tile& S, const GlaChunkTerms& t) {
   const int NC = static_cast<int>(t.V.size());
-  Tile S_next = S * expand_dims(exp(t.P), 1);
+  Tile S_next = S;
   Tile after;  // tot_{i+1} + ... + tot_{NC-1}
   for (int i = NC - 1; i >= 0; --i) {
-    Tile Kc = i == NC - 1 ? t.Kr[i] : t.Kr[i] * expand_dims(exp(after), 0);
-    S_next = S_next + dot(Kc.to(dt).T(), t.V[i]);
+    // The last sub-chunk's term also decays the state, its product accumulating into it in place.
+    if (i == NC - 1) S_next = blocks::state_update(S, t.Kr[i], t.V[i], t.P, /*in_place=*/true);
+    else S_next = blocks::state_update(S_next, t.Kr[i] * expand_dims(exp(after), 0), t.V[i]);
     after = i == NC - 1 ? t.tot[i] : after + t.tot[i];
   }
   return S_next;
@@ -214,7 +215,7 @@ std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg) {
       }
       GlaChunkTerms t{V, Kr, tot, Tile()};
       for (int i = 0; i < NC; ++i) t.P = i == 0 ? tot[0] : t.P + tot[i];
-      S = gla_state_update(S, t, dt);
+      S = gla_state_update(S, t);
       decays = decays + t.P;
     }, S, decays);
     store(seg_states, {i_n, i_s, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S);
@@ -234,7 +235,7 @@ std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg) {
     GlaChunk c{seq.b, i_h, seq.bos + ic * BT, v0, in_seq};
     std::vector<Tile> A_ahead = load_diagonal_blocks(cfg, a_diag, seq.b, i_h, c.t0 + BT, in_seq);
     GlaChunkTerms t = gla_chunk_outputs(cfg, c, S.to(dt), q, k, v, g, [&](int i) { return A[i]; }, o, scale);
-    S = gla_state_update(S, t, dt);
+    S = gla_state_update(S, t);
     A = A_ahead;
   }, carried);
 

@@ -2,6 +2,7 @@
 
 #include "kernels/common/log_decay.h"
 #include "kernels/common/prologue.h"
+#include "linac/blocks.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -79,11 +80,11 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
         O = dot(Q, S.to(dt)) * (exp(br) * scale);
       }
       Tile K_decayed = (K.to(f32) * expand_dims(exp(b_last - bg), 1)).to(dt);
-      S = S * exp(b_last) + dot(K_decayed.T(), V);
+      S = blocks::state_update(S, K_decayed, V, b_last);
       if (states_only) decay_sum = decay_sum + b_last;
     } else {
       if (!states_only) O = dot(Q, S.to(dt)) * scale;
-      S = S + dot(K.T(), V);
+      S = blocks::state_update(S, K, V);
     }
     if (states_only) return;
     O = O + dot(A.to(dt), V);

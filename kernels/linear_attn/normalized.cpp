@@ -2,6 +2,7 @@
 
 #include "kernels/common/log_decay.h"
 #include "kernels/common/prologue.h"
+#include "linac/blocks.h"
 #include "linac/dsl.h"
 
 namespace linac {
@@ -56,12 +57,12 @@ std::shared_ptr<ir::Kernel> build_linear_attn_normalized_fwd(const LinearAttnNor
       O = dot(Q, S.to(dt)) * expand_dims(inter, 1);
       den_inter = Qz * inter;
       Tile K_decayed = K.to(f32) * expand_dims(exp(b_last - bg), 1);
-      S = S * exp(b_last) + dot(K_decayed.to(dt).T(), V);
+      S = blocks::state_update(S, K_decayed, V, b_last);
       z = z * exp(b_last) + sum(K_decayed, 0);
     } else {
       O = dot(Q, S.to(dt)) * scale;
       den_inter = Qz * scale;
-      S = S + dot(K.T(), V);
+      S = blocks::state_update(S, K, V);
       z = z + sum(K.to(f32), 0);
     }
     O = O + dot(A.to(dt), V);

@@ -324,6 +324,37 @@ TEST_CASE("blocks: the gradients of a diagonal block of gated scores, factored a
   CHECK_THROWS_AS(blocks::gated_scores_diagonal_grads(Z, Z, Z, Z, blocks::rows_of(Z, Z, Z)), UserError);  // dA [n, K]
 }
 
+TEST_CASE("blocks: state_update, without a decay, per head and per key channel, in either order") {
+  const int64_t BT = 32, K = 16, V = 24;
+  Array S = random_array({K, V}, -1, 1, 41), Kt = random_array({BT, K}, -1, 1, 42), Vt = random_array({BT, V}, -1, 1, 43);
+  Array d = random_array({K}, -2.0, 0.0, 44), none({K, V}), head({K, V}), channel({K, V}), in_place({K, V}), half({K, V});
+  run_block({&S, &Kt, &Vt, &d}, {&none, &head, &channel, &in_place, &half}, [](const std::vector<Tile>& t) {
+    return std::vector<Tile>{blocks::state_update(t[0], t[1], t[2]),
+                             blocks::state_update(t[0], t[1], t[2], take(t[3], 0, 0)),
+                             blocks::state_update(t[0], t[1], t[2], t[3]),
+                             blocks::state_update(t[0], t[1], t[2], t[3], /*in_place=*/true),
+                             // 16-bit values: K (f32) is rounded to V's dtype for the product
+                             blocks::state_update(t[0], t[1], t[2].to(DType::bf16), t[3])};
+  });
+  for (int64_t i = 0; i < K; ++i)
+    for (int64_t j = 0; j < V; ++j) {
+      double kv = 0;
+      for (int64_t r = 0; r < BT; ++r) kv += double(Kt(r, i)) * Vt(r, j);
+      const double per_channel = std::exp(double(d[i])) * S(i, j) + kv;
+      CAPTURE(i);
+      CAPTURE(j);
+      CHECK(std::abs(none(i, j) - (S(i, j) + kv)) <= 1e-5);
+      CHECK(std::abs(head(i, j) - (std::exp(double(d[0])) * S(i, j) + kv)) <= 1e-5);
+      CHECK(std::abs(channel(i, j) - per_channel) <= 1e-5);
+      CHECK(std::abs(in_place(i, j) - per_channel) <= 1e-5);
+      CHECK(std::abs(half(i, j) - per_channel) <= 0.1);  // bf16 inputs: 8 bits, 32 terms
+    }
+  KernelBuilder kb("state_update_errors");
+  Tile S0 = zeros({K, V}, DType::f32), K0 = zeros({BT, K}, DType::f32), V0 = zeros({BT, V}, DType::f32);
+  CHECK_THROWS_AS(blocks::state_update(S0, V0, K0), UserError);
+  CHECK_THROWS_AS(blocks::state_update(S0, K0, V0, zeros({V}, DType::f32)), UserError);
+}
+
 TEST_CASE("blocks: inverse_norms and l2normalize, of rows and of a vector") {
   const int64_t n = 16, D = 24;
   Array x = random_array({n, D}, -2, 2, 9), inv({n}), rows({n, D}), vec({D});

@@ -151,6 +151,33 @@ GatedScoresGrads gated_scores_diagonal_grads(const Tile& X, const Tile& Y, const
 Tile gated_scores(const Tile& X, const Tile& Y, const Tile& g, bool strictly_lower = false,
                   Loc loc = Loc::current());
 
+// ---- the chunked state walk ------------------------------------------------------------------------
+// A chunked kernel walks the chunks of a sequence in order (for_range), carrying the state S [K, V] in
+// fp32: each chunk reads it for its outputs (the state's share Q S, Q's rows decayed from the chunk's
+// start as the gates ask) and then updates it with its own keys and values, those decayed to the
+// chunk's end. With per-channel gates g [BT, K]:
+//   Tile S = zeros({BK, BV}, DType::f32);
+//   for_range(0, num_chunks, [&](Tile i) {
+//     ...                                                     // Q, K, V, g of chunk i
+//     Tile O = dot((Q * exp(cumsum(g, 0))).to(dt), S.to(dt)) + dot(A.to(dt), V);   // A: gated_scores
+//     S = blocks::state_update(S, K * exp(blocks::decays_to_chunk_end(g)), V, sum(g, 0));
+//   }, S);
+
+/// The state after a chunk: S' = diag(exp(d)) S + K^T V, with S [K, V] f32, K [BT, K], V [BT, V] and d
+/// the state's log-decay over the chunk (the sum of its gates): an f32 scalar (one gate per head), [K]
+/// f32 (per key channel), or an invalid Tile() (no decay: S + K^T V). The product runs in V's dtype, K
+/// cast to it (keys decayed in fp32 can be passed as they are): on the tensor cores for 16-bit V,
+/// accumulating in fp32.
+/// The order is a choice of speed, not of results, and which is faster depends on the walk (docs/ops/
+/// linear_attn.md, delta_rule.md, gla.md, "Measured"). By default the product is recorded first and
+/// the decayed state added to it: the product need not wait for the decay, and only a multiply and an
+/// add stand between one chunk's state and the next. With in_place the decayed state is recorded first
+/// and the product accumulates into it: one [K, V] accumulator instead of two and no add, the better
+/// choice where registers are short (a walk that spills). The library's walks keep the order they
+/// were tuned with: in place in delta_rule_fwd and gla_fwd, the product first in the others.
+Tile state_update(const Tile& S, const Tile& K, const Tile& V, const Tile& log_decay = Tile(), bool in_place = false,
+                  Loc loc = Loc::current());
+
 // ---- l2norm ----------------------------------------------------------------------------------------
 
 /// 1 / sqrt(sum_axis x^2 + eps) in f32 (x cast to f32 first): [rows] for rows of a [rows, D] tile along

@@ -70,6 +70,10 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
     if (cfg.gated) {
       // Rows past the sequence end load g = 0, so b stops growing there and b_C = b at the last row.
       // Gates of -inf are floored (kernels/common/log_decay.h): b_r - b_c would be -inf - -inf.
+      // Differences of b, not blocks::chunk_decays' sums of gates: those add a [BT, BT] scan through
+      // shared memory to every chunk of this walk (in its PTX about 300 more instructions and 4 or 5
+      // more barriers per chunk, more registers and spills), while the floor bounds what the
+      // differences lose after a very negative gate (log_decay.h).
       Tile gc = floor_log_decay(load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq));
       Tile bg = cumsum(gc, 0);
       Tile b_last = sum(gc, 0);

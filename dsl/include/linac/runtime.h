@@ -81,6 +81,58 @@ struct TensorView {
 /// and to read bf16 outputs back. UserError when the element counts differ.
 void convert(const TensorView& src, const TensorView& dst);
 
+// ---- Checking a kernel against a reference on the host ---------------------------------------------
+// The pattern of docs/dsl-guide.md ("Testing a kernel against a reference"): random inputs, rounded to
+// the kernel's dtype before the reference in double sees them, poisoned outputs, the largest error
+// relative to the largest reference value.
+//
+//   std::vector<float> qf = rt::random_uniform(B * T * H * K, /*seed=*/1);
+//   rt::HostArray q(qf, DType::bf16, {B, T, H, K});       // qf now holds the bf16 values q holds
+//   rt::HostArray o(DType::bf16, {B, T, H, V});           // an output, poisoned
+//   rt::run(*kernel, grid, {{"q", q.view()}, ..., {"o", o.view()}});
+//   double err = rt::max_relative_error(o.to_floats(), reference(qf, ...));
+
+/// `x` rounded to `dtype` in place, to nearest even (bf16, f16; f32 leaves it as it is): the values a
+/// kernel reading `dtype` sees, so that a reference computed from `x` measures the kernel and not the
+/// inputs' rounding. UserError for a dtype that is not a float.
+void round_to(std::vector<float>& x, DType dtype);
+
+/// n floats uniform in [lo, hi), a function of (seed, n, lo, hi) alone: the same numbers on every
+/// platform and standard library (std::uniform_real_distribution's are not), so that a failure seen
+/// once can be rerun. One seed per input keeps each input fixed when another changes size.
+std::vector<float> random_uniform(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
+
+/// A host array in a kernel's dtype (raw 16-bit patterns for bf16/f16; see convert()), for run()'s
+/// arguments. view() binds it; it owns its bytes, so it moves but does not copy.
+class HostArray {
+ public:
+  /// From floats: `x` is rounded to `dtype` in place (round_to) and the array holds those values, so
+  /// that a reference computed from `x` sees exactly what the kernel reads. UserError when the shape's
+  /// element count is not x.size().
+  HostArray(std::vector<float>& x, DType dtype, std::vector<int64_t> shape);
+  /// An output of `shape` in `dtype`, poisoned (poison()).
+  HostArray(DType dtype, std::vector<int64_t> shape);
+  HostArray(HostArray&&) = default;
+  HostArray& operator=(HostArray&&) = default;
+  HostArray(const HostArray&) = delete;
+  HostArray& operator=(const HostArray&) = delete;
+
+  const TensorView& view() const { return view_; }
+  /// Every byte 0xFF: NaN in every float dtype, so that an element a kernel never writes fails a check
+  /// instead of passing with a value from an earlier run. Call it before each run of an output.
+  void poison();
+  /// The elements as floats (16-bit values widened exactly).
+  std::vector<float> to_floats() const;
+
+ private:
+  std::vector<uint8_t> bytes_;
+  TensorView view_;
+};
+
+/// max |x - ref| / max |ref| over all elements, a NaN in x counting as infinitely wrong: one number per
+/// run that does not let a bad element hide in an average. UserError when the sizes differ.
+double max_relative_error(const std::vector<float>& x, const std::vector<double>& ref);
+
 /// A value bound to one kernel parameter: a tensor view or a number (for a scalar parameter; it is
 /// converted to the parameter's dtype, e.g. rounded to f32). A default-constructed Arg is the number 0,
 /// so `args["q"] = view;` works.

@@ -11,9 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fmt/format.h>
-#include <limits>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -79,28 +77,6 @@ int64_t next_pow2(int64_t x) {
   return p;
 }
 
-/// A host array in the kernel's dtype. Made from floats, which are rounded to that dtype in place so
-/// the reference sees exactly the kernel's inputs.
-struct HostArray {
-  std::vector<uint8_t> bytes;
-  rt::TensorView view;
-
-  HostArray(std::vector<float>& x, DType dt, std::vector<int64_t> shape) {
-    rt::TensorView f = rt::TensorView::of(x.data(), shape);
-    bytes.resize(static_cast<size_t>(f.numel() * linac::dtype_bytes(dt)));
-    view = {bytes.data(), dt, std::move(shape)};
-    rt::convert(f, view);
-    rt::convert(view, f);
-  }
-};
-
-std::vector<float> random_floats(size_t n, std::mt19937_64& rng) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> x(n);
-  for (auto& e : x) e = u(rng);
-  return x;
-}
-
 /// The recurrence exactly as written, token by token, in double, q and k L2-normalized: o [B,T,H,V] and
 /// the final state [B,H,K,V] from s0.
 struct Reference {
@@ -142,17 +118,6 @@ Reference reference(const std::vector<float>& q, const std::vector<float>& k, co
   return r;
 }
 
-/// max |x - ref| / max |ref|: one number per run that does not hide a bad element in an average.
-double relative_error(const std::vector<float>& x, const std::vector<double>& ref) {
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    double d = std::abs(double(x[i]) - ref[i]);
-    err = std::isnan(d) ? std::numeric_limits<double>::infinity() : std::max(err, d);
-    scale = std::max(scale, std::abs(ref[i]));
-  }
-  return err / std::max(scale, 1e-30);
-}
-
 struct Candidate {
   std::string kernel;
   int chunk = 0;
@@ -172,22 +137,21 @@ int run(const Options& opt) {
   fmt::print("kda: B={} T={} H={} K={} V={} {} on {}\n", B, T, H, K, V, linac::dtype_name(dt),
              gpu ? "the GPU" : "the CPU interpreter");
 
-  std::mt19937_64 rng(0);
-  std::vector<float> qf = random_floats(B * T * H * K, rng), kf = random_floats(B * T * H * K, rng),
-                     vf = random_floats(B * T * H * V, rng), gf = random_floats(B * T * H * K, rng),
-                     bf = random_floats(B * T * H, rng), s0 = random_floats(B * H * K * V, rng),
-                     of(B * T * H * V), sf(B * H * K * V);
-  // Log-decays in (-0.5, 0), channel 0 of every head steep (about -6 per token: gated_scores'
-  // elementwise form); beta in (0, 1).
-  for (size_t i = 0; i < gf.size(); ++i) gf[i] = (i % K == 0 ? 6.0f : 0.25f) * (gf[i] - 1.0f);
-  for (auto& x : bf) x = 0.5f * (x + 1.0f);
-  HostArray q(qf, dt, {B, T, H, K}), k(kf, dt, {B, T, H, K}), v(vf, dt, {B, T, H, V}), o(of, dt, {B, T, H, V});
+  // Inputs uniform in [-1, 1), one seed each, rounded to the kernel's dtype in place: the reference sees them.
+  // Log-decays in [-0.5, 0), channel 0 of every head steep (about -6 per token: gated_scores'
+  // elementwise form); beta in (0, 1). g, beta and the states are f32 tensors.
+  std::vector<float> qf = rt::random_uniform(B * T * H * K, 1), kf = rt::random_uniform(B * T * H * K, 2),
+                     vf = rt::random_uniform(B * T * H * V, 3), gf = rt::random_uniform(B * T * H * K, 4, -0.5f, 0.0f),
+                     bf = rt::random_uniform(B * T * H, 5, 0.0f, 1.0f), s0 = rt::random_uniform(B * H * K * V, 6);
+  for (size_t i = 0; i < gf.size(); i += K) gf[i] *= 24.0f;
+  rt::HostArray q(qf, dt, {B, T, H, K}), k(kf, dt, {B, T, H, K}), v(vf, dt, {B, T, H, V}), o(dt, {B, T, H, V}),
+      final_state(DType::f32, {B, H, K, V});
   const Reference ref = reference(qf, kf, vf, gf, bf, s0, B, T, H, K, V);
-  const rt::Args args = {{"q", q.view}, {"k", k.view}, {"v", v.view},
+  const rt::Args args = {{"q", q.view()}, {"k", k.view()}, {"v", v.view()},
                          {"g", rt::TensorView::of(gf.data(), {B, T, H, K})},
                          {"beta", rt::TensorView::of(bf.data(), {B, T, H})},
                          {"initial_state", rt::TensorView::of(s0.data(), {B, H, K, V})},
-                         {"o", o.view}, {"final_state", rt::TensorView::of(sf.data(), {B, H, K, V})},
+                         {"o", o.view()}, {"final_state", final_state.view()},
                          {"scale", 1.0 / std::sqrt(double(K))}};
 
   // Chunk size is a compile-time constant: each candidate is its own kernel, compiled on first use.
@@ -208,13 +172,12 @@ int run(const Options& opt) {
     Candidate c{name, chunk, 0, 0, std::nullopt, "ok"};
     const KdaConfig cfg = config(chunk);
     const rt::Grid grid{(V + cfg.block_v - 1) / cfg.block_v, B * H, 1};
-    std::fill(o.bytes.begin(), o.bytes.end(), 0xFF);  // NaN: an element the kernel misses fails the check
-    std::fill(sf.begin(), sf.end(), std::numeric_limits<float>::quiet_NaN());
+    o.poison();  // NaN: an element the kernel misses fails the check
+    final_state.poison();
     if (opt.print_ir) fmt::print("{}", rt::print_ir(*kernel));
     rt::run(*kernel, grid, args, device);
-    rt::convert(o.view, rt::TensorView::of(of.data(), {B, T, H, V}));
-    c.err_o = relative_error(of, ref.o);
-    c.err_state = relative_error(sf, ref.state);
+    c.err_o = rt::max_relative_error(o.to_floats(), ref.o);
+    c.err_state = rt::max_relative_error(final_state.to_floats(), ref.state);
     if (!(c.err_o < tolerance && c.err_state < tolerance)) c.status = "WRONG", all_ok = false;
     if (gpu) c.median_ms = rt::time_on_gpu(*kernel, grid, args, /*runs=*/20).median_ms;
     table.push_back(c);

@@ -10,9 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fmt/format.h>
-#include <limits>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -78,28 +76,6 @@ int64_t next_pow2(int64_t x) {
   return p;
 }
 
-/// A host array in the kernel's dtype. Made from floats, which are rounded to that dtype in place so
-/// the reference sees exactly the kernel's inputs.
-struct HostArray {
-  std::vector<uint8_t> bytes;
-  rt::TensorView view;
-
-  HostArray(std::vector<float>& x, DType dt, std::vector<int64_t> shape) {
-    rt::TensorView f = rt::TensorView::of(x.data(), shape);
-    bytes.resize(static_cast<size_t>(f.numel() * linac::dtype_bytes(dt)));
-    view = {bytes.data(), dt, std::move(shape)};
-    rt::convert(f, view);
-    rt::convert(view, f);
-  }
-};
-
-std::vector<float> random_floats(size_t n, std::mt19937_64& rng) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> x(n);
-  for (auto& e : x) e = u(rng);
-  return x;
-}
-
 /// The recurrence exactly as written, token by token, in double. q, k [B,T,H,K], v [B,T,H,V].
 std::vector<double> reference(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
                               int64_t B, int64_t T, int64_t H, int64_t K, int64_t V) {
@@ -123,17 +99,6 @@ std::vector<double> reference(const std::vector<float>& q, const std::vector<flo
   return o;
 }
 
-/// max |x - ref| / max |ref|: one number per run that does not hide a bad element in an average.
-double relative_error(const std::vector<float>& x, const std::vector<double>& ref) {
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    double d = std::abs(double(x[i]) - ref[i]);
-    err = std::isnan(d) ? std::numeric_limits<double>::infinity() : std::max(err, d);
-    scale = std::max(scale, std::abs(ref[i]));
-  }
-  return err / std::max(scale, 1e-30);
-}
-
 struct Candidate {
   int chunk = 0;
   double rel_err = 0;
@@ -152,12 +117,12 @@ int run(const Options& opt) {
   fmt::print("retnet: B={} T={} H={} K={} V={} {} on {}\n", B, T, H, K, V, linac::dtype_name(dt),
              gpu ? "the GPU" : "the CPU interpreter");
 
-  std::mt19937_64 rng(0);
-  std::vector<float> qf = random_floats(B * T * H * K, rng), kf = random_floats(B * T * H * K, rng),
-                     vf = random_floats(B * T * H * V, rng), of(B * T * H * V);
-  HostArray q(qf, dt, {B, T, H, K}), k(kf, dt, {B, T, H, K}), v(vf, dt, {B, T, H, V}), o(of, dt, {B, T, H, V});
+  // Inputs uniform in [-1, 1), one seed each, rounded to the kernel's dtype in place: the reference sees them.
+  std::vector<float> qf = rt::random_uniform(B * T * H * K, 1), kf = rt::random_uniform(B * T * H * K, 2),
+                     vf = rt::random_uniform(B * T * H * V, 3);
+  rt::HostArray q(qf, dt, {B, T, H, K}), k(kf, dt, {B, T, H, K}), v(vf, dt, {B, T, H, V}), o(dt, {B, T, H, V});
   const std::vector<double> ref = reference(qf, kf, vf, B, T, H, K, V);
-  const rt::Args args = {{"q", q.view}, {"k", k.view}, {"v", v.view}, {"o", o.view}};
+  const rt::Args args = {{"q", q.view()}, {"k", k.view()}, {"v", v.view()}, {"o", o.view()}};
 
   // Chunk size is a compile-time constant: each candidate is its own kernel, compiled on first use.
   std::vector<int> chunks = opt.chunk ? std::vector<int>{*opt.chunk} : gpu ? std::vector<int>{16, 32, 64, 128}
@@ -174,13 +139,12 @@ int run(const Options& opt) {
     Candidate c{chunk, 0, std::nullopt, "ok"};
     RetNetConfig cfg = config(chunk);
     const rt::Grid grid{(V + cfg.block_v - 1) / cfg.block_v, B * H, 1};
-    std::fill(o.bytes.begin(), o.bytes.end(), 0xFF);  // NaN: an element the kernel misses fails the check
+    o.poison();  // NaN: an element the kernel misses fails the check
     try {
       auto kernel = build_retnet(cfg);
       if (opt.print_ir) fmt::print("{}", rt::print_ir(*kernel));
       rt::run(*kernel, grid, args, device);
-      rt::convert(o.view, rt::TensorView::of(of.data(), {B, T, H, V}));
-      c.rel_err = relative_error(of, ref);
+      c.rel_err = rt::max_relative_error(o.to_floats(), ref);
       if (!(c.rel_err < tolerance)) c.status = "WRONG", all_ok = false;
       if (gpu) c.median_ms = rt::time_on_gpu(*kernel, grid, args, /*runs=*/20).median_ms;
     } catch (const linac::UserError& e) {

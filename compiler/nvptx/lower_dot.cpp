@@ -187,13 +187,8 @@ void KernelLowering::lower_dot(const ir::Op& op) {
   std::vector<llvm::Value*> acc = initial_accumulators();
   // A held in the mma layout: register 4 (tm * K/8 + j) + q is element (row g + 8 (q / 2), column
   // 8 j + 2 t + q % 2) of the warp's 16-row tile tm (passes::Layout::register_coords).
-  // Math on views (Remat) is evaluated step by step, so that only one step's fragments are live.
-  const ir::Value* a_value = op.operands[0];
-  const bool a_evaluated = a_in_registers && cls(a_value) == ValueClass::Remat;
-  const Regs a_held = a_in_registers && !a_evaluated ? get_in_layout(a_value, layout(a_value)) : Regs{};
-  auto a_reg = [&](size_t r) {
-    return a_evaluated ? eval_at(a_value, coords_of(layout(a_value), static_cast<int>(r))) : a_held[r];
-  };
+  // (Math on views is evaluated here, at every register's coordinates, before the steps.)
+  const Regs a_regs = a_in_registers ? get_in_layout(op.operands[0], layout(op.operands[0])) : Regs{};
   auto pack = [&](llvm::Value* lo, llvm::Value* hi) {
     auto* pair = llvm::FixedVectorType::get(lo->getType(), 2);
     llvm::Value* v = b_.CreateInsertElement(llvm::PoisonValue::get(pair), lo, uint64_t{0});
@@ -206,8 +201,8 @@ void KernelLowering::lower_dot(const ir::Op& op) {
     for (int64_t tm = 0; tm < mt; ++tm) {
       if (a_in_registers) {  // the 8-column tiles k0/8 and k0/8 + 1: (a0, a1) and (a2, a3)
         const size_t lo = static_cast<size_t>((tm * (K / 8) + k0 / 8) * 4), hi = lo + 4;
-        afrag[tm] = {pack(a_reg(lo), a_reg(lo + 1)), pack(a_reg(lo + 2), a_reg(lo + 3)),
-                     pack(a_reg(hi), a_reg(hi + 1)), pack(a_reg(hi + 2), a_reg(hi + 3))};
+        afrag[tm] = {pack(a_regs[lo], a_regs[lo + 1]), pack(a_regs[lo + 2], a_regs[lo + 3]),
+                     pack(a_regs[hi], a_regs[hi + 1]), pack(a_regs[hi + 2], a_regs[hi + 3])};
         continue;
       }
       llvm::Value* m0 = tile_row(tm);

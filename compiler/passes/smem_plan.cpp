@@ -417,7 +417,7 @@ bool dot_a_in_registers(const ir::Op& op, const LayoutMap& layouts, const std::m
   if (classes.at(a) != ValueClass::Data && classes.at(a) != ValueClass::Remat) return false;
   const Layout &la = layouts.at(a), &l = layouts.at(op.result());
   return la.kind == Layout::Kind::Mma && l.kind == Layout::Kind::Mma && la.wn == 1 && l.wn == 1 && la.wm == l.wm &&
-         la.warpgroups == l.warpgroups && la.num_threads == l.num_threads;
+         la.warpgroups == l.warpgroups;
 }
 
 SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline,

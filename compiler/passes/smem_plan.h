@@ -109,7 +109,8 @@ std::optional<DotOperandInPlace> dot_operand_in_place(const ir::Value* v,
 /// warps all lie along M, as the result's do (the same 16-row tiles per warp), and K is a multiple of
 /// 16. A thread's registers of two neighbouring 8-column tiles are then exactly its A fragment of one
 /// 16-deep step (the m16n8 accumulator layout is the m16n8k16 A layout in halves: FlashAttention feeds
-/// its scores to the second product so). The planner and the lowering both ask this.
+/// its scores to the second product so). The planner asks it and records the answer
+/// (SmemPlan::dots_a_in_registers), which the lowering reads.
 bool dot_a_in_registers(const ir::Op& op, const LayoutMap& layouts, const std::map<const ir::Value*, ValueClass>& classes);
 
 /// Where a target's dots run: mma.sync (sm_80, and sm_90a on request), or wgmma (sm_90a) with A from

@@ -13,7 +13,8 @@
 
 namespace linac {
 
-/// Columns of the tile whose product with phi^T sums phi over rows (the narrowest dot operand).
+/// Columns of the narrowest tile a product takes: a tile of ones whose product with F sums F's rows
+/// (poly_fwd_out), and the per-program partial sums of the coefficients' gradients.
 inline constexpr int64_t kSumColumns = 16;
 
 /// The [BK, BK] permutation that rolls the columns of a tile left by m along K: (X P)[:, j] =

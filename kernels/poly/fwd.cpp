@@ -37,8 +37,8 @@ int poly_z_rows(const PolyConfig& cfg) { return (cfg.quadratic ? cfg.block_k : 0
 
 // poly_*_sums: grid axis 0 runs over (feature block, V block), then with normalize one program for the
 // normalizer's tables. Degree-2 block m sums phi_m(x)^T y; the last feature block's programs sum the
-// degrees 1 and 0 (x^T y into block deg2; sum y into row 0 of block deg2 + 1). Forward: x = k, y = v, w = 1 on the sequence's rows; backward: x = q,
-// y = dn, w = dd.
+// degrees 1 and 0 (x^T y into block deg2; sum y into row 0 of block deg2 + 1). Forward: x = k, y = v,
+// w = 1 on the sequence's rows; backward: x = q, y = dn, w = dd.
 std::shared_ptr<ir::Kernel> build_poly_sums(const PolyConfig& cfg, bool backward) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v, CPS = cfg.segment_chunks;
   const DType dt = cfg.dtype, f32 = DType::f32;
@@ -213,8 +213,9 @@ std::shared_ptr<ir::Kernel> build_poly_scan(const PolyConfig& cfg, bool reverse)
 
 // poly_fwd_out: the degree-2 blocks in order m = 0, 1, ... with Q rolled by m (a slice of [Q Q], or
 // one more column each time by a product with the roll by 1), then degrees 1 and 0 and the
-// denominator from the normalizer's tables; the segment's own chunks last. With `grad` (the backward's first step) it stores what the backward
-// needs of o instead of o: dn = do / den and dd = -(do . o) / den (one V block: the whole row of o).
+// denominator from the normalizer's tables; the segment's own chunks last. With `grad` (the
+// backward's first step) it stores what the backward needs of o instead of o: dn = do / den and
+// dd = -(do . o) / den (one V block: the whole row of o).
 std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v, CPS = cfg.segment_chunks;
   const DType dt = cfg.dtype, f32 = DType::f32;
@@ -247,7 +248,8 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
   Tile Kdim = q.dim(3);
   const int64_t deg2 = poly_degree2_blocks(cfg);
   Tile Q = load(q, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BK}, ch.in_seq);
-  Tile Qf = Q.to(f32);
+  // f(x) = a + b x + c x^2 at x = scale q.k: the coefficients of q.k's powers.
+  Tile b1 = cb * scale, c2 = cc * scale * scale;
   auto state = [&](const Operand& block) {
     return load(states, {row, ch.i_h, block, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
   };
@@ -279,17 +281,17 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
     Tile half = Kdim / 2;
     AccessOptions if_even = cfg.exact_k ? AccessOptions{} : AccessOptions{.limits = {{3, BK * (1 - Kdim % 2)}}};
     O = O + dot(Q * rolled(half), load(states, {row, ch.i_h, half, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, if_even));
-    O = O * (cc * scale * scale);
+    O = O * c2;
   }
-  Tile b1 = cb * scale;
   O = O + dot(Q, state(deg2)) * b1;
   O = O + expand_dims(load(states, {row, ch.i_h, deg2 + 1, 0, v0}, {kIndex, kIndex, kIndex, kIndex, BV}).to(f32) * ca, 0);
   // The denominator before the segment: c scale^2 q^T Z2 q + b scale q . z1 + a n (load_z_tables).
   Tile den;
   if (cfg.normalize) {
     const ZTables z = load_z_tables(cfg, zstates, row, ch.i_h);
+    Tile Qf = Q.to(f32);
     Tile terms = Qf * slice(z.low, 0, 0, 1) * b1;
-    if (cfg.quadratic) terms = terms + Qf * times_quadratic_form(Q, z.quadratic) * (cc * scale * scale);
+    if (cfg.quadratic) terms = terms + Qf * times_quadratic_form(Q, z.quadratic) * c2;
     den = sum(terms, 1) + take(take(z.low, 1, 0), 0, 0) * ca;
   }
 
@@ -304,7 +306,7 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
     Tile Kc = load(k, {ch.b, t0, ch.i_h, 0}, {kIndex, BT, kIndex, BK}, ch.in_seq);
     Tile V = load(v, {ch.b, t0, ch.i_h, v0}, {kIndex, BT, kIndex, BV}, ch.in_seq);
     Tile X = dot(Q, Kc.T());
-    Tile fx = cfg.quadratic ? ca + X * (b1 + cc * scale * scale * X) : ca + b1 * X;
+    Tile fx = cfg.quadratic ? ca + X * (b1 + c2 * X) : ca + b1 * X;
     Tile F = (diagonal ? where(causal, fx, 0.0f) : fx).to(dt);
     O = O + dot(F, V);
     if (cfg.normalize) row_sums = row_sums + dot(F, ones);
@@ -313,9 +315,8 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
   if (cfg.normalize) carried.push_back(&row_sums);
   for_range_carrying(segment * CPS, ch.chunk, [&](Tile c) { pairs(c, false); }, carried);
   pairs(ch.chunk, true);
-  if (cfg.normalize) den = den + take(row_sums, 0, 1);
   if (cfg.normalize) {
-    den = den + kPolyEps;
+    den = den + take(row_sums, 0, 1) + kPolyEps;
     O = O / expand_dims(den, 1);
   }
   if (!grad) {

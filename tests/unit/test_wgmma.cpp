@@ -3,8 +3,8 @@
 // GPU their results against a float64 product of the same 16-bit inputs, for every operand form the
 // lowering distinguishes: B stored [k][n] (MN-major) or [n][k] (K-major, a transpose), A from shared
 // memory (stored [m][k] or transposed) or from registers, several 16-row tiles per warp, two
-// warpgroups along N, a slice of a wider tile, an accumulator reused as B, pipelined loads in a loop,
-// 64- and 32-byte swizzles, f16.
+// warpgroups along N, a slice of a wider tile, an accumulator reused as B or as A (read from its own
+// registers: smem_plan.h dot_a_in_registers), pipelined loads in a loop, 64- and 32-byte swizzles, f16.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -32,6 +32,8 @@ struct Case {
   int64_t k_blocks = 1;  // > 1: a loop over K in blocks of K (pipelined loads), accumulating
   DType dt = DType::bf16;
   int wgmma_dots = 1;    // how many dots the sm_90a plan puts on wgmma
+  bool a_product = false;  // A is the product X [M, 16] Z [16, K] rounded to 16 bits: an accumulator
+                           // reused as A, read from its registers (no copy, no ldmatrix)
 };
 
 const Case kCases[] = {
@@ -49,6 +51,7 @@ const Case kCases[] = {
     {"64x64x64 f16", 64, 64, 64, 4, false, false, -1, false, 1, DType::f16},
     // Rows of 96 bytes take no swizzle: A from registers (ldmatrix), B from shared memory.
     {"64x64x48 A in registers", 64, 64, 48, 4},
+    {"64x64x64 accumulator as A", 64, 64, 64, 4, false, false, -1, false, 1, DType::bf16, 2, true},
 };
 
 /// O = A B for the case (f32 out).
@@ -58,7 +61,9 @@ std::shared_ptr<ir::Kernel> build(const Case& c) {
   kb.set_num_stages(c.k_blocks > 1 ? 2 : 1);
   Tensor a = kb.tensor("a", c.dt, 2), b = kb.tensor("b", c.dt, 2), o = kb.tensor("o", DType::f32, 2);
   Tensor y = c.b_product ? kb.tensor("y", c.dt, 2) : Tensor();
+  Tensor z = c.a_product ? kb.tensor("z", c.dt, 2) : Tensor();
   auto a_block = [&](const Tile& k0) {
+    if (c.a_product) return dot(load(a, {0, 0}, {c.M, 16}), load(z, {0, k0}, {16, c.K})).to(c.dt);
     return c.a_t ? load(a, {k0, 0}, {c.K, c.M}).T() : load(a, {0, k0}, {c.M, c.K});
   };
   auto b_block = [&](const Tile& k0) {
@@ -122,7 +127,9 @@ TEST_CASE("wgmma: the sm_90a plan puts the products it can hold on warpgroup ten
     auto k = build(c);
     rt::Compiled hopper = rt::compile(*k, rt::Arch::sm_90a);
     CHECK(count(hopper.smem_plan, "\nwgmma ") == c.wgmma_dots);
-    CHECK(count(hopper.smem_plan, "A by ldmatrix") == c.wgmma_dots);  // the default
+    const int a_in_registers = c.a_product ? 1 : 0;
+    CHECK(count(hopper.smem_plan, "A in its registers") == a_in_registers);
+    CHECK(count(hopper.smem_plan, "A by ldmatrix") == c.wgmma_dots - a_in_registers);  // the default
     CHECK(count(hopper.ptx, "wgmma.mma_async.sync.aligned") >= c.K / 16);
     CHECK(hopper.ptx.find("fence.proxy.async.shared::cta") != std::string::npos);
     CHECK(hopper.ptx.find("wgmma.wait_group.sync.aligned") != std::string::npos);
@@ -137,6 +144,7 @@ TEST_CASE("wgmma: the sm_90a plan puts the products it can hold on warpgroup ten
     CHECK(count(ampere.smem_plan, "\nwgmma ") == 0);
     CHECK(count(ampere.ptx, "wgmma.mma_async") == 0);
     CHECK(ampere.ptx.find("mma.sync") != std::string::npos);
+    CHECK(count(ampere.smem_plan, "A in its registers") == a_in_registers);
   }
 }
 
@@ -157,36 +165,49 @@ namespace {
 void check_on_gpu(const Case& c) {
   const int64_t depth = c.K * c.k_blocks;
   const int64_t b_cols = c.b_col0 >= 0 ? 2 * c.N : c.b_product ? 16 : c.N;
-  std::vector<uint16_t> a_bits, b_bits, y_bits;
-  std::vector<float> a_vals, b_vals, y_vals;
-  make_input(c.dt, c.M * depth, 0.1, &a_bits, &a_vals);
+  const int64_t a_cols = c.a_product ? 16 : depth;
+  std::vector<uint16_t> a_bits, b_bits, y_bits, z_bits;
+  std::vector<float> a_vals, b_vals, y_vals, z_vals;
+  make_input(c.dt, c.M * a_cols, 0.1, &a_bits, &a_vals);
   make_input(c.dt, depth * b_cols, 0.7, &b_bits, &b_vals);
   if (c.b_product) make_input(c.dt, 16 * c.N, 1.3, &y_bits, &y_vals);
+  if (c.a_product) make_input(c.dt, 16 * depth, 1.9, &z_bits, &z_vals);
+  // A product of 16 terms rounded to the 16-bit dtype, as the kernel rounds its accumulators.
+  auto rounded = [&](double s) {
+    float f = static_cast<float>(s);
+    uint16_t h;
+    rt::convert(rt::TensorView::of(&f, {1}), rt::TensorView{&h, c.dt, {1}});
+    rt::convert(rt::TensorView{&h, c.dt, {1}}, rt::TensorView::of(&f, {1}));
+    return static_cast<double>(f);
+  };
   // Element (i, kk) of A and (kk, j) of B as the case stores them.
-  auto A = [&](int64_t i, int64_t kk) { return static_cast<double>(c.a_t ? a_vals[kk * c.M + i] : a_vals[i * depth + kk]); };
+  auto A = [&](int64_t i, int64_t kk) -> double {
+    if (c.a_product) {
+      double s = 0;
+      for (int t = 0; t < 16; ++t) s += static_cast<double>(a_vals[i * 16 + t]) * z_vals[t * depth + kk];
+      return rounded(s);
+    }
+    return c.a_t ? a_vals[kk * c.M + i] : a_vals[i * depth + kk];
+  };
   auto B = [&](int64_t kk, int64_t j) -> double {
     if (c.b_t) return b_vals[j * depth + kk];
     if (c.b_col0 >= 0) return b_vals[kk * b_cols + c.b_col0 + j];
     if (c.b_product) {
       double s = 0;
       for (int t = 0; t < 16; ++t) s += static_cast<double>(b_vals[kk * 16 + t]) * y_vals[t * c.N + j];
-      // Rounded to the 16-bit dtype as the kernel does.
-      float f = static_cast<float>(s);
-      uint16_t h;
-      rt::convert(rt::TensorView::of(&f, {1}), rt::TensorView{&h, c.dt, {1}});
-      rt::convert(rt::TensorView{&h, c.dt, {1}}, rt::TensorView::of(&f, {1}));
-      return f;
+      return rounded(s);
     }
     return b_vals[kk * c.N + j];
   };
   auto k = build(c);
   std::vector<float> out(c.M * c.N, -1.0f);
   rt::Args args = {{"a", rt::TensorView{a_bits.data(), c.dt, c.a_t ? std::vector<int64_t>{depth, c.M}
-                                                                     : std::vector<int64_t>{c.M, depth}}},
+                                                                     : std::vector<int64_t>{c.M, a_cols}}},
                    {"b", rt::TensorView{b_bits.data(), c.dt, c.b_t ? std::vector<int64_t>{c.N, depth}
                                                                      : std::vector<int64_t>{depth, b_cols}}},
                    {"o", rt::TensorView::of(out.data(), {c.M, c.N})}};
   if (c.b_product) args["y"] = rt::TensorView{y_bits.data(), c.dt, {16, c.N}};
+  if (c.a_product) args["z"] = rt::TensorView{z_bits.data(), c.dt, {16, depth}};
   CHECK(rt::run(*k, rt::Grid{1}, args, rt::Device::gpu) == rt::Device::gpu);
   double worst = 0, scale = 0;
   for (int64_t i = 0; i < c.M; ++i)

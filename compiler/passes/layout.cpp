@@ -59,6 +59,11 @@ int64_t Layout::numel() const {
   return n;
 }
 
+bool registers_are_a_fragments(const Layout& a, const Layout& result) {
+  return a.kind == Layout::Kind::Mma && result.kind == Layout::Kind::Mma && a.wn == 1 && result.wn == 1 &&
+         a.wm == result.wm && a.warpgroups == result.warpgroups;
+}
+
 bool reduce_rows_in_registers(const ir::Op& op, const Layout& l) {
   if (op.code != ir::OpCode::Reduce || op.attrs.axis != 1 || l.kind != Layout::Kind::Blocked) return false;
   const ir::Value* x = op.operands[0];
@@ -259,9 +264,9 @@ class LayoutAssigner {
         // operand (on sm_80 the layouts stay as they were; see assign_op).
         const ir::Value* a = op.operands[0];
         auto l = out_.find(op.result());
-        if (warpgroups_ && a->def && ir::is_elementwise(a->def->code) && Layout::mma_fits(a->type.shape) && l != out_.end() &&
-            l->second.kind == Layout::Kind::Mma && l->second.wn == 1 &&
-            Layout::mma(a->type.shape, num_warps_, warpgroups_).wn == 1)
+        if (warpgroups_ && a->def && ir::is_elementwise(a->def->code) && Layout::mma_fits(a->type.shape) &&
+            l != out_.end() &&
+            registers_are_a_fragments(Layout::mma(a->type.shape, num_warps_, warpgroups_), l->second))
           wants_mma_.insert(a);
         continue;
       }

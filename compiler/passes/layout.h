@@ -64,6 +64,11 @@ struct Layout {
 /// memory first, as Triton converts before stores). `is_data` says whether v is held in registers.
 Layout store_layout(const ir::Value* v, const Layout& own, bool is_data, int num_warps);
 
+/// Whether a tile held in layout `a` has in each thread's registers exactly that thread's A fragments
+/// of a dot whose result has layout `result`: both mma layouts, every warp along M (wn = 1) in the same
+/// arrangement, so both cover the same 16-row tiles per warp (smem_plan.h dot_a_in_registers).
+bool registers_are_a_fragments(const Layout& a, const Layout& result);
+
 /// Whether reduce `op` runs from registers: a reduction along the last axis of a 2-D blocked tile
 /// whose every row lies in an aligned group of at most 32 lanes of one warp (whole rows per pass, no
 /// replicated threads), accumulating in f32 or i32, at most 16 elements per thread. Its operand then needs no shared-memory copy: the

@@ -415,9 +415,7 @@ bool dot_a_in_registers(const ir::Op& op, const LayoutMap& layouts, const std::m
   if (a->type.dtype != DType::bf16 && a->type.dtype != DType::f16) return false;
   if (op.operands[1]->type.dtype != a->type.dtype || a->type.shape[1] % 16 != 0) return false;
   if (classes.at(a) != ValueClass::Data && classes.at(a) != ValueClass::Remat) return false;
-  const Layout &la = layouts.at(a), &l = layouts.at(op.result());
-  return la.kind == Layout::Kind::Mma && l.kind == Layout::Kind::Mma && la.wn == 1 && l.wn == 1 && la.wm == l.wm &&
-         la.warpgroups == l.warpgroups;
+  return registers_are_a_fragments(layouts.at(a), layouts.at(op.result()));
 }
 
 SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts, const PipelinePlan& pipeline,

@@ -105,9 +105,8 @@ std::optional<DotOperandInPlace> dot_operand_in_place(const ir::Value* v,
 
 /// Whether dot `op` reads its A operand from the registers that hold it, with no shared-memory copy and
 /// no ldmatrix: A is a 16-bit tile computed into registers (ValueClass::Data), or math on views
-/// evaluated there (ValueClass::Remat: at the fragments' coordinates, from its sources), in an mma layout whose
-/// warps all lie along M, as the result's do (the same 16-row tiles per warp), and K is a multiple of
-/// 16. A thread's registers of two neighbouring 8-column tiles are then exactly its A fragment of one
+/// evaluated there (ValueClass::Remat: at the fragments' coordinates, from its sources), in a layout whose
+/// registers are its A fragments (layout.h registers_are_a_fragments), and K is a multiple of 16. A thread's registers of two neighbouring 8-column tiles are then exactly its A fragment of one
 /// 16-deep step (the m16n8 accumulator layout is the m16n8k16 A layout in halves: FlashAttention feeds
 /// its scores to the second product so). The planner asks it and records the answer
 /// (SmemPlan::dots_a_in_registers), which the lowering reads.

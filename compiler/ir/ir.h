@@ -142,6 +142,9 @@ struct Param {
 };
 
 /// One kernel: parameters and a body. Owns every value and op in it.
+/// The most pipeline stages a kernel may ask for (Kernel::num_stages).
+constexpr int kMaxNumStages = 4;
+
 struct Kernel {
   std::string name;
   std::vector<Param> params;
@@ -149,7 +152,7 @@ struct Kernel {
   SourceLoc loc;  // where the kernel was defined
   // Launch metadata recorded by the author (does not change semantics).
   int num_warps = 4;
-  int num_stages = 2;
+  int num_stages = 2;  // the chunk loops' pipeline stages, 1 to kMaxNumStages (compiler/passes/pipeline.h)
   /// Thread blocks per SM the register allocation must allow (0: ptxas chooses; it aims at two when
   /// shared memory allows, capping 256-thread kernels at 128 registers, and spills rather than drop to one).
   int min_ctas_per_sm = 0;

@@ -681,7 +681,8 @@ void check_header(const Kernel& k) {
                                k.name));
   if (k.num_warps < 1 || k.num_warps > 32 || (k.num_warps & (k.num_warps - 1)) != 0)
     fail_header(k, fmt::format("num_warps must be a power of two from 1 to 32, got {}", k.num_warps));
-  if (k.num_stages < 1) fail_header(k, fmt::format("num_stages must be at least 1, got {}", k.num_stages));
+  if (k.num_stages < 1 || k.num_stages > kMaxNumStages)
+    fail_header(k, fmt::format("num_stages must be from 1 to {}, got {}", kMaxNumStages, k.num_stages));
   if (k.min_ctas_per_sm < 0 || k.min_ctas_per_sm > 32)
     fail_header(k, fmt::format("min_ctas_per_sm must be from 0 (unset) to 32, got {}", k.min_ctas_per_sm));
   if (k.body.args.size() != k.params.size())

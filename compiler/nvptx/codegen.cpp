@@ -26,6 +26,7 @@
 #include "compiler/passes/dot_accumulate.h"
 #include "compiler/passes/layout.h"
 #include "compiler/passes/smem_plan.h"
+#include "compiler/passes/wgmma_waits.h"
 
 namespace linac::nvptx {
 
@@ -169,6 +170,7 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
   if (last == Stage::layouts) return out;
   passes::SmemPlan plan = passes::plan_shared_memory(k, layouts, passes::plan_pipelining(k), target.max_smem_bytes(),
                                                      target.dots());
+  plan.deferred_waits = passes::deferred_wgmma_waits(k, plan, accumulators);
   out.smem_plan = passes::print_smem_plan(k, plan);
   out.smem_bytes = plan.total_bytes;
   if (last == Stage::smem) return out;

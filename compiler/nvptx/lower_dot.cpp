@@ -68,13 +68,14 @@ void KernelLowering::lower_dot(const ir::Op& op) {
   if (wgmma != smem_.wgmma_dots.end()) {
     // The tensor cores read B through the async proxy: every thread's writes of shared memory (generic
     // proxy: stores, and cp.async copies once waited for) are ordered before them by a proxy fence in
-    // that thread, then a barrier; the copies in flight are waited for before the fence.
+    // that thread, then a barrier; the copies in flight are waited for before the fence. Not again
+    // where nothing was written since the last such barrier (a pipelined loop's, lower_for).
     if (!prefetch_in_flight_.empty()) {
       b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(0)});
       prefetch_in_flight_.clear();
+      async_proxy_fenced_ = false;
     }
-    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_fence_proxy_async_shared_cta, {});
-    barrier();
+    if (!async_proxy_fenced_ || !hazards_.written.empty() || hazards_.unknown) fenced_barrier();
   }
   if (a_in_registers) before_smem_access({smem_range(b.buf)}, {});
   else before_smem_access({smem_range(a.buf), smem_range(b.buf)}, {});
@@ -224,7 +225,9 @@ void KernelLowering::lower_dot(const ir::Op& op) {
     // The first row of this warpgroup's 64 in tile tm: its warps are 4 consecutive along M.
     llvm::Value* wg_base = b_.CreateMul(b_.CreateUDiv(w.m, i32(4)), i32(64));
     auto wg_row = [&](int64_t tm) { return b_.CreateAdd(wg_base, i32(tm * 16 * l.wm)); };
-    regs_[op.result()] = lower_wgmma(wgmma->second, in, K, N / l.wn, mt, n_base, wg_row, acc, accumulate, a_fragments);
+    regs_[op.result()] = lower_wgmma(wgmma->second, in, K, N / l.wn, mt, n_base, wg_row, acc, accumulate, a_fragments,
+                                     /*wait=*/!smem_.deferred_waits.count(&op),
+                                     first_step_adds_.count(&op) ? first_step_adds_.at(&op) : nullptr);
     return;
   }
   const auto mma_id = in == DType::bf16 ? llvm::Intrinsic::nvvm_mma_m16n8k16_row_col_bf16
@@ -272,7 +275,8 @@ void KernelLowering::lower_dot(const ir::Op& op) {
 std::vector<llvm::Value*> KernelLowering::lower_wgmma(
     const passes::WgmmaDot& d, DType in, int64_t K, int64_t n_wg, int64_t mt, llvm::Value* n_base,
     const std::function<llvm::Value*(int64_t)>& wg_row, std::vector<llvm::Value*> acc, bool accumulate,
-    const std::function<std::vector<std::vector<llvm::Value*>>(int64_t)>& a_fragments) {
+    const std::function<std::vector<std::vector<llvm::Value*>>(int64_t)>& a_fragments, bool wait,
+    llvm::Value* first_step_adds) {
   // An operand's matrix descriptor at depth 0 for the rows or columns from `mn` (this warpgroup's): the
   // shared address of its first element (passed as 32 bits, the descriptor made in the instruction's
   // PTX: loop-invariant descriptors hoisted out of loops took two registers each), with the swizzle's
@@ -339,7 +343,8 @@ std::vector<llvm::Value*> KernelLowering::lower_wgmma(
     return llvm::InlineAsm::get(fty, text, constraints, /*hasSideEffects=*/true);
   };
 
-  // Issued back to back, then waited for as a group: the accumulators are this dot's result. Where the
+  // Issued back to back, then waited for as a group (unless `wait` is false: passes::deferred_wgmma_waits,
+  // the enclosing loop waits): the accumulators are this dot's result. Where the
   // first step does not add (no `accumulate`), the accumulators' values going in do not matter. wgmma.fence orders the
   // registers' earlier writes before the instructions that read them: once before the first, and
   // after each step's ldmatrix of A (an A fragment written after the fence is undefined to wgmma: the
@@ -361,15 +366,15 @@ std::vector<llvm::Value*> KernelLowering::lower_wgmma(
       if (a_smem) args = {a_desc[tm]};
       else args = {afrag[tm][0], afrag[tm][1], afrag[tm][2], afrag[tm][3]};
       args.push_back(b_desc);
-      const bool add = accumulate || k0 > 0;
-      args.push_back(i32(add));
+      const bool add = accumulate || k0 > 0 || first_step_adds;
+      args.push_back(k0 == 0 && first_step_adds ? first_step_adds : i32(add));
       for (int q = 0; q < nacc; ++q) args.push_back(add ? acc[tm * nacc + q] : llvm::UndefValue::get(f32));
       llvm::Value* r = b_.CreateCall(fty, mma, args);
       for (int q = 0; q < nacc; ++q) acc[tm * nacc + q] = b_.CreateExtractValue(r, q);
     }
   }
   b_.CreateIntrinsic(llvm::Intrinsic::nvvm_wgmma_commit_group_sync_aligned, {});
-  b_.CreateIntrinsic(llvm::Intrinsic::nvvm_wgmma_wait_group_sync_aligned, {b_.getInt64(0)});
+  if (wait) b_.CreateIntrinsic(llvm::Intrinsic::nvvm_wgmma_wait_group_sync_aligned, {b_.getInt64(0)});
   return acc;
 }
 

@@ -71,6 +71,9 @@ class KernelLowering {
   /// if bytes it covers were read or written since the last barrier (WAR, WAW), a read waits if they
   /// were written (RAW). Runs of spills to distinct buffers so share one barrier.
   void barrier();
+  /// A proxy fence, then a barrier: every thread's shared-memory writes so far are visible to the
+  /// async proxy (wgmma's operand reads) once it has passed.
+  void fenced_barrier();
   using ByteRange = std::pair<int64_t, int64_t>;
   /// Announces the shared-memory bytes that the code emitted next reads and writes, all of them at
   /// once: an op that reads two buffers must not register one, then emit the barrier the other needs
@@ -83,7 +86,10 @@ class KernelLowering {
   void before_smem_write(ByteRange bytes);
   void before_smem_read(ByteRange bytes);
   /// At control-flow joins the state of the paths is unknown: assume every hazard.
-  void assume_smem_hazards() { hazards_.unknown = true; }
+  void assume_smem_hazards() {
+    hazards_.unknown = true;
+    async_proxy_fenced_ = false;
+  }
   /// Emits `for (j = lo; j < hi; ++j) accs = body(j, accs)` as an LLVM loop; returns the final accs.
   std::vector<llvm::Value*> emit_counted_loop(llvm::Value* lo, llvm::Value* hi, std::vector<llvm::Value*> init,
                                               const std::function<std::vector<llvm::Value*>(llvm::Value*, const std::vector<llvm::Value*>&)>& body);
@@ -133,11 +139,14 @@ class KernelLowering {
   /// The accumulators `acc` (mt x N/8 tiles of this warp) after a dot on wgmma (passes::WgmmaDot): K/16
   /// steps of wgmma.mma_async m64nNk16 (N = n_wg, this warpgroup's columns from n_base) per 16-row tile
   /// tm (this warpgroup's 64 rows from wg_row(tm)); A from shared memory, or its fragments from
-  /// `a_fragments(k0)`. With `accumulate` the first step adds to `acc` as it comes in.
+  /// `a_fragments(k0)`. With `accumulate` the first step adds to `acc` as it comes in. With `wait` false
+  /// the group is committed and left in flight (the enclosing loop waits for it). `first_step_adds`, where
+  /// not null, says at run time whether the first step adds (an i32; else `accumulate` does).
   std::vector<llvm::Value*> lower_wgmma(const passes::WgmmaDot& d, DType in, int64_t K, int64_t n_wg, int64_t mt,
                                         llvm::Value* n_base, const std::function<llvm::Value*(int64_t)>& wg_row,
                                         std::vector<llvm::Value*> acc, bool accumulate,
-                                        const std::function<std::vector<std::vector<llvm::Value*>>(int64_t)>& a_fragments);
+                                        const std::function<std::vector<std::vector<llvm::Value*>>(int64_t)>& a_fragments,
+                                        bool wait, llvm::Value* first_step_adds);
 
   // lower_reduce.cpp
   void lower_reduce(const ir::Op& op);
@@ -189,6 +198,12 @@ class KernelLowering {
   std::vector<LoopHead> loop_heads_;  // of the loops being lowered, innermost last
   int region_depth_ = 0;              // loop bodies and branch arms entered
   std::vector<ByteRange> prefetch_in_flight_;  // buffers of prefetched loads not yet waited for
+  /// No shared-memory write since the last fenced_barrier (straight-line code only: a join, a loop's
+  /// entry or exit, or landed copies clear it).
+  bool async_proxy_fenced_ = false;
+  /// Deferred products whose accumulators enter their loop as zeros: whether the first step adds (an
+  /// i32, 0 in the first iteration), set while their loop's body is lowered (lower_for).
+  std::map<const ir::Op*, llvm::Value*> first_step_adds_;
   // Debug info: DSL lines become PTX .loc directives.
   std::unique_ptr<llvm::DIBuilder> di_;
   llvm::DISubprogram* di_sub_ = nullptr;

@@ -1,5 +1,7 @@
 #include "compiler/passes/pipeline.h"
 
+#include <algorithm>
+
 #include "compiler/passes/layout.h"
 
 namespace linac::passes {
@@ -70,7 +72,7 @@ bool is_predictable_scalar(const ir::Value* v, const ir::Block& body) {
 
 PipelinePlan plan_pipelining(const ir::Kernel& k) {
   PipelinePlan plan;
-  plan.stages = k.num_stages >= 2 ? 2 : 1;
+  plan.stages = std::clamp(k.num_stages, 1, ir::kMaxNumStages);
   if (plan.stages < 2) return plan;
   collect(k, k.body, stored_tensors(k), plan);
   return plan;

@@ -1,11 +1,18 @@
 // Software pipelining of the loads of a chunk loop (num_stages >= 2).
 //
 // A load directly in a for body whose offsets and limits are pure scalar functions of the induction
-// variable and of values defined before the loop can be issued one iteration early: the lowering
-// copies the block for iteration i+1 into shared memory with cp.async (16-byte vectors, zero-filled
-// past the bounds) while iteration i computes on the block copied during iteration i-1. The loaded
-// tile then lives only in shared memory ("stage" i % 2 of its buffer); consumers read it there
-// (dot operands through ldmatrix, everything else through shared-memory reads).
+// variable and of values defined before the loop can be issued iterations early: the lowering copies
+// the block for a later iteration into shared memory with cp.async (16-byte vectors, zero-filled past
+// the bounds) while iteration i computes on its own block. The loaded tile then lives only in shared
+// memory (a ring of `stages` buffers, iteration i using stage i % stages); consumers read it there
+// (dot operands through ldmatrix or wgmma's descriptors, everything else through shared-memory reads).
+//
+// Two stages: iteration i copies for i + 1 into the stage iteration i - 1 read, after a barrier that
+// every thread passes once done with it (two barriers per iteration: that one and the one after the
+// copies for i have landed). Three or more: one stage is slack. Iteration i copies for
+// i + stages - 2 into the stage iteration i - 2 read, right after the one barrier (behind which every
+// thread is done with iteration i - 2); a wgmma product of iteration i - 1 may still run then, reading
+// its own stage (wgmma_waits.h: its wait is deferred by one iteration).
 //
 // Loads at the top level of the kernel (outside any loop or branch) whose tiles go to shared memory
 // anyway (dot operands, reductions, reads in another layout) are "prefetched" the same way, chosen by
@@ -21,13 +28,18 @@
 namespace linac::passes {
 
 struct PipelinePlan {
-  int stages = 1;
+  int stages = 1;  // 1 (no pipelining) to ir::kMaxNumStages
   std::set<const ir::Op*> loads;       // the pipelined loads (in loop bodies, `stages` stages)
   std::set<const ir::Op*> prefetched;  // top-level loads copied asynchronously (one stage)
   /// Whether v lives in shared memory only, copied there by cp.async (pipelined or prefetched).
   bool contains(const ir::Value* v) const { return v->def && (loads.count(v->def) || prefetched.count(v->def)); }
   bool is_prefetched(const ir::Value* v) const { return v->def && prefetched.count(v->def); }
+  /// Whether one stage of the ring is slack (three stages or more; see above).
+  bool slack() const { return stages >= 3; }
+  /// How many iterations ahead the copies go: stages - 1, or stages - 2 with a slack stage.
+  int distance() const { return stages - (slack() ? 2 : 1); }
 };
+
 
 /// The tensors `k` stores to anywhere: loading one of them early (a pipelined iteration ahead, or
 /// asynchronously ahead of a store of this program) could read stale data.

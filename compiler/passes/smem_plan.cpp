@@ -448,8 +448,9 @@ std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
     return std::string(plan.dots_a_in_registers.count(op) ? "in its registers" : "by ldmatrix");
   };
   for (const auto& [op, d] : plan.wgmma_dots)
-    dots.push_back({op->result()->id, fmt::format("wgmma {} = dot: A {}, B {}\n", names.at(op->result()),
-                                                  d.a.buf ? where(d.a) : a_registers(op), where(d.b))});
+    dots.push_back({op->result()->id, fmt::format("wgmma {} = dot: A {}, B {}{}\n", names.at(op->result()),
+                                                  d.a.buf ? where(d.a) : a_registers(op), where(d.b),
+                                                  plan.deferred_waits.count(op) ? ", waited for an iteration later" : "")});
   for (const ir::Op* op : plan.dots_a_in_registers)  // the mma.sync dots'
     if (!plan.wgmma_dots.count(op))
       dots.push_back({op->result()->id, fmt::format("dot {}: A in its registers\n", names.at(op->result()))});

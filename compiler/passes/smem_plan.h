@@ -67,6 +67,11 @@ struct WgmmaDot {
   WgmmaOperand a, b;
 };
 
+/// A wgmma dot waited for an iteration late (wgmma_waits.h).
+struct DeferredWait {
+  bool zero_start = false;  // its accumulator enters the loop as zeros: the first product starts from zero
+};
+
 struct SmemPlan {
   PipelinePlan pipeline;
   std::map<const ir::Value*, ValueClass> classes;
@@ -82,6 +87,7 @@ struct SmemPlan {
   int64_t total_bytes = 0;
   std::map<const ir::Op*, WgmmaDot> wgmma_dots;  // the dots that run on wgmma (empty unless asked for)
   std::set<const ir::Op*> dots_a_in_registers;    // the dots whose A is read from its registers (dot_a_in_registers)
+  std::map<const ir::Op*, DeferredWait> deferred_waits;  // wgmma dots waited for an iteration late (wgmma_waits.h fills it)
 };
 
 /// The scratch bytes of a scan of a 2-D tile (f16, bf16, f32 or i32: 32-bit sums) along an axis of at

@@ -65,7 +65,7 @@ TuningKey warps_key() {
   return {"warps", {2, 4, 8}, "warps per program"};
 }
 TuningKey stages_key() {
-  return {"stages", {1, 2}, "pipeline stages of the chunk loads"};
+  return {"stages", {1, 2, 3, 4}, "pipeline stages of the chunk loads (3 and 4: one stage slack, products waited for an iteration late)"};
 }
 TuningKey tokenwise_key(std::string help) {
   return {"tokenwise", {0, 1}, std::move(help)};

@@ -222,7 +222,10 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
   KernelBuilder kb(grad ? "poly_bwd_prepare" : "poly_fwd_out");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
-  kb.set_min_ctas_per_sm(1);  // at 8 warps ptxas would keep 128 registers for two blocks, and spill
+  // Three blocks of 4 warps per SM in 16 bits (168 registers, some spilled): the degree-2 loop waits
+  // on latency, which a third block hides better than the spills cost (docs/ops/poly.md, "Measured",
+  // session 17). At 8 warps ptxas would keep 128 registers for two blocks, and spill more.
+  kb.set_min_ctas_per_sm(!grad && cfg.num_warps == 4 && cfg.dtype != f32 ? 3 : 1);
   kb.set_tensor_core_f32(cfg.dtype != f32);  // times_quadratic_form
   auto [q, k, v] = declare_qkv(kb, dt);
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();

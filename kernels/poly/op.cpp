@@ -42,7 +42,7 @@ TuningKey segment_key() {
 }
 /// Pipeline stages (read after the others: the default depends on the chunk).
 TuningKey poly_stages_key() {
-  return {"stages", {1, 2}, "pipeline stages of the loads"};
+  return {"stages", {1, 2, 3, 4}, "pipeline stages of the loads (3 and 4: one stage slack, products waited for an iteration late)"};
 }
 
 /// The configuration of every poly kernel (fwd.h): chunk, bv, warps and stages are tuned.
@@ -172,7 +172,12 @@ PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel w
   const bool room_for_two = opts.max_smem_per_block >= kTwoStagePerChunkBwdSmem;
   const bool one_stage = opts.dtype == DType::f32 || (backward && cfg.block_k > 64) ||
                          (per_chunk_bwd && cfg.chunk > 64 && !room_for_two);
-  cfg.num_stages = static_cast<int>(poly_stages_key().value(opts, one_stage ? 1 : 2));
+  // The outputs and the scans at BK = 64 take a slack stage: their products are waited for an
+  // iteration late (compiler/passes/wgmma_waits.h) and the loop has one barrier (the sums ran slower
+  // so; the scans' [128, 128] fp32 tiles would not fit three stages).
+  const bool slack = (which == PolyKernel::out || which == PolyKernel::scan || which == PolyKernel::bwd_scan) &&
+                     cfg.block_k <= 64;
+  cfg.num_stages = static_cast<int>(poly_stages_key().value(opts, one_stage ? 1 : slack ? 3 : 2));
   return cfg;
 }
 

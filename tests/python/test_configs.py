@@ -45,3 +45,36 @@ def test_bad_config_is_one_clear_error(linac, bad):
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("linac: error:"), proc.stderr
     assert "o.npy" not in linac.files()
+
+
+# Pipelines of three and four stages (one stage slack: compiler/passes/pipeline.h; on sm_90a the chunk
+# loops' products on wgmma are then waited for an iteration late, compiler/passes/wgmma_waits.h) compute
+# what two stages compute: the same products in the same order, so on the GPU the same bits; the
+# interpreter has no pipeline, and there the configurations only have to plan and run. bf16 inputs, so
+# that the products run on the tensor cores. The chunk is given: the default is the first chunk whose
+# plan fits, which more stages can change (and with it the rounding).
+STAGED_OPS = [
+    ("linear_attn", ["--config", "chunk=64"], {}),
+    ("gla", ["--config", "chunk=32"], {"g": "gk"}),
+    ("gated_delta_rule", ["--config", "chunk=64"], {"g": "g", "beta": "beta"}),
+    ("poly", [], {}),
+]
+
+
+@pytest.mark.parametrize("stages", [3, 4])
+@pytest.mark.parametrize("op,options,extra", STAGED_OPS, ids=[o[0] for o in STAGED_OPS])
+def test_more_stages_compute_the_same(linac, op, options, extra, stages):
+    rng = np.random.default_rng(11)
+    B, T, H, K = 2, 300, 2, 64
+    inputs = {name: (rng.standard_normal((B, T, H, K)) * 0.5).astype(np.float32) for name in ("q", "k", "v")}
+    if op == "gated_delta_rule":
+        inputs["k"] /= np.linalg.norm(inputs["k"], axis=-1, keepdims=True)
+    for name, kind in extra.items():
+        shape = (B, T, H, K) if kind == "gk" else (B, T, H)
+        inputs[name] = (-rng.random(shape) * 0.1).astype(np.float32) if kind != "beta" else \
+            rng.random(shape).astype(np.float32)
+    config = options[1] + "," if options else ""
+    two = linac.run_op(op, inputs, options=["--dtype", "bf16", "--config", config + "stages=2"], device=DEVICE)["o"]
+    more = linac.run_op(op, inputs, options=["--dtype", "bf16", "--config", config + f"stages={stages}"],
+                        device=DEVICE)["o"]
+    assert np.array_equal(two, more)

@@ -63,6 +63,12 @@ KNOWN_SPILLS = {
     # allocated otherwise; the backward ran 11.02 ms against 12.26 with mma.sync, and 23.5 at chunks of
     # 64 (H200, same run, docs/hopper.md).
     "poly_bwd_dq": {"bf16": 96, "fp16": 112},
+    # poly's outputs at three blocks of 4 warps per SM (min_ctas_per_sm 3: 168 registers), K = V = 64,
+    # 16-bit: 252 bytes stored, 400 loaded on sm_90a, 64 on sm_80 (ptxas 13.0), where two blocks took
+    # 234 registers and none; the forward at T = 64K ran faster so (docs/ops/poly.md, "Measured",
+    # session 17: the outputs 1.73 -> 1.51 ms on an H200). The denominator's product ahead of the
+    # degree-2 loop spilled 160 bytes but ran 4% slower at T = 8K.
+    "poly_fwd_out": {"bf16": 450, "fp16": 450},
     "poly_bwd_dkv": {"bf16": 900, "fp16": 900},
 }
 
@@ -131,6 +137,10 @@ def parse_ptxas_report(text):
     return out
 
 
+# ptxas's note that it waits for each wgmma product before the next (compiler/passes/wgmma_waits.h).
+SERIALIZED = "C7515"
+
+
 def assemble(ptx_file, target):
     return subprocess.run([PTXAS, f"-arch={target}", "-v", str(ptx_file), "-o", os.devnull],
                           capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -170,6 +180,8 @@ def test_kernels_assemble_without_spills(op, dtype, target, tmp_path):
         entries = parse_ptxas_report(report)
         if not entries:
             problems.append(f"{what}: ptxas -v reported no entry function:\n{report}")
+        if SERIALIZED in report:
+            problems.append(f"{what}: ptxas serializes its wgmma products ({SERIALIZED}):\n{report}")
         for name, regs, stack, stores, loads in entries:
             print(f"{what}: {regs} registers, {stack} bytes stack, {stores} bytes spill stores, "
                   f"{loads} bytes spill loads")
@@ -181,3 +193,29 @@ def test_kernels_assemble_without_spills(op, dtype, target, tmp_path):
                                 f"{loads} bytes spill loads, {regs} registers, {stack} bytes stack frame "
                                 f"(PTX kept at {f})")
     assert not problems, "\n".join(problems)
+
+
+# Products waited for an iteration late (three or four pipeline stages: compiler/passes/wgmma_waits.h):
+# ptxas keeps them asynchronous (no C7515) and the deferred wait is in the PTX: the op's kernels at a
+# forward shape with --config stages=N (registers and spills are the default configurations' test).
+DEFERRED = [("poly", "B=1,T=8192,H=8,K=64,V=64", 3), ("poly", "B=1,T=8192,H=8,K=64,V=64", 4),
+            ("linear_attn", "B=1,T=4096,H=4,K=128,V=128", 3)]
+
+
+@pytest.mark.parametrize("op,shape,stages", DEFERRED)
+def test_deferred_wgmma_waits_stay_asynchronous(op, shape, stages, tmp_path):
+    if PTXAS_ERROR:
+        pytest.fail(PTXAS_ERROR, pytrace=False)
+    proc = subprocess.run([str(linac_path()), "compile", op, "--shape", shape, "--config", f"stages={stages}",
+                           "--emit", "ptx", "--out", str(tmp_path)], capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr
+    files = sorted(tmp_path.glob("*.ptx"))
+    assert files
+    deferred = 0
+    for f in files:
+        r = assemble(f, "sm_90a")
+        report = r.stdout + r.stderr
+        assert r.returncode == 0, report
+        assert SERIALIZED not in report, f"{f.name}: ptxas serializes its wgmma products:\n{report}"
+        deferred += "wgmma.wait_group.sync.aligned \t1;" in f.read_text()
+    assert deferred > 0, "no kernel waited for a product an iteration late"

@@ -4,7 +4,9 @@
 // lowering distinguishes: B stored [k][n] (MN-major) or [n][k] (K-major, a transpose), A from shared
 // memory (stored [m][k] or transposed) or from registers, several 16-row tiles per warp, two
 // warpgroups along N, a slice of a wider tile, an accumulator reused as B or as A (read from its own
-// registers: smem_plan.h dot_a_in_registers), pipelined loads in a loop, 64- and 32-byte swizzles, f16.
+// registers: smem_plan.h dot_a_in_registers), pipelined loads in a loop (two stages, or three and four
+// with the product waited for an iteration late, a loop that runs once or not at all), 64- and 32-byte
+// swizzles, f16.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -34,6 +36,8 @@ struct Case {
   int wgmma_dots = 1;    // how many dots the sm_90a plan puts on wgmma
   bool a_product = false;  // A is the product X [M, 16] Z [16, K] rounded to 16 bits: an accumulator
                            // reused as A, read from its registers (no copy, no ldmatrix)
+  int stages = 2;          // the loop's pipeline stages (3 and 4: its product waited for an iteration late)
+  int64_t skipped = 0;     // blocks the loop leaves out (its count read at run time: K blocks less these)
 };
 
 const Case kCases[] = {
@@ -52,13 +56,27 @@ const Case kCases[] = {
     // Rows of 96 bytes take no swizzle: A from registers (ldmatrix), B from shared memory.
     {"64x64x48 A in registers", 64, 64, 48, 4},
     {"64x64x64 accumulator as A", 64, 64, 64, 4, false, false, -1, false, 1, DType::bf16, 2, true},
+    // Products waited for an iteration late (compiler/passes/wgmma_waits.h).
+    {"64x64x64 loop of 5 blocks, 3 stages", 64, 64, 64, 4, false, false, -1, false, 5, DType::bf16, 1, false, 3},
+    {"64x64x64 loop of 6 blocks, 4 stages", 64, 64, 64, 4, false, false, -1, false, 6, DType::bf16, 1, false, 4},
+    {"64x128x64 loop of 4 blocks, two warpgroups along N, 4 stages", 64, 128, 64, 8, false, false, -1, false, 4,
+     DType::bf16, 1, false, 4},
+    {"64x64x64 loop of 3 blocks, accumulator as A, 3 stages", 64, 64, 64, 4, false, false, -1, false, 3, DType::bf16, 2,
+     true, 3},
+    {"64x64x64 loop of 3 blocks, K-major, 3 stages, one iteration run", 64, 64, 64, 4, false, true, -1, false, 3,
+     DType::bf16, 1, false, 3, 2},
+    {"64x64x64 loop of 2 blocks, 3 stages, no iteration run", 64, 64, 64, 4, false, false, -1, false, 2, DType::bf16,
+     1, false, 3, 2},
 };
+
+/// Whether the case's loop product is waited for an iteration late.
+bool deferred(const Case& c) { return c.k_blocks > 1 && c.stages >= 3; }
 
 /// O = A B for the case (f32 out).
 std::shared_ptr<ir::Kernel> build(const Case& c) {
   KernelBuilder kb("dot_case");
   kb.set_num_warps(c.warps);
-  kb.set_num_stages(c.k_blocks > 1 ? 2 : 1);
+  kb.set_num_stages(c.k_blocks > 1 ? c.stages : 1);
   Tensor a = kb.tensor("a", c.dt, 2), b = kb.tensor("b", c.dt, 2), o = kb.tensor("o", DType::f32, 2);
   Tensor y = c.b_product ? kb.tensor("y", c.dt, 2) : Tensor();
   Tensor z = c.a_product ? kb.tensor("z", c.dt, 2) : Tensor();
@@ -78,7 +96,8 @@ std::shared_ptr<ir::Kernel> build(const Case& c) {
     O = dot(a_block(k0), b_block(k0));
   } else {
     O = zeros({c.M, c.N}, DType::f32);
-    for_range(0, c.k_blocks, [&](Tile i) { O = O + dot(a_block(i * c.K), b_block(i * c.K)); }, O);
+    Tile blocks = (c.b_t ? b.dim(1) : b.dim(0)) / c.K - c.skipped;
+    for_range(0, blocks, [&](Tile i) { O = O + dot(a_block(i * c.K), b_block(i * c.K)); }, O);
   }
   store(o, {0, 0}, {c.M, c.N}, O);
   return kb.finish();
@@ -133,6 +152,8 @@ TEST_CASE("wgmma: the sm_90a plan puts the products it can hold on warpgroup ten
     CHECK(count(hopper.ptx, "wgmma.mma_async.sync.aligned") >= c.K / 16);
     CHECK(hopper.ptx.find("fence.proxy.async.shared::cta") != std::string::npos);
     CHECK(hopper.ptx.find("wgmma.wait_group.sync.aligned") != std::string::npos);
+    CHECK(count(hopper.smem_plan, "waited for an iteration later") == (deferred(c) ? 1 : 0));
+    CHECK(count(hopper.ptx, "wgmma.wait_group.sync.aligned \t1;") == (deferred(c) ? 1 : 0));
     with_dots("a-shared", [&] {
       // A from shared memory wherever its rows take a swizzle: all but the 96-byte rows of K = 48.
       rt::Compiled a_shared = rt::compile(*k, rt::Arch::sm_90a);
@@ -213,7 +234,7 @@ void check_on_gpu(const Case& c) {
   for (int64_t i = 0; i < c.M; ++i)
     for (int64_t j = 0; j < c.N; ++j) {
       double want = 0;
-      for (int64_t kk = 0; kk < depth; ++kk) want += A(i, kk) * B(kk, j);
+      for (int64_t kk = 0; kk < depth - c.skipped * c.K; ++kk) want += A(i, kk) * B(kk, j);
       worst = std::max(worst, std::abs(out[i * c.N + j] - want));
       scale = std::max(scale, std::abs(want));
     }

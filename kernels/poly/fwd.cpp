@@ -27,6 +27,20 @@ void store_normalizer_grads(const Tensor& dn, const Tensor& dd, const ChunkBound
   store(dd, {ch.b, ch.t0, ch.i_h}, {kIndex, BT, kIndex}, -sum(dO * O, 1) / den, ch.in_seq);
 }
 
+/// The chunk that program x of n computes when the programs take the chunks by their position in
+/// their segment of `per_segment` chunks, last position first, segment by segment within a position:
+/// positions per_segment - 1 .. rem (rem = n % per_segment) hold the `full` whole segments' chunks,
+/// positions rem - 1 .. 0 one more (the partial segment's).
+Tile longest_first(const Tile& x, const Tile& n, int64_t per_segment) {
+  const Tile full = n / per_segment, rem = n % per_segment;
+  const Tile first = (per_segment - rem) * full;  // programs at the positions of whole segments only
+  const Tile f = maximum(full, 1);
+  const Tile late = (x % f) * per_segment + (per_segment - 1 - x / f);
+  const Tile x2 = x - first;
+  const Tile early = (x2 % (full + 1)) * per_segment + (rem - 1 - x2 / (full + 1));
+  return where(x < first, late, early);
+}
+
 }  // namespace
 
 int poly_feature_blocks(const PolyConfig& cfg) { return poly_degree2_blocks(cfg) + 2; }
@@ -244,7 +258,10 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
   Tile cc = cfg.quadratic ? kb.scalar("c", f32) : constant(0, f32);
 
   Tile i_v = program_id(1);
-  const ChunkBounds ch = chunk_bounds(q, cu, chunk_indices, cfg.varlen, program_id(0), program_id(2), BT);
+  // Programs longest first (without varlen): a chunk late in its segment sums more of the segment's
+  // chunks directly, and the GPU starts programs in grid order, so the last wave holds the short ones.
+  Tile i_c = cfg.varlen ? program_id(0) : longest_first(program_id(0), num_programs(0), CPS);
+  const ChunkBounds ch = chunk_bounds(q, cu, chunk_indices, cfg.varlen, i_c, program_id(2), BT);
   Tile v0 = i_v * BV;
   Tile segment = ch.chunk / CPS;
   Tile row = first_segment(cfg, q, seg_offsets, ch.i_n) + segment;

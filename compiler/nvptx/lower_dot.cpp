@@ -343,9 +343,9 @@ std::vector<llvm::Value*> KernelLowering::lower_wgmma(
     return llvm::InlineAsm::get(fty, text, constraints, /*hasSideEffects=*/true);
   };
 
-  // Issued back to back, then waited for as a group (unless `wait` is false: passes::deferred_wgmma_waits,
-  // the enclosing loop waits): the accumulators are this dot's result. Where the
-  // first step does not add (no `accumulate`), the accumulators' values going in do not matter. wgmma.fence orders the
+  // Issued back to back, then waited for as a group (unless `wait` is false: the enclosing loop waits,
+  // passes::deferred_wgmma_waits): the accumulators are this dot's result. Where the first step does
+  // not add (no `accumulate`), the accumulators' values going in do not matter. wgmma.fence orders the
   // registers' earlier writes before the instructions that read them: once before the first, and
   // after each step's ldmatrix of A (an A fragment written after the fence is undefined to wgmma: the
   // GPU test's products came out wrong without it).

@@ -40,7 +40,6 @@ struct PipelinePlan {
   int distance() const { return stages - (slack() ? 2 : 1); }
 };
 
-
 /// The tensors `k` stores to anywhere: loading one of them early (a pipelined iteration ahead, or
 /// asynchronously ahead of a store of this program) could read stale data.
 std::set<const ir::Value*> stored_tensors(const ir::Kernel& k);

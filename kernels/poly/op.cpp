@@ -60,7 +60,7 @@ const ConfigSchema<PolyConfig>& poly_schema() {
 TuningKeys poly_tuning_keys() { return merge_tuning_keys({poly_schema().tuning(), {segment_key()}}); }
 
 /// The defaults first, then shorter and longer segments (the direct part against the states' reads),
-/// smaller chunks and value blocks (more programs for few sequences x heads).
+/// smaller chunks and value blocks (more programs for few sequences x heads), other pipelines.
 std::vector<Config> poly_tuning_space(const ProblemShape& s, const OpOptions&) {
   std::vector<Config> space = {{}};
   space.push_back({{"segment", 512}});
@@ -68,6 +68,8 @@ std::vector<Config> poly_tuning_space(const ProblemShape& s, const OpOptions&) {
   space.push_back({{"chunk", 32}, {"segment", 1024}});
   if (s.V > 32) space.push_back({{"bv", 32}});
   space.push_back({{"stages", 1}});
+  space.push_back({{"stages", 2}});  // every kernel at two (the outputs and the scans take three by default)
+  if (s.K <= 64) space.push_back({{"stages", 4}});
   return space;
 }
 

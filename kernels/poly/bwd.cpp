@@ -56,8 +56,8 @@ struct BwdProgram {
   }
   ZTables z_tables() const { return load_z_tables(cfg, zstates, row, ch.i_h); }
 
-  /// For m = 0 .. K/2: body(m, w_m, X rolled left by m, X rolled right by m, f32 [BT, BK]) with w_m the
-  /// block's weight; the rolls are products with the roll by one, carried from block to block.
+  /// For m = 0 .. K/2: body(m, w_m, X rolled left by m, X rolled right by m, [BT, BK] in the input dtype)
+  /// with w_m the block's weight; the rolls are products with the roll by one, carried from block to block.
   void for_degree2(const Tile& X, const std::function<void(Tile, Tile, Tile, Tile)>& body, std::vector<Tile*> carried) {
     if (deg2 == 0) return;
     const int64_t BK = cfg.block_k;
@@ -68,7 +68,7 @@ struct BwdProgram {
     carried.push_back(&Xr);
     Tile c2 = c * scale * scale;
     for_range_carrying(0, Kdim / 2 + 1, [&](Tile m) {
-      body(m, degree2_weight(m, Kdim) * c2, Xl.to(DType::f32), Xr.to(DType::f32));
+      body(m, degree2_weight(m, Kdim) * c2, Xl, Xr);
       // Products, not roll_by_one's slices: those took dq and dk/dv slower (docs/ops/poly.md, "Measured").
       Xl = dot(Xl, left1).to(cfg.dtype);
       Xr = dot(Xr, right1).to(cfg.dtype);
@@ -116,7 +116,8 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_dq(const PolyConfig& cfg) {
   std::vector<Tile*> carried = {&dQ};
   if (coefs) carried.push_back(&dC);
   Tile s2 = p.scale * p.scale;
-  p.for_degree2(Q, [&](Tile m, Tile w, Tile Ql, Tile Qr) {
+  p.for_degree2(Q, [&](Tile m, Tile w, Tile Q_left, Tile Q_right) {
+    Tile Ql = Q_left.to(f32), Qr = Q_right.to(f32);
     Tile u = dot(dN, p.state(m).T());
     Tile u_rolled = dot(dN, p.rolled_rows_state(m).T());
     dQ = dQ + (u * Ql + u_rolled * Qr) * w;
@@ -210,20 +211,23 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_dkv(const PolyConfig& cfg) {
 
   const ChunkBounds& ch = p.ch;
   Tile Kc = p.chunk(p.k, ch.t0, BK);
-  Tile Kf = Kc.to(f32);
   Tile V = p.chunk(p.v, ch.t0, BV);
 
   // The states' share, block by block: J_m(k)^T R_m v (the normalizer's share of the degree-2 blocks
   // is the gradient of k^T R2 k, R2 = sum_t dd_t q_t q_t^T: 2 R2 k, taken once after them).
   Tile dK = zeros({BT, BK}, f32);
-  Tile dV = zeros({BT, BV}, f32);
-  p.for_degree2(Kc, [&](Tile m, Tile w, Tile Kl, Tile Kr) {
+  Tile dV = zeros({BT, BV}, f32);  // the degree-2 blocks' share without c scale^2, taken once after them
+  p.for_degree2(Kc, [&](Tile m, Tile w, Tile K_left, Tile K_right) {
+    Tile Kl = K_left.to(f32), Kr = K_right.to(f32);
     Tile R = p.state(m);
-    dV = dV + dot((Kf * Kl * w).to(dt), R);
+    // phi_m(k) in the input dtype (two 16-bit values multiplied and rounded once), the weight 1 or 2
+    // exact: no fp32 copy of the chunk stays live through the loop for it.
+    dV = dV + dot(Kc * K_left * degree2_weight(m, p.Kdim).to(dt), R);
     Tile u = dot(V, R.T());
     Tile u_rolled = dot(V, p.rolled_rows_state(m).T());
     dK = dK + (u * Kl + u_rolled * Kr) * w;
   }, {&dK, &dV});
+  if (p.deg2 > 0) dV = dV * (p.c * p.scale * p.scale);
   const ZTables r = cfg.normalize ? p.z_tables() : ZTables{};
   if (cfg.normalize && cfg.quadratic)
     dK = dK + times_quadratic_form(Kc, r.quadratic) * (2.0f * p.c * p.scale * p.scale);

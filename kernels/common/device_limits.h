@@ -3,9 +3,7 @@
 // and sm for CUDA calls; where no GPU is known (`linac plan`, `linac compile --shape`, CPU runs) the
 // reference GPU stands in: an H100 (132 SMs, sm_90, 227 KB of shared memory per block), the card the
 // defaults were measured on (docs/ops/*.md, "Measured"), so a plan made without a GPU is the one an H100
-// runs. One default still reads OpOptions::max_smem_per_block itself, unknown meaning sm_80: poly's
-// backward stages (kernels/poly/op.cpp), whose two-stage kernels spill more on sm_90a than
-// tests/python/test_ptxas.py allows the representative kernels.
+// runs. No default reads OpOptions::max_smem_per_block itself: what fits is kernels/common/fitting.h's.
 #pragma once
 #include <cstdint>
 

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "kernels/common/config_schema.h"
+#include "kernels/common/fitting.h"
 #include "kernels/common/noise_dropout.h"
 #include "kernels/common/op_support.h"
 #include "kernels/poly/bwd.h"
@@ -106,16 +107,10 @@ std::shared_ptr<ir::Kernel> poly_kernel(const PolyConfig& cfg, PolyKernel which)
 
 namespace {
 
-/// The shared memory of the backward's per-chunk kernels at chunks of 128 with two pipeline stages
-/// (poly_bwd_dkv's plan, 196 KB, plus slack): more than sm_80 gives a block, less than sm_90.
-constexpr int64_t kTwoStagePerChunkBwdSmem = 200704 + 4096;
-
-/// The default rows per segment and per step, warps and stages of kernel `which` (docs/ops/poly.md,
-/// "Options"; the measurements that chose them: "Measured"). They assemble without spills for sm_80 and
-/// sm_90a in every dtype (tests/python/test_ptxas.py; the backward's per-chunk kernels at chunks of 128
-/// within the bounds listed there) and fit both targets' shared memory, unless the call's GPU is known to
-/// have more (OpOptions::max_smem_per_block). The kernels of one plan cut the same segments; their
-/// chunks, warps and stages may differ.
+/// The default rows per segment and per step and warps of kernel `which` (docs/ops/poly.md, "Options";
+/// the measurements that chose them: "Measured"; the stages: poly_config). They assemble within the
+/// spill bounds of tests/python/test_ptxas.py for sm_80 and sm_90a in every dtype. The kernels of one
+/// plan cut the same segments; their chunks, warps and stages may differ.
 struct PolyDefaults {
   int64_t segment = 1024, chunk = 64;
   int warps = 4;
@@ -166,20 +161,27 @@ PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel w
   if (segment % cfg.chunk != 0)
     throw UserError(fmt::format("poly: --config segment={} must be a multiple of the chunk ({} rows)", segment, cfg.chunk));
   cfg.segment_chunks = static_cast<int>(segment / cfg.chunk);
-  // Two pipeline stages, but one where two are more shared memory than sm_80 gives a block: fp32, the
-  // backward at BK = 128, and the backward's per-chunk kernels at chunks of 128 unless the call's GPU
-  // has the room.
-  const bool per_chunk_bwd = which == PolyKernel::bwd_prepare || which == PolyKernel::bwd_from_saved ||
-                             which == PolyKernel::bwd_dq || which == PolyKernel::bwd_dkv;
-  const bool room_for_two = opts.max_smem_per_block >= kTwoStagePerChunkBwdSmem;
-  const bool one_stage = opts.dtype == DType::f32 || (backward && cfg.block_k > 64) ||
-                         (per_chunk_bwd && cfg.chunk > 64 && !room_for_two);
-  // The outputs and the scans at BK = 64 take a slack stage: their products are waited for an
-  // iteration late (compiler/passes/wgmma_waits.h) and the loop has one barrier (the sums ran slower
-  // so; the scans' [128, 128] fp32 tiles would not fit three stages).
-  const bool slack = (which == PolyKernel::out || which == PolyKernel::scan || which == PolyKernel::bwd_scan) &&
-                     cfg.block_k <= 64;
-  cfg.num_stages = static_cast<int>(poly_stages_key().value(opts, one_stage ? 1 : slack ? 3 : 2));
+  // The backward's kernels take whole rows of V; dq alone sums the coefficients' gradients.
+  if (backward) cfg.block_v = padded_head_dim(V);
+  cfg.coefficient_grads = coefficient_grads && which == PolyKernel::bwd_dq;
+  // Pipeline stages: the first proposal whose plan fits the call's GPU (kernels/common/fitting.h). Two,
+  // and three (one slack: products waited for an iteration late, compiler/passes/wgmma_waits.h, one
+  // barrier per loop iteration) for the outputs and the scans at BK <= 64, where that measured faster
+  // (the sums and the backward's per-chunk kernels ran slower so: docs/ops/poly.md, session 17). fp32
+  // and the backward at BK = 128 keep one stage, as measured before more fitted: not timed with more.
+  std::vector<int> proposals = {2, 1};
+  if ((which == PolyKernel::out || which == PolyKernel::scan || which == PolyKernel::bwd_scan) && cfg.block_k <= 64)
+    proposals = {3, 2, 1};
+  if (opts.dtype == DType::f32 || (backward && cfg.block_k > 64)) proposals = {1};
+  if (opts.config.count("stages")) proposals = {static_cast<int>(poly_stages_key().value(opts, 2))};
+  cfg.num_stages = first_fitting<int>(
+      proposals,
+      [&](const int& stages) {
+        PolyConfig c = cfg;
+        c.num_stages = stages;
+        return std::vector<std::shared_ptr<ir::Kernel>>{poly_kernel(c, which)};
+      },
+      opts);
   return cfg;
 }
 

@@ -39,8 +39,10 @@ const std::vector<PolySavedTensor>& poly_saved_tensors();
 std::shared_ptr<ir::Kernel> poly_kernel(const PolyConfig& cfg, PolyKernel which);
 
 /// The configuration of kernel `which` for head dims K, V (opts.config and --chunk-size override the
-/// defaults, for every kernel alike); `quadratic`: c != 0; `backward`: for a kernel of the backward's plan,
-/// `coefficient_grads`: one that also computes da, db, dc.
+/// defaults, for every kernel alike); `quadratic`: c != 0; `backward`: for a kernel of the backward's plan
+/// (whole rows of V), `coefficient_grads`: a plan that also computes da, db, dc (its dq sums them). The
+/// pipeline stages are the first proposal whose plan fits the call's GPU (varlen aside, which the
+/// caller sets and which plans the same shared memory).
 PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel which, bool quadratic = true,
                        bool backward = false, bool coefficient_grads = false);
 

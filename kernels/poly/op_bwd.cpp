@@ -98,8 +98,6 @@ OpPlan plan_poly_bwd(const TensorMap& inputs, const OpOptions& opts_in, const st
   auto config_of = [&](PolyKernel which) {
     PolyConfig cfg = poly_config(opts, seq.K, seq.V, which, c != 0, /*backward=*/true, coefficient_grads);
     cfg.varlen = seq.varlen;
-    cfg.block_v = padded_head_dim(seq.V);
-    cfg.coefficient_grads = coefficient_grads && which == PolyKernel::bwd_dq;
     return cfg;
   };
   const PolyConfig cfg = config_of(PolyKernel::bwd_dq);
@@ -183,17 +181,12 @@ std::vector<std::shared_ptr<ir::Kernel>> poly_bwd_kernels(const OpOptions& opts)
     if (d > 64 && opts.dtype == DType::f32) continue;  // the pairwise form's (plan_poly_bwd)
     for (PolyKernel which : {PolyKernel::bwd_prepare, PolyKernel::bwd_from_saved, PolyKernel::bwd_sums, PolyKernel::bwd_scan, PolyKernel::bwd_dq,
                              PolyKernel::bwd_dkv}) {
-      PolyConfig cfg = poly_config(opts, d, d, which, true, /*backward=*/true);
-      cfg.block_v = static_cast<int>(d);
-      out.push_back(poly_kernel(cfg, which));
+      out.push_back(poly_kernel(poly_config(opts, d, d, which, true, /*backward=*/true), which));
     }
   }
   // dq with the coefficients' gradients (at the chunks of 64 its plan gives it), and their sum.
   for (PolyKernel which : {PolyKernel::bwd_dq, PolyKernel::bwd_coefficients}) {
-    PolyConfig cfg = poly_config(opts, 64, 64, which, true, /*backward=*/true, /*coefficient_grads=*/true);
-    cfg.block_v = 64;
-    cfg.coefficient_grads = which == PolyKernel::bwd_dq;
-    out.push_back(poly_kernel(cfg, which));
+    out.push_back(poly_kernel(poly_config(opts, 64, 64, which, true, /*backward=*/true, /*coefficient_grads=*/true), which));
   }
   // The pairwise form: its 16-bit variants spill 4-16 bytes on sm_80 / sm_90a (ptxas keeps them at
   // 32-64 registers, at 2 or 4 warps alike): left out of the zero-spill list, like linear_attn's fp32

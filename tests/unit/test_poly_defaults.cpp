@@ -1,11 +1,14 @@
-// poly's defaults read the call's GPU where it matters (OpOptions::max_smem_per_block): the backward's
-// per-chunk kernels take two pipeline stages only where a block has the shared memory for them (sm_90),
-// one when the GPU is unknown or smaller (sm_80).
+// poly's pipeline stages are the fitting mechanism's (kernels/common/fitting.h): each kernel takes the
+// first of its proposals (3, 2, 1 for the outputs and the scans at K <= 64; else 2, 1) whose plan fits a
+// block of the call's GPU. The backward's per-chunk kernels at chunks of 128 take two stages where their
+// two-stage plan fits (H100 and H200, A100 too since their plan is 145 KB) and one on a GPU whose blocks
+// are smaller than that plan; with no GPU known, the reference GPU's answer (an H100's).
 #include <doctest/doctest.h>
 
 #include <string>
 
 #include "compiler/ir/ir.h"
+#include "kernels/common/fitting.h"
 #include "kernels/common/host_tensor.h"
 #include "kernels/op.h"
 
@@ -13,31 +16,43 @@ using namespace linac;
 
 namespace {
 
-OpPlan backward_plan(int64_t max_smem) {
-  TensorMap in;
-  for (const char* n : {"q", "k", "v", "do"}) in[n] = HostTensor::zeros(DType::bf16, {1, 512, 2, 64});
+OpOptions backward_options(int64_t max_smem) {
   OpOptions opts;
   opts.dtype = DType::bf16;
   opts.backward = true;
   opts.max_smem_per_block = max_smem;
-  return find_op("poly").prepare(in, opts, {"dq", "dk", "dv"});
+  return opts;
 }
 
-int stages_of(const OpPlan& plan, const std::string& kernel) {
+OpPlan backward_plan(int64_t max_smem) {
+  TensorMap in;
+  for (const char* n : {"q", "k", "v", "do"}) in[n] = HostTensor::zeros(DType::bf16, {1, 512, 2, 64});
+  return find_op("poly").prepare(in, backward_options(max_smem), {"dq", "dk", "dv"});
+}
+
+std::shared_ptr<ir::Kernel> kernel_of(const OpPlan& plan, const std::string& name) {
   for (const auto& l : plan.launches)
-    if (l.kernel->name == kernel) return l.kernel->num_stages;
-  FAIL("no launch of ", kernel);
-  return 0;
+    if (l.kernel->name == name) return l.kernel;
+  FAIL("no launch of ", name);
+  return nullptr;
 }
 
 }  // namespace
 
-TEST_CASE("poly's backward takes two stages per chunk only where the GPU has the shared memory") {
+TEST_CASE("poly's stages are the first proposal whose plan fits the GPU's blocks") {
+  const int64_t h100 = 232448, a100 = 166912;
   for (const char* k : {"poly_bwd_dq", "poly_bwd_dkv", "poly_bwd_prepare"}) {
     CAPTURE(k);
-    CHECK(stages_of(backward_plan(0), k) == 1);       // no GPU known: what fits sm_80
-    CHECK(stages_of(backward_plan(166912), k) == 1);  // sm_80
-    CHECK(stages_of(backward_plan(232448), k) == 2);  // sm_90
+    const auto two = kernel_of(backward_plan(h100), k);
+    CHECK(two->num_stages == 2);
+    CHECK(kernel_of(backward_plan(0), k)->num_stages == 2);     // no GPU known: the reference H100's
+    CHECK(kernel_of(backward_plan(a100), k)->num_stages == 2);  // the two-stage plan fits an A100's block
+    // A block one byte smaller than the two-stage plan: one stage.
+    const int64_t bytes = planned_smem_bytes(two, backward_options(h100));
+    CHECK(bytes <= a100);
+    CHECK(kernel_of(backward_plan(bytes - 1), k)->num_stages == 1);
   }
-  CHECK(stages_of(backward_plan(0), "poly_bwd_sums") == 2);  // the sums fit two stages anywhere
+  // The scans take the slack stage (three), the sums two, wherever they fit.
+  CHECK(kernel_of(backward_plan(0), "poly_bwd_scan")->num_stages == 3);
+  CHECK(kernel_of(backward_plan(0), "poly_bwd_sums")->num_stages == 2);
 }

@@ -116,6 +116,7 @@ class KernelBuilder {
   Tile scalar(std::string name, DType dtype, Loc loc = Loc::current());
   /// Launch hints carried with the kernel (they never change results).
   void set_num_warps(int n);
+  /// Pipeline stages of the loads in loops, 1 to 4 (docs/dsl-guide.md, "Loads").
   void set_num_stages(int n);
   /// Blocks per SM that register allocation must allow; 1 gives a kernel all 255 registers per thread
   /// where ptxas would otherwise cap it to fit two blocks (and spill). 0 (default): ptxas chooses.

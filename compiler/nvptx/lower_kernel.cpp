@@ -543,72 +543,15 @@ void KernelLowering::lower_for(const ir::Op& op) {
   llvm::Value* lo = scalar(op.operands[0]);
   llvm::Value* hi = scalar(op.operands[1]);
   llvm::Value* step = scalar(op.operands[2]);
-  // Carried values enter in the layout of the body's argument.
+  // Carried values enter in the layout of the body's argument; the accumulators of deferred products
+  // that enter as zeros enter undefined instead (lower_pipeline.cpp).
   std::vector<Regs> inits;
   for (size_t i = 0; i < op.results.size(); ++i) inits.push_back(get_in_layout(op.operands[3 + i], layout(body.args[i + 1])));
-  // Accumulators of deferred products that enter as zeros are not zeroed (wgmma_waits.h): undefined
-  // on entry, the first iteration's product does not add to them, and the result is zero where no
-  // iteration ran.
-  std::vector<const ir::Op*> zero_start_dots;
-  std::set<size_t> zero_start_carried;
-  for (const auto& inner : body.ops) {
-    const auto d = smem_.deferred_waits.find(inner.get());
-    if (d == smem_.deferred_waits.end() || !d->second.zero_start) continue;
-    const ir::Value* acc = accumulators_.acc_of_dot.at(inner.get());
-    for (size_t i = 0; i < op.results.size(); ++i)
-      if (body.args[i + 1] == acc) {
-        zero_start_carried.insert(i);
-        for (llvm::Value*& r : inits[i]) r = llvm::UndefValue::get(r->getType());
-      }
-    zero_start_dots.push_back(inner.get());
-  }
-  llvm::Value* runs = zero_start_carried.empty() ? nullptr : b_.CreateICmpSLT(lo, hi);
-
-  // Pipelined loads: the copies for the first iteration go out before the loop.
-  std::vector<const ir::Op*> async_loads;
-  for (const auto& inner : body.ops)
-    if (inner->code == OpCode::Load && smem_.pipeline.loads.count(inner.get())) async_loads.push_back(inner.get());
-  // The copies of `load` for the iteration with induction variable `at` into stage `stage` (i32).
-  auto issue = [&](const ir::Op& load, llvm::Value* at, llvm::Value* stage) {
-    llvm::Value* stage_off = b_.CreateMul(stage, i32(smem_.buffers.at(load.result()).stage_bytes));
-    issue_async_copy(load, [&](const ir::Value* v) { return scalar_at_iteration(v, body, at); }, stage_off);
-  };
-  // With a slack stage (pipeline.h) the copies go `distance` iterations ahead, none past the last
-  // iteration; the body's products on wgmma may be waited for an iteration late (wgmma_waits.h).
-  const bool slack = !async_loads.empty() && smem_.pipeline.slack();
-  const int stages = smem_.pipeline.stages, distance = smem_.pipeline.distance();
-  auto issue_all = [&](llvm::Value* at, llvm::Value* stage) {
-    for (const ir::Op* load : async_loads) issue(*load, at, stage);
-  };
-  auto issue_all_if_in_range = [&](llvm::Value* at, llvm::Value* stage) {
-    auto* copy = llvm::BasicBlock::Create(ctx_, "prefetch", fn_);
-    auto* done = llvm::BasicBlock::Create(ctx_, "prefetch.done", fn_);
-    b_.CreateCondBr(b_.CreateICmpSLT(at, hi), copy, done);
-    b_.SetInsertPoint(copy);
-    issue_all(at, stage);
-    b_.CreateBr(done);
-    b_.SetInsertPoint(done);
-  };
-  int deferred_groups = 0;  // one commit group per deferred product
-  bool reads_async = false;  // a product on wgmma reads shared memory through the async proxy
-  for (const auto& inner : body.ops) deferred_groups += static_cast<int>(smem_.deferred_waits.count(inner.get()));
-  ir::walk(const_cast<ir::Block&>(body), [&](ir::Op& inner) { reads_async = reads_async || smem_.wgmma_dots.count(&inner); });
-  if (!async_loads.empty()) {
-    // Other threads may still read or write bytes of these buffers (values whose live ranges ended just
-    // before the loop: racecheck found poly's backward reading a broadcast tile there while the first
-    // iteration's copies landed), as for a prefetched load (lower_load).
-    std::vector<ByteRange> stages;
-    for (const ir::Op* load : async_loads) stages.push_back(smem_range(load->result()));
-    before_smem_access({}, stages);
-    if (!slack) {
-      issue_all(lo, i32(0));
-      b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, {});
-    }
-    for (int d = 0; slack && d < distance; ++d) {
-      issue_all_if_in_range(b_.CreateAdd(lo, b_.CreateMul(step, i32(d))), i32(d));
-      b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, {});
-    }
-  }
+  const LoopPipeline pipe = loop_pipeline(op);
+  for (size_t i : pipe.zero_start_carried)
+    for (llvm::Value*& r : inits[i]) r = llvm::UndefValue::get(r->getType());
+  llvm::Value* runs = pipe.zero_start_carried.empty() ? nullptr : b_.CreateICmpSLT(lo, hi);
+  ring_prologue(pipe, body, lo, hi, step);
 
   llvm::BasicBlock* pre = b_.GetInsertBlock();
   auto* header = llvm::BasicBlock::Create(ctx_, "for", fn_);
@@ -648,41 +591,12 @@ void KernelLowering::lower_for(const ir::Op& op) {
   auto* read_tid = llvm::InlineAsm::get(llvm::FunctionType::get(b_.getInt32Ty(), false), "mov.u32 $0, %tid.x;",
                                         "=r", /*hasSideEffects=*/true);
   tid_ = b_.CreateCall(read_tid, {});
-  for (const ir::Op* dot : zero_start_dots) first_step_adds_[dot] = b_.CreateZExt(b_.CreateICmpNE(iv, lo), b_.getInt32Ty());
-  if (!async_loads.empty()) {
-    llvm::Value* iter = b_.CreateSDiv(b_.CreateSub(iv, lo), step);
-    llvm::Value* cur = b_.CreateURem(iter, i32(stages));
-    if (!slack) {
-      // Stage (i+1)%2 was last read in iteration i-1: once every thread is past this barrier it can be
-      // refilled for iteration i+1. Then wait for this iteration's copies (all but the newest group)
-      // and make every thread's copies visible. (Fenced for the async proxy as well, this barrier
-      // spared gla's backward no barrier of its products and ran 1% slower: H200, session 17.)
-      barrier();
-      issue_all(b_.CreateAdd(iv, step), b_.CreateXor(cur, i32(1)));
-      b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, {});
-      b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(1)});
-      barrier();
-    } else {
-      // This iteration's copies (all but the `distance - 1` newest groups), visible to every thread
-      // and, where wgmma reads them, to the async proxy; behind the barrier every thread is done with
-      // iteration i-2 (its products waited for at the end of iteration i-1), whose stage is refilled
-      // for iteration i + distance.
-      b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(distance - 1)});
-      if (reads_async) fenced_barrier();
-      else barrier();
-      issue_all_if_in_range(b_.CreateAdd(iv, b_.CreateMul(step, i32(distance))),
-                            b_.CreateURem(b_.CreateAdd(iter, i32(distance)), i32(stages)));
-      b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, {});
-    }
-    for (const ir::Op* load : async_loads)
-      stage_base_[load->result()] = b_.CreateMul(cur, i32(smem_.buffers.at(load->result()).stage_bytes));
-  }
+  for (const ir::Op* dot : pipe.zero_start_dots) first_step_adds_[dot] = b_.CreateZExt(b_.CreateICmpNE(iv, lo), b_.getInt32Ty());
+  ring_head(pipe, body, iv, lo, hi, step);
   for (size_t i = 0; i < op.results.size(); ++i)
     if (smem_.buffers.count(body.args[i + 1])) spill(body.args[i + 1]);
   lower_block(body);
-  // The products deferred in this iteration stay in flight; those of the one before are done.
-  if (deferred_groups > 0)
-    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_wgmma_wait_group_sync_aligned, {b_.getInt64(deferred_groups)});
+  deferred_products_done(pipe);
   const ir::Op& yield = *body.ops.back();
   set_location(yield.loc);
   std::vector<Regs> next;
@@ -705,28 +619,10 @@ void KernelLowering::lower_for(const ir::Op& op) {
   hazards_.merge(at_entry);  // the exit is reached from the entry (no iteration) or from the end of the body
   async_proxy_fenced_ = false;
   tid_ = outer_tid;
-  if (deferred_groups > 0)  // the last iteration's products: the loop's results are their accumulators
-    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_wgmma_wait_group_sync_aligned, {b_.getInt64(0)});
-  if (!async_loads.empty()) {
-    // Copies may still be in flight (with two stages those for the iteration past the end; with a
-    // slack stage empty groups): drain them before the buffers are reused.
-    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(0)});
-    barrier();
-    for (const ir::Op* load : async_loads) stage_base_.erase(load->result());
-  }
-  for (const ir::Op* dot : zero_start_dots) first_step_adds_.erase(dot);
+  pipeline_exit(pipe);
   for (size_t i = 0; i < op.results.size(); ++i) {
-    Regs rs = regs_.at(body.args[i + 1]);
-    // Zeros where no iteration ran, chosen here, after the wait: through an opaque copy, else LLVM
-    // moves the zeros onto the path that skips the loop, ahead of the wait where the paths join, and
-    // ptxas serializes the products again.
-    if (zero_start_carried.count(i))
-      for (llvm::Value*& r : rs) {
-        auto* copy = llvm::InlineAsm::get(llvm::FunctionType::get(r->getType(), {r->getType()}, false),
-                                          "mov.b32 $0, $1;", "=f,f", /*hasSideEffects=*/true);
-        r = b_.CreateSelect(runs, b_.CreateCall(copy, {r}), llvm::Constant::getNullValue(r->getType()));
-      }
-    regs_[op.results[i]] = rs;
+    const Regs& rs = regs_.at(body.args[i + 1]);
+    regs_[op.results[i]] = pipe.zero_start_carried.count(i) ? zero_where_no_iteration(rs, runs) : rs;
   }
 }
 

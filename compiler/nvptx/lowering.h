@@ -6,6 +6,7 @@
 //   lower_dot.cpp      dot on tensor cores (ldmatrix + mma.sync m16n8k16; on sm_90a wgmma.mma_async where
 //                      the plan says, passes::WgmmaDot) and the f32 FMA path
 //   lower_reduce.cpp   reductions and scans
+//   lower_pipeline.cpp a chunk loop's ring of pipelined loads and its products waited for an iteration late
 #pragma once
 #include <llvm/IR/DIBuilder.h>
 #include <llvm/IR/IRBuilder.h>
@@ -147,6 +148,34 @@ class KernelLowering {
                                         std::vector<llvm::Value*> acc, bool accumulate,
                                         const std::function<std::vector<std::vector<llvm::Value*>>(int64_t)>& a_fragments,
                                         bool wait, llvm::Value* first_step_adds);
+
+  // lower_pipeline.cpp
+  /// What a chunk loop's pipeline needs of its body (passes/pipeline.h, wgmma_waits.h).
+  struct LoopPipeline {
+    std::vector<const ir::Op*> loads;  // the body's pipelined loads
+    bool slack = false;                // a slack stage in the ring
+    bool async_reads = false;          // a wgmma product of the body reads shared memory (async proxy)
+    int deferred_groups = 0;           // the body's products waited for an iteration late
+    std::vector<const ir::Op*> zero_start_dots;  // those whose accumulators enter as zeros
+    std::set<size_t> zero_start_carried;          // the carried values those accumulate (indices)
+  };
+  LoopPipeline loop_pipeline(const ir::Op& loop);
+  /// The copies of the ring's loads for the iteration with induction variable `at` into `stage` (an
+  /// i32); only where at < hi when `hi` is given.
+  void issue_ring_copies(const LoopPipeline& p, const ir::Block& body, llvm::Value* at, llvm::Value* stage,
+                         llvm::Value* hi);
+  /// Before the loop: the copies of the first iterations.
+  void ring_prologue(const LoopPipeline& p, const ir::Block& body, llvm::Value* lo, llvm::Value* hi, llvm::Value* step);
+  /// At the head of the body: the waits and barriers for this iteration's copies, the copies of a later
+  /// one, and the stage the body reads (stage_base_).
+  void ring_head(const LoopPipeline& p, const ir::Block& body, llvm::Value* iv, llvm::Value* lo, llvm::Value* hi,
+                 llvm::Value* step);
+  /// At the end of the body: the previous iteration's deferred products waited for.
+  void deferred_products_done(const LoopPipeline& p);
+  /// After the loop: every product waited for, the copies drained.
+  void pipeline_exit(const LoopPipeline& p);
+  /// Accumulators of a loop that may not have run (`runs` false): zero then, chosen after the wait.
+  Regs zero_where_no_iteration(Regs rs, llvm::Value* runs);
 
   // lower_reduce.cpp
   void lower_reduce(const ir::Op& op);

@@ -307,6 +307,9 @@ OpDef delta_rule_op_def(bool gated) {
       space.push_back({{"split", 1}, {"chunk", 32}, {"warps", 4}, {"bv", 32}});
       space.push_back({{"split", 1}, {"chunk", 32}, {"warps", 8}, {"bv", 64}});
     }
+    // Three pipeline stages (one slack; products waited for an iteration late on sm_90a): faster for
+    // delta_rule's forward at the bar shape, slower for gated_delta_rule's (docs/hopper.md, "Measured").
+    if (opts.dtype != DType::f32) space.push_back({{"stages", 3}});
     return space;
   };
   return op;

@@ -183,6 +183,12 @@ bool is_binary_arith(OpCode c) {
   }
 }
 
+bool defined_in(const Value* v, const Block& b) {
+  for (const Block* blk = v->def ? v->def->parent : v->owner; blk; blk = blk->parent ? blk->parent->parent : nullptr)
+    if (blk == &b) return true;
+  return false;
+}
+
 bool is_elementwise(OpCode c) {
   return is_unary_math(c) || is_binary_arith(c) || c == OpCode::Cmp || c == OpCode::Select ||
          c == OpCode::Cast;

@@ -196,6 +196,9 @@ bool is_elementwise(OpCode c);
 bool is_unary_math(OpCode c);
 bool is_binary_arith(OpCode c);
 
+/// Whether `v` is defined in block `b` or in a block nested in it (an op's result or a block argument).
+bool defined_in(const Value* v, const Block& b);
+
 /// The names of the tensor parameters `k` stores to (the others it only reads).
 std::set<std::string> stored_params(const Kernel& k);
 

@@ -10,13 +10,6 @@ using ir::OpCode;
 
 namespace {
 
-bool defined_in(const ir::Value* v, const ir::Block& b) {
-  if (!v->def) return v->owner == &b;
-  for (const ir::Block* blk = v->def->parent; blk; blk = blk->parent ? blk->parent->parent : nullptr)
-    if (blk == &b) return true;
-  return false;
-}
-
 void collect(const ir::Kernel& k, const ir::Block& b, const std::set<const ir::Value*>& stored, PipelinePlan& plan) {
   for (const auto& op : b.ops) {
     for (const auto& r : op->regions) collect(k, *r, stored, plan);
@@ -56,7 +49,7 @@ bool splits_into_16_byte_copies(const ir::Type& t, int num_threads) {
 
 bool is_predictable_scalar(const ir::Value* v, const ir::Block& body) {
   if (!v->type.is_scalar()) return false;
-  if (!defined_in(v, body)) return true;  // loop-invariant
+  if (!ir::defined_in(v, body)) return true;  // loop-invariant
   if (!v->def) return v == body.args[0];  // the induction variable (carried values are not)
   switch (v->def->code) {
     case OpCode::Constant: case OpCode::Dim: case OpCode::ProgramId: case OpCode::NumPrograms:

@@ -8,14 +8,6 @@ using ir::OpCode;
 
 namespace {
 
-/// Whether `v` is defined in `body` or in a block nested in it.
-bool defined_in(const ir::Value* v, const ir::Block& body) {
-  const ir::Block* b = v->def ? v->def->parent : v->owner;
-  for (; b; b = b->parent ? b->parent->parent : nullptr)
-    if (b == &body) return true;
-  return false;
-}
-
 /// Whether tile `v` is zeros: a constant 0, or a splat of one.
 bool is_zeros(const ir::Value* v) {
   if (!v->def) return false;
@@ -54,7 +46,7 @@ std::map<const ir::Op*, DeferredWait> deferred_wgmma_waits(const ir::Kernel& k, 
     auto stays = [&](const WgmmaOperand& o) {
       if (!o.buf) return true;
       if (o.buf->def && o.buf->def->parent == &body && plan.pipeline.loads.count(o.buf->def)) return true;
-      return !defined_in(o.buf, body);
+      return !ir::defined_in(o.buf, body);
     };
     if (!stays(operands.a) || !stays(operands.b)) continue;
     // The loop's operands: lo, hi, step, then the carried values' initial values (body.args[1..]).

@@ -16,6 +16,7 @@ struct BwdProgram {
   const PolyConfig& cfg;
   Tensor q, k, v, dn, dd, cu, chunk_indices, seg_offsets, states, zstates;
   Tile scale, a, b, c;
+  Tile c2;  // c scale^2: the coefficient of (q.k)^2 in f(scale q.k) (declare_scalars)
   ChunkBounds ch;
   Tile segment, row, Kdim;
   int64_t deg2;
@@ -44,6 +45,7 @@ struct BwdProgram {
     a = kb.scalar("a", DType::f32);
     b = kb.scalar("b", DType::f32);
     c = cfg.quadratic ? kb.scalar("c", DType::f32) : constant(0, DType::f32);
+    c2 = c * scale * scale;
   }
 
   /// Rows t0 .. t0 + BT of x (cols columns), zero past the sequence.
@@ -66,7 +68,6 @@ struct BwdProgram {
     Tile Xl = X, Xr = X;
     carried.push_back(&Xl);
     carried.push_back(&Xr);
-    Tile c2 = c * scale * scale;
     for_range_carrying(0, Kdim / 2 + 1, [&](Tile m) {
       body(m, degree2_weight(m, Kdim) * c2, Xl, Xr);
       // Products, not roll_by_one's slices: those took dq and dk/dv slower (docs/ops/poly.md, "Measured").
@@ -127,7 +128,7 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_dq(const PolyConfig& cfg) {
   const ZTables z = cfg.normalize ? p.z_tables() : ZTables{};
   if (cfg.normalize && cfg.quadratic) {
     Tile Zq = times_quadratic_form(Q, z.quadratic);  // rows (Z2 q_t)^T
-    dQ = dQ + expand_dims(dD, 1) * Zq * (2.0f * p.c * s2);
+    dQ = dQ + expand_dims(dD, 1) * Zq * (2.0f * p.c2);
     if (coefs) dC = dC + dD * sum(Qf * Zq, 1) * s2;
   }
   Tile u1 = dot(dN, p.state(p.deg2).T());
@@ -227,10 +228,10 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_dkv(const PolyConfig& cfg) {
     Tile u_rolled = dot(V, p.rolled_rows_state(m).T());
     dK = dK + (u * Kl + u_rolled * Kr) * w;
   }, {&dK, &dV});
-  if (p.deg2 > 0) dV = dV * (p.c * p.scale * p.scale);
+  if (p.deg2 > 0) dV = dV * p.c2;
   const ZTables r = cfg.normalize ? p.z_tables() : ZTables{};
   if (cfg.normalize && cfg.quadratic)
-    dK = dK + times_quadratic_form(Kc, r.quadratic) * (2.0f * p.c * p.scale * p.scale);
+    dK = dK + times_quadratic_form(Kc, r.quadratic) * (2.0f * p.c2);
   Tile b1 = p.b * p.scale;
   Tile R1 = p.state(p.deg2);
   dV = dV + dot(Kc, R1) * b1;

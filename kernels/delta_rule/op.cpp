@@ -10,6 +10,7 @@
 
 #include "kernels/common/config_schema.h"
 #include "kernels/common/device_limits.h"
+#include "kernels/common/fitting.h"
 #include "kernels/common/l2norm.h"
 #include "kernels/common/op_support.h"
 #include "kernels/delta_rule/bwd.h"
@@ -56,10 +57,17 @@ std::shared_ptr<ir::Kernel> cached_delta_kernel(DeltaKernel which, const DeltaRu
   });
 }
 
-/// The configuration for head dims K, V: defaults, then opts.config on top.
-/// `heads`: sequences x heads of the call (0: unknown), for the few-heads value blocks.
+/// What a forward call asks of the walk beyond its shapes (its kernel, so its fit, depends on them).
+struct DeltaForwardCall {
+  bool save = false;  // the saved_* outputs: T, the state before each chunk and V_new
+  bool initial_state = false, final_state = false, varlen = false;
+};
+
+/// The configuration for head dims K, V: defaults, then opts.config on top, then the walk's pipeline
+/// stages fitted to the call's GPU. `heads`: sequences x heads of the call (0: unknown), for the
+/// few-heads value blocks.
 DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t V, const OpOptions& opts,
-                                  int64_t heads = 0) {
+                                  int64_t heads = 0, const DeltaForwardCall& call = {}) {
   check_config_keys(op, opts, delta_rule_schema().tuning());
   DeltaRuleConfig cfg;
   cfg.dtype = opts.dtype;
@@ -71,8 +79,6 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   //    or 4 warps and 32 value columns (fp32): spill-free at K = V = 128 under ptxas (sm_80, sm_90a).
   //    (Chunks of 64 with 8 warps once gave wrong outputs on an H200: that was the shared-memory
   //    barrier bug of tests/regress/dot_operand_reuse.tir, fixed; the tuner may pick them now.)
-  //  - shared memory (227 KB on Hopper): delta_rule_fwd holds Q, K and W [BT, BK] blocks, twice when
-  //    pipelined; fp32 blocks and K = 256 leave no room for the second stage.
   const bool small = K <= 64 && V <= 64, fp32 = dtype_bytes(cfg.dtype) == 4;
   cfg.chunk = checked_chunk_size(opts.chunk_size, small ? 64 : 32);
   //  - value blocks of 128 for the 16-bit walk above head dim 64 (one program holds the whole state; no
@@ -82,12 +88,30 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   const int64_t wide_v = !small && !fp32 && !few ? 128 : 64;
   cfg.block_v = std::min(padded_head_dim(V), opts.recurrent || (fp32 && !small) ? 32 : static_cast<int>(wide_v));
   cfg.num_warps = small || (fp32 && !opts.recurrent) ? 4 : 8;
-  cfg.num_stages = fp32 || cfg.block_k > 128 ? 1 : 2;
   cfg.split = false;
+  cfg.store_t = cfg.save_states = call.save;
+  cfg.initial_state = call.initial_state;
+  cfg.final_state = call.final_state;
+  cfg.varlen = call.varlen;
   delta_rule_schema().apply(opts, cfg);
   cfg.v_blocks = static_cast<int>((padded_head_dim(V) + cfg.block_v - 1) / cfg.block_v);
   if (cfg.split && opts.l2norm_qk) throw UserError(fmt::format("{}: --config split=1 does not take --l2norm-qk", op));
   if (cfg.split && opts.recurrent) throw UserError(fmt::format("{}: --config split=1 is for the chunked form, not --recurrent", op));
+  //  - the walk's Q, K and W blocks pipelined (cp.async one chunk ahead) where two stages fit the call's
+  //    GPU (K = 256 included), but fp32 at BK >= 128 proposes one: there its two-stage walk measured
+  //    slower (a block per SM instead of three; docs/ops/delta_rule.md, "Measured", session 18).
+  std::vector<int> proposals = fp32 && cfg.block_k >= 128 ? std::vector<int>{1} : std::vector<int>{2, 1};
+  if (stages_key().asked(opts)) proposals = {cfg.num_stages};
+  const bool walks = !cfg.split && !opts.recurrent;  // delta_rule_fwd is the only kernel with stages
+  cfg.num_stages = walks ? first_fitting<int>(
+                               proposals,
+                               [&](const int& stages) {
+                                 DeltaRuleConfig c = cfg;
+                                 c.num_stages = stages;
+                                 return std::vector<std::shared_ptr<ir::Kernel>>{cached_delta_kernel(DeltaKernel::fwd, c)};
+                               },
+                               opts)
+                         : proposals.front();
   return cfg;
 }
 
@@ -117,13 +141,10 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
   OpOptions fwd_opts = opts;
   const bool chunk_asked = opts.chunk_size || fwd_chunk_key().asked(opts);
   if (save && !chunk_asked) fwd_opts.chunk_size = delta_bwd_default_chunk(opts.dtype, seq.K, seq.V);
-  DeltaRuleConfig cfg = delta_rule_config(name, gated, seq.K, seq.V, fwd_opts, seq.N * seq.H);
+  DeltaRuleConfig cfg = delta_rule_config(name, gated, seq.K, seq.V, fwd_opts, seq.N * seq.H,
+                                          {save, has_h0, wants(wanted, "final_state"), seq.varlen});
   if (save && cfg.chunk > 64)
     throw UserError(fmt::format("{}: saved_* outputs need chunks of 16, 32 or 64 (the backward's), not {}", name, cfg.chunk));
-  cfg.store_t = cfg.save_states = save;
-  cfg.initial_state = has_h0;
-  cfg.final_state = wants(wanted, "final_state");
-  cfg.varlen = seq.varlen;
 
   OpPlan plan;
   add_forward_tensors(plan, inputs, seq, cfg.dtype, cfg.final_state);

@@ -9,6 +9,7 @@
 
 #include "kernels/common/config_schema.h"
 #include "kernels/common/device_limits.h"
+#include "kernels/common/fitting.h"
 #include "kernels/common/op_support.h"
 #include "kernels/common/segments.h"
 #include "kernels/common/recurrent_op.h"
@@ -84,9 +85,29 @@ SegmentCombineConfig combine_config(const GlaConfig& cfg) {
   return {cfg.block_k, cfg.block_v, SegmentDecay::per_channel, cfg.initial_state, cfg.final_state, cfg.num_warps};
 }
 
+/// The kernels the forward launches at `cfg` for `segments` per sequence (the fused walk, the segment
+/// walks or the split schedule's three; gla_intra takes no stages).
+std::vector<std::shared_ptr<ir::Kernel>> forward_walk_kernels(const GlaConfig& cfg, int64_t segments) {
+  if (cfg.split && !cfg.varlen)
+    return {cached_gla_kernel(cfg, GlaKernel::gates), cached_gla_kernel(cfg, GlaKernel::state),
+            cached_gla_kernel(cfg, GlaKernel::out)};
+  if (segments > 1) {
+    GlaConfig states = cfg, outputs = cfg;
+    states.walk = GlaWalk::segment_states;
+    outputs.walk = GlaWalk::segment_outputs;
+    states.initial_state = states.final_state = outputs.initial_state = outputs.final_state = false;
+    return {cached_gla_kernel(states, GlaKernel::fused), cached_gla_kernel(outputs, GlaKernel::fused)};
+  }
+  GlaConfig walk = cfg;
+  walk.segment = 0;
+  return {cached_gla_kernel(walk, GlaKernel::fused)};
+}
+
 /// The configuration for head dims K and V (opts.config and --chunk-size override the defaults); with
-/// `seq`, the forward's: segments where few walks leave the GPU idle (kernels/common/segments.h).
-GlaConfig gla_config(const OpOptions& opts, int64_t K, int64_t V, const SequenceLayout* seq = nullptr) {
+/// `seq`, the forward's: segments where few walks leave the GPU idle (kernels/common/segments.h), the
+/// states it reads and writes and its pipeline stages fitted to the kernels it launches.
+GlaConfig gla_config(const OpOptions& opts, int64_t K, int64_t V, const SequenceLayout* seq = nullptr,
+                     bool initial_state = false, bool final_state = false) {
   check_config_keys("gla", opts, gla_schema().tuning());
   GlaConfig cfg;
   cfg.dtype = opts.dtype;
@@ -99,14 +120,31 @@ GlaConfig gla_config(const OpOptions& opts, int64_t K, int64_t V, const Sequence
   cfg.chunk = checked_chunk_size(opts.chunk_size, 16);
   cfg.block_v = static_cast<int>(bv);
   cfg.num_warps = 8;
-  // The chunk loads pipelined (cp.async one chunk ahead) for 16-bit tiles, faster (docs/ops/gla.md,
-  // "Measured"; the tuner had been picking it). fp32 blocks keep one stage (twice the shared memory).
-  cfg.num_stages = dtype_bytes(cfg.dtype) == 2 ? 2 : 1;
   cfg.split = false;
   cfg.state_block_k = cfg.block_k;
+  cfg.initial_state = initial_state;
+  cfg.final_state = final_state;
+  cfg.varlen = seq && seq->varlen;
   if (seq) cfg.segment = default_segment(*seq, seq->N * seq->H * ((V + cfg.block_v - 1) / cfg.block_v), cfg.chunk, opts);
   gla_schema().apply(opts, cfg);
   cfg.state_block_k = std::min(cfg.state_block_k, cfg.block_k);
+  if (cfg.split && opts.config.count("segment"))
+    throw UserError("gla: --config split=1 and segment are two schedules; choose one");
+  if (cfg.split) cfg.segment = 0;  // the split schedule is its own answer to few walks
+  // The chunk loads pipelined (cp.async one chunk ahead) where both stages fit the call's GPU, in every
+  // dtype: faster for 16-bit tiles (the tuner had been picking it) and, since measured, for fp32 too
+  // (docs/ops/gla.md, "Measured", session 18); one stage where two do not fit.
+  const int64_t segments = seq ? segments_per_sequence("gla", *seq, cfg.segment, cfg.chunk) : 1;
+  const std::vector<int> proposals =
+      stages_key().asked(opts) ? std::vector<int>{cfg.num_stages} : std::vector<int>{2, 1};
+  cfg.num_stages = first_fitting<int>(
+      proposals,
+      [&](const int& stages) {
+        GlaConfig c = cfg;
+        c.num_stages = stages;
+        return forward_walk_kernels(c, segments);
+      },
+      opts);
   return cfg;
 }
 
@@ -122,13 +160,7 @@ OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vecto
   const bool has_h0 = inputs.count("initial_state") > 0;
   if (has_h0) check_shape("initial_state", inputs.at("initial_state"), {seq.N, seq.H, seq.K, seq.V});
 
-  GlaConfig cfg = gla_config(opts, seq.K, seq.V, &seq);
-  cfg.initial_state = has_h0;
-  cfg.final_state = wants(wanted, "final_state");
-  cfg.varlen = seq.varlen;
-  if (cfg.split && opts.config.count("segment"))
-    throw UserError("gla: --config split=1 and segment are two schedules; choose one");
-  if (cfg.split) cfg.segment = 0;  // the split schedule is its own answer to few walks
+  GlaConfig cfg = gla_config(opts, seq.K, seq.V, &seq, has_h0, wants(wanted, "final_state"));
   const int64_t segments = segments_per_sequence("gla", seq, cfg.segment, cfg.chunk);
 
   OpPlan plan;
@@ -159,12 +191,8 @@ OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vecto
                                         {{"scale", scale}}));
   } else if (segments > 1) {
     // The segment-parallel forward (kernels/common/segments.h), decays per key channel.
-    GlaConfig states = cfg, outputs = cfg;
-    states.walk = GlaWalk::segment_states;
-    outputs.walk = GlaWalk::segment_outputs;
-    states.initial_state = states.final_state = outputs.initial_state = outputs.final_state = false;
-    add_segment_schedule(plan, seq, segments, num_v_blocks, combine_config(cfg), cached_gla_kernel(states, GlaKernel::fused),
-                         cached_gla_kernel(outputs, GlaKernel::fused), {{"scale", scale}});
+    const auto walks = forward_walk_kernels(cfg, segments);
+    add_segment_schedule(plan, seq, segments, num_v_blocks, combine_config(cfg), walks[0], walks[1], {{"scale", scale}});
   } else {
     cfg.segment = 0;
     plan.launches.push_back(plan_launch(plan, cached_gla_kernel(cfg, GlaKernel::fused),
@@ -257,8 +285,7 @@ OpDef gla_op() {
     // both states, and the recurrent form.
     std::vector<std::shared_ptr<ir::Kernel>> out;
     for (int64_t d : {64, 128}) {
-      GlaConfig cfg = gla_config(opts, d, d);
-      cfg.initial_state = cfg.final_state = true;
+      GlaConfig cfg = gla_config(opts, d, d, nullptr, /*initial_state=*/true, /*final_state=*/true);
       out.push_back(cached_gla_kernel(cfg, GlaKernel::intra));
       out.push_back(cached_gla_kernel(cfg, GlaKernel::fused));
       // The split schedule at its first tuning-space configuration.

@@ -96,7 +96,7 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_dq(const PolyConfig& cfg) {
   KernelBuilder kb("poly_bwd_dq");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
-  kb.set_min_ctas_per_sm(1);
+  kb.set_min_ctas_per_sm(cfg.min_ctas);
   kb.set_tensor_core_f32(cfg.dtype != f32);  // times_quadratic_form
   BwdProgram p(kb, cfg, /*reverse=*/false);
   Tensor dq = kb.tensor("dq", dt, 4);
@@ -203,7 +203,7 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_dkv(const PolyConfig& cfg) {
   KernelBuilder kb("poly_bwd_dkv");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
-  kb.set_min_ctas_per_sm(1);
+  kb.set_min_ctas_per_sm(cfg.min_ctas);
   kb.set_tensor_core_f32(cfg.dtype != f32);  // times_quadratic_form
   BwdProgram p(kb, cfg, /*reverse=*/true);
   Tensor dk = kb.tensor("dk", dt, 4);

@@ -59,7 +59,7 @@ std::shared_ptr<ir::Kernel> build_poly_sums(const PolyConfig& cfg, bool backward
   KernelBuilder kb(backward ? "poly_bwd_sums" : "poly_fwd_sums");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
-  kb.set_min_ctas_per_sm(1);  // ptxas would cap it at 168 registers (three blocks), and spill
+  kb.set_min_ctas_per_sm(cfg.min_ctas);
   Tensor x = kb.tensor(backward ? "q" : "k", dt, 4);
   Tensor y = kb.tensor(backward ? "dn" : "v", dt, 4);
   Tensor w = backward && cfg.normalize ? kb.tensor("dd", f32, 3) : Tensor();
@@ -174,7 +174,7 @@ std::shared_ptr<ir::Kernel> build_poly_scan(const PolyConfig& cfg, bool reverse)
   KernelBuilder kb(reverse ? "poly_bwd_scan" : "poly_fwd_scan");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
-  kb.set_min_ctas_per_sm(1);  // ptxas kept 96 registers in f32 and spilled the normalizer's walk
+  kb.set_min_ctas_per_sm(cfg.min_ctas);
   Tensor x = kb.tensor(reverse ? "q" : "k", dt, 4);  // for the sequences' bounds
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor seg_offsets = cfg.varlen ? kb.tensor("segment_offsets", DType::i32, 1) : Tensor();
@@ -236,10 +236,7 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
   KernelBuilder kb(grad ? "poly_bwd_prepare" : "poly_fwd_out");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
-  // Three blocks of 4 warps per SM in 16 bits (168 registers, some spilled): the degree-2 loop waits
-  // on latency, which a third block hides better than the spills cost (docs/ops/poly.md, "Measured",
-  // session 17). At 8 warps ptxas would keep 128 registers for two blocks, and spill more.
-  kb.set_min_ctas_per_sm(!grad && cfg.num_warps == 4 && cfg.dtype != f32 ? 3 : 1);
+  kb.set_min_ctas_per_sm(cfg.min_ctas);
   kb.set_tensor_core_f32(cfg.dtype != f32);  // times_quadratic_form
   auto [q, k, v] = declare_qkv(kb, dt);
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
@@ -258,9 +255,10 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
   Tile cc = cfg.quadratic ? kb.scalar("c", f32) : constant(0, f32);
 
   Tile i_v = program_id(1);
-  // Programs longest first (without varlen): a chunk late in its segment sums more of the segment's
-  // chunks directly, and the GPU starts programs in grid order, so the last wave holds the short ones.
-  Tile i_c = cfg.varlen ? program_id(0) : longest_first(program_id(0), num_programs(0), CPS);
+  // Programs longest first (cfg.longest_first, without varlen): a chunk late in its segment sums more of
+  // the segment's chunks directly, and the GPU starts programs in grid order, so the last wave holds the
+  // short ones; in grid order the programs running at once share their segments' states and keys in L2.
+  Tile i_c = cfg.longest_first && !cfg.varlen ? longest_first(program_id(0), num_programs(0), CPS) : program_id(0);
   const ChunkBounds ch = chunk_bounds(q, cu, chunk_indices, cfg.varlen, i_c, program_id(2), BT);
   Tile v0 = i_v * BV;
   Tile segment = ch.chunk / CPS;

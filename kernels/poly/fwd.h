@@ -52,8 +52,11 @@ struct PolyConfig {
   bool coefficient_grads = false;  // poly_bwd_dq: also the gradients of a, b, c (partial sums per program)
   bool store_den = false;          // poly_fwd_out (normalize): also den [B, T, H] fp32 for the backward
   bool exact_k = false;            // K == block_k: a roll by one is a static slice of [x x], not a product
+  bool longest_first = false;      // poly_fwd_out/poly_bwd_prepare without varlen: the chunks late in their
+                                   // segment (the longest direct part) first, else in grid order
   int num_warps = 4;
   int num_stages = 2;
+  int min_ctas = 1;  // blocks per SM ptxas sizes the segmented kernels' registers for (64K / (threads x blocks))
 };
 
 /// Feature blocks of the segmented form: the degree-2 blocks, degree 1, degree 0.

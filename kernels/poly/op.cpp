@@ -46,6 +46,14 @@ TuningKey poly_stages_key() {
   return {"stages", {1, 2, 3, 4}, "pipeline stages of the loads (3 and 4: one stage slack, products waited for an iteration late)"};
 }
 
+TuningKey poly_order_key() {
+  return {"order", {0, 1}, "outputs: 1 = the chunks late in their segment first (the longest direct part), 0 = grid order"};
+}
+
+TuningKey poly_ctas_key() {
+  return {"ctas", {1, 2, 3, 4}, "blocks per SM the kernels' registers are sized for (ptxas spills what does not fit)"};
+}
+
 /// The configuration of every poly kernel (fwd.h): chunk, bv, warps and stages are tuned.
 const ConfigSchema<PolyConfig>& poly_schema() {
   using C = PolyConfig;
@@ -53,7 +61,8 @@ const ConfigSchema<PolyConfig>& poly_schema() {
                                       field<&C::block_k>(), tuned<&C::block_v>(bv_key({16, 32, 64, 128})),
                                       field<&C::normalize>(), field<&C::quadratic>(), field<&C::varlen>(),
                                       field<&C::coefficient_grads>(), field<&C::store_den>(), field<&C::exact_k>(),
-                                      tuned<&C::num_warps>(warps_key()), tuned<&C::num_stages>(poly_stages_key()));
+                                      tuned<&C::longest_first>(poly_order_key()), tuned<&C::num_warps>(warps_key()), tuned<&C::num_stages>(poly_stages_key()),
+                                      tuned<&C::min_ctas>(poly_ctas_key()));
   return schema;
 }
 
@@ -114,6 +123,7 @@ namespace {
 struct PolyDefaults {
   int64_t segment = 1024, chunk = 64;
   int warps = 4;
+  bool longest_first = false;
 };
 
 PolyDefaults poly_defaults(const OpOptions& opts, int64_t K, int64_t V, PolyKernel which, bool backward,
@@ -137,6 +147,9 @@ PolyDefaults poly_defaults(const OpOptions& opts, int64_t K, int64_t V, PolyKern
   if (per_chunk_bwd && which != PolyKernel::bwd_from_saved) d.warps = 8;
   if ((scan || which == PolyKernel::bwd_sums) && (wide || wide_v)) d.warps = 8;
   if ((which == PolyKernel::out || which == PolyKernel::recurrent) && wide) d.warps = 8;
+  // The outputs' chunks longest first; the backward's first step (the same kernel with one program per
+  // 128 rows, one per SM) ran slower so at 64K and keeps grid order ("Measured", session 18).
+  d.longest_first = which == PolyKernel::out;
   return d;
 }
 
@@ -157,7 +170,15 @@ PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel w
   cfg.chunk = checked_chunk_size(opts.chunk_size, static_cast<int>(std::min(d.chunk, segment)));
   cfg.block_v = std::min(64, padded_head_dim(V));
   cfg.num_warps = d.warps;
+  cfg.longest_first = d.longest_first;
   poly_schema().apply(opts, cfg);
+  // Blocks per SM (after --config: it depends on the warps): three of 4 warps for the outputs in 16 bits
+  // (168 registers, some spilled): the degree-2 loop waits on latency, which a third block hides better
+  // than the spills cost (docs/ops/poly.md, "Measured", session 17); at 8 warps ptxas would keep 128
+  // registers for two blocks and spill more. One elsewhere: the sums at three would spill, the scan in
+  // f32 spilled the normalizer's walk at two.
+  if (!opts.config.count("ctas"))
+    cfg.min_ctas = which == PolyKernel::out && cfg.num_warps == 4 && cfg.dtype != DType::f32 ? 3 : 1;
   if (segment % cfg.chunk != 0)
     throw UserError(fmt::format("poly: --config segment={} must be a multiple of the chunk ({} rows)", segment, cfg.chunk));
   cfg.segment_chunks = static_cast<int>(segment / cfg.chunk);

@@ -117,6 +117,9 @@ struct OpDef {
   /// Users' ops (linac/user_op.h): the op computing this one's gradients (inputs: this op's inputs and
   /// "d" + each output; outputs: "d" + each input). Empty for the library's ops, which take backward=1.
   std::string gradient_op;
+  /// --config keys of the forward that shape its saved_* outputs: a backward given those tensors takes
+  /// the forward's values of them (poly's segment).
+  std::vector<std::string> saved_layout_keys;
 };
 
 /// UserError if `opts` sets a switch `op` does not implement (see OpDef::flags).

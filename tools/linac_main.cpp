@@ -820,6 +820,9 @@ int cmd_bench(const std::vector<std::string>& args) {
     bo.config.clear();
     bo.backward = true;
     bo.config = bwd_config ? *bwd_config : autotuned_config(op, inputs, bo);  // `linac tune --backward`'s entry
+    // The forward's keys that shape what it saves (poly's segment) hold for the backward too.
+    for (const auto& key : op.saved_layout_keys)
+      if (opts.config.count(key) && !bo.config.count(key)) bo.config[key] = opts.config.at(key);
     if (!saved.empty()) {
       OpPlan rplan = op.prepare(inputs, bo, synthetic_outputs(true, gated));
       rr = bench_on_gpu(rplan, iters, /*per_launch=*/true);

@@ -103,15 +103,12 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   std::vector<int> proposals = fp32 && cfg.block_k >= 128 ? std::vector<int>{1} : std::vector<int>{2, 1};
   if (stages_key().asked(opts)) proposals = {cfg.num_stages};
   const bool walks = !cfg.split && !opts.recurrent;  // delta_rule_fwd is the only kernel with stages
-  cfg.num_stages = walks ? first_fitting<int>(
-                               proposals,
-                               [&](const int& stages) {
-                                 DeltaRuleConfig c = cfg;
-                                 c.num_stages = stages;
-                                 return std::vector<std::shared_ptr<ir::Kernel>>{cached_delta_kernel(DeltaKernel::fwd, c)};
-                               },
-                               opts)
-                         : proposals.front();
+  auto walk_of = [&](const int& stages) {
+    DeltaRuleConfig c = cfg;
+    c.num_stages = stages;
+    return std::vector<std::shared_ptr<ir::Kernel>>{cached_delta_kernel(DeltaKernel::fwd, c)};
+  };
+  cfg.num_stages = walks ? first_fitting<int>(proposals, walk_of, opts) : proposals.front();
   return cfg;
 }
 

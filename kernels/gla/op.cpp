@@ -192,7 +192,8 @@ OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vecto
   } else if (segments > 1) {
     // The segment-parallel forward (kernels/common/segments.h), decays per key channel.
     const auto walks = forward_walk_kernels(cfg, segments);
-    add_segment_schedule(plan, seq, segments, num_v_blocks, combine_config(cfg), walks[0], walks[1], {{"scale", scale}});
+    add_segment_schedule(plan, seq, segments, num_v_blocks, combine_config(cfg), walks[0], walks[1],
+                         {{"scale", scale}});
   } else {
     cfg.segment = 0;
     plan.launches.push_back(plan_launch(plan, cached_gla_kernel(cfg, GlaKernel::fused),

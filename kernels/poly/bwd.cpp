@@ -114,32 +114,39 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_dq(const PolyConfig& cfg) {
   // is dd times the gradient of q^T Z2 q, 2 Z2 q, taken once after them).
   Tile dQ = zeros({BT, BK}, f32);
   Tile dA = zeros({BT}, f32), dB = zeros({BT}, f32), dC = zeros({BT}, f32);  // per row (coefs)
-  std::vector<Tile*> carried = {&dQ};
-  if (coefs) carried.push_back(&dC);
   Tile s2 = p.scale * p.scale;
-  p.for_degree2(Q, [&](Tile m, Tile w, Tile Q_left, Tile Q_right) {
-    Tile Ql = Q_left.to(f32), Qr = Q_right.to(f32);
-    Tile u = dot(dN, p.state(m).T());
-    Tile u_rolled = dot(dN, p.rolled_rows_state(m).T());
-    dQ = dQ + (u * Ql + u_rolled * Qr) * w;
-    if (coefs) dC = dC + sum(Qf * Ql * u, 1) * (degree2_weight(m, p.Kdim) * s2);
-  }, carried);
-  // Loaded after the blocks' loop, so that its buffer may take the place of the loop's.
-  const ZTables z = cfg.normalize ? p.z_tables() : ZTables{};
-  if (cfg.normalize && cfg.quadratic) {
-    Tile Zq = times_quadratic_form(Q, z.quadratic);  // rows (Z2 q_t)^T
-    dQ = dQ + expand_dims(dD, 1) * Zq * (2.0f * p.c2);
-    if (coefs) dC = dC + dD * sum(Qf * Zq, 1) * s2;
-  }
-  Tile u1 = dot(dN, p.state(p.deg2).T());
-  if (cfg.normalize) u1 = u1 + expand_dims(dD, 1) * slice(z.low, 0, 0, 1);
-  dQ = dQ + u1 * (p.b * p.scale);
-  if (coefs) {
-    dB = sum(Qf * u1, 1) * p.scale;
-    Tile s0 = load(p.states, {p.row, ch.i_h, p.deg2 + 1, 0, 0}, {kIndex, kIndex, kIndex, kIndex, BV}).to(f32);
-    dA = sum(dN.to(f32) * expand_dims(s0, 0), 1);
-    if (cfg.normalize) dA = dA + dD * take(take(z.low, 1, 0), 0, 0);
-  }
+  // None before a sequence's first segment: its programs skip this part.
+  auto from_states = [&] {
+    std::vector<Tile*> carried = {&dQ};
+    if (coefs) carried.push_back(&dC);
+    p.for_degree2(Q, [&](Tile m, Tile w, Tile Q_left, Tile Q_right) {
+      Tile Ql = Q_left.to(f32), Qr = Q_right.to(f32);
+      Tile u = dot(dN, p.state(m).T());
+      Tile u_rolled = dot(dN, p.rolled_rows_state(m).T());
+      dQ = dQ + (u * Ql + u_rolled * Qr) * w;
+      if (coefs) dC = dC + sum(Qf * Ql * u, 1) * (degree2_weight(m, p.Kdim) * s2);
+    }, carried);
+    // Loaded after the blocks' loop, so that its buffer may take the place of the loop's.
+    const ZTables z = cfg.normalize ? p.z_tables() : ZTables{};
+    if (cfg.normalize && cfg.quadratic) {
+      Tile Zq = times_quadratic_form(Q, z.quadratic);  // rows (Z2 q_t)^T
+      dQ = dQ + expand_dims(dD, 1) * Zq * (2.0f * p.c2);
+      if (coefs) dC = dC + dD * sum(Qf * Zq, 1) * s2;
+    }
+    Tile u1 = dot(dN, p.state(p.deg2).T());
+    if (cfg.normalize) u1 = u1 + expand_dims(dD, 1) * slice(z.low, 0, 0, 1);
+    dQ = dQ + u1 * (p.b * p.scale);
+    if (coefs) {
+      dB = sum(Qf * u1, 1) * p.scale;
+      Tile s0 = load(p.states, {p.row, ch.i_h, p.deg2 + 1, 0, 0}, {kIndex, kIndex, kIndex, kIndex, BV}).to(f32);
+      dA = sum(dN.to(f32) * expand_dims(s0, 0), 1);
+      if (cfg.normalize) dA = dA + dD * take(take(z.low, 1, 0), 0, 0);
+    }
+  };
+  if (coefs)
+    if_then(p.segment > 0, from_states, dQ, dA, dB, dC);
+  else
+    if_then(p.segment > 0, from_states, dQ);
 
   // The segment's own keys up to this chunk: dq_t += scale sum_s g_ts f'(x_ts) k_s.
   Tile causal = expand_dims(iota(BT), 1) >= expand_dims(iota(BT), 0);
@@ -218,27 +225,32 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_dkv(const PolyConfig& cfg) {
   // is the gradient of k^T R2 k, R2 = sum_t dd_t q_t q_t^T: 2 R2 k, taken once after them).
   Tile dK = zeros({BT, BK}, f32);
   Tile dV = zeros({BT, BV}, f32);  // the degree-2 blocks' share without c scale^2, taken once after them
-  p.for_degree2(Kc, [&](Tile m, Tile w, Tile K_left, Tile K_right) {
-    Tile Kl = K_left.to(f32), Kr = K_right.to(f32);
-    Tile R = p.state(m);
-    // phi_m(k) in the input dtype (two 16-bit values multiplied and rounded once), the weight 1 or 2
-    // exact: no fp32 copy of the chunk stays live through the loop for it.
-    dV = dV + dot(Kc * K_left * degree2_weight(m, p.Kdim).to(dt), R);
-    Tile u = dot(V, R.T());
-    Tile u_rolled = dot(V, p.rolled_rows_state(m).T());
-    dK = dK + (u * Kl + u_rolled * Kr) * w;
-  }, {&dK, &dV});
-  if (p.deg2 > 0) dV = dV * p.c2;
-  const ZTables r = cfg.normalize ? p.z_tables() : ZTables{};
-  if (cfg.normalize && cfg.quadratic)
-    dK = dK + times_quadratic_form(Kc, r.quadratic) * (2.0f * p.c2);
-  Tile b1 = p.b * p.scale;
-  Tile R1 = p.state(p.deg2);
-  dV = dV + dot(Kc, R1) * b1;
-  Tile u1 = dot(V, R1.T());
-  if (cfg.normalize) u1 = u1 + slice(r.low, 0, 0, 1);
-  dK = dK + u1 * b1;
-  dV = dV + expand_dims(load(p.states, {p.row, ch.i_h, p.deg2 + 1, 0, 0}, {kIndex, kIndex, kIndex, kIndex, BV}).to(f32) * p.a, 0);
+  // None after a sequence's last segment: its programs skip this part.
+  auto from_states = [&] {
+    p.for_degree2(Kc, [&](Tile m, Tile w, Tile K_left, Tile K_right) {
+      Tile Kl = K_left.to(f32), Kr = K_right.to(f32);
+      Tile R = p.state(m);
+      // phi_m(k) in the input dtype (two 16-bit values multiplied and rounded once), the weight 1 or 2
+      // exact: no fp32 copy of the chunk stays live through the loop for it.
+      dV = dV + dot(Kc * K_left * degree2_weight(m, p.Kdim).to(dt), R);
+      Tile u = dot(V, R.T());
+      Tile u_rolled = dot(V, p.rolled_rows_state(m).T());
+      dK = dK + (u * Kl + u_rolled * Kr) * w;
+    }, {&dK, &dV});
+    if (p.deg2 > 0) dV = dV * p.c2;
+    const ZTables r = cfg.normalize ? p.z_tables() : ZTables{};
+    if (cfg.normalize && cfg.quadratic)
+      dK = dK + times_quadratic_form(Kc, r.quadratic) * (2.0f * p.c2);
+    Tile b1 = p.b * p.scale;
+    Tile R1 = p.state(p.deg2);
+    dV = dV + dot(Kc, R1) * b1;
+    Tile u1 = dot(V, R1.T());
+    if (cfg.normalize) u1 = u1 + slice(r.low, 0, 0, 1);
+    dK = dK + u1 * b1;
+    Tile s0 = load(p.states, {p.row, ch.i_h, p.deg2 + 1, 0, 0}, {kIndex, kIndex, kIndex, kIndex, BV});
+    dV = dV + expand_dims(s0.to(f32) * p.a, 0);
+  };
+  if_then(ch.bos + (p.segment + 1) * (BT * CPS) < ch.eos, from_states, dK, dV);
 
   // The segment's own queries from this chunk on: dk_s += scale sum_t g_ts f'(x_ts) q_t, dv_s += sum_t
   // f_ts dn_t (the products transposed: rows t, columns s).

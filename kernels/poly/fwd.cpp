@@ -158,10 +158,15 @@ std::shared_ptr<ir::Kernel> build_poly_sums(const PolyConfig& cfg, bool backward
     else
       low_degrees();
   };
-  if (cfg.normalize)
-    if_then_else(program_id(0) < (deg2 + 1) * v_blocks, states, normalizer);
-  else
-    states();
+  auto tables = [&] {
+    if (cfg.normalize)
+      if_then_else(program_id(0) < (deg2 + 1) * v_blocks, states, normalizer);
+    else
+      states();
+  };
+  // No state takes the sums of a sequence's last segment (forward: the states before each segment) or
+  // of its first (backward: after each), and the scan does not read them: those programs stop here.
+  if_then(backward ? seg.t0 > seg.bos : seg.t0 + BT * CPS < seg.eos, tables);
   return kb.finish();
 }
 
@@ -192,14 +197,20 @@ std::shared_ptr<ir::Kernel> build_poly_scan(const PolyConfig& cfg, bool reverse)
   Tile segments = (seq.eos - seq.bos + (L - 1)) / L;
   auto segment_row = [&](const Tile& s) { return row0 + (reverse ? segments - 1 - s : s); };
 
+  // The walks store the state of every segment and add the sums of all but the last segment walked (the
+  // sums kernel skips that one: no state takes it).
+  Tile last = segments - 1;
   auto state_walk = [&] {
     Tile v0 = i_v * BV;
     Tile S = zeros({BK, BV}, f32);
-    for_range(0, segments, [&](Tile s) {
+    for_range(0, last, [&](Tile s) {
       Tile row = segment_row(s);
       store(states, {row, i_h, i_f, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S.to(dt));
       S = S + load(sums, {row, i_h, i_f, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
     }, S);
+    if_then(segments > 0, [&] {
+      store(states, {segment_row(last), i_h, i_f, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, S.to(dt));
+    });
   };
   // The normalizer's tables: the quadratic form (rows 0 .. BK-1, quadratic) and the two low rows.
   auto z_walk = [&] {
@@ -208,7 +219,7 @@ std::shared_ptr<ir::Kernel> build_poly_scan(const PolyConfig& cfg, bool reverse)
     Tile Z = zeros({2, BK}, f32);
     std::vector<Tile*> carried = {&Z};
     if (cfg.quadratic) carried.push_back(&Z2);
-    for_range_carrying(0, segments, [&](Tile s) {
+    for_range_carrying(0, last, [&](Tile s) {
       Tile row = segment_row(s);
       if (cfg.quadratic) {
         store(zstates, {row, i_h, 0, 0}, {kIndex, kIndex, BK, BK}, Z2);
@@ -217,6 +228,10 @@ std::shared_ptr<ir::Kernel> build_poly_scan(const PolyConfig& cfg, bool reverse)
       store(zstates, {row, i_h, low, 0}, {kIndex, kIndex, 2, BK}, Z);
       Z = Z + load(zsums, {row, i_h, low, 0}, {kIndex, kIndex, 2, BK});
     }, carried);
+    if_then(segments > 0, [&] {
+      if (cfg.quadratic) store(zstates, {segment_row(last), i_h, 0, 0}, {kIndex, kIndex, BK, BK}, Z2);
+      store(zstates, {segment_row(last), i_h, low, 0}, {kIndex, kIndex, 2, BK}, Z);
+    });
   };
   if (cfg.normalize)
     if_then_else(program_id(0) < state_programs, state_walk, z_walk);
@@ -272,46 +287,55 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
     return load(states, {row, ch.i_h, block, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
   };
 
-  // Everything before the segment, from its stored states.
+  // Everything before the segment, from its stored states: none before a sequence's first segment,
+  // whose programs skip this part.
   Tile O = zeros({BT, BV}, f32);
-  if (deg2 > 0) {
-    // sum_m w_m phi_m(Q) S_m, then times c scale^2: phi_m(Q) = Q .* (Q rolled by m) in the input dtype
-    // (two 16-bit values multiplied and rounded once, the tensor cores' operand), the weight w_m = 2 of
-    // the blocks 0 < m < K/2 taken by 2Q (exact), m = 0 and m = K/2 (weight 1) apart. Q rolled by m:
-    // with K == BK a slice of [Q Q] at column m (reads of Q's shared copy), else rolled one more
-    // column each time by a product with the roll by 1.
-    const bool by_slice = cfg.exact_k;
-    Tile QQ = by_slice ? concat({Q, Q}, 1) : Tile();
-    Tile roll1 = by_slice ? Tile() : roll_matrix(BK, Kdim, constant(1, DType::i32), dt);
-    Tile Q2 = Q + Q;
-    Tile Qr = Q;  // !by_slice: Q rolled by the block before
-    auto rolled = [&](const Tile& m) {
-      if (by_slice) return slice(QQ, 1, m, BK);
-      Qr = roll_by_one(cfg, Qr, roll1, /*right=*/false);
-      return Qr;
-    };
-    O = dot(Q * Q, state(constant(0, DType::i32)));
-    std::vector<Tile*> carried = {&O};
-    if (!by_slice) carried.push_back(&Qr);
-    for_range_carrying(1, (Kdim + 1) / 2, [&](Tile m) { O = O + dot(Q2 * rolled(m), state(m)); }, carried);
-    // m = K/2 when K is even (with K odd the loop took floor(K/2); the block's state reads as 0; K ==
-    // BK is even).
-    Tile half = Kdim / 2;
-    AccessOptions if_even = cfg.exact_k ? AccessOptions{} : AccessOptions{.limits = {{3, BK * (1 - Kdim % 2)}}};
-    O = O + dot(Q * rolled(half), load(states, {row, ch.i_h, half, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, if_even));
-    O = O * c2;
-  }
-  O = O + dot(Q, state(deg2)) * b1;
-  O = O + expand_dims(load(states, {row, ch.i_h, deg2 + 1, 0, v0}, {kIndex, kIndex, kIndex, kIndex, BV}).to(f32) * ca, 0);
-  // The denominator before the segment: c scale^2 q^T Z2 q + b scale q . z1 + a n (load_z_tables).
-  Tile den;
-  if (cfg.normalize) {
-    const ZTables z = load_z_tables(cfg, zstates, row, ch.i_h);
-    Tile Qf = Q.to(f32);
-    Tile terms = Qf * slice(z.low, 0, 0, 1) * b1;
-    if (cfg.quadratic) terms = terms + Qf * times_quadratic_form(Q, z.quadratic) * c2;
-    den = sum(terms, 1) + take(take(z.low, 1, 0), 0, 0) * ca;
-  }
+  Tile den = cfg.normalize ? zeros({BT}, f32) : Tile();
+  auto from_states = [&] {
+    if (deg2 > 0) {
+      // sum_m w_m phi_m(Q) S_m, then times c scale^2: phi_m(Q) = Q .* (Q rolled by m) in the input dtype
+      // (two 16-bit values multiplied and rounded once, the tensor cores' operand), the weight w_m = 2 of
+      // the blocks 0 < m < K/2 taken by 2Q (exact), m = 0 and m = K/2 (weight 1) apart. Q rolled by m:
+      // with K == BK a slice of [Q Q] at column m (reads of Q's shared copy), else rolled one more
+      // column each time by a product with the roll by 1.
+      const bool by_slice = cfg.exact_k;
+      Tile QQ = by_slice ? concat({Q, Q}, 1) : Tile();
+      Tile roll1 = by_slice ? Tile() : roll_matrix(BK, Kdim, constant(1, DType::i32), dt);
+      Tile Q2 = Q + Q;
+      Tile Qr = Q;  // !by_slice: Q rolled by the block before
+      auto rolled = [&](const Tile& m) {
+        if (by_slice) return slice(QQ, 1, m, BK);
+        Qr = roll_by_one(cfg, Qr, roll1, /*right=*/false);
+        return Qr;
+      };
+      O = dot(Q * Q, state(constant(0, DType::i32)));
+      std::vector<Tile*> carried = {&O};
+      if (!by_slice) carried.push_back(&Qr);
+      for_range_carrying(1, (Kdim + 1) / 2, [&](Tile m) { O = O + dot(Q2 * rolled(m), state(m)); }, carried);
+      // m = K/2 when K is even (with K odd the loop took floor(K/2); the block's state reads as 0; K ==
+      // BK is even).
+      Tile half = Kdim / 2;
+      AccessOptions if_even = cfg.exact_k ? AccessOptions{} : AccessOptions{.limits = {{3, BK * (1 - Kdim % 2)}}};
+      O = O + dot(Q * rolled(half),
+                  load(states, {row, ch.i_h, half, 0, v0}, {kIndex, kIndex, kIndex, BK, BV}, if_even));
+      O = O * c2;
+    }
+    O = O + dot(Q, state(deg2)) * b1;
+    Tile s0 = load(states, {row, ch.i_h, deg2 + 1, 0, v0}, {kIndex, kIndex, kIndex, kIndex, BV});
+    O = O + expand_dims(s0.to(f32) * ca, 0);
+    // The denominator before the segment: c scale^2 q^T Z2 q + b scale q . z1 + a n (load_z_tables).
+    if (cfg.normalize) {
+      const ZTables z = load_z_tables(cfg, zstates, row, ch.i_h);
+      Tile Qf = Q.to(f32);
+      Tile terms = Qf * slice(z.low, 0, 0, 1) * b1;
+      if (cfg.quadratic) terms = terms + Qf * times_quadratic_form(Q, z.quadratic) * c2;
+      den = sum(terms, 1) + take(take(z.low, 1, 0), 0, 0) * ca;
+    }
+  };
+  if (cfg.normalize)
+    if_then(segment > 0, from_states, O, den);
+  else
+    if_then(segment > 0, from_states, O);
 
   // The segment's own chunks up to this one, directly: f on the scores x = q.k (the scale taken by the
   // coefficients), causal inside this chunk only. The denominator's share, F's row sums, on the tensor

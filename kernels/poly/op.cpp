@@ -47,7 +47,9 @@ TuningKey poly_stages_key() {
 }
 
 TuningKey poly_order_key() {
-  return {"order", {0, 1}, "outputs: 1 = the chunks late in their segment first (the longest direct part), 0 = grid order"};
+  return {"order",
+          {0, 1},
+          "outputs: 1 = the chunks late in their segment first (the longest direct part), 0 = grid order"};
 }
 
 TuningKey poly_ctas_key() {
@@ -61,7 +63,8 @@ const ConfigSchema<PolyConfig>& poly_schema() {
                                       field<&C::block_k>(), tuned<&C::block_v>(bv_key({16, 32, 64, 128})),
                                       field<&C::normalize>(), field<&C::quadratic>(), field<&C::varlen>(),
                                       field<&C::coefficient_grads>(), field<&C::store_den>(), field<&C::exact_k>(),
-                                      tuned<&C::longest_first>(poly_order_key()), tuned<&C::num_warps>(warps_key()), tuned<&C::num_stages>(poly_stages_key()),
+                                      tuned<&C::longest_first>(poly_order_key()), tuned<&C::num_warps>(warps_key()),
+                                      tuned<&C::num_stages>(poly_stages_key()),
                                       tuned<&C::min_ctas>(poly_ctas_key()));
   return schema;
 }
@@ -358,6 +361,7 @@ OpDef poly_op() {
   op.tuning_space = poly_tuning_space;
   // Every key some form takes (the backward's segmented form takes the forward's).
   op.config_keys = config_key_lines(merge_tuning_keys({poly_tuning_keys(), {poly_tokenwise_key()}}));
+  op.saved_layout_keys = {segment_key().key};
   op.kernels = [](const OpOptions& opts) {
     // The segmented kernels and the recurrent one for K = V = 64 and K = V = 128, all with the
     // degree-2 state and normalization.

@@ -46,8 +46,9 @@ TEST_CASE("gla's and the delta rules' walks take two stages where they fit the G
     int64_t d;
     DType dtype;
   };
-  for (const Case& c : {Case{"gla", 128, DType::f32}, Case{"gla", 256, DType::bf16}, Case{"delta_rule", 256, DType::bf16},
-                        Case{"gated_delta_rule", 256, DType::bf16}, Case{"delta_rule", 64, DType::f32}}) {
+  for (const Case& c : {Case{"gla", 128, DType::f32}, Case{"gla", 256, DType::bf16},
+                        Case{"delta_rule", 256, DType::bf16}, Case{"gated_delta_rule", 256, DType::bf16},
+                        Case{"delta_rule", 64, DType::f32}}) {
     CAPTURE(c.op);
     CAPTURE(c.d);
     const auto two = walk(c.op, c.d, options(c.dtype, h100));

@@ -53,6 +53,8 @@ struct BwdProgram {
     return load(x, {ch.b, t0, ch.i_h, 0}, {kIndex, cfg.chunk, kIndex, cols}, ch.in_seq);
   }
   Tile dd_rows(const Tile& t0) const { return load(dd, {ch.b, t0, ch.i_h}, {kIndex, cfg.chunk, kIndex}, ch.in_seq); }
+  /// The first row of the program's segment.
+  Tile segment_t0() const { return ch.bos + segment * (int64_t{cfg.chunk} * cfg.segment_chunks); }
   Tile state(const Operand& block) const {
     return load(states, {row, ch.i_h, block, 0, 0}, {kIndex, kIndex, kIndex, cfg.block_k, cfg.block_v});
   }
@@ -115,7 +117,7 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_dq(const PolyConfig& cfg) {
   Tile dQ = zeros({BT, BK}, f32);
   Tile dA = zeros({BT}, f32), dB = zeros({BT}, f32), dC = zeros({BT}, f32);  // per row (coefs)
   Tile s2 = p.scale * p.scale;
-  // None before a sequence's first segment: its programs skip this part.
+  // None before a sequence's first segment (has_segments).
   auto from_states = [&] {
     std::vector<Tile*> carried = {&dQ};
     if (coefs) carried.push_back(&dC);
@@ -143,10 +145,11 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_dq(const PolyConfig& cfg) {
       if (cfg.normalize) dA = dA + dD * take(take(z.low, 1, 0), 0, 0);
     }
   };
+  Tile has_states = has_segments(cfg, p.segment_t0(), ch.bos, ch.eos, /*after=*/false);
   if (coefs)
-    if_then(p.segment > 0, from_states, dQ, dA, dB, dC);
+    if_then(has_states, from_states, dQ, dA, dB, dC);
   else
-    if_then(p.segment > 0, from_states, dQ);
+    if_then(has_states, from_states, dQ);
 
   // The segment's own keys up to this chunk: dq_t += scale sum_s g_ts f'(x_ts) k_s.
   Tile causal = expand_dims(iota(BT), 1) >= expand_dims(iota(BT), 0);
@@ -225,7 +228,7 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_dkv(const PolyConfig& cfg) {
   // is the gradient of k^T R2 k, R2 = sum_t dd_t q_t q_t^T: 2 R2 k, taken once after them).
   Tile dK = zeros({BT, BK}, f32);
   Tile dV = zeros({BT, BV}, f32);  // the degree-2 blocks' share without c scale^2, taken once after them
-  // None after a sequence's last segment: its programs skip this part.
+  // None after a sequence's last segment (has_segments).
   auto from_states = [&] {
     p.for_degree2(Kc, [&](Tile m, Tile w, Tile K_left, Tile K_right) {
       Tile Kl = K_left.to(f32), Kr = K_right.to(f32);
@@ -250,7 +253,7 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_dkv(const PolyConfig& cfg) {
     Tile s0 = load(p.states, {p.row, ch.i_h, p.deg2 + 1, 0, 0}, {kIndex, kIndex, kIndex, kIndex, BV});
     dV = dV + expand_dims(s0.to(f32) * p.a, 0);
   };
-  if_then(ch.bos + (p.segment + 1) * (BT * CPS) < ch.eos, from_states, dK, dV);
+  if_then(has_segments(cfg, p.segment_t0(), ch.bos, ch.eos, /*after=*/true), from_states, dK, dV);
 
   // The segment's own queries from this chunk on: dk_s += scale sum_t g_ts f'(x_ts) q_t, dv_s += sum_t
   // f_ts dn_t (the products transposed: rows t, columns s).

@@ -22,6 +22,10 @@ Tile degree2_weight(const Tile& m, const Tile& K) {
   return where((m == 0) | (2 * m == K), constant(1, DType::f32), 2.0f);
 }
 
+Tile has_segments(const PolyConfig& cfg, const Tile& t0, const Tile& bos, const Tile& eos, bool after) {
+  return after ? t0 + int64_t{cfg.chunk} * cfg.segment_chunks < eos : t0 > bos;
+}
+
 Tile first_segment(const PolyConfig& cfg, const Tensor& x, const Tensor& segment_offsets, const Tile& i_n) {
   if (cfg.varlen) return load(segment_offsets, {i_n}, {kIndex});
   const int64_t L = int64_t{cfg.chunk} * cfg.segment_chunks;

@@ -32,6 +32,14 @@ dsl::Tile roll_by_one(const PolyConfig& cfg, const dsl::Tile& X, const dsl::Tile
 /// for (d, e) and (e, d) together, the others once for each.
 dsl::Tile degree2_weight(const dsl::Tile& m, const dsl::Tile& K);
 
+/// Whether the segment whose first row is `t0`, in a sequence of rows bos .. eos cut in segments of
+/// cfg's rows, has others before it (`after` false) or after it (`after`). A sequence's first segment
+/// has no state before it (the forward's states) and its last none after it (the backward's reversed
+/// ones): their programs skip the states' share, and no state takes the sums of the segment at the
+/// other end (the sums kernel's programs there stop at once, the scans do not read them).
+dsl::Tile has_segments(const PolyConfig& cfg, const dsl::Tile& t0, const dsl::Tile& bos, const dsl::Tile& eos,
+                       bool after);
+
 /// The first row of sequence i_n's segments in the per-segment tables (segment_offsets[i_n] with
 /// varlen, else i_n * ceil(T / L)). `x` is any [B, T, H, .] input.
 dsl::Tile first_segment(const PolyConfig& cfg, const dsl::Tensor& x, const dsl::Tensor& segment_offsets,

@@ -164,9 +164,8 @@ std::shared_ptr<ir::Kernel> build_poly_sums(const PolyConfig& cfg, bool backward
     else
       states();
   };
-  // No state takes the sums of a sequence's last segment (forward: the states before each segment) or
-  // of its first (backward: after each), and the scan does not read them: those programs stop here.
-  if_then(backward ? seg.t0 > seg.bos : seg.t0 + BT * CPS < seg.eos, tables);
+  // The sums reach a state only from a segment with others after it (forward) or before it (backward).
+  if_then(has_segments(cfg, seg.t0, seg.bos, seg.eos, /*after=*/!backward), tables);
   return kb.finish();
 }
 
@@ -287,8 +286,7 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
     return load(states, {row, ch.i_h, block, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
   };
 
-  // Everything before the segment, from its stored states: none before a sequence's first segment,
-  // whose programs skip this part.
+  // Everything before the segment, from its stored states (has_segments: none before the first).
   Tile O = zeros({BT, BV}, f32);
   Tile den = cfg.normalize ? zeros({BT}, f32) : Tile();
   auto from_states = [&] {
@@ -332,10 +330,11 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
       den = sum(terms, 1) + take(take(z.low, 1, 0), 0, 0) * ca;
     }
   };
+  Tile has_states = has_segments(cfg, ch.bos + segment * (BT * CPS), ch.bos, ch.eos, /*after=*/false);
   if (cfg.normalize)
-    if_then(segment > 0, from_states, O, den);
+    if_then(has_states, from_states, O, den);
   else
-    if_then(segment > 0, from_states, O);
+    if_then(has_states, from_states, O);
 
   // The segment's own chunks up to this one, directly: f on the scores x = q.k (the scale taken by the
   // coefficients), causal inside this chunk only. The denominator's share, F's row sums, on the tensor

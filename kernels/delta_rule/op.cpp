@@ -137,7 +137,8 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
     throw UserError(fmt::format("{}: saved_* outputs are not made with --l2norm-qk (its backward recomputes them)", name));
   OpOptions fwd_opts = opts;
   const bool chunk_asked = opts.chunk_size || fwd_chunk_key().asked(opts);
-  if (save && !chunk_asked) fwd_opts.chunk_size = delta_bwd_default_chunk(opts.dtype, seq.K, seq.V);
+  if (save && !chunk_asked)
+    fwd_opts.chunk_size = delta_bwd_default_chunk(opts, gated, seq.K, seq.V, seq.N * seq.H);
   DeltaRuleConfig cfg = delta_rule_config(name, gated, seq.K, seq.V, fwd_opts, seq.N * seq.H,
                                           {save, has_h0, wants(wanted, "final_state"), seq.varlen});
   if (save && cfg.chunk > 64)

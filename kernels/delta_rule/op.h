@@ -34,8 +34,9 @@ struct DeltaSavedTensor {
 };
 const std::vector<DeltaSavedTensor>& delta_saved_tensors();
 
-/// The backward's default chunk for head dims K, V in `dtype` (the per-chunk kernel's shared memory).
-int delta_bwd_default_chunk(DType dtype, int64_t K, int64_t V);
+/// The backward's default chunk for head dims K, V (`heads`: sequences x heads, 0 when unknown): 32, or
+/// 16 where its kernels at 32 do not fit the call's GPU (kernels/common/fitting.h).
+int delta_bwd_default_chunk(const OpOptions& opts, bool gated, int64_t K, int64_t V, int64_t heads = 0);
 
 /// Tuning keys of the backward (the chunked form's chunk, bv, cv, ck, kwarps, kstages, warps; tokenwise).
 TuningKeys delta_rule_bwd_tuning_keys();

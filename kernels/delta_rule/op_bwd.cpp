@@ -8,6 +8,7 @@
 
 #include "kernels/common/config_schema.h"
 #include "kernels/common/device_limits.h"
+#include "kernels/common/fitting.h"
 #include "kernels/common/l2norm.h"
 #include "kernels/common/op_support.h"
 #include "kernels/delta_rule/bwd.h"
@@ -20,14 +21,12 @@ namespace linac {
 
 namespace {
 
-/// Value columns per step of the per-chunk kernel for V padded to full_v: all of them while its shared
-/// memory allows, else steps that divide full_v.
-int64_t delta_bwd_chunk_columns(DType dtype, int64_t full_v) {
-  // The per-chunk kernel holds S and dS' blocks [K, columns] beside the chunk's tiles: all of V up to 128
-  // (one step, straight-line code); above that steps of 64 (head dim 256, bf16: 360 KB of shared memory
-  // in one step, more than an sm_90 block's 227 KB). fp32 takes steps of 32 there.
-  if (full_v <= 128) return full_v;
-  return dtype == DType::f32 ? 32 : 64;
+/// Value columns per step of the per-chunk kernel for V padded to full_v, in order of preference: it
+/// holds S and dS' blocks [K, columns] beside the chunk's tiles, all of V up to 128 (one step,
+/// straight-line code); above that steps of 64, then 32 (head dim 256 in one step: 360 KB in bf16).
+std::vector<int64_t> chunk_column_proposals(int64_t full_v) {
+  if (full_v <= 128) return {full_v};
+  return {64, 32};
 }
 
 /// Key columns per program of the per-chunk work for K padded to block_k: all of them (one kernel) up to
@@ -38,12 +37,6 @@ int64_t delta_bwd_chunk_key_columns(int64_t block_k, bool /*gated*/) {
   return block_k > 128 ? 128 : block_k;
 }
 
-/// Pipeline stages of the key-block kernel's value steps by default (2: the next step prefetched).
-int delta_bwd_keys_stages(DType dtype) {
-  // Prefetching the next value step's loads made the key-block kernel much faster (docs/ops/
-  // delta_rule.md, "Measured"); fp32 keeps one stage (its tiles are twice the bytes).
-  return dtype == DType::f32 ? 1 : 2;
-}
 
 enum class DeltaBwdKernel { wy, states, dstates, chunk, chunk_keys, chunk_ut };
 
@@ -72,7 +65,7 @@ const ConfigSchema<DeltaChunkedBwdConfig>& chunked_schema() {
       tuned<&C::keys_stages>({"kstages",
                               {1, 2},
                               "--backward: 2 = the key-block kernel prefetches its next value step's loads "
-                              "(default 2, fp32 1)"}),
+                              "(default 2 where it fits)"}),
       field<&C::gated>(), field<&C::initial_state>(), field<&C::final_state>(), field<&C::final_state_grad>(),
       field<&C::initial_state_grad>(), field<&C::varlen>(), tuned<&C::num_warps>(warps_key()));
   return schema;
@@ -119,10 +112,71 @@ const std::vector<DeltaSavedTensor>& delta_saved_tensors() {
   return saved;
 }
 
-int delta_bwd_default_chunk(DType dtype, int64_t K, int64_t V) {
-  // Chunk 16 for fp32 above head dim 64: at chunk 32 (K = V = 128) the per-chunk kernel plans 241 KB of
-  // shared memory (gated 289 KB), more than an H100/H200 block has; at 16, 187 KB (gated 208 KB).
-  return dtype == DType::f32 && std::max(padded_head_dim(K), padded_head_dim(V)) > 64 ? 16 : 32;
+namespace {
+
+/// The kernels the backward's plan launches at `cfg`: without the saved tensors delta_rule_wy and the
+/// state walk first; the walk of the state gradients; the per-chunk work, in key blocks where ck splits K.
+std::vector<std::shared_ptr<ir::Kernel>> bwd_kernels(const DeltaChunkedBwdConfig& cfg, bool saved) {
+  std::vector<std::shared_ptr<ir::Kernel>> out;
+  if (!saved) out = {cached(cfg, DeltaBwdKernel::wy), cached(cfg, DeltaBwdKernel::states)};
+  out.push_back(cached(cfg, DeltaBwdKernel::dstates));
+  if (cfg.chunk_k < cfg.block_k) {
+    out.push_back(cached(cfg, DeltaBwdKernel::chunk_keys));
+    out.push_back(cached(cfg, DeltaBwdKernel::chunk_ut));
+  } else {
+    out.push_back(cached(cfg, DeltaBwdKernel::chunk));
+  }
+  return out;
+}
+
+/// The chunked backward's defaults for head dims K, V at `chunk` rows per chunk (before --config);
+/// `heads`: sequences x heads of the call (0: unknown), for the few-walks value blocks.
+DeltaChunkedBwdConfig bwd_defaults(const OpOptions& opts, bool gated, int64_t K, int64_t V, int64_t heads,
+                                   int chunk) {
+  DeltaChunkedBwdConfig cfg;
+  cfg.dtype = opts.dtype;
+  cfg.gated = gated;
+  cfg.block_k = padded_head_dim(K);
+  cfg.full_v = padded_head_dim(V);
+  cfg.chunk = chunk;
+  // V blocks of 128 in the walks: the fastest of `linac tune --backward` (docs/ops/delta_rule.md,
+  // "Measured"); where those walks are few (few_walks) 64: more programs per walk, faster there.
+  const bool few = heads > 0 && few_walks(heads * ((cfg.full_v + 127) / 128), opts);
+  cfg.chunk_k = delta_bwd_chunk_key_columns(cfg.block_k, gated);
+  // 8 warps: at 4 the per-chunk kernel (K = V = 128, chunk 32) spills 1004 bytes, at 8 it spills 8
+  // (ptxas, sm_90a); 4 warps were also slower (docs/ops/delta_rule.md, "Measured").
+  cfg.num_warps = 8;
+  cfg.keys_warps = cfg.num_warps;
+  // Then what shared memory decides, the first proposal whose kernels fit the call's GPU: the walks'
+  // value blocks (128, then 64; 64 alone where they are few), the per-chunk kernel's value steps
+  // (chunk_column_proposals) and the key-block kernel's value steps prefetched (2 stages, much faster:
+  // docs/ops/delta_rule.md, "Measured"), then not.
+  std::vector<DeltaChunkedBwdConfig> proposals;
+  for (int64_t bv : few ? std::vector<int64_t>{64} : std::vector<int64_t>{128, 64})
+    for (int64_t cv : chunk_column_proposals(cfg.full_v))
+      for (int stages : {2, 1}) {
+        DeltaChunkedBwdConfig c = cfg;
+        c.block_v = std::min(bv, cfg.full_v);
+        c.chunk_v = cv;
+        c.keys_stages = stages;
+        proposals.push_back(c);
+      }
+  return first_fitting<DeltaChunkedBwdConfig>(
+      proposals, [](const DeltaChunkedBwdConfig& c) { return bwd_kernels(c, /*saved=*/false); }, opts);
+}
+
+}  // namespace
+
+int delta_bwd_default_chunk(const OpOptions& opts, bool gated, int64_t K, int64_t V, int64_t heads) {
+  // Chunks of 32, or of 16 where the backward's kernels at 32 do not fit the call's GPU (fp32 at
+  // K = V = 128: the per-chunk kernel plans 252 KB at 32, 191 at 16, against an H100/H200 block's 227).
+  // The gated form in fp32 above V = 64 proposes 16 alone: at K = 64, V = 128 its kernels fit at 32 but
+  // the training pair ran 1.35x slower there (docs/ops/delta_rule.md, "Measured", session 18).
+  const bool gated_wide_f32 = gated && opts.dtype == DType::f32 && padded_head_dim(V) > 64;
+  return first_fitting<int>(
+      gated_wide_f32 ? std::vector<int>{16} : std::vector<int>{32, 16},
+      [&](const int& chunk) { return bwd_kernels(bwd_defaults(opts, gated, K, V, heads, chunk), /*saved=*/false); },
+      opts);
 }
 
 TuningKeys delta_rule_bwd_tuning_keys() {
@@ -143,25 +197,11 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   if (has_dht) check_shape("dfinal_state", inputs.at("dfinal_state"), {seq.N, seq.H, seq.K, seq.V});
   check_config_keys(fmt::format("{} --backward", name), opts, chunked_schema().tuning());
 
-  DeltaChunkedBwdConfig cfg;
-  cfg.dtype = opts.dtype;
-  cfg.block_k = padded_head_dim(seq.K);
-  cfg.full_v = padded_head_dim(seq.V);
   // Defaults, then --config on top (kwarps after: its default is the walks' warps).
-  const int dflt_chunk = delta_bwd_default_chunk(cfg.dtype, seq.K, seq.V);
-  cfg.chunk = checked_chunk_size(opts.chunk_size, dflt_chunk);
-  // V blocks of 128 in the walks: the fastest of `linac tune --backward` (docs/ops/delta_rule.md,
-  // "Measured"). fp32 above head dim 128: 64 (the reverse walk plans 260 KB of shared memory at 128,
-  // K = V = 256). Where those walks are few (few_walks): 64 (more programs per walk, faster there).
-  const bool few = few_walks(seq.N * seq.H * ((cfg.full_v + 127) / 128), opts);
-  cfg.block_v = (cfg.dtype == DType::f32 && std::max(cfg.block_k, cfg.full_v) > 128) || few ? 64 : 128;
-  cfg.chunk_v = delta_bwd_chunk_columns(cfg.dtype, cfg.full_v);
-  cfg.chunk_k = delta_bwd_chunk_key_columns(cfg.block_k, gated);
-  // The key-block kernel's own (untimed: session 9 ran it at 8 warps and 1 stage only).
-  cfg.keys_stages = delta_bwd_keys_stages(cfg.dtype);
-  // 8 warps: at 4 the per-chunk kernel (K = V = 128, chunk 32) spills 1004 bytes, at 8 it spills 8
-  // (ptxas, sm_90a); 4 warps were also slower (docs/ops/delta_rule.md, "Measured").
-  cfg.num_warps = 8;
+  const int64_t heads = seq.N * seq.H;
+  const int dflt_chunk = delta_bwd_default_chunk(opts, gated, seq.K, seq.V, heads);
+  DeltaChunkedBwdConfig cfg =
+      bwd_defaults(opts, gated, seq.K, seq.V, heads, checked_chunk_size(opts.chunk_size, dflt_chunk));
   chunked_schema().apply(opts, cfg);
   cfg.keys_warps = static_cast<int>(kwarps_key().value(opts, cfg.num_warps));
   cfg.block_v = std::min(cfg.block_v, cfg.full_v);
@@ -200,7 +240,6 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
                                   "backward needs chunks of 16 (run the forward with --chunk-size 16)", name, saved_chunk));
     cfg.chunk = saved_chunk;
   }
-  cfg.gated = gated;
   cfg.initial_state = has_h0;
   cfg.final_state_grad = has_dht;
   cfg.initial_state_grad = wants(wanted, "dinitial_state");

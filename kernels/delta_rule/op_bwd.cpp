@@ -37,7 +37,6 @@ int64_t delta_bwd_chunk_key_columns(int64_t block_k, bool /*gated*/) {
   return block_k > 128 ? 128 : block_k;
 }
 
-
 enum class DeltaBwdKernel { wy, states, dstates, chunk, chunk_keys, chunk_ut };
 
 /// The chunked backward's rows per chunk (the saved tensors' chunk is checked against it when asked for).
@@ -175,7 +174,9 @@ int delta_bwd_default_chunk(const OpOptions& opts, bool gated, int64_t K, int64_
   const bool gated_wide_f32 = gated && opts.dtype == DType::f32 && padded_head_dim(V) > 64;
   return first_fitting<int>(
       gated_wide_f32 ? std::vector<int>{16} : std::vector<int>{32, 16},
-      [&](const int& chunk) { return bwd_kernels(bwd_defaults(opts, gated, K, V, heads, chunk), /*saved=*/false); },
+      [&](const int& chunk) {
+        return bwd_kernels(bwd_defaults(opts, gated, K, V, heads, chunk), /*saved=*/false);
+      },
       opts);
 }
 

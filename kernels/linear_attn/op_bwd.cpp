@@ -8,6 +8,7 @@
 
 #include "kernels/common/config_schema.h"
 #include "kernels/common/device_limits.h"
+#include "kernels/common/fitting.h"
 #include "kernels/common/op_support.h"
 #include "kernels/linear_attn/bwd.h"
 #include "kernels/linear_attn/normalized_bwd.h"
@@ -25,9 +26,11 @@ namespace {
 /// block has 227 KB); fp32 tiles are twice as large, so fp32 takes chunks of 32 and 64 columns (168 KB
 /// gated; at chunk 64 it needed 292 KB).
 int default_bwd_chunk(DType dt, bool gated) { return dt == DType::f32 || gated ? 32 : 64; }
-/// fp32 above head dim 128: chunk 16 (the gated walks plan 285 KB of shared memory at 32 with K = V = 256,
-/// the normalized ones 238 KB; 176 and 156 KB at 16).
-int wide_heads_bwd_chunk(DType dt) { return dt == DType::f32 ? 16 : 32; }
+/// Head dims over 128, in order of preference: chunk 32, then 16 where the walks at 32 do not fit the call's
+/// GPU (16-bit gated at K = V = 256 plans 168 KB at 32: more than an A100 block's 163 KB). fp32 takes 16
+/// (the gated walks plan 285 KB of shared memory at 32 with K = V = 256, the normalized ones 238 KB; 176
+/// and 156 KB at 16).
+std::vector<int> wide_heads_bwd_chunks(DType dt) { return dt == DType::f32 ? std::vector<int>{16} : std::vector<int>{32, 16}; }
 int64_t default_bwd_split(DType dt, int64_t padded) { return std::min<int64_t>(padded, dt == DType::f32 ? 64 : 128); }
 
 /// The walks' configuration (bwd.h): chunk, bk, bv and warps are tuned.
@@ -79,23 +82,40 @@ int64_t narrowed_split(int64_t split, int64_t padded, int64_t heads, const OpOpt
   return split;
 }
 
-/// Reads chunk, bk, bv and warps from opts (defaults otherwise) for padded head dims block_k, block_v;
-/// `heads` (sequences x heads, 0 when unknown) narrows the default column blocks (narrowed_split).
+/// The walks the plan launches at `cfg` (dq, dk, dv; dg when gated).
+std::vector<std::shared_ptr<ir::Kernel>> walk_kernels(const LinearAttnBwdConfig& cfg) {
+  std::vector<std::shared_ptr<ir::Kernel>> out = {cached_bwd(cfg, LinearAttnBwdKernel::dq),
+                                                  cached_bwd(cfg, LinearAttnBwdKernel::dk),
+                                                  cached_bwd(cfg, LinearAttnBwdKernel::dv)};
+  if (cfg.gated) out.push_back(cached_bwd(cfg, LinearAttnBwdKernel::dg));
+  return out;
+}
+
+/// Reads chunk, bk, bv and warps from opts (defaults otherwise) for padded head dims block_k, block_v and
+/// cfg's options (gated, states, denominator: set before); `heads` (sequences x heads, 0 when unknown)
+/// narrows the default column blocks (narrowed_split).
 void configure(LinearAttnBwdConfig& cfg, const OpOptions& opts, int64_t heads = 0) {
   const int64_t wide_k = default_bwd_split(cfg.dtype, cfg.block_k), wide_v = default_bwd_split(cfg.dtype, cfg.block_v);
   const int64_t bk = narrowed_split(wide_k, cfg.block_k, heads, opts);
   const int64_t bv = narrowed_split(wide_v, cfg.block_v, heads, opts);
   const bool narrowed = bk < wide_k || bv < wide_v;
-  // Head dims over 128: the walks' [chunk, K] and [chunk, V] tiles at chunk 64 take 239616 bytes of shared
-  // memory in 16-bit, over an sm_90 block's 232448 (test_default_plans_fit); chunk 32 takes 154624
-  // (fp32: wide_heads_bwd_chunk).
+  // Head dims over 128: the first of wide_heads_bwd_chunks whose walks fit the call's GPU.
   const bool wide_heads = std::max(cfg.block_k, cfg.block_v) > 128;
-  cfg.chunk = checked_chunk_size(opts.chunk_size,
-                                 wide_heads ? wide_heads_bwd_chunk(cfg.dtype)
-                                 : narrowed ? 32 : default_bwd_chunk(cfg.dtype, cfg.gated));
   cfg.split_k = bk;
   cfg.split_v = bv;
   cfg.num_warps = narrowed ? 4 : 8;
+  if (wide_heads) {
+    cfg.chunk = first_fitting<int>(
+        wide_heads_bwd_chunks(cfg.dtype),
+        [&](const int& chunk) {
+          LinearAttnBwdConfig c = cfg;
+          c.chunk = chunk;
+          return walk_kernels(c);
+        },
+        opts);
+  }
+  cfg.chunk = checked_chunk_size(opts.chunk_size, wide_heads ? cfg.chunk
+                                                  : narrowed ? 32 : default_bwd_chunk(cfg.dtype, cfg.gated));
   walks_schema().apply(opts, cfg);
   if (cfg.split_k > cfg.block_k || cfg.split_v > cfg.block_v)
     throw UserError(fmt::format("linear_attn --backward: --config bk={} bv={} exceed the padded head dims {} and {}",
@@ -180,12 +200,12 @@ OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vecto
   cfg.block_k = padded_head_dim(seq.K);
   cfg.block_v = padded_head_dim(seq.V);
   cfg.gated = gated;
-  configure(cfg, opts, seq.N * seq.H);
   cfg.initial_state = has_h0;
   cfg.final_state_grad = has_dht;
   cfg.initial_state_grad = wants(wanted, "dinitial_state");
   cfg.varlen = seq.varlen;
   cfg.denominator = denominator;
+  configure(cfg, opts, seq.N * seq.H);
   if (denominator && (has_h0 || has_dht || cfg.initial_state_grad))
     throw InternalError("linear_attn bwd: the denominator form has no states");
   const double scale = attention_scale(opts, seq.K);

@@ -141,10 +141,10 @@ struct Param {
   Value* value;  // a block argument of the kernel body
 };
 
-/// One kernel: parameters and a body. Owns every value and op in it.
 /// The most pipeline stages a kernel may ask for (Kernel::num_stages).
 constexpr int kMaxNumStages = 4;
 
+/// One kernel: parameters and a body. Owns every value and op in it.
 struct Kernel {
   std::string name;
   std::vector<Param> params;

@@ -85,8 +85,9 @@ SegmentCombineConfig combine_config(const GlaConfig& cfg) {
   return {cfg.block_k, cfg.block_v, SegmentDecay::per_channel, cfg.initial_state, cfg.final_state, cfg.num_warps};
 }
 
-/// The kernels the forward launches at `cfg` for `segments` per sequence (the fused walk, the segment
-/// walks or the split schedule's three; gla_intra takes no stages).
+/// The kernels the forward launches at `cfg` for `segments` per sequence, in launch order: the split
+/// schedule's three (gates, state pass, outputs), the segment walks (states, outputs) or the fused walk
+/// (gla_intra, launched first, takes no stages).
 std::vector<std::shared_ptr<ir::Kernel>> forward_walk_kernels(const GlaConfig& cfg, int64_t segments) {
   if (cfg.split && !cfg.varlen)
     return {cached_gla_kernel(cfg, GlaKernel::gates), cached_gla_kernel(cfg, GlaKernel::state),
@@ -175,29 +176,23 @@ OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vecto
       {std::max<int64_t>(1, (longest + kGlaSubChunk - 1) / kGlaSubChunk), seq.N * seq.H, 1}, {{"scale", scale}}));
 
   const int64_t num_v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
+  const auto walks = forward_walk_kernels(cfg, segments);  // the kernels gla_config fitted
   if (cfg.split && !seq.varlen) {
     const int64_t num_chunks = (seq.T + cfg.chunk - 1) / cfg.chunk;
     plan.tensors["h"] = HostTensor::zeros(cfg.dtype, {seq.B, num_chunks, seq.H, seq.K, seq.V});
     plan.tensors["kd"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
     plan.tensors["etot"] = HostTensor::zeros(DType::f32, {seq.B, std::max<int64_t>(num_chunks, 1), seq.H, seq.K});
-    if (num_chunks > 0)
-      plan.launches.push_back(
-          plan_launch(plan, cached_gla_kernel(cfg, GlaKernel::gates), {num_chunks, seq.N * seq.H, 1}, {}));
-    plan.launches.push_back(
-        plan_launch(plan, cached_gla_kernel(cfg, GlaKernel::state),
-                    {num_v_blocks, seq.N * seq.H, (cfg.block_k + cfg.state_block_k - 1) / cfg.state_block_k}, {}));
-    plan.launches.push_back(plan_launch(plan, cached_gla_kernel(cfg, GlaKernel::out),
-                                        {std::max<int64_t>(num_chunks, 1), seq.N * seq.H, num_v_blocks},
+    if (num_chunks > 0) plan.launches.push_back(plan_launch(plan, walks[0], {num_chunks, seq.N * seq.H, 1}, {}));
+    plan.launches.push_back(plan_launch(
+        plan, walks[1], {num_v_blocks, seq.N * seq.H, (cfg.block_k + cfg.state_block_k - 1) / cfg.state_block_k}, {}));
+    plan.launches.push_back(plan_launch(plan, walks[2], {std::max<int64_t>(num_chunks, 1), seq.N * seq.H, num_v_blocks},
                                         {{"scale", scale}}));
   } else if (segments > 1) {
     // The segment-parallel forward (kernels/common/segments.h), decays per key channel.
-    const auto walks = forward_walk_kernels(cfg, segments);
     add_segment_schedule(plan, seq, segments, num_v_blocks, combine_config(cfg), walks[0], walks[1],
                          {{"scale", scale}});
   } else {
-    cfg.segment = 0;
-    plan.launches.push_back(plan_launch(plan, cached_gla_kernel(cfg, GlaKernel::fused),
-                                        {num_v_blocks, seq.N * seq.H, 1}, {{"scale", scale}}));
+    plan.launches.push_back(plan_launch(plan, walks[0], {num_v_blocks, seq.N * seq.H, 1}, {{"scale", scale}}));
   }
   if (wants(wanted, "o")) plan.outputs["o"] = "o";
   if (cfg.final_state) plan.outputs["final_state"] = "final_state";

@@ -43,7 +43,9 @@ TuningKey segment_key() {
 }
 /// Pipeline stages (read after the others: the default depends on the chunk).
 TuningKey poly_stages_key() {
-  return {"stages", {1, 2, 3, 4}, "pipeline stages of the loads (3 and 4: one stage slack, products waited for an iteration late)"};
+  return {"stages",
+          {1, 2, 3, 4},
+          "pipeline stages of the loads (3 and 4: one stage slack, products waited for an iteration late)"};
 }
 
 TuningKey poly_order_key() {
@@ -53,7 +55,9 @@ TuningKey poly_order_key() {
 }
 
 TuningKey poly_ctas_key() {
-  return {"ctas", {1, 2, 3, 4}, "blocks per SM the kernels' registers are sized for (ptxas spills what does not fit)"};
+  return {"ctas",
+          {1, 2, 3, 4},
+          "blocks per SM the kernels' registers are sized for (ptxas spills what does not fit)"};
 }
 
 /// The configuration of every poly kernel (fwd.h): chunk, bv, warps and stages are tuned.
@@ -180,7 +184,7 @@ PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel w
   // than the spills cost (docs/ops/poly.md, "Measured", session 17); at 8 warps ptxas would keep 128
   // registers for two blocks and spill more. One elsewhere: the sums at three would spill, the scan in
   // f32 spilled the normalizer's walk at two.
-  if (!opts.config.count("ctas"))
+  if (!poly_ctas_key().asked(opts))
     cfg.min_ctas = which == PolyKernel::out && cfg.num_warps == 4 && cfg.dtype != DType::f32 ? 3 : 1;
   if (segment % cfg.chunk != 0)
     throw UserError(fmt::format("poly: --config segment={} must be a multiple of the chunk ({} rows)", segment, cfg.chunk));
@@ -197,7 +201,7 @@ PolyConfig poly_config(const OpOptions& opts, int64_t K, int64_t V, PolyKernel w
   if ((which == PolyKernel::out || which == PolyKernel::scan || which == PolyKernel::bwd_scan) && cfg.block_k <= 64)
     proposals = {3, 2, 1};
   if (opts.dtype == DType::f32 || (backward && cfg.block_k > 64)) proposals = {1};
-  if (opts.config.count("stages")) proposals = {static_cast<int>(poly_stages_key().value(opts, 2))};
+  if (poly_stages_key().asked(opts)) proposals = {cfg.num_stages};  // as given (poly_schema().apply)
   cfg.num_stages = first_fitting<int>(
       proposals,
       [&](const int& stages) {

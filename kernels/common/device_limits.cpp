@@ -21,4 +21,9 @@ bool fills_gpu(int64_t programs, const OpOptions& opts) { return 10 * programs >
 
 bool few_walks(int64_t walks, const OpOptions& opts) { return 2 * walks <= device_limits(opts).sms; }
 
+int64_t columns_for_walks(int64_t columns, int64_t padded, int64_t heads, int64_t narrowest, const OpOptions& opts) {
+  while (heads > 0 && columns > narrowest && few_walks(heads * (padded / columns), opts)) columns /= 2;
+  return columns;
+}
+
 }  // namespace linac

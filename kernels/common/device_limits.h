@@ -29,4 +29,9 @@ bool fills_gpu(int64_t programs, const OpOptions& opts);
 /// split schedules) pays for its extra work.
 bool few_walks(int64_t walks, const OpOptions& opts);
 
+/// Column blocks for a walk over `padded` columns at `heads` sequences x heads (0: unknown, kept as
+/// they are): `columns` halved, down to `narrowest`, while the walk's programs (heads x padded / columns)
+/// are few. Narrower blocks give a walk more programs; each redoes the products its block shares.
+int64_t columns_for_walks(int64_t columns, int64_t padded, int64_t heads, int64_t narrowest, const OpOptions& opts);
+
 }  // namespace linac

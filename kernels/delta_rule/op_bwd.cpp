@@ -23,10 +23,14 @@ namespace {
 
 /// Value columns per step of the per-chunk kernel for V padded to full_v, in order of preference: it
 /// holds S and dS' blocks [K, columns] beside the chunk's tiles, all of V up to 128 (one step,
-/// straight-line code); above that steps of 64, then 32 (head dim 256 in one step: 360 KB in bf16).
+/// straight-line code), then steps of 64, then 32 (head dim 256 in one step: 360 KB in bf16; fp32 at
+/// K = V = 128 plans 191 KB in one step at chunk 16, more than an A100 block's 163 KB).
 std::vector<int64_t> chunk_column_proposals(int64_t full_v) {
-  if (full_v <= 128) return {full_v};
-  return {64, 32};
+  std::vector<int64_t> out;
+  if (full_v <= 128) out.push_back(full_v);
+  for (int64_t step : {64, 32})
+    if (step < full_v) out.push_back(step);
+  return out;
 }
 
 /// Key columns per program of the per-chunk work for K padded to block_k: all of them (one kernel) up to
@@ -147,11 +151,11 @@ DeltaChunkedBwdConfig bwd_defaults(const OpOptions& opts, bool gated, int64_t K,
   cfg.num_warps = 8;
   cfg.keys_warps = cfg.num_warps;
   // Then what shared memory decides, the first proposal whose kernels fit the call's GPU: the walks'
-  // value blocks (128, then 64; 64 alone where they are few), the per-chunk kernel's value steps
+  // value blocks (128, then 64, then 32; from 64 where they are few), the per-chunk kernel's value steps
   // (chunk_column_proposals) and the key-block kernel's value steps prefetched (2 stages, much faster:
   // docs/ops/delta_rule.md, "Measured"), then not.
   std::vector<DeltaChunkedBwdConfig> proposals;
-  for (int64_t bv : few ? std::vector<int64_t>{64} : std::vector<int64_t>{128, 64})
+  for (int64_t bv : few ? std::vector<int64_t>{64, 32} : std::vector<int64_t>{128, 64, 32})
     for (int64_t cv : chunk_column_proposals(cfg.full_v))
       for (int stages : {2, 1}) {
         DeltaChunkedBwdConfig c = cfg;

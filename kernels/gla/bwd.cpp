@@ -168,6 +168,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, G
   const int64_t BC = value_columns ? cfg.split_v : cfg.split_k;
   KernelBuilder kb(is_dq ? "gla_bwd_dq" : is_dk ? "gla_bwd_dk" : is_dv ? "gla_bwd_dv" : "gla_bwd_dkdv");
   kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(cfg.walk_stages);
   kb.set_min_ctas_per_sm(1);
   auto [q, k, v] = declare_qkv(kb, dt);
   Tensor g = kb.tensor("g", f32, 4);
@@ -265,7 +266,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_dg(const GlaChunkedBwdConfig& cfg) {
   Tensor dg = kb.tensor("dg", f32, 4);
 
   const auto [i_nh, i_n, i_h, seq] = sequence_program(q, cu, cfg.varlen, 0);
-  const int64_t BT = 32;  // rows per step of this walk (any: it only sums; at 64 its reverse cumsum planned 169 KB)
+  const int64_t BT = summing_rows(32, BK);  // rows per step of this walk (any: it only sums)
   Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
   AccessOptions in_seq{.limits = {{1, seq.eos}}};
   Tile acc = zeros({BK}, f32);

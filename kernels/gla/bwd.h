@@ -25,6 +25,7 @@ struct GlaChunkedBwdConfig {
   bool initial_state_grad = false;
   bool varlen = false;
   int num_warps = 4;     // of the walks
+  int walk_stages = 2;   // the walks' chunk loads pipelined one chunk ahead (2) or not (1)
   int intra_warps = 4;   // of gla_bwd_intra
   bool take = true;      // gla_bwd_intra picks dA's entries with take (false: masked row sums)
   bool fuse_dkdv = true; // one walk for dk and dv where both blocks are whole (false: two walks)
@@ -33,6 +34,7 @@ struct GlaChunkedBwdConfig {
   bool split = false;
   int64_t state_block_k = 32;
   int64_t state_block_v = 32;
+  int state_stages = 2;  // the state passes' chunk loads pipelined one chunk ahead (2) or not (1)
 };
 
 /// The walks: dq forward in time; dk and dv backward, separately or (dkdv) in one walk over the whole
@@ -42,5 +44,14 @@ enum class GlaBwdWalk { dq, dk, dv, dkdv };
 std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg);
 std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, GlaBwdWalk which);
 std::shared_ptr<ir::Kernel> build_gla_bwd_dg(const GlaChunkedBwdConfig& cfg);
+
+/// Rows per step of a walk that only sums fp32 rows of `columns` (gla_bwd_dg, gla_bwd_dg_offsets): `rows`,
+/// halved (down to 16) while a step's tile holds more than 4096 values. Each step's tile is planned
+/// three times (two pipelined copies and the reverse cumsum's result): at 8192 values, 197 KB, more than
+/// an A100 block's 163 KB (K = 256 at 32 rows, K = 128 at 64).
+inline int64_t summing_rows(int64_t rows, int64_t columns) {
+  while (rows > 16 && rows * columns > 4096) rows /= 2;
+  return rows;
+}
 
 }  // namespace linac

@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
+#include <optional>
 
 #include "kernels/common/config_schema.h"
 #include "kernels/common/device_limits.h"
+#include "kernels/common/fitting.h"
 #include "kernels/common/op_support.h"
 #include "kernels/gla/bwd.h"
 #include "kernels/gla/bwd_tokenwise.h"
@@ -27,6 +29,14 @@ TuningKey bwd_chunk_key() {
   return {"chunk", {16, 32, 64}, "--backward: rows per chunk of the walks (16-row diagonal blocks)"};
 }
 
+/// The switch between the walks and the split schedule (read before the other keys: the defaults depend on it).
+TuningKey split_key() {
+  return {"split",
+          {0, 1},
+          "--backward: 1 = the split schedule (dense inputs; varlen walks): state passes storing the state "
+          "before and its gradient after every chunk, then every chunk's gradients in parallel"};
+}
+
 /// The chunked backward's configuration (bwd.h; the split schedule's kernels take it through split_config).
 const ConfigSchema<GlaChunkedBwdConfig>& chunked_schema() {
   using C = GlaChunkedBwdConfig;
@@ -36,6 +46,8 @@ const ConfigSchema<GlaChunkedBwdConfig>& chunked_schema() {
       tuned<&C::split_v>({"bv", {16, 32, 64, 128, 256}, "--backward: value columns per program of the dv walk"}),
       field<&C::initial_state>(), field<&C::final_state_grad>(), field<&C::initial_state_grad>(), field<&C::varlen>(),
       tuned<&C::num_warps>({"warps", {2, 4, 8}, "warps per program of the walks"}),
+      tuned<&C::walk_stages>(
+          {"wstages", {1, 2}, "--backward: 2 = the walks prefetch the next chunk's loads (default 2 where they fit)"}),
       tuned<&C::intra_warps>({"iwarps", {2, 4, 8}, "--backward: warps per program of gla_bwd_intra"}),
       tuned<&C::take>({"take",
                        {0, 1},
@@ -44,16 +56,14 @@ const ConfigSchema<GlaChunkedBwdConfig>& chunked_schema() {
           {"fuse",
            {0, 1},
            "--backward: 1 (default) = dk and dv in one walk where bk and bv cover the head dims, 0 = two walks"}),
-      tuned<&C::split>({"split",
-                        {0, 1},
-                        "--backward: 1 = the split schedule (dense inputs; varlen walks): state passes storing the "
-                        "state before and its gradient after every chunk, then every chunk's gradients in parallel"}),
+      tuned<&C::split>(split_key()),
       tuned<&C::state_block_k>({"sbk",
                                 {16, 32, 64, 128, 256},
                                 "--backward split=1: key columns per program of the state passes (default 32)"}),
       tuned<&C::state_block_v>({"sbv",
                                 {16, 32, 64, 128, 256},
-                                "--backward split=1: value columns per program of the state passes (default 32)"}));
+                                "--backward split=1: value columns per program of the state passes (default 32)"}),
+      field<&C::state_stages>());
   return schema;
 }
 
@@ -86,9 +96,9 @@ GlaSplitBwdConfig split_config(const GlaChunkedBwdConfig& cfg) {
   s.block_v = cfg.block_v;
   s.state_block_k = cfg.state_block_k;
   s.state_block_v = cfg.state_block_v;
-  // The forward's best split configuration measured (docs/ops/gla.md, "Measured"): 4 warps, 2 stages.
+  // The forward's best split configuration measured (docs/ops/gla.md, "Measured"): 4 warps.
   s.state_warps = 4;
-  s.state_stages = cfg.dtype == DType::f32 ? 1 : 2;
+  s.state_stages = cfg.state_stages;
   s.num_warps = cfg.num_warps;
   s.initial_state = cfg.initial_state;
   s.final_state = cfg.final_state_grad;  // S_T, for dg's final-state term
@@ -97,14 +107,43 @@ GlaSplitBwdConfig split_config(const GlaChunkedBwdConfig& cfg) {
   return s;
 }
 
-int split_default_chunk(DType dtype, int64_t block_k, int64_t block_v) {
-  // Chunk 32 above head dim 64: at 64 the intra kernel spills 1.5 KB and gla_bwd_inter takes 237
-  // registers and 206 KB of shared memory, three times slower; at head dim 64 chunk 64 runs well
-  // (docs/ops/gla.md, "Measured"). fp32 halves them (gla_bwd_inter holds a chunk's state and its
-  // gradient whole: 202 KB at head dim 128, chunk 16).
-  const int64_t d = std::max(block_k, block_v);
-  if (dtype != DType::f32) return d > 64 ? 32 : 64;
-  return d > 64 ? 16 : 32;
+/// The split schedule's rows per chunk in order of preference: its walks carry one product per chunk, so
+/// fewer, longer chunks; 64 in 16-bit at head dims up to 64, else 32 (register bounds, which the
+/// shared-memory plan cannot see: in 16-bit above 64 gla_bwd_intra spills 1.5 KB at 64 and gla_bwd_inter
+/// takes 237 registers, three times slower; fp32 at K = V = 64 ran slower at 64: docs/ops/gla.md,
+/// "Measured"); then 16 where those do not fit the call's GPU (gla_bwd_inter holds a chunk's state and its
+/// gradient whole).
+std::vector<int> split_chunk_proposals(DType dtype, int64_t block_k, int64_t block_v) {
+  if (dtype != DType::f32 && std::max(block_k, block_v) <= 64) return {64, 32, 16};
+  return {32, 16};
+}
+
+/// Key x value columns per program of the walks in order of preference: whole 128-column blocks (the
+/// fastest measured, docs/ops/gla.md), then narrower where those do not fit the call's GPU.
+constexpr std::pair<int64_t, int64_t> kWalkColumnProposals[] = {{128, 128}, {64, 64}, {64, 32}, {32, 32}};
+/// Where the walks are few, their column blocks halve down to 64 (columns_for_walks): faster than one
+/// program per head there (docs/ops/gla.md, "Measured", session 19).
+constexpr int64_t kNarrowestColumns = 64;
+
+/// Whether dk and dv are one walk: asked for, and both column blocks whole (one program holds dS).
+bool fused_dkdv(const GlaChunkedBwdConfig& cfg) {
+  return cfg.fuse_dkdv && cfg.split_k == cfg.block_k && cfg.split_v == cfg.block_v;
+}
+
+/// The kernels the chunked backward's plan launches at `cfg`, in order: gla_bwd_intra, then the split
+/// schedule's (the decayed operands, the two state passes, every chunk's gradients, dg's offsets and
+/// sums) or the walks (dq; dk and dv, fused or not; dg).
+std::vector<GlaBwdKernel> bwd_launch_order(const GlaChunkedBwdConfig& cfg) {
+  using K = GlaBwdKernel;
+  if (cfg.split) return {K::intra, K::gates, K::states, K::dstates, K::inter, K::dg_offsets, K::dg_add};
+  if (fused_dkdv(cfg)) return {K::intra, K::dq, K::dkdv, K::dg};
+  return {K::intra, K::dq, K::dk, K::dv, K::dg};
+}
+
+std::vector<std::shared_ptr<ir::Kernel>> bwd_kernels(const GlaChunkedBwdConfig& cfg) {
+  std::vector<std::shared_ptr<ir::Kernel>> out;
+  for (GlaBwdKernel which : bwd_launch_order(cfg)) out.push_back(cached(cfg, which));
+  return out;
 }
 
 /// Whether the split schedule is the default for these inputs: 16-bit, dense, head dims up to 128 and
@@ -115,42 +154,59 @@ bool split_by_default(const GlaChunkedBwdConfig& cfg, const SequenceLayout* seq,
          few_walks(seq->N * seq->H, opts) && seq->T >= 1024;
 }
 
-/// seq: the call's inputs (nullptr: the representative kernels).
+/// Defaults, then --config, for cfg's head dims and states (set before); seq: the call's inputs (nullptr:
+/// the representative kernels). Measured (docs/ops/gla.md, "Measured"): the walks in chunks of 16 on 8
+/// warps, 4 at head dims up to 32 (slower on 8 there; above, 4 warps spill at 128 columns and ran slower
+/// everywhere), gla_bwd_intra on 4 warps reading dA's entries with take, dk and dv fused where one
+/// program holds the state, the split schedule's state passes in 32 x 32 blocks. Then what shared memory
+/// decides, the first proposal whose kernels fit the call's GPU: the walks' column blocks
+/// (kWalkColumnProposals, narrowed where the walks are few), their loads two stages deep and then, where
+/// none of those fits (fp32 at K = V = 256 on an A100), one; or the split schedule's chunk
+/// (split_chunk_proposals) and state passes' stages (2, then 1).
 void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts, const SequenceLayout* seq) {
-  // Defaults (16-bit): chunk 16 with whole 128-column blocks and 8 warps, the fastest measured
-  // (docs/ops/gla.md, "Measured"); chunk 32 with 128-column key blocks does not fit (239 KB of shared
-  // memory); chunk 64 plans 247-294 KB. fp32 keeps 64-column blocks (128 would plan 203 KB, more than
-  // an sm_80 block has).
-  const bool half_width = cfg.dtype != DType::f32;  // bf16 or fp16 tiles
-  // Varlen inputs take the walks even when split=1 is asked (the state passes are dense only), at the
-  // walks' chunk.
-  cfg.split = split_by_default(cfg, seq, opts);
-  cfg.split_k = half_width ? 128 : 64;
-  // fp32 above head dim 128: 32 value columns (the dv walk plans 238 KB of shared memory at 64, K = V = 256).
-  cfg.split_v = half_width ? 128 : std::max(cfg.block_k, cfg.block_v) > 128 ? 32 : 64;
-  cfg.num_warps = half_width ? 8 : 4;
+  // Varlen inputs take the walks even when split=1 is asked (the state passes are dense only).
+  cfg.split = split_key().value(opts, split_by_default(cfg, seq, opts) ? 1 : 0) == 1 && !(seq && seq->varlen);
+  cfg.num_warps = std::max(cfg.block_k, cfg.block_v) > 32 ? 8 : 4;
   cfg.intra_warps = 4;
-  // take=1: faster than masked row sums (docs/ops/gla.md, "Measured").
   cfg.take = true;
   cfg.fuse_dkdv = true;
-  // The state passes' blocks: 32 x 32 was the fastest measured (docs/ops/gla.md, "Measured").
-  cfg.state_block_k = cfg.state_block_v = 32;
+  cfg.state_block_k = std::min<int64_t>(32, cfg.block_k);
+  cfg.state_block_v = std::min<int64_t>(32, cfg.block_v);
+  std::optional<int64_t> asked_chunk = bwd_chunk_key().given(opts);
+  if (!asked_chunk && opts.chunk_size) asked_chunk = checked_chunk_size(opts.chunk_size, 16);
+  std::vector<int> chunks = cfg.split ? split_chunk_proposals(cfg.dtype, cfg.block_k, cfg.block_v) : std::vector<int>{16};
+  if (asked_chunk) chunks = {static_cast<int>(*asked_chunk)};
+  std::vector<GlaChunkedBwdConfig> proposals;
+  for (int chunk : chunks) {
+    GlaChunkedBwdConfig c = cfg;
+    c.chunk = chunk;
+    if (cfg.split) {
+      for (int stages : {2, 1}) {
+        c.state_stages = stages;
+        proposals.push_back(c);
+      }
+    } else {
+      for (int stages : {2, 1})
+        for (auto [bk, bv] : kWalkColumnProposals) {
+          c.walk_stages = stages;
+          c.split_k = std::min(bk, cfg.block_k);
+          c.split_v = std::min(bv, cfg.block_v);
+          proposals.push_back(c);
+        }
+    }
+  }
+  cfg = first_fitting<GlaChunkedBwdConfig>(proposals, bwd_kernels, opts);
+  const int64_t heads = seq ? seq->N * seq->H : 0;  // narrowing only shrinks the walks' tiles: they still fit
+  cfg.split_k = columns_for_walks(cfg.split_k, cfg.block_k, heads, kNarrowestColumns, opts);
+  cfg.split_v = columns_for_walks(cfg.split_v, cfg.block_v, heads, kNarrowestColumns, opts);
   chunked_schema().apply(opts, cfg);
   cfg.split = cfg.split && !(seq && seq->varlen);
-  // The split schedule's chunk: its walks carry one product per chunk, so fewer, longer chunks.
-  const int dflt_chunk = cfg.split ? split_default_chunk(cfg.dtype, cfg.block_k, cfg.block_v) : 16;
-  cfg.chunk = static_cast<int>(bwd_chunk_key().value(opts, checked_chunk_size(opts.chunk_size, dflt_chunk)));
   if (cfg.chunk > 64)
     throw UserError(fmt::format("--chunk-size {}: gla --backward takes chunks of 16, 32 or 64 rows", cfg.chunk));
   cfg.split_k = std::min(cfg.split_k, cfg.block_k);
   cfg.split_v = std::min(cfg.split_v, cfg.block_v);
   cfg.state_block_k = std::min(cfg.state_block_k, cfg.block_k);
   cfg.state_block_v = std::min(cfg.state_block_v, cfg.block_v);
-}
-
-/// Whether dk and dv are one walk: asked for, and both column blocks whole (one program holds dS).
-bool fused_dkdv(const GlaChunkedBwdConfig& cfg) {
-  return cfg.fuse_dkdv && cfg.split_k == cfg.block_k && cfg.split_v == cfg.block_v;
 }
 
 }  // namespace
@@ -165,11 +221,11 @@ OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   cfg.dtype = opts.dtype;
   cfg.block_k = padded_head_dim(seq.K);
   cfg.block_v = padded_head_dim(seq.V);
-  configure(cfg, opts, &seq);
   cfg.initial_state = has_h0;
   cfg.final_state_grad = has_dht;
   cfg.initial_state_grad = wants(wanted, "dinitial_state");
   cfg.varlen = seq.varlen;
+  configure(cfg, opts, &seq);
   if (cfg.split && std::max(cfg.block_k, cfg.block_v) > 128)
     throw UserError(fmt::format("gla --backward --config split=1 takes head dims up to 128 (K={}, V={}): its "
                                 "per-chunk kernel holds a chunk's state whole; use the walks (split=0)", seq.K, seq.V));
@@ -194,37 +250,40 @@ OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   plan.tensors["dg"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
   if (cfg.initial_state_grad) plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
 
-  const int64_t longest = seq.longest_sequence();
-  auto launch = [&](GlaBwdKernel which, std::array<int64_t, 3> grid) {
-    plan.launches.push_back(plan_launch(plan, cached(cfg, which), grid, {{"scale", scale}}));
-  };
-  if (longest > 0) launch(GlaBwdKernel::intra, {(longest + cfg.chunk - 1) / cfg.chunk, seq.N * seq.H, 1});
+  const int64_t heads = seq.N * seq.H, longest = seq.longest_sequence();
+  const int64_t chunks = (seq.T + cfg.chunk - 1) / cfg.chunk;
   if (cfg.split) {
     // The decayed operands (O(T*D)), the state before and its gradient after every chunk ([B, NT, H, K,
     // V], input dtype), then the chunks' gradients in parallel and dg's per-chunk totals and offsets.
-    const int64_t chunks = (seq.T + cfg.chunk - 1) / cfg.chunk, table_rows = std::max<int64_t>(chunks, 1);
+    const int64_t table_rows = std::max<int64_t>(chunks, 1);
     for (const char* name : {"qd", "kd"}) plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
     for (const char* name : {"h", "dh"})
       plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, table_rows, seq.H, seq.K, seq.V});
     for (const char* name : {"etot", "dg_chunk", "dg_offset"})
       plan.tensors[name] = HostTensor::zeros(DType::f32, {seq.B, table_rows, seq.H, seq.K});
-    const std::array<int64_t, 3> state_grid{state_v_blocks, seq.N * seq.H,
-                                            (cfg.block_k + cfg.state_block_k - 1) / cfg.state_block_k};
-    if (chunks > 0) launch(GlaBwdKernel::gates, {chunks, seq.N * seq.H, 1});
-    launch(GlaBwdKernel::states, state_grid);
-    launch(GlaBwdKernel::dstates, state_grid);
-    if (chunks > 0) launch(GlaBwdKernel::inter, {chunks, seq.N * seq.H, 1});
-    launch(GlaBwdKernel::dg_offsets, {seq.N * seq.H, 1, 1});
-    if (chunks > 0) launch(GlaBwdKernel::dg_add, {chunks, seq.N * seq.H, 1});
-  } else {
-    launch(GlaBwdKernel::dq, {cfg.block_k / cfg.split_k, seq.N * seq.H, 1});
-    if (fused_dkdv(cfg)) {
-      launch(GlaBwdKernel::dkdv, {1, seq.N * seq.H, 1});
-    } else {
-      launch(GlaBwdKernel::dk, {cfg.block_k / cfg.split_k, seq.N * seq.H, 1});
-      launch(GlaBwdKernel::dv, {cfg.block_v / cfg.split_v, seq.N * seq.H, 1});
+  }
+  auto grid_of = [&](GlaBwdKernel which) -> std::array<int64_t, 3> {
+    switch (which) {
+      case GlaBwdKernel::intra: return {(longest + cfg.chunk - 1) / cfg.chunk, heads, 1};
+      case GlaBwdKernel::gates:
+      case GlaBwdKernel::inter:
+      case GlaBwdKernel::dg_add: return {chunks, heads, 1};
+      case GlaBwdKernel::states:
+      case GlaBwdKernel::dstates:
+        return {state_v_blocks, heads, (cfg.block_k + cfg.state_block_k - 1) / cfg.state_block_k};
+      case GlaBwdKernel::dq:
+      case GlaBwdKernel::dk: return {cfg.block_k / cfg.split_k, heads, 1};
+      case GlaBwdKernel::dv: return {cfg.block_v / cfg.split_v, heads, 1};
+      case GlaBwdKernel::dkdv: return {1, heads, 1};
+      case GlaBwdKernel::dg:
+      case GlaBwdKernel::dg_offsets: return {heads, 1, 1};
     }
-    launch(GlaBwdKernel::dg, {seq.N * seq.H, 1, 1});
+    throw InternalError("bad gla backward kernel");
+  };
+  // Programs along the chunks: none where the sequences are empty.
+  for (GlaBwdKernel which : bwd_launch_order(cfg)) {
+    const std::array<int64_t, 3> grid = grid_of(which);
+    if (grid[0] > 0) plan.launches.push_back(plan_launch(plan, cached(cfg, which), grid, {{"scale", scale}}));
   }
   for (const char* name : {"dq", "dk", "dv", "dg", "dinitial_state"})
     if (wants(wanted, name)) plan.outputs[name] = name;
@@ -249,8 +308,9 @@ std::vector<std::shared_ptr<ir::Kernel>> gla_chunked_bwd_kernels(const OpOptions
   // The split schedule at its defaults, with both states.
   GlaChunkedBwdConfig split = full;
   split.varlen = false;
-  split.split = true;
-  split.chunk = split_default_chunk(split.dtype, split.block_k, split.block_v);
+  OpOptions split_opts = opts;
+  split_opts.config["split"] = 1;
+  configure(split, split_opts, nullptr);
   for (auto which : {GlaBwdKernel::gates, GlaBwdKernel::states, GlaBwdKernel::dstates, GlaBwdKernel::inter,
                      GlaBwdKernel::dg_offsets, GlaBwdKernel::dg_add})
     out.push_back(cached(split, which));

@@ -2,6 +2,7 @@
 
 #include "kernels/common/prologue.h"
 #include "kernels/common/state_pass.h"
+#include "kernels/gla/bwd.h"
 #include "linac/blocks.h"
 #include "linac/dsl.h"
 
@@ -10,7 +11,7 @@ namespace linac {
 using namespace dsl;
 
 namespace {
-constexpr int64_t kDgOffsetChunks = 64;  // chunk totals per step of gla_bwd_dg_offsets
+constexpr int64_t kDgOffsetChunks = 64;  // chunk totals per step of gla_bwd_dg_offsets (summing_rows: fewer at K > 64)
 constexpr int64_t kDgFinalColumns = 32;  // value columns per step of its final-state term
 }
 
@@ -162,7 +163,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_inter(const GlaSplitBwdConfig& cfg) {
 }
 
 std::shared_ptr<ir::Kernel> build_gla_bwd_dg_offsets(const GlaSplitBwdConfig& cfg) {
-  const int64_t BK = cfg.block_k, NB = kDgOffsetChunks;
+  const int64_t BK = cfg.block_k, NB = summing_rows(kDgOffsetChunks, BK);
   const DType f32 = DType::f32;
   KernelBuilder kb("gla_bwd_dg_offsets");
   kb.set_num_warps(4);

@@ -20,18 +20,25 @@ namespace linac {
 
 namespace {
 
-/// The fastest measured (docs/ops/linear_attn.md, "Measured": the backward's sweep): chunk 64 with one
-/// program per head (bk = bv = 128, 8 warps); gated, chunk 32 (at 64 its dq and dk kernels spill 84-96
-/// bytes). Shared memory bounds it: 16-bit gated at chunk 64 and 128 columns plans 175 KB (an H100/H200
-/// block has 227 KB); fp32 tiles are twice as large, so fp32 takes chunks of 32 and 64 columns (168 KB
-/// gated; at chunk 64 it needed 292 KB).
-int default_bwd_chunk(DType dt, bool gated) { return dt == DType::f32 || gated ? 32 : 64; }
-/// Head dims over 128, in order of preference: chunk 32, then 16 where the walks at 32 do not fit the call's
-/// GPU (16-bit gated at K = V = 256 plans 168 KB at 32: more than an A100 block's 163 KB). fp32 takes 16
-/// (the gated walks plan 285 KB of shared memory at 32 with K = V = 256, the normalized ones 238 KB; 176
-/// and 156 KB at 16).
-std::vector<int> wide_heads_bwd_chunks(DType dt) { return dt == DType::f32 ? std::vector<int>{16} : std::vector<int>{32, 16}; }
-int64_t default_bwd_split(DType dt, int64_t padded) { return std::min<int64_t>(padded, dt == DType::f32 ? 64 : 128); }
+/// The walks' (chunk, columns per program) in order of preference for cfg's dtype, gate and head dims
+/// (docs/ops/linear_attn.md, "Measured"):
+/// - chunk 64 in 16-bit, the sweep's fastest; 32 where gated (at 64 the gated dq and dk walks spill 84-96
+///   bytes: a register bound, which the shared-memory plan cannot see), in fp32 (chunk 64 fits there up
+///   to head dim 128 but ran slower) and where both head dims are over 128 (16-bit K = V = 256 ran slower
+///   at 64, though it fits; K = 64, V = 256 ran faster at 64);
+/// - wider column blocks before larger chunks (one program per head up to 128 columns, then 64; 32 last):
+///   --normalize at K = V = 256 ran faster at chunk 32 with 128 columns than at 64 with 64;
+/// - chunks of 16 last (fp32 at K = V = 256 ran slower at 16 than at 32 with half the columns);
+/// the first whose walks fit the call's GPU is the default.
+std::vector<std::pair<int, int64_t>> bwd_proposals(const LinearAttnBwdConfig& cfg) {
+  const bool chunk64 = !cfg.gated && cfg.dtype != DType::f32 && std::min(cfg.block_k, cfg.block_v) <= 128;
+  const std::vector<int> chunks = chunk64 ? std::vector<int>{64, 32} : std::vector<int>{32};
+  std::vector<std::pair<int, int64_t>> out;
+  for (int64_t columns : {128, 64})
+    for (int chunk : chunks) out.push_back({chunk, columns});
+  for (int64_t columns : {128, 64, 32}) out.push_back({16, columns});
+  return out;
+}
 
 /// The walks' configuration (bwd.h): chunk, bk, bv and warps are tuned.
 const ConfigSchema<LinearAttnBwdConfig>& walks_schema() {
@@ -75,47 +82,50 @@ std::shared_ptr<ir::Kernel> cached_bwd(const LinearAttnBwdConfig& cfg, LinearAtt
 
 /// Few (sequence, head) pairs leave SMs idle: each walk program takes a head's column block through every
 /// chunk. While the programs of a walk are few (few_walks) the default halves the column blocks (down to
-/// 32), with chunks of 32 and 4 warps: faster at few heads, and what `linac tune --backward` chose there;
-/// from 96 heads on the wide defaults stand (docs/ops/linear_attn.md, "Measured").
-int64_t narrowed_split(int64_t split, int64_t padded, int64_t heads, const OpOptions& opts) {
-  while (heads > 0 && split > 32 && few_walks(heads * (padded / split), opts)) split /= 2;
-  return split;
+/// 32: columns_for_walks), with chunks of at most 32 and 4 warps: faster at few heads, and what `linac
+/// tune --backward` chose there; from 96 heads on the wide defaults stand (docs/ops/linear_attn.md,
+/// "Measured").
+constexpr int64_t kNarrowestColumns = 32;
+
+/// The kernels the walks' plan launches at `cfg`, in order: dq, dk, dv; dg when gated.
+std::vector<LinearAttnBwdKernel> walk_launch_order(const LinearAttnBwdConfig& cfg) {
+  using K = LinearAttnBwdKernel;
+  if (cfg.gated) return {K::dq, K::dk, K::dv, K::dg};
+  return {K::dq, K::dk, K::dv};
 }
 
-/// The walks the plan launches at `cfg` (dq, dk, dv; dg when gated).
 std::vector<std::shared_ptr<ir::Kernel>> walk_kernels(const LinearAttnBwdConfig& cfg) {
-  std::vector<std::shared_ptr<ir::Kernel>> out = {cached_bwd(cfg, LinearAttnBwdKernel::dq),
-                                                  cached_bwd(cfg, LinearAttnBwdKernel::dk),
-                                                  cached_bwd(cfg, LinearAttnBwdKernel::dv)};
-  if (cfg.gated) out.push_back(cached_bwd(cfg, LinearAttnBwdKernel::dg));
+  std::vector<std::shared_ptr<ir::Kernel>> out;
+  for (LinearAttnBwdKernel which : walk_launch_order(cfg)) out.push_back(cached_bwd(cfg, which));
   return out;
 }
 
 /// Reads chunk, bk, bv and warps from opts (defaults otherwise) for padded head dims block_k, block_v and
-/// cfg's options (gated, states, denominator: set before); `heads` (sequences x heads, 0 when unknown)
-/// narrows the default column blocks (narrowed_split).
+/// cfg's options (gated, states, denominator: set before). The defaults: the first of bwd_proposals whose
+/// walks fit the call's GPU, with 8 warps; then, where `heads` (sequences x heads, 0 when unknown) leaves
+/// those walks few, their column blocks narrowed (kNarrowestColumns), at most 32 rows per chunk and 4
+/// warps in 16-bit (fp32 keeps 8: 4 ran slower there, docs/ops/linear_attn.md, "Measured").
+/// Narrowing only shrinks the walks' tiles, so what fitted still fits.
 void configure(LinearAttnBwdConfig& cfg, const OpOptions& opts, int64_t heads = 0) {
-  const int64_t wide_k = default_bwd_split(cfg.dtype, cfg.block_k), wide_v = default_bwd_split(cfg.dtype, cfg.block_v);
-  const int64_t bk = narrowed_split(wide_k, cfg.block_k, heads, opts);
-  const int64_t bv = narrowed_split(wide_v, cfg.block_v, heads, opts);
-  const bool narrowed = bk < wide_k || bv < wide_v;
-  // Head dims over 128: the first of wide_heads_bwd_chunks whose walks fit the call's GPU.
-  const bool wide_heads = std::max(cfg.block_k, cfg.block_v) > 128;
-  cfg.split_k = bk;
-  cfg.split_v = bv;
-  cfg.num_warps = narrowed ? 4 : 8;
-  if (wide_heads) {
-    cfg.chunk = first_fitting<int>(
-        wide_heads_bwd_chunks(cfg.dtype),
-        [&](const int& chunk) {
-          LinearAttnBwdConfig c = cfg;
-          c.chunk = chunk;
-          return walk_kernels(c);
-        },
-        opts);
+  std::vector<LinearAttnBwdConfig> proposals;
+  for (auto [chunk, columns] : bwd_proposals(cfg)) {
+    LinearAttnBwdConfig c = cfg;
+    c.chunk = chunk;
+    c.split_k = std::min(columns, cfg.block_k);
+    c.split_v = std::min(columns, cfg.block_v);
+    c.num_warps = 8;
+    proposals.push_back(c);
   }
-  cfg.chunk = checked_chunk_size(opts.chunk_size, wide_heads ? cfg.chunk
-                                                  : narrowed ? 32 : default_bwd_chunk(cfg.dtype, cfg.gated));
+  const LinearAttnBwdConfig wide = first_fitting<LinearAttnBwdConfig>(proposals, walk_kernels, opts);
+  cfg.chunk = wide.chunk;
+  cfg.split_k = columns_for_walks(wide.split_k, cfg.block_k, heads, kNarrowestColumns, opts);
+  cfg.split_v = columns_for_walks(wide.split_v, cfg.block_v, heads, kNarrowestColumns, opts);
+  cfg.num_warps = wide.num_warps;
+  if (cfg.split_k < wide.split_k || cfg.split_v < wide.split_v) {
+    cfg.chunk = std::min(cfg.chunk, 32);
+    cfg.num_warps = cfg.dtype == DType::f32 ? 8 : 4;
+  }
+  cfg.chunk = checked_chunk_size(opts.chunk_size, cfg.chunk);
   walks_schema().apply(opts, cfg);
   if (cfg.split_k > cfg.block_k || cfg.split_v > cfg.block_v)
     throw UserError(fmt::format("linear_attn --backward: --config bk={} bv={} exceed the padded head dims {} and {}",
@@ -130,29 +140,63 @@ TuningKeys linear_attn_bwd_tuning_keys() {
 
 namespace {
 
+enum class SplitBwdKernel { states, dstates, chunk };
+
+std::shared_ptr<ir::Kernel> cached_split(const LinearAttnSplitBwdConfig& cfg, SplitBwdKernel which) {
+  static KernelMemo memo;
+  return memo.get(split_schema().key(cfg, which), [&] {
+    switch (which) {
+      case SplitBwdKernel::states: return build_linear_attn_bwd_states(cfg);
+      case SplitBwdKernel::dstates: return build_linear_attn_bwd_dstates(cfg);
+      case SplitBwdKernel::chunk: return build_linear_attn_bwd_chunk(cfg);
+    }
+    throw InternalError("bad linear_attn split backward kernel");
+  });
+}
+
+/// The kernels the split schedule's plan launches at `cfg`, in order: the state pass, the pass of the
+/// state gradients, every chunk's gradients.
+std::vector<std::shared_ptr<ir::Kernel>> split_kernels(const LinearAttnSplitBwdConfig& cfg) {
+  return {cached_split(cfg, SplitBwdKernel::states), cached_split(cfg, SplitBwdKernel::dstates),
+          cached_split(cfg, SplitBwdKernel::chunk)};
+}
+
+/// The split schedule's defaults for `base` (head dims and states set): state passes in 32 x 32 blocks
+/// of 4 warps and the per-chunk kernel on 8 warps (the fastest measured, docs/ops/linear_attn.md); then
+/// the first of chunk 64, 32, 16 (the per-chunk kernel holds S and dS' whole) and, for each, the state
+/// passes' loads two stages deep, then one, whose kernels fit the call's GPU.
+LinearAttnSplitBwdConfig split_defaults(LinearAttnSplitBwdConfig base, const OpOptions& opts) {
+  base.state_block_k = std::min<int64_t>(32, base.block_k);
+  base.state_block_v = std::min<int64_t>(32, base.block_v);
+  base.state_warps = 4;
+  base.num_warps = 8;
+  std::vector<LinearAttnSplitBwdConfig> proposals;
+  for (int chunk : {64, 32, 16})
+    for (int stages : {2, 1}) {
+      LinearAttnSplitBwdConfig c = base;
+      c.chunk = chunk;
+      c.state_stages = stages;
+      proposals.push_back(c);
+    }
+  return first_fitting<LinearAttnSplitBwdConfig>(proposals, split_kernels, opts);
+}
+
 /// The split schedule's plan (split_bwd.h): dense inputs, plain form.
 OpPlan plan_split_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted,
                       const SequenceLayout& seq, const LinearAttnBwdConfig& walks, double scale) {
-  LinearAttnSplitBwdConfig cfg;
-  cfg.dtype = walks.dtype;
-  // Its own defaults (the walks' narrow ones are for the walks): chunk 64 in 16-bit, 32 in fp32 (the
-  // per-chunk kernel holds S and dS' whole); 8 warps.
-  cfg.chunk = checked_chunk_size(opts.chunk_size, cfg.dtype == DType::f32 ? 32 : 64);
-  cfg.block_k = walks.block_k;
-  cfg.block_v = walks.block_v;
-  cfg.state_block_k = cfg.state_block_v = 32;
-  cfg.state_stages = cfg.dtype == DType::f32 ? 1 : 2;
-  cfg.num_warps = 8;
+  LinearAttnSplitBwdConfig base;
+  base.dtype = walks.dtype;
+  base.block_k = walks.block_k;
+  base.block_v = walks.block_v;
+  base.initial_state = walks.initial_state;
+  base.final_state_grad = walks.final_state_grad;
+  base.initial_state_grad = walks.initial_state_grad;
+  LinearAttnSplitBwdConfig cfg = split_defaults(base, opts);
+  cfg.chunk = checked_chunk_size(opts.chunk_size, cfg.chunk);
   split_schema().apply(opts, cfg);
   cfg.state_block_k = std::min(cfg.state_block_k, cfg.block_k);
   cfg.state_block_v = std::min(cfg.state_block_v, cfg.block_v);
-  cfg.initial_state = walks.initial_state;
-  cfg.final_state_grad = walks.final_state_grad;
-  cfg.initial_state_grad = walks.initial_state_grad;
-  static KernelMemo memo;
-  auto kernel = [&](const char* which, auto build) {
-    return memo.get(split_schema().key(cfg, which), [&] { return build(cfg); });
-  };
+  const std::vector<std::shared_ptr<ir::Kernel>> kernels = split_kernels(cfg);
 
   OpPlan plan;
   add_backward_inputs(plan, inputs, seq, cfg.dtype, {"initial_state", "dfinal_state"});
@@ -166,12 +210,9 @@ OpPlan plan_split_bwd(const TensorMap& inputs, const OpOptions& opts, const std:
     plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
   const std::array<int64_t, 3> state_grid{(seq.V + cfg.state_block_v - 1) / cfg.state_block_v, seq.N * seq.H,
                                           (seq.K + cfg.state_block_k - 1) / cfg.state_block_k};
-  plan.launches.push_back(plan_launch(plan, kernel("states", build_linear_attn_bwd_states), state_grid, {}));
-  plan.launches.push_back(
-      plan_launch(plan, kernel("dstates", build_linear_attn_bwd_dstates), state_grid, {{"scale", scale}}));
-  if (chunks > 0)
-    plan.launches.push_back(plan_launch(plan, kernel("chunk", build_linear_attn_bwd_chunk),
-                                        {chunks, seq.N * seq.H, 1}, {{"scale", scale}}));
+  plan.launches.push_back(plan_launch(plan, kernels[0], state_grid, {}));
+  plan.launches.push_back(plan_launch(plan, kernels[1], state_grid, {{"scale", scale}}));
+  if (chunks > 0) plan.launches.push_back(plan_launch(plan, kernels[2], {chunks, seq.N * seq.H, 1}, {{"scale", scale}}));
   for (const char* name : {"dq", "dk", "dv", "dinitial_state"})
     if (wants(wanted, name)) plan.outputs[name] = name;
   return plan;
@@ -244,16 +285,13 @@ OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vecto
       plan.tensors[name] = inputs.at(name).cast(cfg.dtype);
     }
 
-  auto launch = [&](LinearAttnBwdKernel which, int64_t blocks) {
-    const std::array<int64_t, 3> grid =
-        which == LinearAttnBwdKernel::dg ? std::array<int64_t, 3>{seq.N * seq.H, 1, 1}
-                                         : std::array<int64_t, 3>{blocks, seq.N * seq.H, 1};
+  for (LinearAttnBwdKernel which : walk_launch_order(cfg)) {
+    const int64_t heads = seq.N * seq.H;
+    const std::array<int64_t, 3> grid = which == LinearAttnBwdKernel::dg   ? std::array<int64_t, 3>{heads, 1, 1}
+                                        : which == LinearAttnBwdKernel::dv ? std::array<int64_t, 3>{v_blocks, heads, 1}
+                                                                           : std::array<int64_t, 3>{k_blocks, heads, 1};
     plan.launches.push_back(plan_launch(plan, cached_bwd(cfg, which), grid, {{"scale", scale}}));
-  };
-  launch(LinearAttnBwdKernel::dq, k_blocks);
-  launch(LinearAttnBwdKernel::dk, k_blocks);
-  launch(LinearAttnBwdKernel::dv, v_blocks);
-  if (gated) launch(LinearAttnBwdKernel::dg, 1);
+  }
   for (const char* name : {"dq", "dk", "dv", "dg", "dinitial_state"})
     if (wants(wanted, name)) plan.outputs[name] = name;
   return plan;
@@ -301,12 +339,9 @@ std::vector<std::shared_ptr<ir::Kernel>> linear_attn_bwd_kernels(const OpOptions
   // The split schedule at its defaults, with both states.
   LinearAttnSplitBwdConfig split;
   split.dtype = opts.dtype;
-  split.chunk = opts.dtype == DType::f32 ? 32 : 64;
-  split.state_stages = opts.dtype == DType::f32 ? 1 : 2;
+  split.block_k = split.block_v = 64;
   split.initial_state = split.final_state_grad = split.initial_state_grad = true;
-  out.push_back(build_linear_attn_bwd_states(split));
-  out.push_back(build_linear_attn_bwd_dstates(split));
-  out.push_back(build_linear_attn_bwd_chunk(split));
+  for (auto& k : split_kernels(split_defaults(split, opts))) out.push_back(k);
   return out;
 }
 

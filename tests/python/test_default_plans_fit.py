@@ -1,5 +1,6 @@
-"""Every kernel a call launches at its default configuration fits the shared memory of an sm_90 block
-(232448 bytes on an H100/H200), for every op, form and dtype at head dims 64, 128 and 256 (fla's
+"""Every kernel a call launches at its default configuration fits the shared memory of a block of the GPU
+it plans for: an sm_90 block (232448 bytes on an H100/H200) and an sm_80 one (166912 bytes on an A100:
+`--target sm_80` plans for it), for every op, form and dtype at head dims 64, 128 and 256 (fla's
 8x2048x32x256 shape; poly's K stops at 128).
 
 `linac compile OP --shape S [--backward] --emit smem` plans exactly the kernels of that call, with no
@@ -12,7 +13,7 @@ import subprocess
 
 import pytest
 
-MAX_SMEM = 232448  # sm_90: 227 KB of dynamic shared memory per block
+MAX_SMEM = {"sm_90a": 232448, "sm_80": 166912}  # dynamic shared memory per block: H100/H200 227 KB, A100 163 KB
 
 FORMS = [
     ("linear_attn", []), ("linear_attn", ["--gated"]), ("linear_attn", ["--normalize"]),
@@ -21,9 +22,9 @@ FORMS = [
 MAX_HEAD_DIM = {"poly": 128}  # the polynomial kernel's degree-2 state (K^2 columns) takes K up to 128
 
 
-def smem_totals(linac_bin, op, flags, dtype, d, backward, bh):
-    args = [str(linac_bin), "compile", op, "--shape", f"{bh},T=256,K={d}", "--dtype", dtype, "--emit", "smem",
-            *flags, *(["--backward"] if backward else [])]
+def smem_totals(linac_bin, op, flags, dtype, d, backward, bh, target):
+    args = [str(linac_bin), "compile", op, "--shape", f"{bh},K={d}", "--dtype", dtype, "--emit", "smem",
+            "--target", target, *flags, *(["--backward"] if backward else [])]
     r = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"`{' '.join(args[1:])}` failed:\n{r.stderr}"
     totals = [int(m.group(1)) for m in re.finditer(r"smem total (\d+) bytes", r.stdout)]
@@ -32,15 +33,17 @@ def smem_totals(linac_bin, op, flags, dtype, d, backward, bh):
 
 
 # Few and many sequences x heads: some defaults depend on whether one program per head fills the GPU.
-@pytest.mark.parametrize("bh", ["B=1,H=2", "B=8,H=16"])
+@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("bh", ["B=1,H=2,T=2048", "B=8,H=16,T=256"])
 @pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("op,flags", FORMS, ids=[" ".join([op, *f]) for op, f in FORMS])
-def test_default_plans_fit_an_sm90_block(linac_bin, op, flags, dtype, d, backward, bh):
+def test_default_plans_fit_a_block(linac_bin, op, flags, dtype, d, backward, bh, target):
     if d > MAX_HEAD_DIM.get(op, 256):
         pytest.skip(f"{op} takes head dims up to {MAX_HEAD_DIM[op]}")
-    totals = smem_totals(linac_bin, op, flags, dtype, d, backward, bh)
-    too_big = [t for t in totals if t > MAX_SMEM]
+    totals = smem_totals(linac_bin, op, flags, dtype, d, backward, bh, target)
+    too_big = [t for t in totals if t > MAX_SMEM[target]]
     assert not too_big, f"{op} {' '.join(flags)} {dtype} D={d} {bh} {'backward' if backward else 'forward'}: " \
-                        f"kernels plan {too_big} bytes of shared memory (an sm_90 block has {MAX_SMEM}); all: {totals}"
+                        f"kernels plan {too_big} bytes of shared memory (an {target} block has {MAX_SMEM[target]}); " \
+                        f"all: {totals}"

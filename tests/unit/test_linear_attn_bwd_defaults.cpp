@@ -1,8 +1,12 @@
-// linear_attn's backward walks at head dims over 128 take chunks of 32, or 16 where the walks at 32 do not
-// fit the call's GPU (kernels/common/fitting.h): the gated 16-bit walks at K = V = 256 plan 168 KB at 32,
-// more than an A100 block's 163 KB, so an A100 gets 16 while an H100 keeps 32.
+// linear_attn's backward walks take the first of their (chunk, columns) proposals whose walks fit the
+// call's GPU (kernels/common/fitting.h), then narrow their column blocks where the walks are few
+// (kernels/linear_attn/op_bwd.cpp, bwd_proposals and configure): chunk 64 in 16-bit, 32 where gated, in
+// fp32 and where both head dims are over 128; wider columns before larger chunks; fp32 narrowed walks keep
+// 8 warps. The gated 16-bit walks at K = V = 256 plan 168 KB at chunk 32 with 128 columns, more than an
+// A100 block's 163 KB: an A100 gets another configuration while an H100 keeps that one.
 #include <doctest/doctest.h>
 
+#include "compiler/ir/ir.h"
 #include "kernels/common/fitting.h"
 #include "kernels/common/host_tensor.h"
 #include "kernels/op.h"
@@ -11,15 +15,29 @@ using namespace linac;
 
 namespace {
 
-OpPlan gated_backward(int64_t max_smem) {
+constexpr int64_t kH100 = 232448, kA100 = 166912;
+
+struct Call {
+  DType dtype = DType::bf16;
+  int64_t B = 1, H = 64, K = 256, V = 256;
+  bool gated = false;
+  int64_t max_smem = kH100;
+  std::map<std::string, int64_t> config = {};
+};
+
+OpPlan backward(const Call& c) {
   TensorMap in;
-  for (const char* n : {"q", "k", "v", "do"}) in[n] = HostTensor::zeros(DType::bf16, {1, 64, 64, 256});
-  in["g"] = HostTensor::zeros(DType::f32, {1, 64, 64});
+  for (const char* n : {"q", "k"}) in[n] = HostTensor::zeros(c.dtype, {c.B, 64, c.H, c.K});
+  for (const char* n : {"v", "do"}) in[n] = HostTensor::zeros(c.dtype, {c.B, 64, c.H, c.V});
+  if (c.gated) in["g"] = HostTensor::zeros(DType::f32, {c.B, 64, c.H});
   OpOptions opts;
-  opts.dtype = DType::bf16;
+  opts.dtype = c.dtype;
   opts.backward = true;
-  opts.max_smem_per_block = max_smem;
-  return find_op("linear_attn").prepare(in, opts, {"dq", "dk", "dv", "dg"});
+  opts.max_smem_per_block = c.max_smem;
+  opts.config = c.config;
+  std::vector<std::string> wanted = {"dq", "dk", "dv"};
+  if (c.gated) wanted.push_back("dg");
+  return find_op("linear_attn").prepare(in, opts, wanted);
 }
 
 std::vector<std::shared_ptr<ir::Kernel>> kernels_of(const OpPlan& plan) {
@@ -28,18 +46,57 @@ std::vector<std::shared_ptr<ir::Kernel>> kernels_of(const OpPlan& plan) {
   return out;
 }
 
+OpOptions on_gpu(int64_t max_smem) {
+  OpOptions opts;
+  opts.max_smem_per_block = max_smem;
+  return opts;
+}
+
+/// The dq walk's launch (the first).
+const KernelLaunch& dq(const OpPlan& plan) {
+  REQUIRE(plan.launches.at(0).kernel->name == "linear_attn_bwd_dq");
+  return plan.launches.at(0);
+}
+
 }  // namespace
 
 TEST_CASE("linear_attn's backward at head dim 256 fits the GPU it plans for") {
-  const int64_t h100 = 232448, a100 = 166912;
-  OpOptions on_a100;
-  on_a100.max_smem_per_block = a100;
-  OpOptions on_h100;
-  on_h100.max_smem_per_block = h100;
-  const OpPlan a = gated_backward(a100), h = gated_backward(h100);
-  CHECK(fits_gpu(kernels_of(a), on_a100));
-  CHECK(fits_gpu(kernels_of(h), on_h100));
-  // The H100's plan (chunk 32) would not fit the A100: the A100's is another (chunk 16).
-  CHECK_FALSE(fits_gpu(kernels_of(h), on_a100));
+  Call gated{.gated = true};
+  Call on_a100 = gated;
+  on_a100.max_smem = kA100;
+  const OpPlan a = backward(on_a100), h = backward(gated);
+  CHECK(fits_gpu(kernels_of(a), on_gpu(kA100)));
+  CHECK(fits_gpu(kernels_of(h), on_gpu(kH100)));
+  // The H100's plan would not fit the A100: the A100's is another.
+  CHECK_FALSE(fits_gpu(kernels_of(h), on_gpu(kA100)));
   CHECK(kernels_of(a) != kernels_of(h));
+}
+
+TEST_CASE("linear_attn's backward chunk: 64 in 16-bit, 32 in fp32 and where both head dims are over 128") {
+  // The default plan's kernels are the memo's kernels of the configuration named (same pointers).
+  auto same_as = [](Call c, std::map<std::string, int64_t> config) {
+    const OpPlan dflt = backward(c);
+    c.config = std::move(config);
+    return kernels_of(dflt) == kernels_of(backward(c));
+  };
+  // 16-bit at K = V = 128, 128 sequences x heads: chunk 64, one program per head, 8 warps.
+  CHECK(same_as({.B = 2, .K = 128, .V = 128}, {{"chunk", 64}, {"bk", 128}, {"bv", 128}, {"warps", 8}}));
+  // fp32 there: chunk 32 (64 fits but ran slower), still one program per head.
+  CHECK(same_as({.dtype = DType::f32, .B = 2, .K = 128, .V = 128},
+                {{"chunk", 32}, {"bk", 128}, {"bv", 128}, {"warps", 8}}));
+  // 16-bit at K = V = 256: chunk 32 (64 fits, 226 KB, but ran slower); at K = 64, V = 256: 64.
+  CHECK(same_as({.B = 2}, {{"chunk", 32}, {"bk", 128}, {"bv", 128}, {"warps", 8}}));
+  CHECK(same_as({.B = 2, .K = 64}, {{"chunk", 64}, {"bk", 64}, {"bv", 128}, {"warps", 8}}));
+}
+
+TEST_CASE("linear_attn's backward walks narrow their columns where they are few; fp32 keeps 8 warps") {
+  // 64 sequences x heads at K = V = 128: 64 walks of one program per head are few, 128 of 64 columns not.
+  const OpPlan bf16 = backward({.K = 128, .V = 128});
+  CHECK(dq(bf16).grid[0] == 2);
+  CHECK(dq(bf16).kernel->num_warps == 4);
+  const OpPlan f32 = backward({.dtype = DType::f32, .K = 128, .V = 128});
+  CHECK(dq(f32).grid[0] == 2);
+  CHECK(dq(f32).kernel->num_warps == 8);
+  // 128 sequences x heads: one program per head.
+  CHECK(dq(backward({.dtype = DType::f32, .B = 2, .K = 128, .V = 128})).grid[0] == 1);
 }

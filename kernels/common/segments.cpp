@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fmt/format.h>
 
+#include "kernels/common/config_schema.h"
 #include "kernels/common/device_limits.h"
 #include "linac/error.h"
 
@@ -37,9 +38,12 @@ int64_t segments_per_sequence(const std::string& op, const SequenceLayout& seq, 
 }
 
 std::shared_ptr<ir::Kernel> cached_segment_combine(const SegmentCombineConfig& cfg) {
+  using C = SegmentCombineConfig;
+  // Every field specializes the kernel (no tuning keys: the ops set them); the schema keys them all.
+  static const ConfigSchema<C> schema(field<&C::block_k>(), field<&C::block_v>(), field<&C::decay>(),
+                                      field<&C::initial_state>(), field<&C::final_state>(), field<&C::num_warps>());
   static KernelMemo memo;
-  return memo.get(memo_key(cfg.block_k, cfg.block_v, cfg.decay, cfg.initial_state, cfg.final_state, cfg.num_warps),
-                  [&] { return build_segment_combine(cfg); });
+  return memo.get(schema.key(cfg), [&] { return build_segment_combine(cfg); });
 }
 
 void add_segment_schedule(OpPlan& plan, const SequenceLayout& seq, int64_t segments, int64_t v_blocks,

@@ -140,12 +140,15 @@ KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel,
 }
 
 KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel, std::array<int64_t, 3> grid,
-                         const std::map<std::string, double>& scalars) {
+                         const std::map<std::string, double>& scalars,
+                         const std::map<std::string, std::string>& renames) {
   KernelLaunch l;
   l.kernel = std::move(kernel);
   l.grid = grid;
   for (const auto& p : l.kernel->params) {
-    if (plan.tensors.count(p.name)) l.tensors[p.name] = p.name;
+    const auto renamed = renames.find(p.name);
+    const std::string& tensor = renamed != renames.end() ? renamed->second : p.name;
+    if (plan.tensors.count(tensor)) l.tensors[p.name] = tensor;
     if (auto it = scalars.find(p.name); it != scalars.end()) l.scalars[p.name] = it->second;
   }
   return l;

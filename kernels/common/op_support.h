@@ -71,9 +71,11 @@ void add_backward_inputs(OpPlan& plan, const TensorMap& inputs, const SequenceLa
 KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel, std::array<int64_t, 3> grid,
                          std::initializer_list<const char*> names, std::map<std::string, double> scalars);
 /// The same for kernels that declare exactly the parameters they use: every declared parameter that
-/// names a plan tensor is bound to it, and every one named in `scalars` to that value.
+/// names a plan tensor is bound to it, and every one named in `scalars` to that value; `renames`
+/// (parameter -> plan tensor) binds a parameter to a tensor of another name instead.
 KernelLaunch plan_launch(const OpPlan& plan, std::shared_ptr<ir::Kernel> kernel, std::array<int64_t, 3> grid,
-                         const std::map<std::string, double>& scalars);
+                         const std::map<std::string, double>& scalars,
+                         const std::map<std::string, std::string>& renames = {});
 /// A launch whose tensor parameters bind plan tensors of other names (`tensors`: parameter -> plan
 /// tensor): kernels that plans call on tensors of any name (elementwise updates, l2norm) and
 /// parameters bound to a sub-plan's renamed tensors.

@@ -46,19 +46,27 @@ std::shared_ptr<ir::Kernel> cached_segment_combine(const SegmentCombineConfig& c
   return memo.get(schema.key(cfg), [&] { return build_segment_combine(cfg); });
 }
 
+void add_segment_states(OpPlan& plan, const SequenceLayout& seq, int64_t segments, int64_t v_blocks, int64_t columns,
+                        const SegmentCombineConfig& combine, std::shared_ptr<ir::Kernel> states,
+                        const std::map<std::string, double>& scalars, const std::string& prefix,
+                        std::map<std::string, std::string> renames) {
+  for (const char* name : {"segment_states", "segment_inputs", "segment_decays"}) renames[name] = prefix + name;
+  plan.tensors[prefix + "segment_states"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K, columns});
+  plan.tensors[prefix + "segment_inputs"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K, columns});
+  if (combine.decay == SegmentDecay::per_head)
+    plan.tensors[prefix + "segment_decays"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H});
+  if (combine.decay == SegmentDecay::per_channel)
+    plan.tensors[prefix + "segment_decays"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K});
+  plan.launches.push_back(plan_launch(plan, std::move(states), {v_blocks, seq.N * seq.H, segments}, scalars, renames));
+  plan.launches.push_back(
+      plan_launch(plan, cached_segment_combine(combine), {v_blocks, seq.N * seq.H, 1}, {}, renames));
+}
+
 void add_segment_schedule(OpPlan& plan, const SequenceLayout& seq, int64_t segments, int64_t v_blocks,
                           const SegmentCombineConfig& combine, std::shared_ptr<ir::Kernel> states,
                           std::shared_ptr<ir::Kernel> outputs, const std::map<std::string, double>& scalars) {
-  plan.tensors["segment_states"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K, seq.V});
-  plan.tensors["segment_inputs"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K, seq.V});
-  if (combine.decay == SegmentDecay::per_head)
-    plan.tensors["segment_decays"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H});
-  if (combine.decay == SegmentDecay::per_channel)
-    plan.tensors["segment_decays"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K});
-  const std::array<int64_t, 3> per_segment = {v_blocks, seq.N * seq.H, segments};
-  plan.launches.push_back(plan_launch(plan, std::move(states), per_segment, scalars));
-  plan.launches.push_back(plan_launch(plan, cached_segment_combine(combine), {v_blocks, seq.N * seq.H, 1}, {}));
-  plan.launches.push_back(plan_launch(plan, std::move(outputs), per_segment, scalars));
+  add_segment_states(plan, seq, segments, v_blocks, seq.V, combine, std::move(states), scalars);
+  plan.launches.push_back(plan_launch(plan, std::move(outputs), {v_blocks, seq.N * seq.H, segments}, scalars));
 }
 
 }  // namespace linac

@@ -30,10 +30,17 @@ int64_t segments_per_sequence(const std::string& op, const SequenceLayout& seq, 
 /// The combine kernel for `cfg`, recorded once per configuration.
 std::shared_ptr<ir::Kernel> cached_segment_combine(const SegmentCombineConfig& cfg);
 
-/// Adds the segment-parallel forward to `plan`: its scratch (segment_states, segment_inputs and
-/// segment_decays as `combine.decay` shapes them) and its three launches, the op's `states` walk and
-/// `outputs` walk (one program per (V block, sequence x head, segment), with `scalars`) around the
-/// combine (one per (V block, sequence x head)).
+/// Adds the first two steps of the segment-parallel forward to `plan`: the scratch (segment_states,
+/// segment_inputs [N, segments, H, K, columns] and segment_decays as `combine.decay` shapes them, each
+/// named `prefix` + its name) and two launches, the op's `states` walk (one program per (V block,
+/// sequence x head, segment), with `scalars`; `renames` binds its parameters to other tensors, e.g. v to
+/// a column of ones) and the combine (one per (V block, sequence x head)).
+void add_segment_states(OpPlan& plan, const SequenceLayout& seq, int64_t segments, int64_t v_blocks, int64_t columns,
+                        const SegmentCombineConfig& combine, std::shared_ptr<ir::Kernel> states,
+                        const std::map<std::string, double>& scalars, const std::string& prefix = "",
+                        std::map<std::string, std::string> renames = {});
+/// Adds the segment-parallel forward to `plan`: add_segment_states over the value columns, then the
+/// op's `outputs` walk (one program per (V block, sequence x head, segment), with `scalars`).
 void add_segment_schedule(OpPlan& plan, const SequenceLayout& seq, int64_t segments, int64_t v_blocks,
                           const SegmentCombineConfig& combine, std::shared_ptr<ir::Kernel> states,
                           std::shared_ptr<ir::Kernel> outputs, const std::map<std::string, double>& scalars);

@@ -22,17 +22,27 @@ std::shared_ptr<ir::Kernel> build_linear_attn_normalized_fwd(const LinearAttnNor
   auto [q, k, v] = declare_qkv(kb, dt);
   Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  const bool segments = cfg.segment > 0;
+  Tensor seg_inputs = segments ? kb.tensor("segment_inputs", f32, 5) : Tensor();
+  Tensor z_inputs = segments ? kb.tensor("normalizer_inputs", f32, 5) : Tensor();
   Tensor o = kb.tensor("o", dt, 4);
   Tile scale = kb.scalar("scale", f32);
 
   Tile i_v = program_id(0);
   const auto [i_nh, i_n, i_h, seq_rows] = sequence_program(q, cu, cfg.varlen, 1);
-  const auto [b, bos, eos] = seq_rows;
-  Tile num_chunks = (eos - bos + (BT - 1)) / BT;
+  auto [b, bos, eos] = seq_rows;
   Tile v0 = i_v * BV;
-
   Tile S = zeros({BK, BV}, f32);
   Tile z = zeros({BK}, f32);
+  if (segments) {
+    // A segment's rows: [bos + s L, min(eos, bos + (s + 1) L)), from the states entering it.
+    Tile i_s = program_id(2);
+    bos = bos + i_s * cfg.segment;
+    eos = minimum(eos, bos + cfg.segment);
+    S = load(seg_inputs, {i_n, i_s, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
+    z = load(z_inputs, {i_n, i_s, i_h, 0, 0}, {kIndex, kIndex, kIndex, BK, kIndex});
+  }
+  Tile num_chunks = (eos - bos + (BT - 1)) / BT;
   Tile causal = expand_dims(iota(BT), 1) >= expand_dims(iota(BT), 0);
   AccessOptions in_seq{.limits = {{1, eos}}};
 

@@ -28,9 +28,13 @@ struct LinearAttnNormalizedConfig {
   bool varlen = false;       // cu_seqlens [N+1] present, B == 1
   int num_warps = 4;
   int num_stages = 2;
+  int segment = 0;           // rows per segment (a multiple of chunk); 0: one walk per sequence
 };
 
-/// Records the normalized forward kernel. Parameters: q k v [g] [cu_seqlens] o scale.
+/// Records the normalized forward kernel. Parameters: q k v [g] [cu_seqlens] o scale. With segments
+/// (kernels/common/segments.h; dense inputs), one program per (V block, sequence x head, segment) walks
+/// its segment from the states entering it: also segment_inputs [N, segments, H, K, V] (S) and
+/// normalizer_inputs [N, segments, H, K, 1] (z), both fp32.
 std::shared_ptr<ir::Kernel> build_linear_attn_normalized_fwd(const LinearAttnNormalizedConfig& cfg);
 
 }  // namespace linac

@@ -23,12 +23,15 @@ namespace linac {
 
 namespace {
 
+std::shared_ptr<ir::Kernel> cached_linear_attn_fwd(const LinearAttnConfig& cfg);
+
 /// The normalized kernel's configuration (it takes the same tuning keys as the plain one).
 const ConfigSchema<LinearAttnNormalizedConfig>& normalized_schema() {
   using C = LinearAttnNormalizedConfig;
   static const ConfigSchema<C> schema(field<&C::dtype>(), tuned<&C::chunk>(chunk_key()), field<&C::block_k>(),
                                       tuned<&C::block_v>(bv_key()), field<&C::gated>(), field<&C::varlen>(),
-                                      tuned<&C::num_warps>(warps_key()), tuned<&C::num_stages>(stages_key()));
+                                      tuned<&C::num_warps>(warps_key()), tuned<&C::num_stages>(stages_key()),
+                                      tuned<&C::segment>(segment_key()));
   return schema;
 }
 
@@ -38,20 +41,63 @@ std::shared_ptr<ir::Kernel> cached_normalized_fwd(const LinearAttnNormalizedConf
   return memo.get(normalized_schema().key(cfg), [&] { return build_linear_attn_normalized_fwd(cfg); });
 }
 
-/// The configuration for the given head dims and `heads` = sequences x heads (0: unknown); opts.config and
-/// --chunk-size override the defaults.
-LinearAttnNormalizedConfig normalized_config(const OpOptions& opts, int64_t K, int64_t V, int64_t heads, bool gated,
-                                             bool varlen) {
+/// The segment-parallel normalized forward's first steps (kernels/common/segments.h) for `cfg`: the
+/// state walks of plain linear attention over the segments, on v for S and on a column of ones for z
+/// (z is S with one value column of ones), each followed by the combine.
+struct NormalizedSegmentSteps {
+  LinearAttnConfig values, normalizer;  // segment_states walks
+  SegmentCombineConfig values_combine, normalizer_combine;
+};
+
+NormalizedSegmentSteps normalized_segment_steps(const LinearAttnNormalizedConfig& cfg) {
+  NormalizedSegmentSteps steps;
+  LinearAttnConfig& w = steps.values;
+  w.dtype = cfg.dtype;
+  w.chunk = cfg.chunk;
+  w.block_k = cfg.block_k;
+  w.block_v = cfg.block_v;
+  w.gated = cfg.gated;
+  w.num_warps = cfg.num_warps;
+  w.num_stages = cfg.num_stages;
+  w.walk = LinearAttnWalk::segment_states;
+  w.segment = cfg.segment;
+  steps.normalizer = w;
+  steps.normalizer.block_v = padded_head_dim(1);
+  const SegmentDecay decay = cfg.gated ? SegmentDecay::per_head : SegmentDecay::none;
+  steps.values_combine = {cfg.block_k, cfg.block_v, decay, false, false, cfg.num_warps};
+  steps.normalizer_combine = {cfg.block_k, steps.normalizer.block_v, decay, false, false, cfg.num_warps};
+  return steps;
+}
+
+/// The kernels the normalized forward launches with `cfg`: the walk, or the segment-parallel schedule's.
+std::vector<std::shared_ptr<ir::Kernel>> normalized_kernels(const LinearAttnNormalizedConfig& cfg) {
+  if (cfg.segment == 0) return {cached_normalized_fwd(cfg)};
+  const NormalizedSegmentSteps steps = normalized_segment_steps(cfg);
+  return {cached_linear_attn_fwd(steps.values), cached_segment_combine(steps.values_combine),
+          cached_linear_attn_fwd(steps.normalizer), cached_segment_combine(steps.normalizer_combine),
+          cached_normalized_fwd(cfg)};
+}
+
+/// The configuration for the given sequences (nullptr: unknown, no segments) and head dims; opts.config
+/// and --chunk-size override the defaults.
+LinearAttnNormalizedConfig normalized_config(const OpOptions& opts, const SequenceLayout* seq, int64_t K, int64_t V,
+                                             bool gated) {
   check_config_keys("linear_attn", opts, normalized_schema().tuning());
+  const int64_t heads = seq ? seq->N * seq->H : 0;
+  const bool varlen = seq && seq->varlen;
   // Until the normalized form is tuned on its own, the defaults are what ptxas assembles without
   // spills for sm_80 and sm_90a in every dtype (tests/python/test_ptxas.py): z and the row sums cost
   // registers that linear_attn's 64-row chunks with 4 warps do not have, so chunks of 32, else 16
   // where 32 does not fit (kernels/common/fitting.h). In 16-bit with 128-column value blocks filling
   // the GPU (as linear_attn's forward chooses them), first chunk 64 with whole 128-column blocks and 8
-  // warps: faster, although ptxas spills 64 bytes at 255 registers there (sm_90a). Timings:
-  // docs/ops/linear_attn.md, "Measured".
+  // warps: faster, although ptxas spills 64 bytes at 255 registers there (sm_90a). Where even the walks
+  // in 64-column blocks are few, the sequences are cut in segments (default_segment) and the 128-column
+  // blocks are first too: the segments give the programs (at 64 sequences x heads the 64-column walks
+  // without segments ran as fast, gated faster). Timings: docs/ops/linear_attn.md, "Measured".
+  const int64_t wide_walks = heads * ((V + 127) / 128);
+  const bool segmented = seq && default_segment(*seq, heads * ((V + 63) / 64), 64, opts) > 0;
   const bool wide =
-      opts.dtype != DType::f32 && K <= 128 && V > 64 && heads > 0 && fills_gpu(heads * ((V + 127) / 128), opts);
+      opts.dtype != DType::f32 && K <= 128 && V > 64 && heads > 0 && (fills_gpu(wide_walks, opts) || segmented);
   std::vector<std::pair<int, int>> chunk_and_bv;  // in order of preference
   if (wide) chunk_and_bv.push_back({64, 128});
   for (int chunk : {32, 16}) chunk_and_bv.push_back({chunk, std::min(64, padded_head_dim(V))});
@@ -66,15 +112,16 @@ LinearAttnNormalizedConfig normalized_config(const OpOptions& opts, int64_t K, i
     cfg.num_stages = 2;
     cfg.gated = gated;
     cfg.varlen = varlen;
+    cfg.segment = seq ? default_segment(*seq, heads * ((V + bv - 1) / bv), cfg.chunk, opts) : 0;
     normalized_schema().apply(opts, cfg);
+    if (seq && segments_per_sequence("linear_attn --normalize", *seq, cfg.segment, cfg.chunk) <= 1) cfg.segment = 0;
     proposals.push_back(cfg);
   }
-  return first_fitting<LinearAttnNormalizedConfig>(
-      proposals, [](const LinearAttnNormalizedConfig& c) { return std::vector{cached_normalized_fwd(c)}; }, opts);
+  return first_fitting<LinearAttnNormalizedConfig>(proposals, normalized_kernels, opts);
 }
 
 /// linear_attn's prepare() with opts.normalize: checks the inputs (UserError for an initial state, a
-/// final state or --recurrent) and plans one launch of the normalized kernel.
+/// final state or --recurrent) and plans the normalized kernel's walk, or its segment-parallel schedule.
 OpPlan plan_linear_attn_normalized(const TensorMap& inputs, const OpOptions& opts,
                                    const std::vector<std::string>& wanted) {
   SequenceLayout seq = check_qkv_inputs("linear_attn", inputs);
@@ -86,21 +133,43 @@ OpPlan plan_linear_attn_normalized(const TensorMap& inputs, const OpOptions& opt
   const bool gated = inputs.count("g") > 0;
   if (gated) check_shape("g", inputs.at("g"), {seq.B, seq.T, seq.H});
 
-  const LinearAttnNormalizedConfig cfg = normalized_config(opts, seq.K, seq.V, seq.N * seq.H, gated, seq.varlen);
+  const LinearAttnNormalizedConfig cfg = normalized_config(opts, &seq, seq.K, seq.V, gated);
+  const double scale = attention_scale(opts, seq.K);
+  const int64_t v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
 
   OpPlan plan;
   add_forward_tensors(plan, inputs, seq, cfg.dtype);
-  plan.launches.push_back(plan_launch(plan, cached_normalized_fwd(cfg),
-                                      {(seq.V + cfg.block_v - 1) / cfg.block_v, seq.N * seq.H, 1},
-                                      {{"scale", attention_scale(opts, seq.K)}}));
+  if (cfg.segment == 0) {
+    plan.launches.push_back(
+        plan_launch(plan, cached_normalized_fwd(cfg), {v_blocks, seq.N * seq.H, 1}, {{"scale", scale}}));
+  } else {
+    const int64_t segments = segments_per_sequence("linear_attn --normalize", seq, cfg.segment, cfg.chunk);
+    const NormalizedSegmentSteps steps = normalized_segment_steps(cfg);
+    HostTensor ones = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, 1});
+    for (int64_t i = 0; i < ones.numel(); ++i) ones.set(i, 1.0);
+    plan.tensors["ones"] = std::move(ones);
+    add_segment_states(plan, seq, segments, v_blocks, seq.V, steps.values_combine,
+                       cached_linear_attn_fwd(steps.values), {{"scale", scale}});
+    add_segment_states(plan, seq, segments, 1, 1, steps.normalizer_combine, cached_linear_attn_fwd(steps.normalizer),
+                       {{"scale", scale}}, "normalizer_", {{"v", "ones"}});
+    plan.launches.push_back(plan_launch(plan, cached_normalized_fwd(cfg), {v_blocks, seq.N * seq.H, segments},
+                                        {{"scale", scale}}, {{"normalizer_inputs", "normalizer_segment_inputs"}}));
+  }
   if (wants(wanted, "o")) plan.outputs["o"] = "o";
   return plan;
 }
 
 /// The normalized kernels at their default configuration for opts (for linear_attn's OpDef::kernels).
 std::vector<std::shared_ptr<ir::Kernel>> linear_attn_normalized_kernels(const OpOptions& opts) {
-  return {cached_normalized_fwd(normalized_config(opts, 64, 64, 0, false, false)),
-          cached_normalized_fwd(normalized_config(opts, 64, 64, 0, true, true))};
+  LinearAttnNormalizedConfig varlen = normalized_config(opts, nullptr, 64, 64, true);
+  varlen.varlen = true;
+  // The segment-parallel schedule's kernels too, gated.
+  LinearAttnNormalizedConfig segmented = normalized_config(opts, nullptr, 64, 64, true);
+  segmented.segment = 1024;
+  std::vector<std::shared_ptr<ir::Kernel>> out = {cached_normalized_fwd(normalized_config(opts, nullptr, 64, 64, false)),
+                                                  cached_normalized_fwd(varlen)};
+  for (auto& k : normalized_kernels(segmented)) out.push_back(k);
+  return out;
 }
 
 /// The forward kernel's configuration: chunk, bv, warps, stages and segment are linear_attn's tuning keys.

@@ -80,6 +80,21 @@ def test_chunk_sizes_agree(linac):
         assert err < FP32_TOL, f"chunk {chunk} vs 16 differ by {err:.3g}"
 
 
+@pytest.mark.parametrize("chunk", [16, 32])
+@pytest.mark.parametrize("gate", [False, True], ids=["nogate", "gate"])
+def test_segments(linac, gate, chunk):
+    # The segment-parallel schedule (the default where few walks leave the GPU idle): S and z entering
+    # each segment come from the segments before it, through the combine; a last segment shorter than
+    # the others, V in two blocks.
+    inputs = make_inputs(450 + gate + chunk, B=2, T=150, H=2, K=32, V=80, gate=gate, gate_bias=4.0)
+    run_and_check(linac, inputs, options=["--chunk-size", str(chunk), "--config", "segment=64,bv=64"])
+
+
+def test_segment_must_be_a_multiple_of_the_chunk(linac):
+    inputs = make_inputs(460, B=1, T=64, H=1, K=16, V=16)
+    expect_error(linac, inputs, ["o"], ["--chunk-size", "128", "--config", "segment=64"], "multiple of the chunk")
+
+
 @pytest.mark.parametrize("gate", [False, True], ids=["nogate", "gate"])
 def test_varlen(linac, gate):
     inputs = make_inputs(500 + gate, B=1, T=130, H=2, K=32, V=32, gate=gate)

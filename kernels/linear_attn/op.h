@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/common/config_schema.h"
+#include "kernels/common/op_support.h"
 #include "kernels/op.h"
 
 namespace linac {
@@ -22,6 +23,9 @@ TuningKeys linear_attn_bwd_tuning_keys();
 
 /// The plan of `linac run linear_attn --backward`.
 OpPlan plan_linear_attn_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted);
+/// Whether the plain backward of these sequences runs its split schedule (split_bwd.h): `--config split`,
+/// else the default rule (few walks, plain form, 16-bit, dense, head dims up to 128).
+bool linear_attn_bwd_takes_split(const SequenceLayout& seq, const OpOptions& opts, bool gated);
 
 /// The same with the denominator folded in (LinearAttnBwdConfig::denominator): inputs also hold
 /// den_do (dL/dD, [B,T,H,1]) and ones ([B,T,H,1]); dq, dk (and dg) are the sums of the numerator's and

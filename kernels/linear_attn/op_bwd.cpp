@@ -8,6 +8,7 @@
 
 #include "kernels/common/config_schema.h"
 #include "kernels/common/device_limits.h"
+#include "kernels/common/elementwise.h"
 #include "kernels/common/fitting.h"
 #include "kernels/common/op_support.h"
 #include "kernels/linear_attn/bwd.h"
@@ -250,17 +251,9 @@ OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vecto
   if (denominator && (has_h0 || has_dht || cfg.initial_state_grad))
     throw InternalError("linear_attn bwd: the denominator form has no states");
   const double scale = attention_scale(opts, seq.K);
-  // The split schedule by default where the walks leave most SMs idle: plain form, 16-bit, dense, head
-  // dims up to 128, one walk per sequence x head busying at most a quarter of the SMs, over at least
-  // 1024 tokens. At half the SMs it depends (`linac tune --backward` times both there: few_walks); a
-  // walk per SM and more favour the walks (docs/ops/linear_attn.md, "Measured": split vs walks).
-  const bool split_by_default = !gated && !denominator && !seq.varlen && cfg.dtype != DType::f32 &&
-                                std::max(cfg.block_k, cfg.block_v) <= 128 &&
-                                4 * seq.N * seq.H <= device_limits(opts).sms && seq.T >= 1024;
-  if (split_key().value(opts, split_by_default ? 1 : 0) == 1) {
-    if (gated || denominator || std::max(cfg.block_k, cfg.block_v) > 128)
-      throw UserError("linear_attn --backward --config split=1 takes the plain form (no g, no --normalize) with "
-                      "head dims up to 128");
+  if (!denominator && linear_attn_bwd_takes_split(seq, opts, gated)) {
+    if (gated || std::max(cfg.block_k, cfg.block_v) > 128)
+      throw UserError("linear_attn --backward --config split=1 takes the plain form (no g) with head dims up to 128");
     if (!seq.varlen) return plan_split_bwd(inputs, opts, wanted, seq, cfg, scale);
   }
   const int64_t k_blocks = cfg.block_k / cfg.split_k, v_blocks = cfg.block_v / cfg.split_v;
@@ -298,6 +291,17 @@ OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vecto
 }
 
 }  // namespace
+
+bool linear_attn_bwd_takes_split(const SequenceLayout& seq, const OpOptions& opts, bool gated) {
+  // The split schedule by default where the walks leave most SMs idle: plain form, 16-bit, dense, head
+  // dims up to 128, one walk per sequence x head busying at most a quarter of the SMs, over at least
+  // 1024 tokens. At half the SMs it depends (`linac tune --backward` times both there: few_walks); a
+  // walk per SM and more favour the walks (docs/ops/linear_attn.md, "Measured": split vs walks).
+  const bool by_default = !gated && !seq.varlen && opts.dtype != DType::f32 &&
+                          std::max(padded_head_dim(seq.K), padded_head_dim(seq.V)) <= 128 &&
+                          4 * seq.N * seq.H <= device_limits(opts).sms && seq.T >= 1024;
+  return split_key().value(opts, by_default ? 1 : 0) == 1;
+}
 
 OpPlan plan_linear_attn_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted) {
   if (opts.normalize || opts.recurrent)
@@ -431,15 +435,30 @@ OpPlan plan_linear_attn_normalized_bwd(const TensorMap& inputs, const OpOptions&
   plan.launches.push_back(bound_launch(
       cached_prep(dt, padded_head_dim(seq.V)), {std::max<int64_t>(1, (seq.T + kRows - 1) / kRows), seq.B * seq.H, 1},
       {{"do", "do"}, {"num", "num_o"}, {"den", "den_o"}, {"dnum", "dnum"}, {"dden", "dden"}}));
-  // Both backwards at once: dq, dk (and dg) come out as the sums.
   std::vector<std::string> grads = {"dq", "dk", "dv"};
   if (gated) grads.push_back("dg");
-  TensorMap bwd_in = base;
-  bwd_in["do"] = inputs.at("do");
-  bwd_in["den_do"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, 1});  // placeholders: the
-  bwd_in["ones"] = ones;                                                      // plan's own are bound
-  append_plan(plan, plan_linear_attn_bwd_with_denominator(bwd_in, bwd, grads), "",
-              with({{"v", "v"}, {"do", "dnum"}, {"den_do", "dden"}, {"ones", "ones"}}));
+  if (linear_attn_bwd_takes_split(seq, bwd, gated)) {
+    // Where the plain backward takes its split schedule (few walks; plain form), the two backwards run
+    // on it apart, N's giving dq, dk, dv and D's dq and dk (as den_dq, den_dk), summed into N's: the
+    // walks that carry both at once are walks, which leave those SMs idle (docs/ops/linear_attn.md,
+    // "Measured").
+    TensorMap num_in = base, den_in = base;
+    num_in["do"] = inputs.at("do");
+    den_in["v"] = ones;
+    den_in["do"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, 1});  // placeholders: the plan's
+    append_plan(plan, plan_linear_attn_bwd(num_in, bwd, grads), "", with({{"v", "v"}, {"do", "dnum"}}));
+    append_plan(plan, plan_linear_attn_bwd(den_in, bwd, {"dq", "dk"}), "den_", with({{"v", "ones"}, {"do", "dden"}}));
+    for (const char* name : {"dq", "dk"})
+      plan.launches.push_back(elementwise_update_launch(plan, ElementwiseUpdate::add, name, std::string("den_") + name));
+  } else {
+    // Both backwards at once: dq, dk (and dg) come out as the sums.
+    TensorMap bwd_in = base;
+    bwd_in["do"] = inputs.at("do");
+    bwd_in["den_do"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, 1});  // placeholders: the
+    bwd_in["ones"] = ones;                                                      // plan's own are bound
+    append_plan(plan, plan_linear_attn_bwd_with_denominator(bwd_in, bwd, grads), "",
+                with({{"v", "v"}, {"do", "dnum"}, {"den_do", "dden"}, {"ones", "ones"}}));
+  }
   for (const auto& name : grads)
     if (wants(wanted, name)) plan.outputs[name] = name;
   return plan;

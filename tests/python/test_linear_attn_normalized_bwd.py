@@ -94,6 +94,25 @@ def test_gradients(linac, T, gate):
     check(linac, make_inputs(100 + T + gate, B=2, T=T, H=2, K=32, V=24, gate=gate))
 
 
+@pytest.mark.parametrize("T", [17, 100])
+def test_split_schedule(linac, T):
+    # The split schedule (the default at few heads over long sequences in 16-bit): N's and D's backwards
+    # apart, dq and dk summed.
+    check(linac, make_inputs(120 + T, B=2, T=T, H=2, K=32, V=24), options=["--config", "split=1"])
+
+
+def test_split_schedule_bf16(linac):
+    x = make_inputs(310, B=1, T=70, H=2, K=32, V=32)
+    rounded = {n: reference.round_to_bf16(a) if n in ("q", "k", "v", "do") else a for n, a in x.items()}
+    check(linac, x, options=["--dtype", "bf16", "--config", "split=1"], tol=BF16_TOL, rounded=rounded)
+
+
+def test_split_schedule_takes_no_gate(linac):
+    x = make_inputs(320, B=1, T=8, H=1, K=16, V=16, gate=True)
+    with pytest.raises(Exception, match="no g"):
+        linac.run_op("linear_attn", x, outputs=("dq",), options=["--normalize", "--backward", "--config", "split=1"])
+
+
 def test_single_token(linac):
     # o_1 = v_1 (q.k) / (q.k + eps): dq and dk are O(eps), all cancellation noise (no relative error
     # makes sense for them); dv is exact.

@@ -8,7 +8,6 @@
 
 #include "kernels/common/config_schema.h"
 #include "kernels/common/device_limits.h"
-#include "kernels/common/elementwise.h"
 #include "kernels/common/fitting.h"
 #include "kernels/common/op_support.h"
 #include "kernels/linear_attn/bwd.h"
@@ -64,7 +63,8 @@ const ConfigSchema<LinearAttnSplitBwdConfig>& split_schema() {
       tuned<&C::state_block_v>(
           {"sbv", {16, 32, 64, 128}, "--backward split=1: value columns per program of the state passes (default 32)"}),
       field<&C::state_warps>(), field<&C::state_stages>(), tuned<&C::num_warps>(warps_key()),
-      field<&C::initial_state>(), field<&C::final_state_grad>(), field<&C::initial_state_grad>());
+      field<&C::initial_state>(), field<&C::final_state_grad>(), field<&C::initial_state_grad>(),
+      field<&C::accumulate_dqdk>());
   return schema;
 }
 
@@ -184,8 +184,9 @@ LinearAttnSplitBwdConfig split_defaults(LinearAttnSplitBwdConfig base, const OpO
 
 /// The split schedule's plan (split_bwd.h): dense inputs, plain form.
 OpPlan plan_split_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted,
-                      const SequenceLayout& seq, const LinearAttnBwdConfig& walks, double scale) {
+                      const SequenceLayout& seq, const LinearAttnBwdConfig& walks, double scale, bool accumulate_dqdk) {
   LinearAttnSplitBwdConfig base;
+  base.accumulate_dqdk = accumulate_dqdk;
   base.dtype = walks.dtype;
   base.block_k = walks.block_k;
   base.block_v = walks.block_v;
@@ -219,8 +220,11 @@ OpPlan plan_split_bwd(const TensorMap& inputs, const OpOptions& opts, const std:
   return plan;
 }
 
+/// The plain backward's plan (`denominator`: the walks carry --normalize's denominator pair too);
+/// `accumulate_dqdk`: the split schedule adds dq and dk to what the plan's dq and dk hold (the plan
+/// that appends this one binds them to its own).
 OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vector<std::string>& wanted,
-                bool denominator) {
+                bool denominator, bool accumulate_dqdk = false) {
   SequenceLayout seq = check_qkv_inputs("linear_attn", inputs);
   if (!inputs.count("do")) throw UserError("linear_attn --backward: missing input 'do' (dL/do, [B,T,H,V])");
   check_shape("do", inputs.at("do"), {seq.B, seq.T, seq.H, seq.V});
@@ -254,8 +258,9 @@ OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vecto
   if (!denominator && linear_attn_bwd_takes_split(seq, opts, gated)) {
     if (gated || std::max(cfg.block_k, cfg.block_v) > 128)
       throw UserError("linear_attn --backward --config split=1 takes the plain form (no g) with head dims up to 128");
-    if (!seq.varlen) return plan_split_bwd(inputs, opts, wanted, seq, cfg, scale);
+    if (!seq.varlen) return plan_split_bwd(inputs, opts, wanted, seq, cfg, scale, accumulate_dqdk);
   }
+  if (accumulate_dqdk) throw InternalError("linear_attn bwd: only the split schedule accumulates dq and dk");
   const int64_t k_blocks = cfg.block_k / cfg.split_k, v_blocks = cfg.block_v / cfg.split_v;
 
   OpPlan plan;
@@ -439,17 +444,16 @@ OpPlan plan_linear_attn_normalized_bwd(const TensorMap& inputs, const OpOptions&
   if (gated) grads.push_back("dg");
   if (linear_attn_bwd_takes_split(seq, bwd, gated)) {
     // Where the plain backward takes its split schedule (few walks; plain form), the two backwards run
-    // on it apart, N's giving dq, dk, dv and D's dq and dk (as den_dq, den_dk), summed into N's: the
-    // walks that carry both at once are walks, which leave those SMs idle (docs/ops/linear_attn.md,
+    // on it apart, N's giving dq, dk, dv and D's adding its dq and dk to them (its chunk kernel
+    // accumulates): the walks that carry both at once leave those SMs idle (docs/ops/linear_attn.md,
     // "Measured").
     TensorMap num_in = base, den_in = base;
     num_in["do"] = inputs.at("do");
     den_in["v"] = ones;
     den_in["do"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, 1});  // placeholders: the plan's
     append_plan(plan, plan_linear_attn_bwd(num_in, bwd, grads), "", with({{"v", "v"}, {"do", "dnum"}}));
-    append_plan(plan, plan_linear_attn_bwd(den_in, bwd, {"dq", "dk"}), "den_", with({{"v", "ones"}, {"do", "dden"}}));
-    for (const char* name : {"dq", "dk"})
-      plan.launches.push_back(elementwise_update_launch(plan, ElementwiseUpdate::add, name, std::string("den_") + name));
+    append_plan(plan, plan_bwd(den_in, bwd, {"dq", "dk"}, /*denominator=*/false, /*accumulate_dqdk=*/true), "den_",
+                with({{"v", "ones"}, {"do", "dden"}, {"dq", "dq"}, {"dk", "dk"}}));
   } else {
     // Both backwards at once: dq, dk (and dg) come out as the sums.
     TensorMap bwd_in = base;

@@ -88,8 +88,14 @@ std::shared_ptr<ir::Kernel> build_linear_attn_bwd_chunk(const LinearAttnSplitBwd
   Tile causal = expand_dims(iota(BT), 1) >= expand_dims(iota(BT), 0);
   Tile dA = where(causal, dot(dO, V.T()) * scale, 0.0f).to(dt);
   Tile A = where(causal, dot(Q, K.T()) * scale, 0.0f).to(dt);
-  store_rows(dq_out, BK, (dot(dO, S.T()) * scale + dot(dA, K)).to(dt));
-  store_rows(dk_out, BK, (dot(V, dS.T()) + dot(dA.T(), Q)).to(dt));
+  Tile dQ = dot(dO, S.T()) * scale + dot(dA, K), dK = dot(V, dS.T()) + dot(dA.T(), Q);
+  if (cfg.accumulate_dqdk) {
+    // Added to what dq and dk hold (another backward's share), in fp32, rounded once.
+    dQ = dQ + rows_of(dq_out, BK).to(f32);
+    dK = dK + rows_of(dk_out, BK).to(f32);
+  }
+  store_rows(dq_out, BK, dQ.to(dt));
+  store_rows(dk_out, BK, dK.to(dt));
   store_rows(dv_out, BV, (dot(K, dS) + dot(A.T(), dO)).to(dt));
   return kb.finish();
 }

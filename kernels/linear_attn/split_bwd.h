@@ -26,6 +26,7 @@ struct LinearAttnSplitBwdConfig {
   bool initial_state = false;
   bool final_state_grad = false;
   bool initial_state_grad = false;
+  bool accumulate_dqdk = false;  // linear_attn_bwd_chunk adds dq and dk to what the tensors hold
 };
 
 /// The forward state pass (kernels/common/state_pass.h): h[b, c, h] = the state before chunk c ([B, NT, H, K, V],

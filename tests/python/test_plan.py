@@ -97,23 +97,42 @@ def test_backward_defaults_narrow_for_few_heads(linac, shape, grid):
         w = [l for l in p["launches"] if l["kernel"] in ("linear_attn_bwd_dq", "linear_attn_bwd_dk", "linear_attn_bwd_dv")]
         assert len(w) == 3, p["launches"]
         return w
-    # (split=0: at 32 heads the plain form's default is the split schedule, test_linear_attn_backward_schedule_defaults.)
-    for options in (["--backward", "--config", "split=0"], ["--backward", "--gated"], ["--backward", "--normalize"]):
+    # (split=0: at 32 heads the plain and the normalized forms' default is the split schedule,
+    # test_linear_attn_backward_schedule_defaults and test_normalized_backward_takes_the_split_schedule.)
+    for options in (["--backward", "--config", "split=0"], ["--backward", "--gated"],
+                    ["--backward", "--normalize", "--config", "split=0"]):
         assert all(l["grid"] == grid for l in walks(*options)), options
     D = int(shape.split("K=")[1])
     p = plan(linac, "linear_attn", shape, "--backward", "--config", f"bk={D},bv={D},split=0")
     assert p["launches"][0]["grid"][0] == 1
 
 
-@pytest.mark.parametrize("shape, dtype, grid", [
-    ("B=8,T=1024,H=16,K=128", "bf16", [1, 128, 1]),  # 128 heads: whole 128-column value blocks, chunk 64
-    ("B=2,T=1024,H=16,K=128", "bf16", [2, 32, 1]),   # 32 heads: 64-column blocks (more programs)
-    ("B=8,T=1024,H=16,K=128", "fp32", [2, 128, 1]),  # fp32 keeps 64-column blocks
+@pytest.mark.parametrize("shape, dtype, grids", [
+    ("B=8,T=1024,H=16,K=128", "bf16", [[1, 128, 1]]),  # 128 heads: whole 128-column value blocks, chunk 64
+    ("B=4,T=1024,H=16,K=128", "bf16", [[2, 64, 1]]),   # 64 heads: 64-column blocks (more programs)
+    ("B=8,T=1024,H=16,K=128", "fp32", [[2, 128, 1]]),  # fp32 keeps 64-column blocks
+    # 32 heads: segments of 256 rows, S's and z's states, each combined, then the segments' outputs
+    ("B=2,T=1024,H=16,K=128", "bf16", [[1, 32, 4], [1, 32, 1], [1, 32, 4], [1, 32, 1], [1, 32, 4]]),
 ])
-def test_normalized_forward_defaults(linac, shape, dtype, grid):
-    # H200, B8 T4096 H16 D128 bf16: chunk 64 with 128-column blocks 0.536 ms vs 0.707 at chunk 32 with 64.
+def test_normalized_forward_defaults(linac, shape, dtype, grids):
+    # H200, B8 T4096 H16 D128 bf16: chunk 64 with 128-column blocks 0.536 ms vs 0.707 at chunk 32 with 64;
+    # B2 T16384 H16: segments 0.743 ms vs one walk per sequence 1.452 (docs/ops/linear_attn.md, "Segments").
     p = plan(linac, "linear_attn", shape, "--normalize", "--dtype", dtype)
-    assert [l["grid"] for l in p["launches"]] == [grid], p["launches"]
+    assert [l["grid"] for l in p["launches"]] == grids, p["launches"]
+    if len(grids) > 1:
+        assert [l["kernel"] for l in p["launches"]] == ["linear_attn_segment_states", "segment_combine"] * 2 + [
+            "linear_attn_normalized_fwd"], p["launches"]
+
+
+def test_normalized_backward_takes_the_split_schedule(linac):
+    # 32 heads, 16-bit, no gate: N's and D's backwards on the split schedule, D's chunk kernel adding its
+    # dq and dk to N's (no walks); with a gate the walks carry both.
+    kernels = [l["kernel"] for l in plan(linac, "linear_attn", "B=2,T=1024,H=16,K=128", "--normalize",
+                                         "--backward")["launches"]]
+    assert kernels.count("linear_attn_bwd_chunk") == 2 and "linear_attn_bwd_dq" not in kernels, kernels
+    kernels = [l["kernel"] for l in plan(linac, "linear_attn", "B=2,T=1024,H=16,K=128", "--normalize", "--gated",
+                                         "--backward")["launches"]]
+    assert "linear_attn_bwd_chunk" not in kernels and "linear_attn_bwd_dq" in kernels, kernels
 
 
 @pytest.mark.parametrize("shape, dtype, split", [

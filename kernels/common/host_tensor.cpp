@@ -23,6 +23,12 @@ HostTensor HostTensor::zeros(DType t, std::vector<int64_t> shape) {
   return h;
 }
 
+HostTensor HostTensor::filled(DType t, std::vector<int64_t> shape, double value) {
+  HostTensor h = zeros(t, std::move(shape));
+  for (int64_t i = 0; i < h.numel(); ++i) h.set(i, value);
+  return h;
+}
+
 uint8_t* HostTensor::materialize() {
   if (!materialized()) data.assign(static_cast<size_t>(nbytes()), 0);
   return data.data();

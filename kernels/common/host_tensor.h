@@ -21,6 +21,8 @@ struct HostTensor {
   std::string input;
 
   static HostTensor zeros(DType t, std::vector<int64_t> shape);
+  /// Every element `value` (rounded to the dtype), materialized.
+  static HostTensor filled(DType t, std::vector<int64_t> shape, double value);
   int64_t numel() const;
   int64_t nbytes() const { return numel() * dtype_bytes(dtype); }
   /// Whether the elements are held in `data` (false: all zeros, nothing allocated yet).

@@ -145,9 +145,7 @@ OpPlan plan_linear_attn_normalized(const TensorMap& inputs, const OpOptions& opt
   } else {
     const int64_t segments = segments_per_sequence("linear_attn --normalize", seq, cfg.segment, cfg.chunk);
     const NormalizedSegmentSteps steps = normalized_segment_steps(cfg);
-    HostTensor ones = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, 1});
-    for (int64_t i = 0; i < ones.numel(); ++i) ones.set(i, 1.0);
-    plan.tensors["ones"] = std::move(ones);
+    plan.tensors["ones"] = HostTensor::filled(cfg.dtype, {seq.B, seq.T, seq.H, 1}, 1.0);
     add_segment_states(plan, seq, segments, v_blocks, seq.V, steps.values_combine,
                        cached_linear_attn_fwd(steps.values), {{"scale", scale}});
     add_segment_states(plan, seq, segments, 1, 1, steps.normalizer_combine, cached_linear_attn_fwd(steps.normalizer),

@@ -405,8 +405,7 @@ OpPlan plan_linear_attn_normalized_bwd(const TensorMap& inputs, const OpOptions&
   for (const char* name : {"q", "k", "v", "g", "cu_seqlens"})
     if (inputs.count(name)) base[name] = inputs.at(name);
   TensorMap ones_in = base;
-  HostTensor ones = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, 1});
-  for (int64_t i = 0; i < ones.numel(); ++i) ones.set(i, 1.0);
+  const HostTensor ones = HostTensor::filled(DType::f32, {seq.B, seq.T, seq.H, 1}, 1.0);
   ones_in["v"] = ones;
 
   // The sub-plans are plain linear attention: no normalization, and no noise-dropout (the caller

@@ -174,6 +174,8 @@ void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts, const SequenceLa
   cfg.state_block_v = std::min<int64_t>(32, cfg.block_v);
   std::optional<int64_t> asked_chunk = bwd_chunk_key().given(opts);
   if (!asked_chunk && opts.chunk_size) asked_chunk = checked_chunk_size(opts.chunk_size, 16);
+  if (asked_chunk && *asked_chunk > 64)
+    throw UserError(fmt::format("--chunk-size {}: gla --backward takes chunks of 16, 32 or 64 rows", *asked_chunk));
   std::vector<int> chunks = cfg.split ? split_chunk_proposals(cfg.dtype, cfg.block_k, cfg.block_v) : std::vector<int>{16};
   if (asked_chunk) chunks = {static_cast<int>(*asked_chunk)};
   std::vector<GlaChunkedBwdConfig> proposals;
@@ -201,8 +203,6 @@ void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts, const SequenceLa
   cfg.split_v = columns_for_walks(cfg.split_v, cfg.block_v, heads, kNarrowestColumns, opts);
   chunked_schema().apply(opts, cfg);
   cfg.split = cfg.split && !(seq && seq->varlen);
-  if (cfg.chunk > 64)
-    throw UserError(fmt::format("--chunk-size {}: gla --backward takes chunks of 16, 32 or 64 rows", cfg.chunk));
   cfg.split_k = std::min(cfg.split_k, cfg.block_k);
   cfg.split_v = std::min(cfg.split_v, cfg.block_v);
   cfg.state_block_k = std::min(cfg.state_block_k, cfg.block_k);

@@ -117,18 +117,26 @@ const std::vector<DeltaSavedTensor>& delta_saved_tensors() {
 
 namespace {
 
-/// The kernels the backward's plan launches at `cfg`: without the saved tensors delta_rule_wy and the
-/// state walk first; the walk of the state gradients; the per-chunk work, in key blocks where ck splits K.
+/// The kernels the backward's plan launches at `cfg`, in order: without the saved tensors delta_rule_wy
+/// and the state walk first; the walk of the state gradients; the per-chunk work, in key blocks where ck
+/// splits K.
+std::vector<DeltaBwdKernel> bwd_launch_order(const DeltaChunkedBwdConfig& cfg, bool saved) {
+  using K = DeltaBwdKernel;
+  std::vector<K> out;
+  if (!saved) out = {K::wy, K::states};
+  out.push_back(K::dstates);
+  if (cfg.chunk_k < cfg.block_k) {
+    out.push_back(K::chunk_keys);
+    out.push_back(K::chunk_ut);
+  } else {
+    out.push_back(K::chunk);
+  }
+  return out;
+}
+
 std::vector<std::shared_ptr<ir::Kernel>> bwd_kernels(const DeltaChunkedBwdConfig& cfg, bool saved) {
   std::vector<std::shared_ptr<ir::Kernel>> out;
-  if (!saved) out = {cached(cfg, DeltaBwdKernel::wy), cached(cfg, DeltaBwdKernel::states)};
-  out.push_back(cached(cfg, DeltaBwdKernel::dstates));
-  if (cfg.chunk_k < cfg.block_k) {
-    out.push_back(cached(cfg, DeltaBwdKernel::chunk_keys));
-    out.push_back(cached(cfg, DeltaBwdKernel::chunk_ut));
-  } else {
-    out.push_back(cached(cfg, DeltaBwdKernel::chunk));
-  }
+  for (DeltaBwdKernel which : bwd_launch_order(cfg, saved)) out.push_back(cached(cfg, which));
   return out;
 }
 
@@ -286,20 +294,9 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   plan.tensors["dbeta"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H});
   if (cfg.initial_state_grad) plan.tensors["dinitial_state"] = HostTensor::zeros(DType::f32, {seq.N, seq.H, seq.K, seq.V});
 
-  const double scale = attention_scale(opts, seq.K);
-  auto launch = [&](DeltaBwdKernel which, std::array<int64_t, 3> grid) {
-    plan.launches.push_back(plan_launch(plan, cached(cfg, which), grid, {{"scale", scale}}));
-  };
-  const std::array<int64_t, 3> per_chunk =
-      seq.varlen ? std::array<int64_t, 3>{chunks, seq.H, 1} : std::array<int64_t, 3>{(seq.T + BT - 1) / BT, seq.B * seq.H, 1};
-  if (!saved) {
-    if (chunks > 0) launch(DeltaBwdKernel::wy, per_chunk);
-    launch(DeltaBwdKernel::states, {v_blocks, seq.N * seq.H, 1});
-  }
-  launch(DeltaBwdKernel::dstates, {v_blocks, seq.N * seq.H, 1});
-  if (chunks > 0 && cfg.chunk_k < cfg.block_k) {
+  const int64_t key_blocks = cfg.block_k / cfg.chunk_k;
+  if (chunks > 0 && key_blocks > 1) {
     // The per-chunk work in key blocks (build_delta_bwd_chunk_keys): O(T*K) scratch between the two.
-    const int64_t key_blocks = cfg.block_k / cfg.chunk_k;
     plan.tensors["dk_out"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
     plan.tensors["dw"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
     if (gated) {
@@ -307,10 +304,16 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
       plan.tensors["vds_k"] = HostTensor::zeros(DType::f32, {key_blocks, seq.B, seq.T, seq.H});
       plan.tensors["ssds"] = HostTensor::zeros(DType::f32, {key_blocks, chunks, seq.H});
     }
-    launch(DeltaBwdKernel::chunk_keys, {per_chunk[0], per_chunk[1], key_blocks});
-    launch(DeltaBwdKernel::chunk_ut, per_chunk);
-  } else if (chunks > 0) {
-    launch(DeltaBwdKernel::chunk, per_chunk);
+  }
+  const double scale = attention_scale(opts, seq.K);
+  const std::array<int64_t, 3> per_chunk =
+      seq.varlen ? std::array<int64_t, 3>{chunks, seq.H, 1} : std::array<int64_t, 3>{(seq.T + BT - 1) / BT, seq.B * seq.H, 1};
+  for (DeltaBwdKernel which : bwd_launch_order(cfg, saved)) {
+    const bool walks = which == DeltaBwdKernel::states || which == DeltaBwdKernel::dstates;
+    if (!walks && chunks == 0) continue;  // the per-chunk kernels have no chunks to run
+    std::array<int64_t, 3> grid = walks ? std::array<int64_t, 3>{v_blocks, seq.N * seq.H, 1} : per_chunk;
+    if (which == DeltaBwdKernel::chunk_keys) grid[2] = key_blocks;
+    plan.launches.push_back(plan_launch(plan, cached(cfg, which), grid, {{"scale", scale}}));
   }
   for (const char* n : {"dq", "dk", "dv", "dbeta", "dg", "dinitial_state"})
     if (wants(wanted, n) && plan.tensors.count(n)) plan.outputs[n] = n;

@@ -220,3 +220,12 @@ def test_deferred_wgmma_waits_stay_asynchronous(op, shape, stages, tmp_path):
         assert SERIALIZED not in report, f"{f.name}: ptxas serializes its wgmma products:\n{report}"
         deferred += "wgmma.wait_group.sync.aligned \t1;" in f.read_text()
     assert deferred > 0, "no kernel waited for a product an iteration late"
+
+
+def test_tma_probe_assembles():
+    # The hand-written TMA + mbarrier sequence the Hopper ring is to emit (tests/ptx/tma_probe.ptx,
+    # docs/hopper.md "Next: TMA"): ptxas takes its operand forms for sm_90a.
+    if PTXAS_ERROR:
+        pytest.fail(PTXAS_ERROR)
+    proc = assemble(REPO / "tests" / "ptx" / "tma_probe.ptx", "sm_90a")
+    assert proc.returncode == 0, proc.stderr

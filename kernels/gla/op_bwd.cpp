@@ -176,7 +176,8 @@ void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts, const SequenceLa
   if (!asked_chunk && opts.chunk_size) asked_chunk = checked_chunk_size(opts.chunk_size, 16);
   if (asked_chunk && *asked_chunk > 64)
     throw UserError(fmt::format("--chunk-size {}: gla --backward takes chunks of 16, 32 or 64 rows", *asked_chunk));
-  std::vector<int> chunks = cfg.split ? split_chunk_proposals(cfg.dtype, cfg.block_k, cfg.block_v) : std::vector<int>{16};
+  std::vector<int> chunks =
+      cfg.split ? split_chunk_proposals(cfg.dtype, cfg.block_k, cfg.block_v) : std::vector<int>{16};
   if (asked_chunk) chunks = {static_cast<int>(*asked_chunk)};
   std::vector<GlaChunkedBwdConfig> proposals;
   for (int chunk : chunks) {

@@ -164,8 +164,8 @@ std::vector<std::shared_ptr<ir::Kernel>> linear_attn_normalized_kernels(const Op
   // The segment-parallel schedule's kernels too, gated.
   LinearAttnNormalizedConfig segmented = normalized_config(opts, nullptr, 64, 64, true);
   segmented.segment = 1024;
-  std::vector<std::shared_ptr<ir::Kernel>> out = {cached_normalized_fwd(normalized_config(opts, nullptr, 64, 64, false)),
-                                                  cached_normalized_fwd(varlen)};
+  std::vector<std::shared_ptr<ir::Kernel>> out = {
+      cached_normalized_fwd(normalized_config(opts, nullptr, 64, 64, false)), cached_normalized_fwd(varlen)};
   for (auto& k : normalized_kernels(segmented)) out.push_back(k);
   return out;
 }

@@ -214,7 +214,8 @@ OpPlan plan_split_bwd(const TensorMap& inputs, const OpOptions& opts, const std:
                                           (seq.K + cfg.state_block_k - 1) / cfg.state_block_k};
   plan.launches.push_back(plan_launch(plan, kernels[0], state_grid, {}));
   plan.launches.push_back(plan_launch(plan, kernels[1], state_grid, {{"scale", scale}}));
-  if (chunks > 0) plan.launches.push_back(plan_launch(plan, kernels[2], {chunks, seq.N * seq.H, 1}, {{"scale", scale}}));
+  if (chunks > 0)
+    plan.launches.push_back(plan_launch(plan, kernels[2], {chunks, seq.N * seq.H, 1}, {{"scale", scale}}));
   for (const char* name : {"dq", "dk", "dv", "dinitial_state"})
     if (wants(wanted, name)) plan.outputs[name] = name;
   return plan;

@@ -751,6 +751,14 @@ int cmd_bench(const std::vector<std::string>& args) {
   }
   if (!call.shape) usage_error("bench needs --shape B=..,T=..,H=..,K=..");
   if (bwd_config && !call.opts.backward) usage_error("--bwd-config configures the backward: add --backward");
+  // --config configures the forward here; a key only the backward's kernels take belongs in --bwd-config
+  // (the forward would refuse it with a list of its own keys, which does not say where it goes).
+  for (const auto& [key, value] : call.opts.config)
+    for (const auto& [name, help] : op.config_keys)
+      if (name == key && help.starts_with("--backward"))
+        usage_error(fmt::format("--config {}: a key of {}'s backward; bench's --config configures the forward: give "
+                                "--backward --bwd-config {}={}",
+                                key, op.name, key, value));
   const int64_t B = call.shape->B, T = call.shape->T, H = call.shape->H, K = call.shape->K, V = call.shape->V;
   const bool gated = call.gated, backward = call.opts.backward;
   const std::string& json = call.json;

@@ -19,3 +19,11 @@ def test_bad_peak_bandwidth_is_one_clear_error(linac_bin):
         r = bench(linac_bin, "linear_attn", "--shape", "B=1,T=64,H=1,K=64", "--peak-gbs", value)
         lines = r.stderr.splitlines()
         assert r.returncode == 1 and len(lines) == 1 and "--peak-gbs" in lines[0], (value, r.stderr)
+
+
+def test_a_backward_key_in_config_says_bwd_config(linac_bin):
+    # bench times the forward at --config and the backward at --bwd-config: a backward-only key given to
+    # --config is one line saying where it goes, before any GPU is needed.
+    r = bench(linac_bin, "linear_attn", "--shape", "B=1,T=64,H=1,K=64", "--backward", "--config", "split=1")
+    lines = r.stderr.splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and "--bwd-config split=1" in lines[0], r.stderr

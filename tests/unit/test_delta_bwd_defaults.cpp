@@ -7,22 +7,18 @@
 #include "kernels/common/host_tensor.h"
 #include "kernels/delta_rule/op.h"
 #include "kernels/op.h"
+#include "tests/unit/defaults_test_support.h"
 
 using namespace linac;
 
 namespace {
 
-OpOptions options(DType dtype, int64_t max_smem) {
-  OpOptions opts;
-  opts.dtype = dtype;
-  opts.max_smem_per_block = max_smem;
-  return opts;
-}
+OpOptions options(DType dtype, int64_t max_smem) { return test::on_gpu(max_smem, dtype); }
 
 }  // namespace
 
 TEST_CASE("the delta rules' backward chunk is the first of 32, 16 whose kernels fit the GPU") {
-  const int64_t h100 = 232448, a100 = 166912;
+  const int64_t h100 = test::kH100Smem, a100 = test::kA100Smem;
   for (bool gated : {false, true}) {
     CAPTURE(gated);
     // 16-bit: 32 on both GPUs at every head dim measured here.

@@ -8,17 +8,17 @@
 #include "kernels/common/fitting.h"
 #include "kernels/common/host_tensor.h"
 #include "kernels/op.h"
+#include "tests/unit/defaults_test_support.h"
 
 using namespace linac;
+using namespace linac::test;
 
 namespace {
-
-constexpr int64_t kH100 = 232448, kA100 = 166912;
 
 struct Call {
   DType dtype = DType::f32;
   int64_t B = 8, T = 64, H = 16, K = 128, V = 128;
-  int64_t max_smem = kH100;
+  int64_t max_smem = kH100Smem;
   std::map<std::string, int64_t> config = {};
 };
 
@@ -48,18 +48,6 @@ bool launches(const OpPlan& plan, const std::string& name) {
   return false;
 }
 
-std::vector<std::shared_ptr<ir::Kernel>> kernels_of(const OpPlan& plan) {
-  std::vector<std::shared_ptr<ir::Kernel>> out;
-  for (const auto& l : plan.launches) out.push_back(l.kernel);
-  return out;
-}
-
-OpOptions on_gpu(int64_t max_smem) {
-  OpOptions opts;
-  opts.max_smem_per_block = max_smem;
-  return opts;
-}
-
 }  // namespace
 
 TEST_CASE("gla's backward walks: whole 128-column blocks where they fit, narrowed where the walks are few") {
@@ -68,12 +56,12 @@ TEST_CASE("gla's backward walks: whole 128-column blocks where they fit, narrowe
   const OpPlan many = backward({});
   CHECK(launch(many, "gla_bwd_dq").grid[0] == 1);
   CHECK(launches(many, "gla_bwd_dkdv"));
-  CHECK(fits_gpu(kernels_of(many), on_gpu(kH100)));
+  CHECK(fits_gpu(kernels_of(many), on_gpu(kH100Smem)));
   // An A100 block is smaller: 64-column blocks, two walks.
-  const OpPlan a100 = backward({.max_smem = kA100});
+  const OpPlan a100 = backward({.max_smem = kA100Smem});
   CHECK(launch(a100, "gla_bwd_dq").grid[0] == 2);
   CHECK_FALSE(launches(a100, "gla_bwd_dkdv"));
-  CHECK(fits_gpu(kernels_of(a100), on_gpu(kA100)));
+  CHECK(fits_gpu(kernels_of(a100), on_gpu(kA100Smem)));
   // 32 sequences x heads: 64-column blocks (more programs per walk).
   const OpPlan few = backward({.B = 2});
   CHECK(launch(few, "gla_bwd_dq").grid[0] == 2);
@@ -83,9 +71,9 @@ TEST_CASE("gla's backward walks: whole 128-column blocks where they fit, narrowe
 }
 
 TEST_CASE("gla's fp32 backward at K = V = 256 fits an A100 with the walks one stage deep") {
-  const OpPlan h100 = backward({.K = 256, .V = 256}), a100 = backward({.K = 256, .V = 256, .max_smem = kA100});
-  CHECK(fits_gpu(kernels_of(h100), on_gpu(kH100)));
-  CHECK(fits_gpu(kernels_of(a100), on_gpu(kA100)));
+  const OpPlan h100 = backward({.K = 256, .V = 256}), a100 = backward({.K = 256, .V = 256, .max_smem = kA100Smem});
+  CHECK(fits_gpu(kernels_of(h100), on_gpu(kH100Smem)));
+  CHECK(fits_gpu(kernels_of(a100), on_gpu(kA100Smem)));
   CHECK(launch(h100, "gla_bwd_dv").kernel->num_stages == 2);
   CHECK(launch(a100, "gla_bwd_dv").kernel->num_stages == 1);
 }
@@ -95,6 +83,6 @@ TEST_CASE("gla's split schedule: chunk 32 in fp32, the state passes two stages d
   CHECK(launch(split, "gla_bwd_intra").grid[0] == 2048 / 32);
   CHECK(launch(split, "gla_bwd_states").kernel->num_stages == 2);
   // 16-bit at K = V = 128 on an A100: every kernel fits (dg's offsets in steps of 32 chunks: summing_rows).
-  const OpPlan a100 = backward({.dtype = DType::bf16, .B = 2, .T = 2048, .max_smem = kA100, .config = {{"split", 1}}});
-  CHECK(fits_gpu(kernels_of(a100), on_gpu(kA100)));
+  const OpPlan a100 = backward({.dtype = DType::bf16, .B = 2, .T = 2048, .max_smem = kA100Smem, .config = {{"split", 1}}});
+  CHECK(fits_gpu(kernels_of(a100), on_gpu(kA100Smem)));
 }

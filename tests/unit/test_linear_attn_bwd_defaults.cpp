@@ -10,18 +10,18 @@
 #include "kernels/common/fitting.h"
 #include "kernels/common/host_tensor.h"
 #include "kernels/op.h"
+#include "tests/unit/defaults_test_support.h"
 
 using namespace linac;
+using namespace linac::test;
 
 namespace {
-
-constexpr int64_t kH100 = 232448, kA100 = 166912;
 
 struct Call {
   DType dtype = DType::bf16;
   int64_t B = 1, H = 64, K = 256, V = 256;
   bool gated = false;
-  int64_t max_smem = kH100;
+  int64_t max_smem = kH100Smem;
   std::map<std::string, int64_t> config = {};
 };
 
@@ -40,18 +40,6 @@ OpPlan backward(const Call& c) {
   return find_op("linear_attn").prepare(in, opts, wanted);
 }
 
-std::vector<std::shared_ptr<ir::Kernel>> kernels_of(const OpPlan& plan) {
-  std::vector<std::shared_ptr<ir::Kernel>> out;
-  for (const auto& l : plan.launches) out.push_back(l.kernel);
-  return out;
-}
-
-OpOptions on_gpu(int64_t max_smem) {
-  OpOptions opts;
-  opts.max_smem_per_block = max_smem;
-  return opts;
-}
-
 /// The dq walk's launch (the first).
 const KernelLaunch& dq(const OpPlan& plan) {
   REQUIRE(plan.launches.at(0).kernel->name == "linear_attn_bwd_dq");
@@ -63,12 +51,12 @@ const KernelLaunch& dq(const OpPlan& plan) {
 TEST_CASE("linear_attn's backward at head dim 256 fits the GPU it plans for") {
   Call gated{.gated = true};
   Call on_a100 = gated;
-  on_a100.max_smem = kA100;
+  on_a100.max_smem = kA100Smem;
   const OpPlan a = backward(on_a100), h = backward(gated);
-  CHECK(fits_gpu(kernels_of(a), on_gpu(kA100)));
-  CHECK(fits_gpu(kernels_of(h), on_gpu(kH100)));
+  CHECK(fits_gpu(kernels_of(a), on_gpu(kA100Smem)));
+  CHECK(fits_gpu(kernels_of(h), on_gpu(kH100Smem)));
   // The H100's plan would not fit the A100: the A100's is another.
-  CHECK_FALSE(fits_gpu(kernels_of(h), on_gpu(kA100)));
+  CHECK_FALSE(fits_gpu(kernels_of(h), on_gpu(kA100Smem)));
   CHECK(kernels_of(a) != kernels_of(h));
 }
 

@@ -12,6 +12,7 @@
 #include "kernels/common/fitting.h"
 #include "kernels/common/host_tensor.h"
 #include "kernels/op.h"
+#include "tests/unit/defaults_test_support.h"
 
 using namespace linac;
 
@@ -42,7 +43,7 @@ std::shared_ptr<ir::Kernel> kernel_of(const OpPlan& plan, const std::string& nam
 }  // namespace
 
 TEST_CASE("poly's stages are the first proposal whose plan fits the GPU's blocks") {
-  const int64_t h100 = 232448, a100 = 166912;
+  const int64_t h100 = test::kH100Smem, a100 = test::kA100Smem;
   for (const char* k : {"poly_bwd_dq", "poly_bwd_dkv", "poly_bwd_prepare"}) {
     CAPTURE(k);
     const auto two = kernel_of(backward_plan(h100), k);

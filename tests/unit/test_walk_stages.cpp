@@ -10,15 +10,14 @@
 #include "kernels/common/fitting.h"
 #include "kernels/common/host_tensor.h"
 #include "kernels/op.h"
+#include "tests/unit/defaults_test_support.h"
 
 using namespace linac;
 
 namespace {
 
 OpOptions options(DType dtype, int64_t max_smem, const std::string& config = "") {
-  OpOptions opts;
-  opts.dtype = dtype;
-  opts.max_smem_per_block = max_smem;
+  OpOptions opts = test::on_gpu(max_smem, dtype);
   if (!config.empty()) opts.config = parse_config(config);
   return opts;
 }
@@ -40,7 +39,7 @@ std::shared_ptr<ir::Kernel> walk(const std::string& op, int64_t d, const OpOptio
 }  // namespace
 
 TEST_CASE("gla's and the delta rules' walks take two stages where they fit the GPU's blocks") {
-  const int64_t h100 = 232448;
+  const int64_t h100 = test::kH100Smem;
   struct Case {
     std::string op;
     int64_t d;

@@ -51,7 +51,8 @@ namespace linac::cuda::detail {
   X(cuEventSynchronize)            \
   X(cuEventElapsedTime_v2)         \
   X(cuEventDestroy_v2)             \
-  X(cuStreamSynchronize)
+  X(cuStreamSynchronize)           \
+  X(cuTensorMapEncodeTiled)
 
 /// Function pointers into libcuda, typed from cuda.h's prototypes so a wrong signature fails to
 /// compile. Members keep the C names so call sites read like the driver documentation.

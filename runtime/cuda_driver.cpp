@@ -481,6 +481,41 @@ void launch(Function f, Dim3 grid, Dim3 block, unsigned shared_bytes, std::span<
                  nullptr);
 }
 
+static_assert(sizeof(TensorMap) == sizeof(CUtensorMap) && alignof(TensorMap) == alignof(CUtensorMap));
+
+bool encode_tensor_map(TensorMap* out, DevicePtr base, int element_bytes, std::span<const std::int64_t> shape,
+                       std::span<const std::int64_t> box, int swizzle_bytes) {
+  *out = TensorMap{};
+  const size_t rank = shape.size();
+  if (rank == 0 || rank > 5 || box.size() != rank || (element_bytes != 2 && element_bytes != 4)) return false;
+  // Innermost first, as the driver takes them; strides in bytes for dims 1.. (dim 0 is contiguous).
+  cuuint64_t dims[5], strides[4];
+  cuuint32_t boxes[5], element_strides[5];
+  std::uint64_t stride = static_cast<std::uint64_t>(element_bytes);
+  for (size_t j = 0; j < rank; ++j) {
+    const std::int64_t n = shape[rank - 1 - j], b = box[rank - 1 - j];
+    if (n <= 0 || b <= 0 || b > 256) return false;
+    dims[j] = static_cast<cuuint64_t>(n);
+    boxes[j] = static_cast<cuuint32_t>(b);
+    element_strides[j] = 1;
+    if (j > 0) strides[j - 1] = stride;
+    stride *= static_cast<std::uint64_t>(n);
+  }
+  const CUtensorMapSwizzle swizzle = swizzle_bytes == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                                     : swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                     : swizzle_bytes == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                                           : CU_TENSOR_MAP_SWIZZLE_NONE;
+  // The copies only move bits: any element type of the width will do.
+  const CUtensorMapDataType type = element_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT32;
+  const Api& a = detail::api();
+  const CUresult r = a.cuTensorMapEncodeTiled(
+      reinterpret_cast<CUtensorMap*>(out), type, static_cast<cuuint32_t>(rank), reinterpret_cast<void*>(base), dims,
+      strides, boxes, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) *out = TensorMap{};
+  return r == CUDA_SUCCESS;
+}
+
 void synchronize() {
   const Api& a = detail::api();
   LINAC_CU_CHECK(a, cuCtxSynchronize, "waiting for the device");

@@ -159,6 +159,19 @@ void set_max_dynamic_shared(Function f, int bytes);
 /// the next synchronize() or copy_to_host(). A grid larger than the device allows is a UserError.
 void launch(Function f, Dim3 grid, Dim3 block, unsigned shared_bytes, std::span<void*> params, Stream stream = 0);
 
+/// A TMA tensor map (CUtensorMap: 128 opaque bytes, 128-byte aligned), which a kernel takes by value.
+struct alignas(128) TensorMap {
+  std::uint64_t opaque[16] = {};
+};
+
+/// Encodes into `out` the map of the contiguous row-major tensor at `base` with `shape` (outermost
+/// first) and elements of `element_bytes` (2 or 4) whose copies move `box` elements per dim into shared
+/// memory swizzled by `swizzle_bytes` (32, 64 or 128), reading zeros outside the tensor
+/// (cuTensorMapEncodeTiled). False, with `out` zeroed, where the driver cannot describe it: a base not
+/// 16-byte aligned, a row not a multiple of 16 bytes, an empty or too large dim, a rank over 5.
+bool encode_tensor_map(TensorMap* out, DevicePtr base, int element_bytes, std::span<const std::int64_t> shape,
+                       std::span<const std::int64_t> box, int swizzle_bytes);
+
 /// Waits for all work queued on the device (cuCtxSynchronize); throws if a kernel faulted.
 void synchronize();
 /// Waits for the work queued on `stream` (cuStreamSynchronize).

@@ -54,6 +54,7 @@ void ResolvedPlan::prepare_gpu() {
     }
     GpuKernel::ParamValues encoded = l.gpu->encode(args);
     l.values = std::move(encoded.values);
+    l.maps = std::move(encoded.maps);
     l.address_slots.clear();
     for (size_t j = 0; j < tensor_slots.size(); ++j) l.address_slots.emplace_back(encoded.addresses[j], tensor_slots[j]);
   }
@@ -84,7 +85,7 @@ void launch_on_gpu(const ResolvedPlan& plan, std::span<const cuda::DevicePtr> sl
         throw InternalError(fmt::format("{}: a tensor argument is null or not 16-byte aligned", l.kernel->name));
       values[at] = slots[slot];
     }
-    l.gpu->launch_values(l.grid, std::span<const uint64_t>(values.data(), l.values.size()), stream);
+    l.gpu->launch_values(l.grid, std::span<const uint64_t>(values.data(), l.values.size()), l.maps, stream);
   }
 }
 

@@ -7,10 +7,9 @@
 
 #include "kernels/op.h"
 #include "runtime/cuda_driver.h"
+#include "runtime/gpu_kernel.h"
 
 namespace linac {
-
-class GpuKernel;
 
 /// A plan's launches with parameter names resolved: each argument is a tensor (an index into the
 /// memory the run is given, with the shape the kernel sees) or a scalar.
@@ -31,6 +30,7 @@ struct ResolvedPlan {
     // and patches the addresses: no per-call checks or encoding.
     std::vector<uint64_t> values;
     std::vector<std::pair<size_t, int>> address_slots;
+    std::vector<GpuKernel::MapArg> maps;  // encoded per call from the patched addresses
   };
   std::vector<Launch> launches;
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <sstream>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <mutex>
 
 #include "compiler/ir/printer.h"
@@ -29,8 +30,12 @@ std::string meta_json(const nvptx::CompiledKernel& c) {
   for (const auto& p : c.params)
     params += fmt::format("{}{{\"name\":\"{}\",\"tensor\":{},\"dtype\":\"{}\",\"rank\":{}}}", params.empty() ? "" : ",",
                           p.name, p.is_tensor, dtype_name(p.dtype), p.rank);
-  return fmt::format("{{\"entry\":\"{}\",\"num_threads\":{},\"smem_bytes\":{},\"params\":[{}]}}\n", c.entry,
-                     c.num_threads, c.smem_bytes, params);
+  std::string maps;
+  for (const auto& m : c.tensor_maps)
+    maps += fmt::format("{}{{\"param\":{},\"box\":[{}],\"swizzle_bytes\":{}}}", maps.empty() ? "" : ",", m.param,
+                        fmt::join(m.box, ","), m.swizzle_bytes);
+  return fmt::format("{{\"entry\":\"{}\",\"num_threads\":{},\"smem_bytes\":{},\"params\":[{}],\"tensor_maps\":[{}]}}\n",
+                     c.entry, c.num_threads, c.smem_bytes, params, maps);
 }
 
 /// What a cache hit needs besides the cubin, one fact per line (meta.json is for people and tools).
@@ -38,6 +43,8 @@ std::string launch_meta(const nvptx::CompiledKernel& c) {
   std::string out = fmt::format("entry {}\nnum_threads {}\nsmem_bytes {}\n", c.entry, c.num_threads, c.smem_bytes);
   for (const auto& p : c.params)
     out += fmt::format("param {} {} {} {}\n", p.name, p.is_tensor ? "tensor" : "scalar", dtype_name(p.dtype), p.rank);
+  for (const auto& m : c.tensor_maps)
+    out += fmt::format("tensor_map {} {} {} {}\n", m.param, m.swizzle_bytes, m.box.size(), fmt::join(m.box, " "));
   return out;
 }
 
@@ -62,6 +69,15 @@ bool parse_launch_meta(const std::string& text, nvptx::CompiledKernel* c) {
       p.is_tensor = kind == "tensor";
       p.dtype = *d;
       c->params.push_back(p);
+    } else if (word == "tensor_map") {
+      nvptx::TensorMapParamInfo m;
+      size_t rank = 0;
+      if (!(in >> m.param >> m.swizzle_bytes >> rank) || rank > 5) return false;
+      m.box.resize(rank);
+      for (auto& b : m.box)
+        if (!(in >> b)) return false;
+      if (m.param < 0 || m.param >= static_cast<int>(c->params.size()) || !c->params[m.param].is_tensor) return false;
+      c->tensor_maps.push_back(m);
     } else {
       return false;
     }
@@ -219,7 +235,7 @@ void GpuKernel::launch(const std::array<int64_t, 3>& grid, std::span<const GpuAr
     if (const auto* t = std::get_if<DeviceTensorRef>(&args[i]); t && (t->ptr == 0 || t->ptr % 16 != 0))
       throw InternalError(fmt::format("{}: tensor argument {} is null or not 16-byte aligned", compiled_.entry, i));
   const ParamValues p = encode(args);
-  launch_values(grid, p.values, stream);
+  launch_values(grid, p.values, p.maps, stream);
 }
 
 GpuKernel::ParamValues GpuKernel::encode(std::span<const GpuArg> args) const {
@@ -233,6 +249,7 @@ GpuKernel::ParamValues GpuKernel::encode(std::span<const GpuArg> args) const {
   if (args.size() != compiled_.params.size())
     throw InternalError(fmt::format("{}: {} arguments for {} parameters", compiled_.entry, args.size(),
                                     compiled_.params.size()));
+  std::vector<size_t> address_of_param(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     const auto& p = compiled_.params[i];
     if (p.is_tensor) {
@@ -241,6 +258,7 @@ GpuKernel::ParamValues GpuKernel::encode(std::span<const GpuArg> args) const {
       if (t->dtype != p.dtype || static_cast<int>(t->shape.size()) != p.rank)
         throw InternalError(fmt::format("{}: parameter {} is {} of rank {}, got {} of rank {}", compiled_.entry, p.name,
                                         dtype_name(p.dtype), p.rank, dtype_name(t->dtype), t->shape.size()));
+      address_of_param[i] = out.values.size();
       out.addresses.push_back(out.values.size());
       push(&t->ptr, 8);
       for (int d = 0; d < p.rank; ++d) {
@@ -268,6 +286,29 @@ GpuKernel::ParamValues GpuKernel::encode(std::span<const GpuArg> args) const {
       }
     }
   }
+  // The tensor maps: whether the driver can describe each (with a stand-in address: only its alignment,
+  // which every launch checks, could differ), as a flag the kernel reads; the maps themselves per launch.
+  LINAC_INTERNAL_CHECK(compiled_.tensor_maps.size() <= kMaxTensorMaps, fmt::format("{}: too many tensor maps", compiled_.entry));
+  for (const nvptx::TensorMapParamInfo& m : compiled_.tensor_maps) {
+    const auto& p = compiled_.params.at(m.param);
+    const auto& t = std::get<DeviceTensorRef>(args[m.param]);
+    MapArg a;
+    a.address_at = address_of_param[m.param];
+    a.element_bytes = dtype_bytes(p.dtype);
+    a.rank = p.rank;
+    a.swizzle_bytes = m.swizzle_bytes;
+    LINAC_INTERNAL_CHECK(p.rank <= 5 && m.box.size() == static_cast<size_t>(p.rank), "tensor map of a bad rank");
+    for (int d = 0; d < p.rank; ++d) {
+      a.shape[d] = t.shape[d];
+      a.box[d] = m.box[d];
+    }
+    cuda::TensorMap probe;
+    a.usable = cuda::encode_tensor_map(&probe, 256, a.element_bytes, std::span(a.shape.data(), a.rank),
+                                       std::span(a.box.data(), a.rank), a.swizzle_bytes);
+    const int32_t flag = a.usable ? 1 : 0;
+    push(&flag, 4);
+    out.maps.push_back(a);
+  }
   if (out.values.size() > kMaxParamValues)
     throw InternalError(fmt::format("{}: {} kernel parameter values, more than {}", compiled_.entry, out.values.size(),
                                     kMaxParamValues));
@@ -275,17 +316,30 @@ GpuKernel::ParamValues GpuKernel::encode(std::span<const GpuArg> args) const {
 }
 
 void GpuKernel::launch_values(const std::array<int64_t, 3>& grid, std::span<const uint64_t> values,
-                              cuda::Stream stream) const {
+                              std::span<const MapArg> maps, cuda::Stream stream) const {
   for (int64_t g : grid)
     if (g <= 0) return;  // an empty grid launches nothing
-  // The driver reads each value through its own pointer; a fixed array keeps the hot path off the heap.
-  std::array<void*, kMaxParamValues> params;
-  LINAC_INTERNAL_CHECK(values.size() <= kMaxParamValues, "too many kernel parameter values");
+  // The driver reads each value through its own pointer; fixed arrays keep the hot path off the heap.
+  std::array<void*, kMaxParamValues + kMaxTensorMaps> params;
+  std::array<cuda::TensorMap, kMaxTensorMaps> encoded;
+  LINAC_INTERNAL_CHECK(values.size() <= kMaxParamValues && maps.size() <= kMaxTensorMaps,
+                       "too many kernel parameter values");
   for (size_t i = 0; i < values.size(); ++i) params[i] = const_cast<uint64_t*>(&values[i]);
+  for (size_t j = 0; j < maps.size(); ++j) {
+    const MapArg& m = maps[j];
+    // A map the kernel was told it cannot use stays zero (it copies those tiles itself).
+    if (m.usable && !cuda::encode_tensor_map(&encoded[j], values[m.address_at], m.element_bytes,
+                                             std::span(m.shape.data(), m.rank), std::span(m.box.data(), m.rank),
+                                             m.swizzle_bytes))
+      throw InternalError(fmt::format("{}: tensor map {} could not be encoded at address {:#x}", compiled_.entry, j,
+                                      values[m.address_at]));
+    if (!m.usable) encoded[j] = cuda::TensorMap{};
+    params[values.size() + j] = &encoded[j];
+  }
   cuda::launch(module_->function(),
                cuda::Dim3{static_cast<unsigned>(grid[0]), static_cast<unsigned>(grid[1]), static_cast<unsigned>(grid[2])},
                cuda::Dim3{static_cast<unsigned>(compiled_.num_threads), 1, 1}, static_cast<unsigned>(compiled_.smem_bytes),
-               std::span<void*>(params.data(), values.size()), stream);
+               std::span<void*>(params.data(), values.size() + maps.size()), stream);
 }
 
 }  // namespace linac

@@ -51,18 +51,31 @@ class GpuKernel {
 
   /// The most 8-byte values a launch passes (a rank-4 tensor takes 9: address, 4 sizes, 4 strides).
   static constexpr size_t kMaxParamValues = 512;
-  /// A launch's parameters as the kernel reads them: one 8-byte value per address, size, stride and
-  /// scalar, in order. `addresses` are the positions of the tensors' addresses, one per tensor argument.
+  /// The most tensor maps a kernel takes (nvptx::TensorMapParamInfo).
+  static constexpr size_t kMaxTensorMaps = 16;
+  /// A tensor map a launch encodes for the kernel (nvptx::TensorMapParamInfo), from the tensor whose
+  /// address is values[address_at]: encoded per launch, since the map holds the address.
+  struct MapArg {
+    size_t address_at = 0;
+    int element_bytes = 2, rank = 0, swizzle_bytes = 0;
+    std::array<int64_t, 5> shape{}, box{};
+    bool usable = false;  // the driver could describe it (the kernel was told so: its flag is 1)
+  };
+  /// A launch's parameters as the kernel reads them: one 8-byte value per address, size, stride,
+  /// scalar and tensor map flag, in order, then the tensor maps. `addresses` are the positions of the
+  /// tensors' addresses, one per tensor argument.
   struct ParamValues {
     std::vector<uint64_t> values;
     std::vector<size_t> addresses;
+    std::vector<MapArg> maps;
   };
   /// Checks `args` against the parameters (kind, dtype, rank) and encodes them; addresses are not
   /// checked (a plan encodes once with stand-in addresses and patches them per call).
   ParamValues encode(std::span<const GpuArg> args) const;
-  /// Queues the kernel over `grid` with encoded parameter values (no checks: encode() made them).
+  /// Queues the kernel over `grid` with encoded parameter values (no checks: encode() made them), its
+  /// tensor maps encoded from the addresses in `values`.
   void launch_values(const std::array<int64_t, 3>& grid, std::span<const uint64_t> values,
-                     cuda::Stream stream = 0) const;
+                     std::span<const MapArg> maps, cuda::Stream stream = 0) const;
 
   const nvptx::CompiledKernel& compiled() const { return compiled_; }
   const cuda::LinkedModule& module() const { return *module_; }

@@ -240,7 +240,7 @@ int main(int argc, char** argv) {
       std::vector<double> per_launch;
       for (int round = 0; round < 7; ++round) {
         const auto t0 = clock::now();
-        for (int i = 0; i < calls; ++i) kernel->launch_values(grid, bound, reinterpret_cast<linac::cuda::Stream>(stream));
+        for (int i = 0; i < calls; ++i) kernel->launch_values(grid, bound, encoded.maps, reinterpret_cast<linac::cuda::Stream>(stream));
         const auto t1 = clock::now();
         check(g.stream_sync(stream), "cuStreamSynchronize");
         per_launch.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / calls);

@@ -88,6 +88,7 @@ def main():
     ap.add_argument("--T", type=int, default=200, help="tokens per sequence (not a multiple of the chunk)")
     ap.add_argument("--D", type=int, default=64)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    ap.add_argument("--only", help="run only the op whose name starts with this (e.g. poly, gla, 'linear_attn gated')")
     args = ap.parse_args()
     device, D = args.device, args.D
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
@@ -96,6 +97,8 @@ def main():
     B, T, H = 2, args.T, 2
     calls = 0
     for name, chunk, recurrent, gate, beta, extra in cases():
+        if args.only and not name.startswith(args.only):
+            continue
         states = name != "linear_attn normalized"
         print(name, flush=True)
         a, h0 = inputs(B, T, H, D, gate, beta, device, dtype, grad=False, states=states)
@@ -131,10 +134,11 @@ def main():
 
         run_case("varlen forward + backward", varlen, device)
         calls += 1
-    print("poly", flush=True)
-    a, _ = inputs(B, T, H, 16, None, False, device, dtype, grad=True, states=False)
-    run_case("forward + backward", lambda: linac.poly(*a[0]).float().square().sum().backward(), device)
-    calls += 1
+    if not args.only or "poly".startswith(args.only):
+        print("poly", flush=True)
+        a, _ = inputs(B, T, H, 16, None, False, device, dtype, grad=True, states=False)
+        run_case("forward + backward", lambda: linac.poly(*a[0]).float().square().sum().backward(), device)
+        calls += 1
     print(f"done: {calls} calls on {device}")
 
 

@@ -33,14 +33,16 @@ namespace linac::nvptx {
 GpuTarget GpuTarget::for_sm(int sm) {
   GpuTarget t{sm >= 90 ? 90 : 80};
   t.sm90_dots = passes::dot_unit_for_sm(90);
+  t.sm90_tma = passes::tma_for_sm(90);
   return t;
 }
 
 std::string GpuTarget::key() const {
+  const std::string loads = sm >= 90 && !tma() ? "-no-tma" : "";
   switch (dots()) {
-    case passes::DotUnit::wgmma: return name();
-    case passes::DotUnit::wgmma_a_shared: return name() + "-wgmma-a-shared";
-    case passes::DotUnit::mma_sync: return sm >= 90 ? name() + "-mma.sync" : name();
+    case passes::DotUnit::wgmma: return name() + loads;
+    case passes::DotUnit::wgmma_a_shared: return name() + "-wgmma-a-shared" + loads;
+    case passes::DotUnit::mma_sync: return sm >= 90 ? name() + "-mma.sync" + loads : name();
   }
   return name();
 }
@@ -168,7 +170,7 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
   const passes::DotAccumulators accumulators = passes::find_dot_accumulators(k, layouts);
   out.tir_layouts = passes::print_with_layouts(k, layouts, &accumulators);
   if (last == Stage::layouts) return out;
-  passes::SmemPlan plan = passes::plan_shared_memory(k, layouts, passes::plan_pipelining(k), target.max_smem_bytes(),
+  passes::SmemPlan plan = passes::plan_shared_memory(k, layouts, passes::plan_pipelining(k, target.tma()), target.max_smem_bytes(),
                                                      target.dots());
   plan.deferred_waits = passes::deferred_wgmma_waits(k, plan, accumulators);
   out.smem_plan = passes::print_smem_plan(k, plan);
@@ -183,7 +185,7 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
   m->setTargetTriple(triple);
   m->addModuleFlag(llvm::Module::Warning, "Debug Info Version", llvm::DEBUG_METADATA_VERSION);
   // The lowering runs even under an override: its parameter list is the launch ABI.
-  KernelLowering(k, layouts, accumulators, plan, *m, &out.params).run();
+  KernelLowering(k, layouts, accumulators, plan, *m, &out.params, &out.tensor_maps).run();
   std::string err;
   llvm::raw_string_ostream es(err);
   if (llvm::verifyModule(*m, &es))

@@ -18,13 +18,16 @@ namespace linac::nvptx {
 struct GpuTarget {
   int sm = 90;
   passes::DotUnit sm90_dots = passes::DotUnit::wgmma;
+  bool sm90_tma = true;  // pipelined loads through TMA on sm_90a (passes::tma_for_sm)
+  bool tma() const { return sm >= 90 && sm90_tma; }
   passes::DotUnit dots() const { return sm >= 90 ? sm90_dots : passes::DotUnit::mma_sync; }
   bool uses_wgmma() const { return dots() != passes::DotUnit::mma_sync; }
-  /// name() and, when it is not the default, where the dots run: what a cache key must tell apart.
+  /// name() and, when they are not the defaults, where the dots run and whether loads use TMA: what a
+  /// cache key must tell apart.
   std::string key() const;
   /// The target for compute capability `sm` (sm_90a from 90 on, else sm_80), its sm_90a dots as
   /// LINAC_WGMMA asks: 0 mma.sync, 1 wgmma (the default), a-shared wgmma with A from shared memory (to
-  /// compare them in one run); UserError for another value.
+  /// compare them in one run); its loads through TMA unless LINAC_TMA=0; UserError for other values.
   static GpuTarget for_sm(int sm);
   std::string name() const;  // "sm_80", "sm_90a"
   /// The most dynamic shared memory one block may have there (227 KB on sm_90, 163 KB on sm_80).
@@ -40,6 +43,16 @@ struct KernelParamInfo {
   int rank = 0;
 };
 
+/// A tensor map the kernel takes for its TMA loads (passes::TensorMapSpec). After the IR parameters the
+/// ABI has one i32 per map (1: the launcher encoded the map, which the kernel may then use; 0: it
+/// could not, and the kernel copies those tiles with plain loads), then the maps themselves, in order,
+/// each 128 bytes by value (CUtensorMap, 64-byte aligned).
+struct TensorMapParamInfo {
+  int param = 0;              // the tensor's index in CompiledKernel::params
+  std::vector<int64_t> box;   // elements per tensor dim, outermost first
+  int swizzle_bytes = 0;      // 32, 64 or 128
+};
+
 /// Every stage of one compiled kernel (each printable, each dumpable).
 struct CompiledKernel {
   std::string entry;           // PTX entry name
@@ -50,6 +63,7 @@ struct CompiledKernel {
   std::string llvm_ir_opt;     // after O3
   std::string ptx;
   std::vector<KernelParamInfo> params;
+  std::vector<TensorMapParamInfo> tensor_maps;
   int num_threads = 128;
   int64_t smem_bytes = 0;      // dynamic shared memory per program
 };

@@ -14,8 +14,9 @@ using passes::ValueClass;
 
 KernelLowering::KernelLowering(const ir::Kernel& k, const passes::LayoutMap& layouts,
                                const passes::DotAccumulators& accumulators, const passes::SmemPlan& smem, llvm::Module& m,
-                               std::vector<KernelParamInfo>* abi)
-    : k_(k), layouts_(layouts), accumulators_(accumulators), smem_(smem), m_(m), ctx_(m.getContext()), b_(m.getContext()), abi_(abi) {}
+                               std::vector<KernelParamInfo>* abi, std::vector<TensorMapParamInfo>* maps_abi)
+    : k_(k), layouts_(layouts), accumulators_(accumulators), smem_(smem), m_(m), ctx_(m.getContext()), b_(m.getContext()),
+      abi_(abi), maps_abi_(maps_abi) {}
 
 llvm::Type* KernelLowering::llvm_type(DType t) {
   switch (t) {
@@ -44,8 +45,27 @@ void KernelLowering::create_function() {
       types.push_back(llvm_type(t.dtype));
     }
   }
+  // The TMA loads' tensor maps (codegen.h, TensorMapParamInfo): a flag each, then the maps by value.
+  const auto& maps = smem_.pipeline.tensor_maps;
+  for (const auto& m : maps) {
+    int param = 0;
+    while (k_.params.at(param).value != m.tensor) ++param;
+    maps_abi_->push_back({param, m.box, m.swizzle_bytes});
+    types.push_back(b_.getInt32Ty());
+  }
+  for (size_t i = 0; i < maps.size(); ++i) types.push_back(llvm::PointerType::get(ctx_, 0));
   auto* fty = llvm::FunctionType::get(b_.getVoidTy(), types, false);
   fn_ = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, k_.name, m_);
+  // A map is read in place where the launcher put it, in the parameter space (a generic address of it,
+  // cvta.param, is what cp.async.bulk.tensor takes): by value, 64-byte aligned, and a grid constant,
+  // which keeps LLVM from copying it to local memory when its address is taken.
+  const int first_map = static_cast<int>(types.size() - maps.size());
+  for (size_t i = 0; i < maps.size(); ++i) {
+    const unsigned a = static_cast<unsigned>(first_map + i);
+    fn_->addParamAttr(a, llvm::Attribute::getWithByValType(ctx_, llvm::ArrayType::get(b_.getInt8Ty(), 128)));
+    fn_->addParamAttr(a, llvm::Attribute::getWithAlignment(ctx_, llvm::Align(64)));
+    fn_->addParamAttr(a, llvm::Attribute::get(ctx_, "nvvm.grid_constant"));
+  }
   fn_->setCallingConv(llvm::CallingConv::PTX_Kernel);
   int nthreads = k_.num_warps * 32;
   fn_->addFnAttr("nvvm.maxntid", std::to_string(nthreads));
@@ -98,6 +118,14 @@ void KernelLowering::create_function() {
       arg->setName(p.name);
       regs_[p.value] = {&*arg++};
     }
+  }
+  for (size_t i = 0; i < maps.size(); ++i) {
+    arg->setName(fmt::format("tma_map{}_ok", i));
+    tensor_map_ok_.push_back(&*arg++);
+  }
+  for (size_t i = 0; i < maps.size(); ++i) {
+    arg->setName(fmt::format("tma_map{}", i));
+    tensor_maps_.push_back(&*arg++);
   }
 }
 

@@ -273,6 +273,12 @@ llvm::Value* KernelLowering::scalar_at_iteration(const ir::Value* v, const ir::B
   }
 }
 
+KernelLowering::AccessBounds KernelLowering::access_bounds(const ir::Op& op,
+                                                          const std::function<llvm::Value*(const ir::Value*)>& scalar_of) {
+  BlockAccess a = make_access(this, b_, tensors_.at(op.operands[0]), op, scalar_of);
+  return {std::move(a.offsets), std::move(a.bounds)};
+}
+
 void KernelLowering::issue_async_copy(const ir::Op& op, const std::function<llvm::Value*(const ir::Value*)>& scalar_of,
                                       llvm::Value* stage_off) {
   const TensorView& tv = tensors_.at(op.operands[0]);

@@ -12,7 +12,8 @@ KernelLowering::LoopPipeline KernelLowering::loop_pipeline(const ir::Op& loop) {
   const ir::Block& body = *loop.regions[0];
   LoopPipeline p;
   for (const auto& inner : body.ops) {
-    if (inner->code == OpCode::Load && smem_.pipeline.loads.count(inner.get())) p.loads.push_back(inner.get());
+    if (inner->code == OpCode::Load && smem_.pipeline.loads.count(inner.get()))
+      (smem_.pipeline.tma.count(inner.get()) ? p.tma_loads : p.loads).push_back(inner.get());
     const auto d = smem_.deferred_waits.find(inner.get());
     if (d == smem_.deferred_waits.end()) continue;
     ++p.deferred_groups;  // one commit group per product
@@ -22,7 +23,8 @@ KernelLowering::LoopPipeline KernelLowering::loop_pipeline(const ir::Op& loop) {
       if (body.args[i + 1] == acc) p.zero_start_carried.insert(i);
     p.zero_start_dots.push_back(inner.get());
   }
-  p.slack = !p.loads.empty() && smem_.pipeline.slack();
+  p.slack = p.ring() && smem_.pipeline.slack();
+  if (auto b = smem_.ring_barriers.find(&loop); b != smem_.ring_barriers.end()) p.barriers = b->second;
   ir::walk(const_cast<ir::Block&>(body), [&](ir::Op& inner) { p.async_reads = p.async_reads || smem_.wgmma_dots.count(&inner); });
   return p;
 }
@@ -34,6 +36,7 @@ void KernelLowering::issue_ring_copies(const LoopPipeline& p, const ir::Block& b
       llvm::Value* stage_off = b_.CreateMul(stage, i32(smem_.buffers.at(load->result()).stage_bytes));
       issue_async_copy(*load, [&](const ir::Value* v) { return scalar_at_iteration(v, body, at); }, stage_off);
     }
+    if (!p.tma_loads.empty()) issue_tma_copies(p, body, at, stage);
   };
   if (!hi) return issue_all();
   auto* copy = llvm::BasicBlock::Create(ctx_, "prefetch", fn_);
@@ -47,53 +50,65 @@ void KernelLowering::issue_ring_copies(const LoopPipeline& p, const ir::Block& b
 
 void KernelLowering::ring_prologue(const LoopPipeline& p, const ir::Block& body, llvm::Value* lo, llvm::Value* hi,
                                    llvm::Value* step) {
-  if (p.loads.empty()) return;
+  if (!p.ring()) return;
   // Other threads may still read or write bytes of these buffers (values whose live ranges ended just
   // before the loop: racecheck found poly's backward reading a broadcast tile there while the first
   // iteration's copies landed), as for a prefetched load (lower_load).
   std::vector<ByteRange> stages;
-  for (const ir::Op* load : p.loads) stages.push_back(smem_range(load->result()));
+  for (const auto* loads : {&p.loads, &p.tma_loads})
+    for (const ir::Op* load : *loads) stages.push_back(smem_range(load->result()));
   before_smem_access({}, stages);
+  if (!p.tma_loads.empty()) init_ring_barriers(p);
   // Two stages: the first iteration's copies. A slack stage: the first `distance` iterations', none past
-  // the last.
+  // the last. A TMA copy is never issued for an iteration that does not run: each one issued is waited
+  // for, so none is in flight when the loop is left (or its barriers initialised again).
   const int copies = p.slack ? smem_.pipeline.distance() : 1;
   for (int d = 0; d < copies; ++d) {
     llvm::Value* at = d == 0 ? lo : b_.CreateAdd(lo, b_.CreateMul(step, i32(d)));
-    issue_ring_copies(p, body, at, i32(d), p.slack ? hi : nullptr);
-    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, {});
+    issue_ring_copies(p, body, at, i32(d), p.slack || !p.tma_loads.empty() ? hi : nullptr);
+    if (!p.loads.empty()) b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, {});
   }
 }
 
 void KernelLowering::ring_head(const LoopPipeline& p, const ir::Block& body, llvm::Value* iv, llvm::Value* lo,
                                llvm::Value* hi, llvm::Value* step) {
-  if (p.loads.empty()) return;
+  if (!p.ring()) return;
   const int stages = smem_.pipeline.stages, distance = smem_.pipeline.distance();
+  const bool tma = !p.tma_loads.empty(), cp_async = !p.loads.empty();
   llvm::Value* iter = b_.CreateSDiv(b_.CreateSub(iv, lo), step);
   llvm::Value* cur = b_.CreateURem(iter, i32(stages));
+  // A TMA ring's barrier is fenced: a tile that TMA could not copy was stored by the threads (generic
+  // proxy), and wgmma (async proxy) may read it; the stage refilled behind it by TMA was read by them.
   if (!p.slack) {
     // Stage (i+1)%2 was last read in iteration i-1: once every thread is past this barrier it can be
     // refilled for iteration i+1. Then wait for this iteration's copies (all but the newest group)
     // and make every thread's copies visible. (Fenced for the async proxy as well, this barrier
-    // spared gla's backward no barrier of its products and ran 1% slower: H200, session 17.)
-    barrier();
-    issue_ring_copies(p, body, b_.CreateAdd(iv, step), b_.CreateXor(cur, i32(1)), nullptr);
-    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, {});
-    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(1)});
-    barrier();
+    // spared gla's backward no barrier of its products and ran 1% slower: H200, session 17.) TMA's
+    // copies are waited for on their stage's barrier, and need no second block barrier.
+    if (tma) fenced_barrier();
+    else barrier();
+    issue_ring_copies(p, body, b_.CreateAdd(iv, step), b_.CreateXor(cur, i32(1)), tma ? hi : nullptr);
+    if (cp_async) {
+      b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, {});
+      b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(1)});
+      barrier();
+    }
   } else {
     // This iteration's copies (all but the `distance - 1` newest groups), visible to every thread
     // and, where wgmma reads them, to the async proxy; behind the barrier every thread is done with
     // iteration i-2 (its products waited for at the end of iteration i-1), whose stage is refilled
     // for iteration i + distance.
-    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(distance - 1)});
-    if (p.async_reads) fenced_barrier();
+    if (cp_async) b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(distance - 1)});
+    if (p.async_reads || tma) fenced_barrier();
     else barrier();
     issue_ring_copies(p, body, b_.CreateAdd(iv, b_.CreateMul(step, i32(distance))),
                       b_.CreateURem(b_.CreateAdd(iter, i32(distance)), i32(stages)), hi);
-    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, {});
+    if (cp_async) b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, {});
   }
-  for (const ir::Op* load : p.loads)
-    stage_base_[load->result()] = b_.CreateMul(cur, i32(smem_.buffers.at(load->result()).stage_bytes));
+  if (tma) wait_tma_stage(p, cur, iter);
+  for (const auto* loads : {&p.loads, &p.tma_loads})
+    for (const ir::Op* load : *loads)
+      stage_base_[load->result()] = b_.CreateMul(cur, i32(smem_.buffers.at(load->result()).stage_bytes));
 }
 
 void KernelLowering::deferred_products_done(const LoopPipeline& p) {
@@ -105,12 +120,14 @@ void KernelLowering::deferred_products_done(const LoopPipeline& p) {
 void KernelLowering::pipeline_exit(const LoopPipeline& p) {
   if (p.deferred_groups > 0)  // the last iteration's products: the loop's results are their accumulators
     b_.CreateIntrinsic(llvm::Intrinsic::nvvm_wgmma_wait_group_sync_aligned, {b_.getInt64(0)});
-  if (!p.loads.empty()) {
+  if (p.ring()) {
     // Copies may still be in flight (with two stages those for the iteration past the end; with a
-    // slack stage empty groups): drain them before the buffers are reused.
-    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(0)});
+    // slack stage empty groups): drain them before the buffers are reused. (No TMA copy is: see
+    // ring_prologue.) Behind the barrier every thread is done waiting on the TMA ring's barriers.
+    if (!p.loads.empty()) b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(0)});
     barrier();
-    for (const ir::Op* load : p.loads) stage_base_.erase(load->result());
+    for (const auto* loads : {&p.loads, &p.tma_loads})
+      for (const ir::Op* load : *loads) stage_base_.erase(load->result());
   }
   for (const ir::Op* dot : p.zero_start_dots) first_step_adds_.erase(dot);
 }

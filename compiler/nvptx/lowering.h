@@ -7,6 +7,7 @@
 //                      the plan says, passes::WgmmaDot) and the f32 FMA path
 //   lower_reduce.cpp   reductions and scans
 //   lower_pipeline.cpp a chunk loop's ring of pipelined loads and its products waited for an iteration late
+//   lower_tma.cpp      the ring's TMA copies and mbarriers (sm_90a)
 #pragma once
 #include <llvm/IR/DIBuilder.h>
 #include <llvm/IR/IRBuilder.h>
@@ -38,7 +39,8 @@ struct TensorView {
 class KernelLowering {
  public:
   KernelLowering(const ir::Kernel& k, const passes::LayoutMap& layouts, const passes::DotAccumulators& accumulators,
-                 const passes::SmemPlan& smem, llvm::Module& m, std::vector<KernelParamInfo>* abi);
+                 const passes::SmemPlan& smem, llvm::Module& m, std::vector<KernelParamInfo>* abi,
+                 std::vector<TensorMapParamInfo>* maps_abi);
   void run();
 
  private:
@@ -130,6 +132,12 @@ class KernelLowering {
   /// its scalar operands evaluated by `scalar_of`.
   void issue_async_copy(const ir::Op& op, const std::function<llvm::Value*(const ir::Value*)>& scalar_of,
                         llvm::Value* stage_offset);
+  /// The tensor's element offsets (i32, per tensor dim) and bounds (min(limit, size), at least 0) of
+  /// load or store `op`, with its scalar operands evaluated by `scalar_of`.
+  struct AccessBounds {
+    std::vector<llvm::Value*> offsets, bounds;
+  };
+  AccessBounds access_bounds(const ir::Op& op, const std::function<llvm::Value*(const ir::Value*)>& scalar_of);
   /// Waits for the prefetched loads in flight and makes their copies visible to every thread.
   void wait_prefetched_loads();
   /// Re-evaluates a predictable scalar of `body` (see pipeline.h) with the induction variable = iv.
@@ -152,12 +160,15 @@ class KernelLowering {
   // lower_pipeline.cpp
   /// What a chunk loop's pipeline needs of its body (passes/pipeline.h, wgmma_waits.h).
   struct LoopPipeline {
-    std::vector<const ir::Op*> loads;  // the body's pipelined loads
+    std::vector<const ir::Op*> loads;  // the body's pipelined loads copied by cp.async
+    std::vector<const ir::Op*> tma_loads;  // and by TMA (lower_tma.cpp)
+    int64_t barriers = -1;             // the TMA ring's mbarriers (SmemPlan::ring_barriers)
     bool slack = false;                // a slack stage in the ring
     bool async_reads = false;          // a wgmma product of the body reads shared memory (async proxy)
     int deferred_groups = 0;           // the body's products waited for an iteration late
     std::vector<const ir::Op*> zero_start_dots;  // those whose accumulators enter as zeros
     std::set<size_t> zero_start_carried;          // the carried values those accumulate (indices)
+    bool ring() const { return !loads.empty() || !tma_loads.empty(); }
   };
   LoopPipeline loop_pipeline(const ir::Op& loop);
   /// The copies of the ring's loads for the iteration with induction variable `at` into `stage` (an
@@ -176,6 +187,22 @@ class KernelLowering {
   void pipeline_exit(const LoopPipeline& p);
   /// Accumulators of a loop that may not have run (`runs` false): zero then, chosen after the wait.
   Regs zero_where_no_iteration(Regs rs, llvm::Value* runs);
+
+  // lower_tma.cpp
+  /// Before the ring's first copies: thread 0 initialises a barrier per stage (one arrival: its own,
+  /// with the stage's bytes) and fences the initialisation for the async proxy. Every thread passes a
+  /// block barrier before it waits on one (the ring's head), which orders the two.
+  void init_ring_barriers(const LoopPipeline& p);
+  /// The TMA loads' copies for the iteration with induction variable `at` into `stage` (i32): thread 0
+  /// arms the stage's barrier with the bytes of the tiles TMA copies and issues their boxes; a tile whose
+  /// box crosses a limit short of the tensor's end, or whose map the launcher could not encode, is
+  /// copied by every thread synchronously instead.
+  void issue_tma_copies(const LoopPipeline& p, const ir::Block& body, llvm::Value* at, llvm::Value* stage);
+  /// The threads copy TMA load `load`'s tile (its offsets and bounds `at`) into `stage` with plain loads
+  /// and stores, zeros outside the bounds: where TMA cannot.
+  void copy_tile_by_threads(const ir::Op& load, const AccessBounds& at, llvm::Value* stage);
+  /// Every thread waits until the copies into `stage` (i32) of the iteration `iter` (i32, from 0) landed.
+  void wait_tma_stage(const LoopPipeline& p, llvm::Value* stage, llvm::Value* iter);
 
   // lower_reduce.cpp
   void lower_reduce(const ir::Op& op);
@@ -200,6 +227,9 @@ class KernelLowering {
   llvm::LLVMContext& ctx_;
   llvm::IRBuilder<> b_;
   std::vector<KernelParamInfo>* abi_;
+  std::vector<TensorMapParamInfo>* maps_abi_;
+  std::vector<llvm::Value*> tensor_map_ok_;  // i32 per tensor map (passes::PipelinePlan::tensor_maps)
+  std::vector<llvm::Value*> tensor_maps_;    // the maps' parameters (generic pointers to them)
   llvm::Function* fn_ = nullptr;
   llvm::Value* tid_ = nullptr;
   llvm::Value* smem_ptr_ = nullptr;  // the dynamic shared memory array

@@ -1,8 +1,15 @@
 #include "compiler/passes/pipeline.h"
 
+#include <optional>
+
 #include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "compiler/passes/layout.h"
+#include "linac/error.h"
 
 namespace linac::passes {
 
@@ -28,7 +35,51 @@ void collect(const ir::Kernel& k, const ir::Block& b, const std::set<const ir::V
   }
 }
 
+/// Tiles of fewer rows stay on cp.async: gla's backward walks (chunks of 16, 5 to 7 tiles per step)
+/// ran 7% slower with TMA (docs/hopper.md, "TMA").
+constexpr int64_t kMinTmaRows = 32;
+
+/// The TMA form of pipelined load `op`, its map added to plan.tensor_maps; nullopt where the tile is
+/// not a box of its tensor that a swizzled buffer can hold (plan_pipelining).
+std::optional<TmaLoad> tma_load(const ir::Op& op, PipelinePlan& plan) {
+  const ir::Type& t = op.result()->type;
+  const ir::Value* tensor = op.operands[0];
+  const int rank = tensor->type.rank();
+  const std::vector<int64_t>& dims = op.attrs.dims;
+  if (t.rank() != 2 || dims.size() != 2 || rank > 5 || dims[0] >= dims[1] || dims[1] != rank - 1) return std::nullopt;
+  const int width = swizzle_width(t);
+  if (width == 0 || t.shape[0] < kMinTmaRows || t.shape[0] > 256) return std::nullopt;
+  TensorMapSpec spec{tensor, std::vector<int64_t>(rank, 1), width};
+  const int64_t elem = dtype_bytes(t.dtype);
+  spec.box[dims[0]] = t.shape[0];
+  spec.box[dims[1]] = width / elem;
+  TmaLoad l;
+  l.box_cols = width / elem;
+  l.boxes = static_cast<int>(t.shape[1] / l.box_cols);
+  l.bytes = t.numel() * elem;
+  auto it = std::find(plan.tensor_maps.begin(), plan.tensor_maps.end(), spec);
+  l.map = static_cast<int>(it - plan.tensor_maps.begin());
+  if (it == plan.tensor_maps.end()) plan.tensor_maps.push_back(spec);
+  return l;
+}
+
 }  // namespace
+
+int swizzle_width(const ir::Type& t) {
+  if (t.rank() != 2 || t.shape[0] % 8 != 0) return 0;
+  const int64_t row_bytes = t.shape[1] * dtype_bytes(t.dtype);
+  return row_bytes % 128 == 0 ? 128 : row_bytes == 64 ? 64 : row_bytes == 32 ? 32 : 0;
+}
+
+bool tma_for_sm(int sm) {
+  bool on = true;
+  if (const char* w = std::getenv("LINAC_TMA"); w && *w) {
+    const std::string s(w);
+    if (s == "0") on = false;
+    else if (s != "1") throw UserError(fmt::format("LINAC_TMA={}: expected 0 or 1", s));
+  }
+  return sm >= 90 && on;
+}
 
 std::set<const ir::Value*> stored_tensors(const ir::Kernel& k) {
   std::set<const ir::Value*> stored;
@@ -63,11 +114,17 @@ bool is_predictable_scalar(const ir::Value* v, const ir::Block& body) {
   }
 }
 
-PipelinePlan plan_pipelining(const ir::Kernel& k) {
+PipelinePlan plan_pipelining(const ir::Kernel& k, bool tma) {
   PipelinePlan plan;
   plan.stages = std::clamp(k.num_stages, 1, ir::kMaxNumStages);
   if (plan.stages < 2) return plan;
   collect(k, k.body, stored_tensors(k), plan);
+  if (!tma) return plan;
+  // In program order, so that the maps' parameter order does not depend on addresses.
+  ir::walk(const_cast<ir::Block&>(k.body), [&](ir::Op& op) {
+    if (!plan.loads.count(&op)) return;
+    if (auto l = tma_load(op, plan)) plan.tma[&op] = *l;
+  });
   return plan;
 }
 

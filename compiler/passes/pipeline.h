@@ -20,17 +20,49 @@
 // waits for them only where their buffer is first read, so that consecutive loads overlap their
 // latencies instead of each stalling its first use (delta_rule_bwd_chunk spent 56% of its stall
 // samples waiting for loads one at a time).
+//
+// On sm_90a the pipelined loads that are boxes of their tensor go through the Tensor Memory Accelerator
+// (TmaLoad): one thread issues cp.async.bulk.tensor per box of the tile into the stage, which completes
+// on the stage's mbarrier; every thread waits on that barrier's phase instead of on cp.async groups. The
+// tile's buffer takes the swizzled layout the copy writes (the box's inner extent is one swizzle span),
+// and the kernel takes a tensor map per (tensor, box) from the launcher. Where a box would cross a
+// limit that is not the tensor's end (packed sequences: rows past the sequence's end read as zeros, the
+// map zero-fills only past the tensor's end) or the launcher could not encode the map, that copy is
+// made by every thread with plain loads and stores instead, at run time (docs/hopper.md, "TMA").
 #pragma once
+#include <map>
 #include <set>
+#include <vector>
 
 #include "compiler/ir/ir.h"
 
 namespace linac::passes {
 
+/// A tensor map a kernel takes for its TMA loads: the tensor (a kernel parameter) and the box one copy
+/// moves, in elements per tensor dim (outermost first: 1 on the dims the tile indexes), with the swizzle
+/// that lays a box's rows out as the tile's buffer has them.
+struct TensorMapSpec {
+  const ir::Value* tensor = nullptr;
+  std::vector<int64_t> box;
+  int swizzle_bytes = 0;
+  bool operator==(const TensorMapSpec&) const = default;
+};
+
+/// A pipelined load copied by TMA: `boxes` copies of tensor map `map` side by side along the tile's
+/// columns (each one block of the swizzled buffer), `box_cols` columns each.
+struct TmaLoad {
+  int map = 0;
+  int64_t box_cols = 0;
+  int boxes = 1;
+  int64_t bytes = 0;  // the whole tile: what the stage's barrier expects when every box is copied
+};
+
 struct PipelinePlan {
   int stages = 1;  // 1 (no pipelining) to ir::kMaxNumStages
   std::set<const ir::Op*> loads;       // the pipelined loads (in loop bodies, `stages` stages)
   std::set<const ir::Op*> prefetched;  // top-level loads copied asynchronously (one stage)
+  std::map<const ir::Op*, TmaLoad> tma;     // the pipelined loads copied by TMA (sm_90a)
+  std::vector<TensorMapSpec> tensor_maps;   // the maps those copies read, in kernel-parameter order
   /// Whether v lives in shared memory only, copied there by cp.async (pipelined or prefetched).
   bool contains(const ir::Value* v) const { return v->def && (loads.count(v->def) || prefetched.count(v->def)); }
   bool is_prefetched(const ir::Value* v) const { return v->def && prefetched.count(v->def); }
@@ -50,8 +82,20 @@ bool splits_into_16_byte_copies(const ir::Type& t, int num_threads);
 
 /// Chooses the loads to pipeline: loads directly in a for body, with predictable offsets, from a
 /// tensor the kernel never stores to, whose tile splits into 16-byte vectors (cp.async's unit) over
-/// the kernel's threads.
-PipelinePlan plan_pipelining(const ir::Kernel& k);
+/// the kernel's threads. With `tma`, those of them that are boxes of their tensor go through TMA: a
+/// 2-D tile along two of the tensor's dims in order, the second its innermost, 32 to 256 rows, whose
+/// rows take a swizzled layout (swizzle_width).
+PipelinePlan plan_pipelining(const ir::Kernel& k, bool tma = false);
+
+/// Whether compute capability `sm` (x 10) copies pipelined loads with TMA: from 90 on, unless LINAC_TMA=0
+/// (1 is the default; anything else is a UserError). Compiles (nvptx::GpuTarget::for_sm) and the
+/// defaults' fit checks (kernels/common/fitting.h) both ask it.
+bool tma_for_sm(int sm);
+
+/// The width W of the swizzled layout a buffer of tile type `t` takes (SmemBuffer::swizzle_bytes): the
+/// widest of 128, 64, 32 bytes that its rows are a multiple of (128) or equal to (64, 32), rows in
+/// groups of 8; 0 where none fits (rank other than 2).
+int swizzle_width(const ir::Type& t);
 
 /// Whether `v` is computed from the block's induction variable and values defined outside `body`
 /// by pure scalar ops only (what the lowering can re-evaluate for the next iteration).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <vector>
 
 #include "compiler/ir/printer.h"
@@ -44,6 +45,8 @@ class Planner {
     number_block(k_.body);
     mark_block(k_.body);
     for (const ir::Op* load : plan_.pipeline.loads) spilled_.insert(load->result());
+    // A TMA copy writes its box's rows in the swizzled layout (pipeline.h).
+    for (const auto& [load, tma] : plan_.pipeline.tma) swizzled_[load->result()] = swizzle_width(load->result()->type);
     choose_prefetched_loads();
     if (unit_ != DotUnit::mma_sync) ir::walk(const_cast<ir::Block&>(k_.body), [&](ir::Op& op) { choose_wgmma(op); });
     allocate();
@@ -215,15 +218,6 @@ class Planner {
   }
 
   // ---- dots on warpgroup tensor cores (sm_90a) ----
-  /// The swizzle width of a buffer for `t` in wgmma's layouts (SmemBuffer::swizzle_bytes): the widest
-  /// of 128, 64, 32 bytes that its rows are a multiple of (128) or equal to (64, 32), rows in groups of
-  /// 8; 0 where none fits.
-  static int swizzle_width(const ir::Type& t) {
-    if (t.rank() != 2 || t.shape[0] % 8 != 0) return 0;
-    const int64_t row_bytes = t.shape[1] * dtype_bytes(t.dtype);
-    return row_bytes % 128 == 0 ? 128 : row_bytes == 64 ? 64 : row_bytes == 32 ? 32 : 0;
-  }
-
   /// Where a dot operand lies, as read (its own buffer, or in place in another's; as stored, [rows]
   /// [cols] of that buffer): {buffer, stored transposed, row0, col0}.
   std::optional<DotOperandInPlace> operand_source(const ir::Value* v) const {
@@ -367,6 +361,18 @@ class Planner {
     plan_.line_scans = scan_2d > 0 && plan_.scratch_offset + std::max(scratch_1d, scan_2d) <= max_smem_bytes_;
     plan_.scratch_bytes = plan_.line_scans ? std::max(scratch_1d, scan_2d) : scratch_1d;
     plan_.total_bytes = plan_.scratch_offset + plan_.scratch_bytes;
+    // The TMA rings' mbarriers: after everything else, so that no buffer ever overlaps a barrier that a
+    // copy in flight may still complete on.
+    ir::walk(const_cast<ir::Block&>(k_.body), [&](ir::Op& op) {
+      if (op.code != OpCode::For) return;
+      for (const auto& inner : op.regions[0]->ops)
+        if (plan_.pipeline.tma.count(inner.get())) {
+          plan_.total_bytes = (plan_.total_bytes + 7) / 8 * 8;
+          plan_.ring_barriers[&op] = plan_.total_bytes;
+          plan_.total_bytes += 8 * plan_.pipeline.stages;
+          return;
+        }
+    });
   }
 
   const ir::Kernel& k_;
@@ -425,12 +431,18 @@ SmemPlan plan_shared_memory(const ir::Kernel& k, const LayoutMap& layouts, const
 
 std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
   auto names = ir::value_names(k);
+  auto tma_copy = [&](const ir::Value* v) -> std::string {
+    auto t = v->def ? plan.pipeline.tma.find(v->def) : plan.pipeline.tma.end();
+    if (t == plan.pipeline.tma.end()) return "";
+    const TensorMapSpec& m = plan.pipeline.tensor_maps.at(t->second.map);
+    return fmt::format(" by TMA ({} x box [{}] of map {})", t->second.boxes, fmt::join(m.box, ", "), t->second.map);
+  };
   std::vector<std::pair<int64_t, std::string>> lines;
   for (const auto& [v, buf] : plan.buffers)
     lines.push_back({buf.offset, fmt::format("smem {:>6} +{:<6} {} {}{}{}{}", buf.offset, buf.bytes, names.at(v),
                                              v->type.str(), buf.row_stride ? fmt::format(" row_stride={}", buf.row_stride) : "",
                                              buf.swizzle_bytes ? fmt::format(" swizzle={}B", buf.swizzle_bytes) : "",
-                                             buf.stages > 1                      ? fmt::format(" pipelined stages={}", buf.stages)
+                                             buf.stages > 1                      ? fmt::format(" pipelined stages={}{}", buf.stages, tma_copy(v))
                                              : plan.pipeline.is_prefetched(v) ? std::string(" prefetched")
                                                                                : std::string())});
   std::sort(lines.begin(), lines.end());
@@ -439,6 +451,14 @@ std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
   if (plan.scratch_bytes)
     out += fmt::format("smem {:>6} +{:<6} scratch (reductions and scans{})\n", plan.scratch_offset, plan.scratch_bytes,
                        plan.line_scans ? ", 2-D scans line by line" : "");
+  for (const auto& [loop, offset] : plan.ring_barriers)
+    out += fmt::format("smem {:>6} +{:<6} mbarriers of the TMA ring of {}, one per stage\n", offset,
+                       8 * plan.pipeline.stages, names.at(loop->regions[0]->args[0]));
+  for (size_t i = 0; i < plan.pipeline.tensor_maps.size(); ++i) {
+    const TensorMapSpec& m = plan.pipeline.tensor_maps[i];
+    out += fmt::format("tensor map {}: {} box [{}] swizzle={}B\n", i, names.at(m.tensor), fmt::join(m.box, ", "),
+                       m.swizzle_bytes);
+  }
   // The dots on wgmma, in program order: where each reads its operands.
   std::vector<std::pair<int64_t, std::string>> dots;
   auto where = [&](const WgmmaOperand& o) {

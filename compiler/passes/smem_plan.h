@@ -84,6 +84,9 @@ struct SmemPlan {
   // Whether 2-D scans go line by line through scratch: only when their scratch still fits the
   // device's shared memory (else the slower per-element form, which needs none).
   bool line_scans = false;
+  // The mbarriers of the TMA rings (PipelinePlan::tma): for each loop with TMA loads, one 8-byte barrier
+  // per stage from this offset, after every buffer and the scratch.
+  std::map<const ir::Op*, int64_t> ring_barriers;
   int64_t total_bytes = 0;
   std::map<const ir::Op*, WgmmaDot> wgmma_dots;  // the dots that run on wgmma (empty unless asked for)
   std::set<const ir::Op*> dots_a_in_registers;    // the dots whose A is read from its registers (dot_a_in_registers)

@@ -16,18 +16,19 @@ int64_t planned_smem_bytes(const std::shared_ptr<ir::Kernel>& k, const OpOptions
   // Where the compile will run the dots (wgmma: swizzled operand buffers, warpgroup layouts).
   const passes::DotUnit unit = passes::dot_unit_for_sm(gpu.sm);
   const bool wgmma = unit != passes::DotUnit::mma_sync;
+  const bool tma = passes::tma_for_sm(gpu.sm);
   // Every call planned asks again, for kernels that are memoized (KernelMemo) and immutable: one plan
   // per kernel and target (the key holds the kernel, so its address is never reused for another).
-  using Key = std::tuple<std::shared_ptr<ir::Kernel>, int64_t, passes::DotUnit>;
+  using Key = std::tuple<std::shared_ptr<ir::Kernel>, int64_t, passes::DotUnit, bool>;
   static std::mutex mu;
   static std::map<Key, int64_t> planned;
-  const Key key{k, gpu.max_smem_per_block, unit};
+  const Key key{k, gpu.max_smem_per_block, unit, tma};
   {
     std::lock_guard lock(mu);
     if (auto it = planned.find(key); it != planned.end()) return it->second;
   }
   const passes::SmemPlan plan =
-      passes::plan_shared_memory(*k, passes::assign_layouts(*k, wgmma), passes::plan_pipelining(*k),
+      passes::plan_shared_memory(*k, passes::assign_layouts(*k, wgmma), passes::plan_pipelining(*k, tma),
                                  gpu.max_smem_per_block, unit);
   std::lock_guard lock(mu);
   planned[key] = plan.total_bytes;

@@ -2,7 +2,8 @@
 // the shared-memory planner (compiler/passes/smem_plan.h: layouts, pipelining and the plan, no LLVM) picks
 // the first whose kernels fit a block of the call's GPU (kernels/common/device_limits.h: the reference
 // GPU where none is known), planned for that GPU's target as its compile will (passes::dot_unit_for_sm:
-// sm_90a's dots on wgmma unless LINAC_WGMMA says otherwise). So no default restates
+// sm_90a's dots on wgmma unless LINAC_WGMMA says otherwise; passes::tma_for_sm: its pipelined boxes by TMA,
+// in swizzled buffers, unless LINAC_TMA=0). So no default restates
 // what the planner would say ("fp32 at head dim 128 takes chunk 32 because chunk 64 needs N KB"), and a
 // GPU with less shared memory gets the next proposal instead of a launch that fails. Registers are not
 // planned before ptxas: defaults bounded by spills stay rules of their family, which say so.

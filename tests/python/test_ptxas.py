@@ -69,6 +69,13 @@ KNOWN_SPILLS = {
     # dk/dv 236 in bf16 (304 before) and 184 in fp16 on sm_90a, 128-236 on sm_80 (ptxas 13.0).
     # (poly_fwd_out, the outputs at three blocks of 4 warps per SM, 168 registers, spilled 252 bytes
     # until the same branch: none now, so the zero-spill check holds it.)
+    # gla's dg (a reverse scan of [32, 64] fp32 tiles per chunk): ptxas 13.0 assembles it at 48 registers
+    # (72-96 for the packed form), its own choice (.maxntid 128 alone). Since its tiles come by TMA
+    # (session 20), the threads' copy of a tile that TMA cannot make, which the loop must hold the
+    # operands for, spills 4-8 bytes; without that path there is no spill. TMA took it from 0.249 to
+    # 0.218 ms (H200, B8 T4096 H16 D128 bf16, docs/hopper.md).
+    "gla_bwd_dg": {"bf16": 8, "fp16": 8, "fp32": 8},
+    "gla_bwd_dg_offsets": {"bf16": 8, "fp16": 8, "fp32": 8},
     "poly_bwd_dq": {"bf16": 32, "fp16": 64},
     "poly_bwd_dkv": {"bf16": 400, "fp16": 400},
 }

@@ -8,6 +8,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
@@ -33,8 +35,9 @@ def test_view_keeps_its_source_live(linac_bin):
 
 def smem_events(linac_bin, tir):
     """The shared-memory accesses and barriers of the kernel in `tir`, in emission order (unoptimized
-    LLVM IR): ("R", line), ("W", line), ("CP", line) for an asynchronous copy into shared memory, or
-    ("BAR", None), `line` the tir line of the op emitting it."""
+    LLVM IR): ("R", line), ("W", line), ("CP", line) for an asynchronous copy into shared memory (cp.async
+    or TMA's cp.async.bulk.tensor), or ("BAR", None) for a block barrier (not an mbarrier operation),
+    `line` the tir line of the op emitting it."""
     r = subprocess.run([str(linac_bin), "compile", str(tir), "--emit", "llvm"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
@@ -44,9 +47,9 @@ def smem_events(linac_bin, tir):
     for t in text:
         dbg = re.search(r"!dbg !(\d+)", t)
         line = lines.get(dbg.group(1)) if dbg else None
-        if "call" in t and "barrier" in t:
+        if "call" in t and "barrier" in t and "mbarrier" not in t:
             events.append(("BAR", None))
-        elif "call" in t and "cp.async" in t and "shared.global" in t:
+        elif "call" in t and ("cp.async" in t and "shared.global" in t or "cp.async.bulk.tensor" in t):
             events.append(("CP", line))
         elif re.search(r"\bstore .*addrspace\(3\)", t):
             events.append(("W", line))
@@ -82,7 +85,9 @@ def test_delta_rule_wy_prefetches_its_key_and_value_blocks(linac_bin):
     assert len(prefetched) == 4, wy
 
 
-def test_barrier_between_reads_before_a_loop_and_its_first_copies(linac_bin):
+@pytest.mark.parametrize("tma", ["1", "0"])
+def test_barrier_between_reads_before_a_loop_and_its_first_copies(linac_bin, tma, monkeypatch):
+    monkeypatch.setenv("LINAC_TMA", tma)  # the loop's load by TMA (sm_90a's default) or cp.async
     tir = ROOT / "tests" / "regress" / "loop_copy_reuse.tir"
     bufs = plan(linac_bin, tir)
     a, x = bufs["%5"], bufs["%13"]  # printer numbering: %a is %5, the loop's %x is %13

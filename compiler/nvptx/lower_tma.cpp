@@ -1,0 +1,209 @@
+// The TMA copies of a chunk loop's ring (sm_90a; compiler/passes/pipeline.h, TmaLoad): the stages'
+// mbarriers, one thread arming a stage with its bytes and issuing cp.async.bulk.tensor per box, every
+// thread waiting on the stage's phase; and, per tile and iteration, the synchronous copy where a box
+// would cross a limit that is not the tensor's end or the launcher could not encode the map. Inline PTX
+// throughout (the instructions as the PTX ISA spells them, which tests/ptx/tma_probe.ptx pins and
+// tools/tma_probe.py ran on an H200); each statement clobbers memory, so that no shared-memory access
+// moves across it.
+#include <fmt/format.h>
+#include <llvm/IR/InlineAsm.h>
+
+#include "compiler/nvptx/lowering.h"
+
+namespace linac::nvptx {
+
+namespace {
+
+llvm::InlineAsm* asm_of(llvm::Type* ret, std::vector<llvm::Type*> args, const std::string& text,
+                        const std::string& constraints) {
+  return llvm::InlineAsm::get(llvm::FunctionType::get(ret, args, false), text, constraints, /*hasSideEffects=*/true);
+}
+
+/// The 32-bit shared-memory address of `p` (a pointer into the dynamic shared memory), as PTX's
+/// shared-space operands take it.
+llvm::Value* shared_u32(llvm::IRBuilder<>& b, llvm::Value* p) {
+  return b.CreateTrunc(b.CreatePtrToInt(p, b.getInt64Ty()), b.getInt32Ty());
+}
+
+}  // namespace
+
+void KernelLowering::init_ring_barriers(const LoopPipeline& p) {
+  auto* init = llvm::BasicBlock::Create(ctx_, "tma.init", fn_);
+  auto* done = llvm::BasicBlock::Create(ctx_, "tma.init.done", fn_);
+  b_.CreateCondBr(b_.CreateICmpEQ(thread_id(), i32(0)), init, done);
+  b_.SetInsertPoint(init);
+  llvm::Type* i32t = b_.getInt32Ty();
+  for (int s = 0; s < smem_.pipeline.stages; ++s) {
+    llvm::Value* bar = shared_u32(b_, b_.CreateConstGEP1_64(b_.getInt8Ty(), smem_ptr_, p.barriers + 8 * s));
+    b_.CreateCall(asm_of(b_.getVoidTy(), {i32t}, "mbarrier.init.shared::cta.b64 [$0], 1;", "r,~{memory}"), {bar});
+  }
+  // The initialisation visible to the async proxy (the copies complete on these barriers).
+  b_.CreateCall(asm_of(b_.getVoidTy(), {}, "fence.mbarrier_init.release.cluster;", "~{memory}"), {});
+  b_.CreateBr(done);
+  b_.SetInsertPoint(done);
+}
+
+void KernelLowering::issue_tma_copies(const LoopPipeline& p, const ir::Block& body, llvm::Value* at,
+                                      llvm::Value* stage) {
+  auto scalar_of = [&](const ir::Value* v) { return scalar_at_iteration(v, body, at); };
+  llvm::Type* i32t = b_.getInt32Ty();
+  // Per load: whether TMA copies it this time (uniform over the block: scalars and parameters only).
+  std::vector<llvm::Value*> by_tma;
+  std::vector<AccessBounds> where;
+  llvm::Value* tx = i32(0);
+  for (const ir::Op* load : p.tma_loads) {
+    const passes::TmaLoad& t = smem_.pipeline.tma.at(load);
+    const TensorView& tv = tensors_.at(load->operands[0]);
+    const std::vector<int64_t>& box = smem_.pipeline.tensor_maps.at(t.map).box;
+    AccessBounds a = access_bounds(*load, scalar_of);
+    // The map zero-fills past the tensor's end only: a dim whose bound is short of it (a sequence's end
+    // inside a packed batch, a limit the program gives) must not cut the tile.
+    llvm::Value* ok = b_.CreateICmpNE(tensor_map_ok_.at(t.map), i32(0));
+    const int64_t extent_along[2] = {load->result()->type.shape[0], load->result()->type.shape[1]};
+    const size_t rank = a.bounds.size();
+    for (size_t d = 0; d < rank; ++d) {
+      // A limit that is the tensor's own size along d cuts nothing (most of them: the test costs
+      // registers through the loop, and gla_bwd_dg spilled).
+      const ir::Value* limit = load->operands[1 + rank + d];
+      if (limit->def && limit->def->code == ir::OpCode::Dim && limit->def->operands[0] == load->operands[0] &&
+          limit->def->attrs.axis == static_cast<int64_t>(d))
+        continue;
+      int64_t extent = box[d];
+      for (size_t ax = 0; ax < load->attrs.dims.size(); ++ax)
+        if (load->attrs.dims[ax] == static_cast<int64_t>(d)) extent = extent_along[ax];
+      llvm::Value* whole_dim = b_.CreateICmpEQ(a.bounds[d], tv.dims[d]);
+      llvm::Value* inside = b_.CreateICmpSLE(b_.CreateAdd(a.offsets[d], i32(extent)), a.bounds[d]);
+      ok = b_.CreateAnd(ok, b_.CreateOr(whole_dim, inside));
+    }
+    by_tma.push_back(ok);
+    where.push_back(std::move(a));
+    tx = b_.CreateAdd(tx, b_.CreateSelect(ok, i32(t.bytes), i32(0)));
+  }
+
+  // Thread 0: arm the stage's barrier with the bytes of the tiles TMA copies (0: a plain arrival), then
+  // issue their boxes, each completing on that barrier.
+  llvm::Value* bar = shared_u32(b_, b_.CreateGEP(b_.getInt8Ty(), b_.CreateConstGEP1_64(b_.getInt8Ty(), smem_ptr_, p.barriers),
+                                                 b_.CreateMul(stage, i32(8))));
+  auto* issue = llvm::BasicBlock::Create(ctx_, "tma.issue", fn_);
+  auto* issued = llvm::BasicBlock::Create(ctx_, "tma.issued", fn_);
+  b_.CreateCondBr(b_.CreateICmpEQ(thread_id(), i32(0)), issue, issued);
+  b_.SetInsertPoint(issue);
+  b_.CreateCall(asm_of(b_.getVoidTy(), {i32t, i32t},
+                       "{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [$0], $1; }", "r,r,~{memory}"),
+                {bar, tx});
+  for (size_t i = 0; i < p.tma_loads.size(); ++i) {
+    const ir::Op* load = p.tma_loads[i];
+    const passes::TmaLoad& t = smem_.pipeline.tma.at(load);
+    const int rank = static_cast<int>(where[i].offsets.size());
+    auto* copy = llvm::BasicBlock::Create(ctx_, "tma.copy", fn_);
+    auto* next = llvm::BasicBlock::Create(ctx_, "tma.copy.done", fn_);
+    b_.CreateCondBr(by_tma[i], copy, next);
+    b_.SetInsertPoint(copy);
+    const passes::SmemBuffer& buf = smem_.buffers.at(load->result());
+    llvm::Value* dst0 = b_.CreateGEP(b_.getInt8Ty(), b_.CreateConstGEP1_64(b_.getInt8Ty(), smem_ptr_, buf.offset),
+                                     b_.CreateMul(stage, i32(buf.stage_bytes)));
+    // Coordinates innermost first: {dim rank-1, ..., dim 0}, operands $3 ...
+    std::string coords;
+    for (int j = 0; j < rank; ++j) coords += fmt::format("{}${}", j ? ", " : "", 3 + j);
+    const std::string text = fmt::format(
+        "cp.async.bulk.tensor.{}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [$0], [$1, {{{}}}], [$2];",
+        rank, coords);
+    std::vector<llvm::Type*> types = {i32t, llvm::PointerType::get(ctx_, 0), i32t};
+    std::string constraints = "r,l,r";
+    for (int j = 0; j < rank; ++j) {
+      types.push_back(i32t);
+      constraints += ",r";
+    }
+    constraints += ",~{memory}";
+    // Box b covers the columns [b * box_cols, (b + 1) * box_cols) of the tile: block b of its buffer.
+    const int64_t block_bytes = load->result()->type.shape[0] * t.box_cols * dtype_bytes(buf.dtype);
+    for (int bx = 0; bx < t.boxes; ++bx) {
+      std::vector<llvm::Value*> args = {shared_u32(b_, b_.CreateConstGEP1_64(b_.getInt8Ty(), dst0, bx * block_bytes)),
+                                        tensor_maps_.at(t.map), bar};
+      for (int j = 0; j < rank; ++j) {
+        llvm::Value* c = where[i].offsets[rank - 1 - j];
+        if (j == 0 && bx > 0) c = b_.CreateAdd(c, i32(bx * t.box_cols));
+        args.push_back(c);
+      }
+      b_.CreateCall(asm_of(b_.getVoidTy(), types, text, constraints), args);
+    }
+    b_.CreateBr(next);
+    b_.SetInsertPoint(next);
+  }
+  b_.CreateBr(issued);
+  b_.SetInsertPoint(issued);
+
+  // Every thread: the tiles TMA does not copy, synchronously (visible behind the ring's next barrier).
+  for (size_t i = 0; i < p.tma_loads.size(); ++i) {
+    auto* copy = llvm::BasicBlock::Create(ctx_, "tma.fallback", fn_);
+    auto* next = llvm::BasicBlock::Create(ctx_, "tma.fallback.done", fn_);
+    b_.CreateCondBr(by_tma[i], next, copy);
+    b_.SetInsertPoint(copy);
+    copy_tile_by_threads(*p.tma_loads[i], where[i], stage);
+    b_.CreateBr(next);
+    b_.SetInsertPoint(next);
+  }
+}
+
+void KernelLowering::copy_tile_by_threads(const ir::Op& load, const AccessBounds& at, llvm::Value* stage) {
+  // A loop over the tile's elements, thread t taking t, t + threads, ...: a rare path, kept small. (The
+  // copy unrolled per element, as cp.async's fallback is, held enough values through poly_fwd_out's loop
+  // to make it spill.)
+  const ir::Value* res = load.result();
+  const TensorView& tv = tensors_.at(load.operands[0]);
+  const int64_t rows = res->type.shape[0], cols = res->type.shape[1];
+  const int threads = k_.num_warps * 32;
+  llvm::Type* ety = llvm_type(tv.dtype);
+  llvm::Value* stage_off = b_.CreateMul(stage, i32(smem_.buffers.at(res).stage_bytes));
+  llvm::Value* first = thread_id();
+  const int64_t per_thread = (rows * cols + threads - 1) / threads;
+  emit_counted_loop(i32(0), i32(per_thread), {}, [&](llvm::Value* j, const std::vector<llvm::Value*>&) {
+    llvm::Value* e = b_.CreateAdd(first, b_.CreateMul(j, i32(threads)));
+    auto* body = llvm::BasicBlock::Create(ctx_, "tma.fallback.element", fn_);
+    auto* done = llvm::BasicBlock::Create(ctx_, "tma.fallback.element.done", fn_);
+    b_.CreateCondBr(b_.CreateICmpSLT(e, i32(rows * cols)), body, done);
+    b_.SetInsertPoint(body);
+    const Coords c = {b_.CreateUDiv(e, i32(cols)), b_.CreateURem(e, i32(cols))};
+    llvm::Value* in_bounds = b_.getTrue();
+    llvm::Value* offset = b_.getInt64(0);
+    for (size_t d = 0; d < at.offsets.size(); ++d) {
+      llvm::Value* idx = at.offsets[d];
+      for (size_t ax = 0; ax < 2; ++ax)
+        if (load.attrs.dims[ax] == static_cast<int64_t>(d)) idx = b_.CreateAdd(idx, c[ax]);
+      in_bounds = b_.CreateAnd(in_bounds, b_.CreateICmpULT(idx, at.bounds[d]));
+      offset = b_.CreateAdd(offset, b_.CreateMul(b_.CreateSExt(idx, b_.getInt64Ty()), tv.strides[d]));
+    }
+    llvm::Value* x = b_.CreateLoad(ety, b_.CreateGEP(ety, tv.ptr, b_.CreateSelect(in_bounds, offset, b_.getInt64(0))));
+    x = b_.CreateSelect(in_bounds, x, llvm::Constant::getNullValue(ety));
+    b_.CreateStore(x, b_.CreateGEP(b_.getInt8Ty(), smem_addr(res, c), stage_off));
+    b_.CreateBr(done);
+    b_.SetInsertPoint(done);
+    return std::vector<llvm::Value*>{};
+  });
+}
+
+void KernelLowering::wait_tma_stage(const LoopPipeline& p, llvm::Value* stage, llvm::Value* iter) {
+  // Stage s completes once per use; its use by iteration i is its (i / stages)-th since the barriers
+  // were initialised, so the phase to wait for has parity (i / stages) & 1.
+  llvm::Type* i32t = b_.getInt32Ty();
+  llvm::Value* bar = shared_u32(b_, b_.CreateGEP(b_.getInt8Ty(), b_.CreateConstGEP1_64(b_.getInt8Ty(), smem_ptr_, p.barriers),
+                                                 b_.CreateMul(stage, i32(8))));
+  llvm::Value* parity = b_.CreateAnd(b_.CreateUDiv(iter, i32(smem_.pipeline.stages)), i32(1));
+  auto* wait = llvm::BasicBlock::Create(ctx_, "tma.wait", fn_);
+  auto* landed = llvm::BasicBlock::Create(ctx_, "tma.landed", fn_);
+  b_.CreateBr(wait);
+  b_.SetInsertPoint(wait);
+  // The warp leaves the loop together, once each of its threads saw the phase complete (each needs its
+  // own completed wait to see the copies): threads spinning apart made racecheck report every later
+  // barrier operation of the warp as a potential hazard (poly_fwd_out, H200).
+  llvm::Value* done = b_.CreateCall(
+      asm_of(i32t, {i32t, i32t},
+             "{ .reg .pred done; mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; "
+             "vote.sync.all.pred done, done, 0xffffffff; selp.u32 $0, 1, 0, done; }",
+             "=r,r,r,~{memory}"),
+      {bar, parity});
+  b_.CreateCondBr(b_.CreateICmpNE(done, i32(0)), landed, wait);
+  b_.SetInsertPoint(landed);
+}
+
+}  // namespace linac::nvptx

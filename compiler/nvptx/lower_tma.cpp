@@ -86,6 +86,7 @@ void KernelLowering::issue_tma_copies(const LoopPipeline& p, const ir::Block& bo
                                                  b_.CreateMul(stage, i32(8))));
   auto* issue = llvm::BasicBlock::Create(ctx_, "tma.issue", fn_);
   auto* issued = llvm::BasicBlock::Create(ctx_, "tma.issued", fn_);
+  warp_sync();
   b_.CreateCondBr(b_.CreateICmpEQ(thread_id(), i32(0)), issue, issued);
   b_.SetInsertPoint(issue);
   b_.CreateCall(asm_of(b_.getVoidTy(), {i32t, i32t},
@@ -194,8 +195,9 @@ void KernelLowering::wait_tma_stage(const LoopPipeline& p, llvm::Value* stage, l
   b_.CreateBr(wait);
   b_.SetInsertPoint(wait);
   // The warp leaves the loop together, once each of its threads saw the phase complete (each needs its
-  // own completed wait to see the copies): threads spinning apart made racecheck report every later
-  // barrier operation of the warp as a potential hazard (poly_fwd_out, H200).
+  // own completed wait to see the copies), and reconverges (warp_sync): threads spinning apart made
+  // racecheck report the warp's barrier operations as potential hazards (poly_fwd_out and poly_bwd_dq,
+  // H200; none with both).
   llvm::Value* done = b_.CreateCall(
       asm_of(i32t, {i32t, i32t},
              "{ .reg .pred done; mbarrier.try_wait.parity.shared::cta.b64 done, [$1], $2; "
@@ -204,6 +206,13 @@ void KernelLowering::wait_tma_stage(const LoopPipeline& p, llvm::Value* stage, l
       {bar, parity});
   b_.CreateCondBr(b_.CreateICmpNE(done, i32(0)), landed, wait);
   b_.SetInsertPoint(landed);
+  warp_sync();
+}
+
+void KernelLowering::warp_sync() {
+  // The warp's threads reconverge around the barrier operations (racecheck reports the operations of
+  // one warp's threads on a barrier as potential hazards where nothing orders them within the warp).
+  b_.CreateCall(asm_of(b_.getVoidTy(), {}, "bar.warp.sync -1;", "~{memory}"), {});
 }
 
 }  // namespace linac::nvptx

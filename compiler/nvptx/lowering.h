@@ -203,6 +203,8 @@ class KernelLowering {
   void copy_tile_by_threads(const ir::Op& load, const AccessBounds& at, llvm::Value* stage);
   /// Every thread waits until the copies into `stage` (i32) of the iteration `iter` (i32, from 0) landed.
   void wait_tma_stage(const LoopPipeline& p, llvm::Value* stage, llvm::Value* iter);
+  /// bar.warp.sync: the warp's threads reconverge (before and after the ring's barrier operations).
+  void warp_sync();
 
   // lower_reduce.cpp
   void lower_reduce(const ir::Op& op);

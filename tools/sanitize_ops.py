@@ -6,6 +6,8 @@ sanitizer report names the call that caused it (the call is printed before it ru
   compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_ops.py
   compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize_ops.py
   python3 tools/sanitize_ops.py --device cpu          # the same calls on the interpreter (a dry run)
+  compute-sanitizer --tool racecheck python3 tools/sanitize_ops.py --only "linear_attn gated" --chunk-size 128
+                                                      # one op, its chunked forms at a chunk size
 
 Forms: the chunked forward, forward+backward (gradients of every input, the initial state included),
 the token-by-token forward, and a varlen forward+backward (two packed sequences of unequal length, one
@@ -89,6 +91,7 @@ def main():
     ap.add_argument("--D", type=int, default=64)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--only", help="run only the op whose name starts with this (e.g. poly, gla, 'linear_attn gated')")
+    ap.add_argument("--chunk-size", type=int, help="chunk_size for the chunked forms (default: the op's own)")
     args = ap.parse_args()
     device, D = args.device, args.D
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
@@ -100,10 +103,11 @@ def main():
         if args.only and not name.startswith(args.only):
             continue
         states = name != "linear_attn normalized"
+        chunked = dict(extra, chunk_size=args.chunk_size) if args.chunk_size else extra
         print(name, flush=True)
         a, h0 = inputs(B, T, H, D, gate, beta, device, dtype, grad=False, states=states)
         with torch.no_grad():
-            run_case("chunked forward", lambda: call(chunk, a, h0, extra), device)
+            run_case("chunked forward", lambda: call(chunk, a, h0, chunked), device)
             calls += 1
             if recurrent is not None:
                 run_case("token-by-token forward", lambda: call(recurrent, a, h0, extra), device)
@@ -111,7 +115,7 @@ def main():
         a, h0 = inputs(B, T, H, D, gate, beta, device, dtype, grad=True, states=states)
 
         def fwd_bwd(a=a, h0=h0):
-            o, ht = call(chunk, a, h0, extra)
+            o, ht = call(chunk, a, h0, chunked)
             loss = o.float().square().sum() + (ht.square().sum() if ht is not None else 0)
             loss.backward()
 
@@ -125,7 +129,7 @@ def main():
             h0 = (torch.randn(2, H, D, D) * 0.1).to(device).requires_grad_(True)
 
         def varlen(a=a, h0=h0, cu=cu):
-            kw = dict(extra, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
+            kw = dict(chunked, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
             if h0 is not None:
                 kw.update(initial_state=h0, output_final_state=True)
             o, ht = call(chunk, a, None, kw)

@@ -10,9 +10,11 @@ cuTensorMapEncodeTiled), passed to the kernel by value, and the kernel copies ro
 head 0 through shared memory (two box copies completing on an mbarrier) to `out`, undoing the swizzle.
 Checked at row0 = 64 (inside) and row0 = 224 (rows from 256 on must read as zeros).
 
-Written in session 19 without a GPU to run it on: the enum values and the call follow the CUDA driver
-API's documentation (CUtensorMapDataType BFLOAT16 = 9, CU_TENSOR_MAP_SWIZZLE_128B = 3, ...); the first
-run on the GPU machine is its test.
+Written in session 19 without a GPU (the enum values and the call from the CUDA driver API's
+documentation: CUtensorMapDataType BFLOAT16 = 9, CU_TENSOR_MAP_SWIZZLE_128B = 3, ...); its first run, on
+an H200 in session 20, found the probe passing the map's param-space address where a generic one is
+taken (CUDA_ERROR_MISALIGNED_ADDRESS); with cvta.param both rows match. The compiler's TMA ring
+(compiler/nvptx/lower_tma.cpp) emits the same sequence.
 """
 import ctypes
 import sys

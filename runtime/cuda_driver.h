@@ -160,8 +160,9 @@ void set_max_dynamic_shared(Function f, int bytes);
 void launch(Function f, Dim3 grid, Dim3 block, unsigned shared_bytes, std::span<void*> params, Stream stream = 0);
 
 /// A TMA tensor map (CUtensorMap: 128 opaque bytes, 128-byte aligned), which a kernel takes by value.
+/// Not zeroed unless value-initialised (`TensorMap{}`): a launch's array of them is filled per map.
 struct alignas(128) TensorMap {
-  std::uint64_t opaque[16] = {};
+  std::uint64_t opaque[16];
 };
 
 /// Encodes into `out` the map of the contiguous row-major tensor at `base` with `shape` (outermost

@@ -279,6 +279,12 @@ KernelLowering::AccessBounds KernelLowering::access_bounds(const ir::Op& op,
   return {std::move(a.offsets), std::move(a.bounds)};
 }
 
+KernelLowering::TensorElement KernelLowering::tensor_element(const ir::Op& op, const AccessBounds& at, const Coords& c) {
+  const BlockAccess a{&tensors_.at(op.operands[0]), at.offsets, at.bounds, op.attrs.dims};
+  const ElementAddr e = element_addr(b_, a, c);
+  return {e.in_bounds, e.offset};
+}
+
 void KernelLowering::issue_async_copy(const ir::Op& op, const std::function<llvm::Value*(const ir::Value*)>& scalar_of,
                                       llvm::Value* stage_off) {
   const TensorView& tv = tensors_.at(op.operands[0]);

@@ -165,17 +165,9 @@ void KernelLowering::copy_tile_by_threads(const ir::Op& load, const AccessBounds
     b_.CreateCondBr(b_.CreateICmpSLT(e, i32(rows * cols)), body, done);
     b_.SetInsertPoint(body);
     const Coords c = {b_.CreateUDiv(e, i32(cols)), b_.CreateURem(e, i32(cols))};
-    llvm::Value* in_bounds = b_.getTrue();
-    llvm::Value* offset = b_.getInt64(0);
-    for (size_t d = 0; d < at.offsets.size(); ++d) {
-      llvm::Value* idx = at.offsets[d];
-      for (size_t ax = 0; ax < 2; ++ax)
-        if (load.attrs.dims[ax] == static_cast<int64_t>(d)) idx = b_.CreateAdd(idx, c[ax]);
-      in_bounds = b_.CreateAnd(in_bounds, b_.CreateICmpULT(idx, at.bounds[d]));
-      offset = b_.CreateAdd(offset, b_.CreateMul(b_.CreateSExt(idx, b_.getInt64Ty()), tv.strides[d]));
-    }
-    llvm::Value* x = b_.CreateLoad(ety, b_.CreateGEP(ety, tv.ptr, b_.CreateSelect(in_bounds, offset, b_.getInt64(0))));
-    x = b_.CreateSelect(in_bounds, x, llvm::Constant::getNullValue(ety));
+    const TensorElement el = tensor_element(load, at, c);
+    llvm::Value* x = b_.CreateLoad(ety, b_.CreateGEP(ety, tv.ptr, b_.CreateSelect(el.in_bounds, el.offset, b_.getInt64(0))));
+    x = b_.CreateSelect(el.in_bounds, x, llvm::Constant::getNullValue(ety));
     b_.CreateStore(x, b_.CreateGEP(b_.getInt8Ty(), smem_addr(res, c), stage_off));
     b_.CreateBr(done);
     b_.SetInsertPoint(done);

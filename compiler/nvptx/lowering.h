@@ -138,6 +138,12 @@ class KernelLowering {
     std::vector<llvm::Value*> offsets, bounds;
   };
   AccessBounds access_bounds(const ir::Op& op, const std::function<llvm::Value*(const ir::Value*)>& scalar_of);
+  /// Whether element `c` of load or store `op`'s tile (at `at`) is inside the bounds (i1), and its offset
+  /// in elements from the tensor's base (i64).
+  struct TensorElement {
+    llvm::Value *in_bounds, *offset;
+  };
+  TensorElement tensor_element(const ir::Op& op, const AccessBounds& at, const Coords& c);
   /// Waits for the prefetched loads in flight and makes their copies visible to every thread.
   void wait_prefetched_loads();
   /// Re-evaluates a predictable scalar of `body` (see pipeline.h) with the induction variable = iv.

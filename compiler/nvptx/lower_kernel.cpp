@@ -198,13 +198,14 @@ void KernelLowering::wait_prefetched_loads() {
   async_proxy_fenced_ = false;  // the copies landed: generic writes
 }
 
-void KernelLowering::before_smem_access(const std::vector<ByteRange>& reads, const std::vector<ByteRange>& writes) {
+void KernelLowering::before_smem_access(const std::vector<ByteRange>& reads, const std::vector<ByteRange>& writes,
+                                        bool barrier_anyway) {
   // A prefetched load's copies land asynchronously: an access to its bytes waits for them first.
   bool in_flight = false;
   for (const ByteRange& r : reads) in_flight = in_flight || overlaps(prefetch_in_flight_, r);
   for (const ByteRange& w : writes) in_flight = in_flight || overlaps(prefetch_in_flight_, w);
-  if (in_flight) wait_prefetched_loads();
-  if (hazards_.conflicts(reads, writes)) barrier();
+  if (in_flight) wait_prefetched_loads();  // behind a barrier
+  else if (barrier_anyway || hazards_.conflicts(reads, writes)) barrier();
   // Registered only after the barrier: every access announced here is emitted after it.
   hazards_.read.insert(hazards_.read.end(), reads.begin(), reads.end());
   hazards_.written.insert(hazards_.written.end(), writes.begin(), writes.end());

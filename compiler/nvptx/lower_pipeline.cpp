@@ -57,8 +57,14 @@ void KernelLowering::ring_prologue(const LoopPipeline& p, const ir::Block& body,
   std::vector<ByteRange> stages;
   for (const auto* loads : {&p.loads, &p.tma_loads})
     for (const ir::Op* load : *loads) stages.push_back(smem_range(load->result()));
-  before_smem_access({}, stages);
-  if (!p.tma_loads.empty()) init_ring_barriers(p);
+  // A TMA ring: every thread past the barriers' initialisation before thread 0 arms a stage. Only
+  // thread 0 and the copies touch them until the loop's first block barrier, but ptxas if-converts the
+  // thread-0 branch into uniform-predicated instructions every warp steps over, and racecheck
+  // attributed the initialisation to a thread of another warp, racing thread 0's first arrive (the
+  // gated forward at chunks of 128 with a state, docs/ops/linear_attn.md).
+  const bool tma = !p.tma_loads.empty();
+  if (tma) init_ring_barriers(p);
+  before_smem_access({}, stages, /*barrier_anyway=*/tma);
   // Two stages: the first iteration's copies. A slack stage: the first `distance` iterations', none past
   // the last. A TMA copy is never issued for an iteration that does not run: each one issued is waited
   // for, so none is in flight when the loop is left (or its barriers initialised again).

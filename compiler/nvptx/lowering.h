@@ -81,8 +81,10 @@ class KernelLowering {
   /// Announces the shared-memory bytes that the code emitted next reads and writes, all of them at
   /// once: an op that reads two buffers must not register one, then emit the barrier the other needs
   /// (the barrier would forget the first read, whose loads come after it; tests/regress/
-  /// dot_operand_reuse.tir).
-  void before_smem_access(const std::vector<ByteRange>& reads, const std::vector<ByteRange>& writes);
+  /// dot_operand_reuse.tir). With `barrier_anyway`, a block barrier precedes them even where no
+  /// shared-memory access needs one.
+  void before_smem_access(const std::vector<ByteRange>& reads, const std::vector<ByteRange>& writes,
+                          bool barrier_anyway = false);
   ByteRange smem_range(const ir::Value* v) const;
   void before_smem_write(const ir::Value* v);
   void before_smem_read(const ir::Value* v);

@@ -195,10 +195,11 @@ SegmentCombineConfig combine_config(const LinearAttnConfig& cfg) {
 }
 
 /// The forward's configurations for these inputs in order of preference, each with the user's --config
-/// on top; the first whose kernels fit the GPU runs (kernels/common/fitting.h). Chunks of 64, else 32,
-/// else 16 (fp32 tiles are twice as large); fp32 above head dim 64 from 32 on: chunk 64 fits there but
-/// measured slower than 32 (docs/ops/linear_attn.md, "Measured"). For each,
-/// the defaults the tuner starts from (and what runs
+/// on top; the first whose kernels fit the GPU runs (kernels/common/fitting.h). Chunks of 128 in 16 bits
+/// on sm_90a (where they fit: the plain walk at head dims up to 128, the gated one at 64; 3-15% faster
+/// than 64 with the TMA ring, docs/ops/linear_attn.md), else 64, else 32, else 16 (fp32 tiles are twice
+/// as large); fp32 above head dim 64 from 32 on: chunk 64 fits there but measured slower than 32
+/// (docs/ops/linear_attn.md, "Measured"). For each, the defaults the tuner starts from (and what runs
 /// without it), chosen by measurement (docs/ops/linear_attn.md, "Measured" and "Segments"): one program
 /// per head and 128 value columns when that fills the GPU or the sequences are cut in segments (the
 /// segments then give the programs, and each walk forms its scores once for all 128 columns), else 64
@@ -207,8 +208,10 @@ std::vector<LinearAttnConfig> forward_proposals(const SequenceLayout& seq, const
                                                 bool initial_state, bool final_state) {
   std::vector<LinearAttnConfig> proposals;
   const bool wide_fp32 = opts.dtype == DType::f32 && padded_head_dim(seq.K) > 64;
-  for (int chunk : {64, 32, 16}) {
-    if (wide_fp32 && chunk == 64) continue;
+  // Chunks of 128 were measured with sm_90a's TMA ring only.
+  const bool chunk_128 = opts.dtype != DType::f32 && device_limits(opts).sm >= 90;
+  for (int chunk : {128, 64, 32, 16}) {
+    if ((wide_fp32 && chunk == 64) || (chunk == 128 && !chunk_128)) continue;
     LinearAttnConfig cfg;
     cfg.dtype = opts.dtype;
     cfg.block_k = padded_head_dim(seq.K);

@@ -5,9 +5,14 @@
 // cores from swizzled buffers through matrix descriptors (docs/hopper.md).
 //
 // f32 operands: in kernels marked tensor_core_f32, on the tensor cores as three tf32 products
-// (mma.sync m16n8k8): with x = x_big + x_small, both rounded to tf32 (11 significant bits each),
-// a b ~ a_small b_big + a_big b_small + a_big b_big leaves out only a_small b_small (about 2^-22 of
-// a b): fp32-level accuracy, where one tf32 product (2^-11) would not be. Their fragments are read
+// (mma.sync m16n8k8): with x = x_big + x_small, x_big the truncation of x to tf32 (11 significant
+// bits: the low 13 bits of the fp32 pattern cleared) and x_small that of the exact rest x - x_big,
+// a b ~ a_small b_big + a_big b_small + a_big b_big leaves out a_small b_small and the truncations of
+// the small parts (together under 2^-18 of |a| |b|, about what an fp32 FMA loop over 64 terms may
+// lose): fp32-level accuracy, where one tf32 product (2^-11) would not be. Truncating is one AND and
+// keeps every non-finite value non-finite; cvt.rna.tf32.f32 (rounding) compiles to several SASS
+// instructions (FSETP, FSEL, the rounding), and dropping it took 30% of the instructions the UT
+// transform's kernel executes (docs/ops/delta_rule.md, "Measured"). Their fragments are read
 // element by element from the shared copies, in a loop over the 8-wide steps (unrolled, the reads of
 // all steps were scheduled first and fp32 walks spilled up to 900 bytes). Elsewhere (and where the
 // result is not in the mma layout) the slower path: FMA loops over the shared copies. Opt-in, because
@@ -124,10 +129,10 @@ void KernelLowering::lower_dot(const ir::Op& op) {
     // of the 16x8 A tile; b0 (t, g), b1 (t+4, g) of the 8x8 B tile; the accumulators as in m16n8k16.
     llvm::Value* g = b_.CreateUDiv(lane, i32(4));
     llvm::Value* t = b_.CreateURem(lane, i32(4));
+    auto to_tf32 = [&](llvm::Value* x) { return b_.CreateAnd(b_.CreateBitCast(x, b_.getInt32Ty()), i32(~0x1fff)); };
     auto split = [&](llvm::Value* x) -> std::pair<llvm::Value*, llvm::Value*> {
-      llvm::Value* big = b_.CreateIntrinsic(llvm::Intrinsic::nvvm_f2tf32_rna, {}, {x});
-      llvm::Value* rest = b_.CreateFSub(x, b_.CreateBitCast(big, f32));
-      return {big, b_.CreateIntrinsic(llvm::Intrinsic::nvvm_f2tf32_rna, {}, {rest})};
+      llvm::Value* big = to_tf32(x);
+      return {big, to_tf32(b_.CreateFSub(x, b_.CreateBitCast(big, f32)))};
     };
     std::vector<llvm::Value*> init(mt * nt * 4, llvm::ConstantFP::get(f32, 0.0));
     auto step = [&](llvm::Value* ks, const std::vector<llvm::Value*>& cur) {

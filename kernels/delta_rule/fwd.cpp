@@ -1,6 +1,7 @@
 #include "kernels/delta_rule/fwd.h"
 
 #include <fmt/format.h>
+#include <algorithm>
 
 #include "kernels/common/prologue.h"
 #include "linac/blocks.h"
@@ -10,6 +11,22 @@
 namespace linac {
 
 using namespace dsl;
+
+namespace {
+
+/// The blocks per SM ptxas is asked to fit the UT kernel's registers for: its programs are short and
+/// many (one chunk each) and wait on their barriers and loads, so more blocks hide more of it, as far
+/// as ptxas keeps them spill-free (13.0, sm_90a and sm_80): in 16 bits 72 registers a thread at chunks
+/// of 32 up to head dim 128 (7 blocks of 4 warps), else 96 (5 blocks; 72 spills there); fp32 two
+/// blocks (96 registers spill at head dims 64 and 256). Measured faster at each step
+/// (docs/ops/delta_rule.md, "Measured").
+int wy_blocks_per_sm(const DeltaRuleConfig& cfg) {
+  if (dtype_bytes(cfg.dtype) == 4) return 2;
+  const int registers = cfg.chunk == 32 && cfg.block_k <= 128 ? 72 : 96;
+  return std::max(2, 65536 / (registers * 32 * cfg.wy_warps));
+}
+
+}  // namespace
 
 // One program per chunk. With b the chunk-local cumulative log-decay (zero without a gate) and
 // r = 1/||k|| with --l2norm-qk (else 1):
@@ -37,7 +54,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   // The inverse's fp32 products on the tensor cores (3xTF32; docs/ops/delta_rule.md, "Measured"). Left
   // to itself ptxas capped the 256-thread form at 48 registers and spilled.
   kb.set_tensor_core_f32(true);
-  kb.set_min_ctas_per_sm(2);
+  kb.set_min_ctas_per_sm(wy_blocks_per_sm(cfg));
   Tensor k = kb.tensor("k", dt, 4);
   Tensor v = kb.tensor("v", dt, 4);
   Tensor beta = kb.tensor("beta", f32, 3);

@@ -68,7 +68,10 @@ KNOWN_SPILLS = {
     # (dk, dv) skips, which also lowered the register peak: dq 0-8 bytes in bf16, 36 in fp16 on sm_90a;
     # dk/dv 236 in bf16 (304 before) and 184 in fp16 on sm_90a, 128-236 on sm_80 (ptxas 13.0).
     # (poly_fwd_out, the outputs at three blocks of 4 warps per SM, 168 registers, spilled 252 bytes
-    # until the same branch: none now, so the zero-spill check holds it.)
+    # until the same branch, then none.) Since session 21 its 3xTF32 operands are split by truncation
+    # (an and.b32, compiler/nvptx/lower_dot.cpp) instead of cvt.rna.tf32.f32: on sm_80 ptxas 13.0 then
+    # spills 8 bytes at the same 168 registers; none on sm_90a, where it ran 1.90 -> 1.86 ms for the
+    # whole forward (H200, B1 T65536 H8 K64). Not timed on an A100.
     # gla's dg (a reverse scan of [32, 64] fp32 tiles per chunk): ptxas 13.0 assembles it at 48 registers
     # (72-96 for the packed form), its own choice (.maxntid 128 alone). Since its tiles come by TMA
     # (session 20), the threads' copy of a tile that TMA cannot make, which the loop must hold the
@@ -76,6 +79,7 @@ KNOWN_SPILLS = {
     # 0.218 ms (H200, B8 T4096 H16 D128 bf16, docs/hopper.md).
     "gla_bwd_dg": {"bf16": 8, "fp16": 8, "fp32": 8},
     "gla_bwd_dg_offsets": {"bf16": 8, "fp16": 8, "fp32": 8},
+    "poly_fwd_out": {"bf16": 8, "fp16": 8},
     "poly_bwd_dq": {"bf16": 32, "fp16": 64},
     "poly_bwd_dkv": {"bf16": 400, "fp16": 400},
 }

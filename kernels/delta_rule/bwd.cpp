@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <vector>
 
+#include "kernels/common/log_decay.h"
 #include "kernels/common/prologue.h"
 #include "kernels/delta_rule/fwd.h"
 #include "linac/blocks.h"
@@ -42,7 +43,9 @@ using namespace dsl;
 //   db_C += exp(b_C) <dS', S> + sum_r Y_r
 // then dg_t = sum_{r >= t in the chunk} db_r + db_C (b is a chunk-local cumulative sum and b_C the sum of
 // all the chunk's gates; earlier chunks' gates reach this one only through S, whose gradient the walks
-// carry). The exponents b_r - b_c and b_C - b_r are summed over the rows they span (blocks::chunk_decays).
+// carry). In the per-chunk kernels the exponents b_r - b_c and b_C - b_r are summed over the rows they
+// span (blocks::chunk_decays); the walks take them as differences of b, gates below the floor set apart
+// (ChunkLogDecays, kernels/common/log_decay.h), as the forward's walk does.
 
 std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
@@ -86,11 +89,9 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& 
     store(vn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, Vn, in_seq);
     if (cfg.gated) {
       // As delta_rule_fwd rounds it: the decay goes on the fp32 V_new before the product.
-      Tile gc = gc_next;
+      const ChunkLogDecays dec = chunk_log_decays(gc_next, /*set_apart=*/true);  // as the forward's walk
       gc_next = load(g, {seq.b, t0 + BT, i_h}, {kIndex, BT, kIndex}, in_seq);
-      Tile b_last = sum(gc, 0);
-      Tile decay = exp(blocks::decays_to_chunk_end(gc));
-      S = blocks::state_update(S, K, (Vn32 * expand_dims(decay, 1)).to(dt), b_last);
+      S = blocks::state_update(S, K, (Vn32 * expand_dims(dec.to_end(), 1)).to(dt), dec.total);
     } else {
       S = blocks::state_update(S, K, Vn);
     }
@@ -130,6 +131,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
   Tile v0 = i_v * BV;
   AccessOptions in_seq{.limits = {{1, seq.eos}}};
   Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
+  Tile pairs_t = row <= col;  // P^T's pairs: (c, r) with r >= c
 
   Tile dS = zeros({BK, BV}, f32);
   if (cfg.final_state_grad) dS = load(dht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
@@ -146,20 +148,16 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
     Tile dS_dt = dS.to(dt);
     store(dh, {first_chunk + i, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, dS_dt);
     // (Q K^T .* M)^T as K Q^T masked to r <= c: the transpose is taken before the mask.
-    Tile Pt = where(row <= col, dot(K, Q.T()) * scale, 0.0f);
+    Tile Pt = where(pairs_t, dot(K, Q.T()) * scale, 0.0f);
     if (cfg.gated) {
-      Tile gc = gc_next;
+      const ChunkLogDecays dec = chunk_log_decays(gc_next, /*set_apart=*/true);  // as the forward's walk
       gc_next = load(g, {seq.b, seq.bos + maximum(i - 1, 0) * BT, i_h}, {kIndex, BT, kIndex}, in_seq);
-      Tile bg = cumsum(gc, 0);
-      Tile b_last = sum(gc, 0);
-      // Pt[r, c] carries Gam[c, r] = exp(b_c - b_r), c >= r (D^T: 0 below the diagonal).
-      const blocks::ChunkDecays dec = blocks::chunk_decays(gc);
-      Pt = Pt * exp(dec.D.T());
-      Tile Kd = (K.to(f32) * expand_dims(exp(dec.R), 1)).to(dt);
+      Pt = Pt * dec.between(pairs_t, /*reverse=*/true);  // Gam[c, r] = exp(b_c - b_r), c >= r
+      Tile Kd = (K.to(f32) * expand_dims(dec.to_end(), 1)).to(dt);
       Tile dVn = (dot(Pt.to(dt), dO) + dot(Kd, dS_dt)).to(dt);
       store(dvn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, dVn, in_seq);
-      Tile Qd = (Q.to(f32) * expand_dims(exp(bg), 1)).to(dt);
-      dS = dS * exp(b_last) + dot(Qd.T(), dO) * scale - dot(W.T(), dVn);
+      Tile Qd = (Q.to(f32) * expand_dims(dec.from_start(), 1)).to(dt);
+      dS = dS * exp(dec.total) + dot(Qd.T(), dO) * scale - dot(W.T(), dVn);
     } else {
       Tile dVn = (dot(Pt.to(dt), dO) + dot(K, dS_dt)).to(dt);
       store(dvn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, dVn, in_seq);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <algorithm>
 
+#include "kernels/common/log_decay.h"
 #include "kernels/common/prologue.h"
 #include "linac/blocks.h"
 #include "linac/dsl.h"
@@ -244,13 +245,14 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
       k_factor = k_norm = blocks::inverse_norms(K, 1, kDeltaL2NormEps);
     }
     if (cfg.gated) {
-      Tile gc = gc_next;
+      // Differences of b (log_decay.h) rather than the gates each decay spans summed: those are a
+      // [BT, BT] scan through shared memory in every chunk of the walk's chain. The state pass of the
+      // backward (build_delta_bwd_states) forms them the same way: the saved states are its states.
+      const ChunkLogDecays dec = chunk_log_decays(gc_next, /*set_apart=*/true);
       gc_next = load(g, {b, t0 + BT, i_h}, {kIndex, BT, kIndex}, in_seq);
-      // Rows past the sequence end load g = 0, so b stops growing there and b_C = b at the last row.
-      const blocks::ChunkDecays dec = blocks::chunk_decays(gc);
-      Tile e_b = exp(cumsum(gc, 0)), decay = exp(dec.R);  // exp(b), exp(b_C - b_r)
-      b_last = sum(gc, 0);
-      gam = exp(dec.D);  // exp(b_r - b_c) for r > c, summed directly; 1 on and above the diagonal
+      Tile e_b = dec.from_start(), decay = dec.to_end();  // exp(b), exp(b_C - b_r)
+      b_last = dec.total;
+      gam = dec.between(causal);  // exp(b_r - b_c) for r >= c, 1 above the diagonal
       q_factor = q_factor.valid() ? q_factor * e_b : e_b;
       k_factor = k_factor.valid() ? k_factor * decay : decay;
     }

@@ -129,22 +129,16 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
     Tile update_rows2;          // the same for the denominator's pair
     Tile decay_all;           // exp(b_C): the state's decay over the chunk
     if (cfg.gated) {
-      // Rows past the sequence end load g = 0, so b stops growing there and b_C = b at the last row.
-      // Gates of -inf are floored (kernels/common/log_decay.h): b_r - b_c would be -inf - -inf.
-      Tile gc = floor_log_decay(load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq));
-      Tile bg = cumsum(gc, 0);
-      Tile b_last = sum(gc, 0);
-      Tile br = expand_dims(bg, 1), bc = expand_dims(bg, 0);
-      // Exponentiate only the pairs that interact: the others would overflow.
-      P = P * exp(where(pairs, r.reverse ? bc - br : br - bc, 0.0f));
-      Tile row_weight = r.reverse ? exp(b_last - bg) : exp(bg);
-      Tile update_weight = r.reverse ? exp(bg) : exp(b_last - bg);
+      const ChunkLogDecays dec = chunk_log_decays(load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq));
+      P = P * dec.between(pairs, r.reverse);
+      Tile row_weight = r.reverse ? dec.to_end() : exp(dec.b);
+      Tile update_weight = r.reverse ? exp(dec.b) : dec.to_end();
       Tile rows_in = dot(A_, X.to(dt));
       if (den) rows_in = rows_in + dot(A2, X2.to(dt));
       inter = rows_in * expand_dims(row_weight, 1);
       update_rows = (B_.to(DType::f32) * expand_dims(update_weight, 1)).to(dt);
       if (den) update_rows2 = (B2.to(DType::f32) * expand_dims(update_weight, 1)).to(dt);
-      decay_all = exp(b_last);
+      decay_all = exp(dec.total);
     } else {
       inter = dot(A_, X.to(dt));
       if (den) inter = inter + dot(A2, X2.to(dt));

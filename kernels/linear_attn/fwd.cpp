@@ -68,24 +68,18 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
     Tile A = states_only ? Tile() : where(causal, dot(Q, K.T()) * scale, 0.0f);
     Tile O;
     if (cfg.gated) {
-      // Rows past the sequence end load g = 0, so b stops growing there and b_C = b at the last row.
-      // Gates of -inf are floored (kernels/common/log_decay.h): b_r - b_c would be -inf - -inf.
       // Differences of b, not blocks::chunk_decays' sums of gates: those add a [BT, BT] scan through
       // shared memory to every chunk of this walk (in its PTX about 300 more instructions and 4 or 5
       // more barriers per chunk, more registers and spills), while the floor bounds what the
       // differences lose after a very negative gate (log_decay.h).
-      Tile gc = floor_log_decay(load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq));
-      Tile bg = cumsum(gc, 0);
-      Tile b_last = sum(gc, 0);
-      Tile br = expand_dims(bg, 1), bc = expand_dims(bg, 0);
+      const ChunkLogDecays dec = chunk_log_decays(load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq));
       if (!states_only) {
-        // Exponentiate only where r >= c: the upper triangle would overflow.
-        A = A * exp(where(causal, br - bc, 0.0f));
-        O = dot(Q, S.to(dt)) * (exp(br) * scale);
+        A = A * dec.between(causal);
+        O = dot(Q, S.to(dt)) * (exp(expand_dims(dec.b, 1)) * scale);
       }
-      Tile K_decayed = (K.to(f32) * expand_dims(exp(b_last - bg), 1)).to(dt);
-      S = blocks::state_update(S, K_decayed, V, b_last);
-      if (states_only) decay_sum = decay_sum + b_last;
+      Tile K_decayed = (K.to(f32) * expand_dims(dec.to_end(), 1)).to(dt);
+      S = blocks::state_update(S, K_decayed, V, dec.total);
+      if (states_only) decay_sum = decay_sum + dec.total;
     } else {
       if (!states_only) O = dot(Q, S.to(dt)) * scale;
       S = blocks::state_update(S, K, V);

@@ -55,20 +55,14 @@ std::shared_ptr<ir::Kernel> build_linear_attn_normalized_fwd(const LinearAttnNor
     Tile Qz = sum(Q.to(f32) * expand_dims(z, 0), 1);
     Tile O, den_inter;
     if (cfg.gated) {
-      // Rows past the sequence end load g = 0, so b stops growing there and b_C = b at the last row.
-      // Gates of -inf are floored (kernels/common/log_decay.h): b_r - b_c would be -inf - -inf.
-      Tile gc = floor_log_decay(load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq));
-      Tile bg = cumsum(gc, 0);
-      Tile b_last = sum(gc, 0);
-      Tile br = expand_dims(bg, 1), bc = expand_dims(bg, 0);
-      // Exponentiate only where r >= c: the upper triangle would overflow.
-      A = A * exp(where(causal, br - bc, 0.0f));
-      Tile inter = exp(bg) * scale;
+      const ChunkLogDecays dec = chunk_log_decays(load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq));
+      A = A * dec.between(causal);
+      Tile inter = exp(dec.b) * scale;
       O = dot(Q, S.to(dt)) * expand_dims(inter, 1);
       den_inter = Qz * inter;
-      Tile K_decayed = K.to(f32) * expand_dims(exp(b_last - bg), 1);
-      S = blocks::state_update(S, K_decayed, V, b_last);
-      z = z * exp(b_last) + sum(K_decayed, 0);
+      Tile K_decayed = K.to(f32) * expand_dims(dec.to_end(), 1);
+      S = blocks::state_update(S, K_decayed, V, dec.total);
+      z = z * exp(dec.total) + sum(K_decayed, 0);
     } else {
       O = dot(Q, S.to(dt)) * scale;
       den_inter = Qz * scale;

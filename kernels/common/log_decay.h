@@ -6,10 +6,10 @@
 // of the gates, some of them as differences b_r - b_c (the scalar-gated walks' exp(b_r - b_c) and
 // exp(b_C - b), ChunkLogDecays; gla's L - g0 and tot - L against a sub-chunk's first row, the
 // diagonal blocks' L_r - L_c and their factored form's exp(L - m) with m midway between L's
-// extremes): a gate of -inf makes both terms -inf
-// and the difference NaN, which then reaches every later output; a finite gate of -3e38 overflows the
-// sums or swallows the gates summed with it. Kernels that take such differences read their gates
-// through floor_log_decay, which raises them to kLogDecayFloor:
+// extremes): a gate of -inf makes both terms -inf and the difference NaN, which then reaches every
+// later output; a finite gate of -3e38 overflows the sums or swallows the gates summed with it.
+// Kernels that take such differences read their gates through floor_log_decay, which raises them to
+// kLogDecayFloor (or set them apart: ChunkLogDecays below):
 //  - any decay whose span includes a floored gate is a sum <= kLogDecayFloor (+ rounding), whose exp is
 //    0 in fp32 (exp(-128) = 2.6e-56; fp32's smallest subnormal is 1.4e-45), as the exp of the
 //    original gate is: the state is dropped exactly as the recurrence drops it;
@@ -45,7 +45,7 @@ dsl::Tile floor_log_decay(const dsl::Tile& g);
 ///    keep the 1e-5 of the spans summed one by one, tests/python/test_delta_rule.py).
 struct ChunkLogDecays {
   dsl::Tile b;      // [BT]: b_r, the gates of rows 0..r summed (set-apart gates left out)
-  dsl::Tile total;  // the log of the chunk's whole decay: b_C, or kLogDecayFloor past a set-apart gate
+  dsl::Tile total;  // the log of the chunk's whole decay: b_C (kLogDecayFloor if it holds a set-apart gate)
   /// [BT, BT]: exp(b_r - b_c) where `pairs` holds (r >= c), exp(b_c - b_r) with `reverse`, 1 elsewhere:
   /// exponentiated only where the rows interact (elsewhere the difference would overflow).
   dsl::Tile between(const dsl::Tile& pairs, bool reverse = false) const;

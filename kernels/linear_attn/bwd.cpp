@@ -131,8 +131,8 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
     if (cfg.gated) {
       const ChunkLogDecays dec = chunk_log_decays(load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq));
       P = P * dec.between(pairs, r.reverse);
-      Tile row_weight = r.reverse ? dec.to_end() : exp(dec.b);
-      Tile update_weight = r.reverse ? exp(dec.b) : dec.to_end();
+      Tile row_weight = r.reverse ? dec.to_end() : dec.from_start();
+      Tile update_weight = r.reverse ? dec.from_start() : dec.to_end();
       Tile rows_in = dot(A_, X.to(dt));
       if (den) rows_in = rows_in + dot(A2, X2.to(dt));
       inter = rows_in * expand_dims(row_weight, 1);

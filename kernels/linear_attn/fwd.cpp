@@ -75,7 +75,7 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
       const ChunkLogDecays dec = chunk_log_decays(load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq));
       if (!states_only) {
         A = A * dec.between(causal);
-        O = dot(Q, S.to(dt)) * (exp(expand_dims(dec.b, 1)) * scale);
+        O = dot(Q, S.to(dt)) * (expand_dims(dec.from_start(), 1) * scale);
       }
       Tile K_decayed = (K.to(f32) * expand_dims(dec.to_end(), 1)).to(dt);
       S = blocks::state_update(S, K_decayed, V, dec.total);

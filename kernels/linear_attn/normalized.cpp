@@ -57,7 +57,7 @@ std::shared_ptr<ir::Kernel> build_linear_attn_normalized_fwd(const LinearAttnNor
     if (cfg.gated) {
       const ChunkLogDecays dec = chunk_log_decays(load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq));
       A = A * dec.between(causal);
-      Tile inter = exp(dec.b) * scale;
+      Tile inter = dec.from_start() * scale;
       O = dot(Q, S.to(dt)) * expand_dims(inter, 1);
       den_inter = Qz * inter;
       Tile K_decayed = K.to(f32) * expand_dims(dec.to_end(), 1);

@@ -375,6 +375,8 @@ std::vector<std::shared_ptr<ir::Kernel>> load_kernels(const std::string& what, c
     const OpDef& op = find_op(what);
     if (sel.opts.backward && std::find(op.flags.begin(), op.flags.end(), "backward") == op.flags.end())
       usage_error(fmt::format("{} has no backward yet", op.name));
+    if (sel.states && std::none_of(op.inputs.begin(), op.inputs.end(), [](const OpArgSpec& a) { return a.name == "initial_state"; }))
+      usage_error(fmt::format("--states: {} takes no initial state", op.name));
     ProblemShape ps = *sel.shape;
     ps.gated = sel.gated;
     OpOptions opts = sel.opts;

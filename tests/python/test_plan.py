@@ -207,3 +207,20 @@ def test_argument_mistakes(linac):
     files = [f"{n}={linac.write(n, np.ones((1, 4, 1, 8), np.float32))}" for n in "qkv"]
     proc = linac.run("run", "linear_attn", *files, "-o", "o=x.npy", "-o", "final_state=./x.npy", "--device", "cpu")
     assert proc.returncode != 0 and "outputs 'final_state' and 'o' would both be written to" in proc.stderr, proc.stderr
+
+
+def test_compile_states_selects_the_stateful_call(linac):
+    # `compile --shape .. --states`: the kernels of a call with an initial state and the final state
+    # asked for (how session 21 read the chunk-128 racecheck report's kernel); ops without states say so.
+    proc = linac.run("compile", "linear_attn", "--shape", "B=2,T=200,H=2,K=64", "--gated", "--states", "--emit", "tir")
+    assert proc.returncode == 0, proc.stderr
+    assert "%initial_state: tensor<?x?x?x?xf32>" in proc.stdout and "store %final_state" in proc.stdout
+    proc = linac.run("compile", "linear_attn", "--shape", "B=2,T=200,H=2,K=64", "--gated", "--emit", "tir")
+    assert proc.returncode == 0 and "%initial_state" not in proc.stdout, proc.stderr
+    proc = linac.run("compile", "gated_delta_rule", "--shape", "B=2,T=200,H=2,K=64", "--states", "--backward",
+                     "--emit", "tir")
+    assert proc.returncode == 0 and "%dinitial_state" in proc.stdout, proc.stderr
+    proc = linac.run("compile", "poly", "--shape", "B=1,T=256,H=2,K=64", "--states")
+    assert proc.returncode != 0 and "--states: poly takes no initial state" in proc.stderr, proc.stderr
+    proc = linac.run("compile", "linear_attn", "--states")
+    assert proc.returncode != 0 and "need --shape" in proc.stderr, proc.stderr

@@ -179,9 +179,11 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
 }
 
 /// dg_t = sum_{s>=t} (q_s.dq_s - k_s.dk_s) + <dfinal_state, S_T>: adds the per-block partial sums of
-/// the dq and dk kernels in block order and takes suffix sums by a reverse walk over the chunks.
+/// the dq and dk kernels in block order and takes suffix sums by a reverse walk over steps of rows.
+/// The partials are per row, so the steps need not be the walks' chunks: 32 rows, one warp's scan by
+/// shuffles (steps of 64 go through shared memory and ran slower: docs/ops/linear_attn.md, "Measured").
 std::shared_ptr<ir::Kernel> build_dg(const LinearAttnBwdConfig& cfg) {
-  const int64_t BT = cfg.chunk;
+  const int64_t BT = 32;
   const int64_t blocks = cfg.block_k / cfg.split_k;
   const bool state_term = cfg.final_state_grad;
   KernelBuilder kb("linear_attn_bwd_dg");

@@ -22,16 +22,16 @@ namespace {
 
 /// The walks' (chunk, columns per program) in order of preference for cfg's dtype, gate and head dims
 /// (docs/ops/linear_attn.md, "Measured"):
-/// - chunk 64 in 16-bit, the sweep's fastest; 32 where gated (at 64 the gated dq and dk walks spill 84-96
-///   bytes: a register bound, which the shared-memory plan cannot see), in fp32 (chunk 64 fits there up
-///   to head dim 128 but ran slower) and where both head dims are over 128 (16-bit K = V = 256 ran slower
-///   at 64, though it fits; K = 64, V = 256 ran faster at 64);
+/// - chunk 64 in 16-bit, the sweep's fastest, gated too since session 21 (its walks at 64 spilled 84-96
+///   bytes until then; now none under ptxas 13.0, and 16-21% faster on an H200); 32 in fp32 (chunk 64
+///   fits there up to head dim 128 but ran slower) and where both head dims are over 128 (16-bit
+///   K = V = 256 ran slower at 64, though it fits; K = 64, V = 256 ran faster at 64);
 /// - wider column blocks before larger chunks (one program per head up to 128 columns, then 64; 32 last):
 ///   --normalize at K = V = 256 ran faster at chunk 32 with 128 columns than at 64 with 64;
 /// - chunks of 16 last (fp32 at K = V = 256 ran slower at 16 than at 32 with half the columns);
 /// the first whose walks fit the call's GPU is the default.
 std::vector<std::pair<int, int64_t>> bwd_proposals(const LinearAttnBwdConfig& cfg) {
-  const bool chunk64 = !cfg.gated && cfg.dtype != DType::f32 && std::min(cfg.block_k, cfg.block_v) <= 128;
+  const bool chunk64 = cfg.dtype != DType::f32 && std::min(cfg.block_k, cfg.block_v) <= 128;
   const std::vector<int> chunks = chunk64 ? std::vector<int>{64, 32} : std::vector<int>{32};
   std::vector<std::pair<int, int64_t>> out;
   for (int64_t columns : {128, 64})

@@ -33,10 +33,9 @@ void KernelLowering::init_ring_barriers(const LoopPipeline& p) {
   b_.CreateCondBr(b_.CreateICmpEQ(thread_id(), i32(0)), init, done);
   b_.SetInsertPoint(init);
   llvm::Type* i32t = b_.getInt32Ty();
-  for (int s = 0; s < smem_.pipeline.stages; ++s) {
-    llvm::Value* bar = shared_u32(b_, b_.CreateConstGEP1_64(b_.getInt8Ty(), smem_ptr_, p.barriers + 8 * s));
-    b_.CreateCall(asm_of(b_.getVoidTy(), {i32t}, "mbarrier.init.shared::cta.b64 [$0], 1;", "r,~{memory}"), {bar});
-  }
+  for (int s = 0; s < smem_.pipeline.stages; ++s)
+    b_.CreateCall(asm_of(b_.getVoidTy(), {i32t}, "mbarrier.init.shared::cta.b64 [$0], 1;", "r,~{memory}"),
+                  {ring_barrier(p, i32(s))});
   // The initialisation visible to the async proxy (the copies complete on these barriers).
   b_.CreateCall(asm_of(b_.getVoidTy(), {}, "fence.mbarrier_init.release.cluster;", "~{memory}"), {});
   b_.CreateBr(done);
@@ -82,8 +81,7 @@ void KernelLowering::issue_tma_copies(const LoopPipeline& p, const ir::Block& bo
 
   // Thread 0: arm the stage's barrier with the bytes of the tiles TMA copies (0: a plain arrival), then
   // issue their boxes, each completing on that barrier.
-  llvm::Value* bar = shared_u32(b_, b_.CreateGEP(b_.getInt8Ty(), b_.CreateConstGEP1_64(b_.getInt8Ty(), smem_ptr_, p.barriers),
-                                                 b_.CreateMul(stage, i32(8))));
+  llvm::Value* bar = ring_barrier(p, stage);
   auto* issue = llvm::BasicBlock::Create(ctx_, "tma.issue", fn_);
   auto* issued = llvm::BasicBlock::Create(ctx_, "tma.issued", fn_);
   warp_sync();
@@ -179,8 +177,7 @@ void KernelLowering::wait_tma_stage(const LoopPipeline& p, llvm::Value* stage, l
   // Stage s completes once per use; its use by iteration i is its (i / stages)-th since the barriers
   // were initialised, so the phase to wait for has parity (i / stages) & 1.
   llvm::Type* i32t = b_.getInt32Ty();
-  llvm::Value* bar = shared_u32(b_, b_.CreateGEP(b_.getInt8Ty(), b_.CreateConstGEP1_64(b_.getInt8Ty(), smem_ptr_, p.barriers),
-                                                 b_.CreateMul(stage, i32(8))));
+  llvm::Value* bar = ring_barrier(p, stage);
   llvm::Value* parity = b_.CreateAnd(b_.CreateUDiv(iter, i32(smem_.pipeline.stages)), i32(1));
   auto* wait = llvm::BasicBlock::Create(ctx_, "tma.wait", fn_);
   auto* landed = llvm::BasicBlock::Create(ctx_, "tma.landed", fn_);
@@ -205,6 +202,11 @@ void KernelLowering::warp_sync() {
   // The warp's threads reconverge around the barrier operations (racecheck reports the operations of
   // one warp's threads on a barrier as potential hazards where nothing orders them within the warp).
   b_.CreateCall(asm_of(b_.getVoidTy(), {}, "bar.warp.sync -1;", "~{memory}"), {});
+}
+
+llvm::Value* KernelLowering::ring_barrier(const LoopPipeline& p, llvm::Value* stage) {
+  return shared_u32(b_, b_.CreateGEP(b_.getInt8Ty(), b_.CreateConstGEP1_64(b_.getInt8Ty(), smem_ptr_, p.barriers),
+                                     b_.CreateMul(stage, i32(8))));
 }
 
 }  // namespace linac::nvptx

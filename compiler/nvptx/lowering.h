@@ -213,6 +213,8 @@ class KernelLowering {
   void wait_tma_stage(const LoopPipeline& p, llvm::Value* stage, llvm::Value* iter);
   /// bar.warp.sync: the warp's threads reconverge (before and after the ring's barrier operations).
   void warp_sync();
+  /// The shared-space address (u32) of the mbarrier of the ring's stage `stage` (i32).
+  llvm::Value* ring_barrier(const LoopPipeline& p, llvm::Value* stage);
 
   // lower_reduce.cpp
   void lower_reduce(const ir::Op& op);

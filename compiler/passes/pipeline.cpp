@@ -1,9 +1,8 @@
 #include "compiler/passes/pipeline.h"
 
-#include <optional>
-
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>

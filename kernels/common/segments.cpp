@@ -50,14 +50,21 @@ void add_segment_states(OpPlan& plan, const SequenceLayout& seq, int64_t segment
                         const SegmentCombineConfig& combine, std::shared_ptr<ir::Kernel> states,
                         const std::map<std::string, double>& scalars, const std::string& prefix,
                         std::map<std::string, std::string> renames) {
-  for (const char* name : {"segment_states", "segment_inputs", "segment_decays"}) renames[name] = prefix + name;
+  for (const char* name : {"segment_states", "segment_inputs", "segment_decays", "segment_transitions"})
+    renames[name] = prefix + name;
   plan.tensors[prefix + "segment_states"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K, columns});
   plan.tensors[prefix + "segment_inputs"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K, columns});
   if (combine.decay == SegmentDecay::per_head)
     plan.tensors[prefix + "segment_decays"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H});
   if (combine.decay == SegmentDecay::per_channel)
     plan.tensors[prefix + "segment_decays"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K});
-  plan.launches.push_back(plan_launch(plan, std::move(states), {v_blocks, seq.N * seq.H, segments}, scalars, renames));
+  int64_t state_blocks = v_blocks;
+  if (combine.decay == SegmentDecay::transition) {
+    plan.tensors[prefix + "segment_transitions"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K, seq.K});
+    state_blocks += (seq.K + combine.block_v - 1) / combine.block_v;
+  }
+  plan.launches.push_back(
+      plan_launch(plan, std::move(states), {state_blocks, seq.N * seq.H, segments}, scalars, renames));
   plan.launches.push_back(
       plan_launch(plan, cached_segment_combine(combine), {v_blocks, seq.N * seq.H, 1}, {}, renames));
 }

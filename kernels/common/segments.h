@@ -31,10 +31,11 @@ int64_t segments_per_sequence(const std::string& op, const SequenceLayout& seq, 
 std::shared_ptr<ir::Kernel> cached_segment_combine(const SegmentCombineConfig& cfg);
 
 /// Adds the first two steps of the segment-parallel forward to `plan`: the scratch (segment_states,
-/// segment_inputs [N, segments, H, K, columns] and segment_decays as `combine.decay` shapes them, each
-/// named `prefix` + its name) and two launches, the op's `states` walk (one program per (V block,
-/// sequence x head, segment), with `scalars`; `renames` binds its parameters to other tensors, e.g. v to
-/// a column of ones) and the combine (one per (V block, sequence x head)).
+/// segment_inputs [N, segments, H, K, columns], and segment_decays or segment_transitions [N, segments,
+/// H, K, K] as `combine.decay` asks, each named `prefix` + its name) and two launches, the op's `states`
+/// walk (one program per (V block, sequence x head, segment), then with transitions one per block of
+/// `combine.block_v` of P's K columns; with `scalars`; `renames` binds its parameters to other tensors,
+/// e.g. v to a column of ones) and the combine (one per (V block, sequence x head)).
 void add_segment_states(OpPlan& plan, const SequenceLayout& seq, int64_t segments, int64_t v_blocks, int64_t columns,
                         const SegmentCombineConfig& combine, std::shared_ptr<ir::Kernel> states,
                         const std::map<std::string, double>& scalars, const std::string& prefix = "",

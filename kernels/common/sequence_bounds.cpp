@@ -10,6 +10,11 @@ SequenceBounds sequence_bounds(const Tensor& q, const Tensor& cu_seqlens, bool v
   return {i_n, constant(0, DType::i32), q.dim(1)};
 }
 
+SequenceBounds segment_bounds(const SequenceBounds& seq, const Tile& i_s, int64_t rows) {
+  Tile bos = seq.bos + i_s * rows;
+  return {seq.b, bos, minimum(seq.eos, bos + rows)};
+}
+
 ChunkBounds chunk_bounds(const Tensor& q, const Tensor& cu_seqlens, const Tensor& chunk_indices, bool varlen,
                          const Tile& i_c, const Tile& i_x, int64_t chunk_rows) {
   ChunkBounds c;

@@ -14,6 +14,10 @@ struct SequenceBounds {
 /// rows 0 .. T of batch row i_n, T = q.dim(1).
 SequenceBounds sequence_bounds(const dsl::Tensor& q, const dsl::Tensor& cu_seqlens, bool varlen, const dsl::Tile& i_n);
 
+/// Segment `i_s` of `seq` when its rows are cut in segments of `rows`: rows [bos + i_s rows,
+/// min(eos, bos + (i_s + 1) rows)) of the same batch row (the segment-parallel schedules).
+SequenceBounds segment_bounds(const SequenceBounds& seq, const dsl::Tile& i_s, int64_t rows);
+
 /// Where a program of a kernel with one program per chunk works, for grid (i_c, i_x): with varlen,
 /// chunk_indices[i_c] = (sequence, chunk of it) and i_x is the head; otherwise i_x = batch row x heads
 /// and i_c the chunk. `global_chunk` numbers the chunk among all chunks of all sequences (the row of

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <vector>
 
+#include "kernels/common/chunk_gate_sums.h"
 #include "kernels/common/log_decay.h"
 #include "kernels/common/prologue.h"
 #include "kernels/delta_rule/fwd.h"
@@ -57,7 +58,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& 
   Tensor k = kb.tensor("k", dt, 4);
   Tensor w = kb.tensor("w", dt, 4);
   Tensor u = kb.tensor("u", dt, 5);
-  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
   Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
   Tensor ht = cfg.final_state ? kb.tensor("final_state", f32, 4) : Tensor();
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
@@ -74,9 +75,9 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& 
 
   Tile S = zeros({BK, BV}, f32);
   if (cfg.initial_state) S = load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
-  // The gates an iteration ahead (as delta_rule_fwd loads them: too small for the pipeliner).
-  Tile gc_next;
-  if (cfg.gated) gc_next = load(g, {seq.b, seq.bos, i_h}, {kIndex, BT, kIndex}, in_seq);
+  // The gates' sums an iteration ahead (as delta_rule_fwd loads them: too small for the pipeliner).
+  GateSums next;
+  if (cfg.gated) next = gates.load(first_chunk, i_h, BT);
   auto body = [&](Tile i) {
     Tile t0 = seq.bos + i * BT;
     Tile K = load(k, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
@@ -89,18 +90,17 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& 
     store(vn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, Vn, in_seq);
     if (cfg.gated) {
       // As delta_rule_fwd rounds it: the decay goes on the fp32 V_new before the product.
-      const ChunkLogDecays dec = chunk_log_decays(gc_next, /*set_apart=*/true);  // as the forward's walk
-      gc_next = load(g, {seq.b, t0 + BT, i_h}, {kIndex, BT, kIndex}, in_seq);
+      const ChunkLogDecays dec = next.decays();  // as the forward's walk
+      next = gates.load(first_chunk + i + 1, i_h, BT);
       S = blocks::state_update(S, K, (Vn32 * expand_dims(dec.to_end(), 1)).to(dt), dec.total);
     } else {
       S = blocks::state_update(S, K, Vn);
     }
   };
-  if (cfg.gated) {
-    for_range(0, num_chunks, body, S, gc_next);
-  } else {
-    for_range(0, num_chunks, body, S);
-  }
+  std::vector<Tile*> carried = {&S};
+  if (cfg.gated)
+    for (Tile* t : next.carried()) carried.push_back(t);
+  for_range_carrying(0, num_chunks, body, carried);
   if (cfg.final_state) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
   return kb.finish();
 }
@@ -115,7 +115,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
   Tensor k = kb.tensor("k", dt, 4);
   Tensor w = kb.tensor("w", dt, 4);
   Tensor dout = kb.tensor("do", dt, 4);
-  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
   Tensor dht = cfg.final_state_grad ? kb.tensor("dfinal_state", f32, 4) : Tensor();
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor chunk_offsets = kb.tensor("chunk_offsets", DType::i32, 1);
@@ -135,9 +135,9 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
 
   Tile dS = zeros({BK, BV}, f32);
   if (cfg.final_state_grad) dS = load(dht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
-  // The gates an iteration ahead (the chunk before; the first chunk's again at the end, unused).
-  Tile gc_next;
-  if (cfg.gated) gc_next = load(g, {seq.b, seq.bos + maximum(num_chunks - 1, 0) * BT, i_h}, {kIndex, BT, kIndex}, in_seq);
+  // The gates' sums an iteration ahead (the chunk before; the first chunk's again at the end, unused).
+  GateSums next;
+  if (cfg.gated) next = gates.load(first_chunk + maximum(num_chunks - 1, 0), i_h, BT);
   auto body = [&](Tile j) {
     Tile i = num_chunks - 1 - j;
     Tile t0 = seq.bos + i * BT;
@@ -150,8 +150,8 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
     // (Q K^T .* M)^T as K Q^T masked to r <= c: the transpose is taken before the mask.
     Tile Pt = where(pairs_t, dot(K, Q.T()) * scale, 0.0f);
     if (cfg.gated) {
-      const ChunkLogDecays dec = chunk_log_decays(gc_next, /*set_apart=*/true);  // as the forward's walk
-      gc_next = load(g, {seq.b, seq.bos + maximum(i - 1, 0) * BT, i_h}, {kIndex, BT, kIndex}, in_seq);
+      const ChunkLogDecays dec = next.decays();  // as the forward's walk
+      next = gates.load(first_chunk + maximum(i - 1, 0), i_h, BT);
       Pt = Pt * dec.between(pairs_t, /*reverse=*/true);  // Gam[c, r] = exp(b_c - b_r), c >= r
       Tile Kd = (K.to(f32) * expand_dims(dec.to_end(), 1)).to(dt);
       Tile dVn = (dot(Pt.to(dt), dO) + dot(Kd, dS_dt)).to(dt);
@@ -164,11 +164,10 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
       dS = dS + dot(Q.T(), dO) * scale - dot(W.T(), dVn);
     }
   };
-  if (cfg.gated) {
-    for_range(0, num_chunks, body, dS, gc_next);
-  } else {
-    for_range(0, num_chunks, body, dS);
-  }
+  std::vector<Tile*> carried = {&dS};
+  if (cfg.gated)
+    for (Tile* t : next.carried()) carried.push_back(t);
+  for_range_carrying(0, num_chunks, body, carried);
   if (cfg.initial_state_grad) store(dh0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, dS);
   return kb.finish();
 }

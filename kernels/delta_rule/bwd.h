@@ -34,7 +34,9 @@ struct DeltaChunkedBwdConfig {
 };
 
 /// The state pass: one program per (V block, sequence x head) walks the chunks storing the state before
-/// each (h) and V_new (v_new); also the forward's split schedule (delta_rule --config split=1).
+/// each (h) and V_new (v_new); also the forward's split schedule (delta_rule --config split=1). Gated, the
+/// two walks read the gates' sums (gate_b gate_cuts gate_totals, kernels/common/chunk_gate_sums.h) by
+/// global chunk, as delta_rule_fwd does.
 std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& cfg);
 std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig& cfg);
 std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& cfg);

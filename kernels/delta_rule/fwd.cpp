@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <algorithm>
 
+#include "kernels/common/chunk_gate_sums.h"
 #include "kernels/common/log_decay.h"
 #include "kernels/common/prologue.h"
 #include "linac/blocks.h"
@@ -201,11 +202,15 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
   Tensor k = kb.tensor("k", dt, 4);
   Tensor w = kb.tensor("w", dt, 4);
   Tensor u = kb.tensor("u", dt, 5);
-  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
-  Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
-  Tensor ht = cfg.final_state ? kb.tensor("final_state", f32, 4) : Tensor();
+  const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
+  const bool segmented = cfg.segment > 0;
+  const bool h0_in = cfg.initial_state && !segmented, ht_out = cfg.final_state && !segmented;
+  Tensor h0 = h0_in ? kb.tensor("initial_state", f32, 4) : Tensor();
+  Tensor ht = ht_out ? kb.tensor("final_state", f32, 4) : Tensor();
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor chunk_offsets = cfg.save_states ? kb.tensor("chunk_offsets", DType::i32, 1) : Tensor();
+  Tensor seg_inputs = segmented ? kb.tensor("segment_inputs", f32, 5) : Tensor();
+  const bool tables = cfg.save_states || cfg.gated;  // per-chunk tables, indexed by global chunk
+  Tensor chunk_offsets = tables ? kb.tensor("chunk_offsets", DType::i32, 1) : Tensor();
   Tensor h = cfg.save_states ? kb.tensor("h", dt, 4) : Tensor();
   Tensor vn = cfg.save_states ? kb.tensor("v_new", dt, 4) : Tensor();
   Tensor o = kb.tensor("o", dt, 4);
@@ -213,24 +218,28 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
 
   Tile i_v = program_id(0);
   const auto [i_nh, i_n, i_h, seq_rows] = sequence_program(q, cu, cfg.varlen, 1);
-  const auto [b, bos, eos] = seq_rows;
+  Tile i_s = segmented ? program_id(2) : Tile();
+  const auto [b, bos, eos] = segmented ? segment_bounds(seq_rows, i_s, cfg.segment) : seq_rows;
   Tile num_chunks = (eos - bos + (BT - 1)) / BT;
   Tile v0 = i_v * BV;
 
   Tile S = zeros({BK, BV}, f32);
-  if (cfg.initial_state) S = load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
-  Tile first_chunk = cfg.save_states ? load(chunk_offsets, {i_n}, {kIndex}) : Tile();
+  if (h0_in) S = load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
+  if (segmented) S = load(seg_inputs, {i_n, i_s, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
+  // The tables' row of the walk's first chunk (segments are whole chunks).
+  Tile first_chunk = tables ? load(chunk_offsets, {i_n}, {kIndex}) : Tile();
+  if (tables && segmented) first_chunk = first_chunk + i_s * (cfg.segment / BT);
 
   Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
   Tile causal = row >= col;
   AccessOptions in_seq{.limits = {{1, eos}}};
 
-  // The gates, loaded an iteration ahead: a [BT] fp32 tile is too small for the pipeliner's 16-byte
-  // copies per thread, and loaded in its own iteration it held up the state update (exp(b_C - b)
-  // scales V_new before K^T V_new). Forming the next chunk's gate terms at the end of the iteration as
-  // well was slower (docs/ops/delta_rule.md, "Measured").
-  Tile gc_next;
-  if (cfg.gated) gc_next = load(g, {b, bos, i_h}, {kIndex, BT, kIndex}, in_seq);
+  // The gates' sums (chunk_gate_sums.h), loaded an iteration ahead: [BT] fp32 tiles are too small for
+  // the pipeliner's 16-byte copies per thread, and loaded in their own iteration they held up the state
+  // update (exp(b_C - b) scales V_new before K^T V_new). Forming the next chunk's gate terms at the end
+  // of the iteration as well was slower (docs/ops/delta_rule.md, "Measured").
+  GateSums next;
+  if (cfg.gated) next = gates.load(first_chunk, i_h, BT);
 
   auto body = [&](Tile i) {
     Tile t0 = bos + i * BT;
@@ -248,8 +257,8 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
       // Differences of b (log_decay.h) rather than the gates each decay spans summed: those are a
       // [BT, BT] scan through shared memory in every chunk of the walk's chain. The state pass of the
       // backward (build_delta_bwd_states) forms them the same way: the saved states are its states.
-      const ChunkLogDecays dec = chunk_log_decays(gc_next, /*set_apart=*/true);
-      gc_next = load(g, {b, t0 + BT, i_h}, {kIndex, BT, kIndex}, in_seq);
+      const ChunkLogDecays dec = next.decays();
+      next = gates.load(first_chunk + i + 1, i_h, BT);
       Tile e_b = dec.from_start(), decay = dec.to_end();  // exp(b), exp(b_C - b_r)
       b_last = dec.total;
       gam = dec.between(causal);  // exp(b_r - b_c) for r >= c, 1 above the diagonal
@@ -273,13 +282,12 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
 
     S = blocks::state_update(S, K, V_state, b_last, /*in_place=*/true);
   };
-  if (cfg.gated) {
-    for_range(0, num_chunks, body, S, gc_next);
-  } else {
-    for_range(0, num_chunks, body, S);
-  }
+  std::vector<Tile*> carried = {&S};
+  if (cfg.gated)
+    for (Tile* t : next.carried()) carried.push_back(t);
+  for_range_carrying(0, num_chunks, body, carried);
 
-  if (cfg.final_state) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
+  if (ht_out) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
   return kb.finish();
 }
 

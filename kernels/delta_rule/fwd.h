@@ -40,6 +40,7 @@ struct DeltaRuleConfig {
   bool save_states = false;  // delta_rule_fwd also stores S before each chunk (h) and V_new (v_new) for the backward
   bool split = false;        // the split schedule: a state pass (build_delta_bwd_states), then delta_rule_out
   int v_blocks = 0;          // delta_rule_wy: U's value blocks of block_v, unrolled (0: a loop up to v's dim)
+  int segment = 0;           // rows per segment of the segment-parallel forward (0: one walk per sequence)
 };
 
 // The UT transform's inverse, the decays inside a chunk and the l2norm of rows are linac/blocks.h's
@@ -49,11 +50,24 @@ struct DeltaRuleConfig {
 /// Grid: (chunks, N*H), or (total chunks over all sequences, H) with varlen; chunk_indices [chunks, 2]
 /// holds (sequence, chunk of the sequence) per program then.
 std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg);
-/// Records the chunk-walking kernel. Parameters: q k w u [g] [initial_state] [final_state]
-/// [cu_seqlens] [chunk_offsets h v_new] o scale. Grid: (V blocks, N*H). With save_states it also stores,
-/// as the backward's state walk would recompute them, the state before each chunk in the input dtype
-/// (h [chunks, H, K, V], chunk_offsets [N+1] the first chunk of each sequence) and V_new (v_new [B,T,H,V]).
+/// Records the chunk-walking kernel. Parameters: q k w u [gate_b gate_cuts gate_totals] [initial_state]
+/// [final_state] [cu_seqlens] [segment_inputs] [chunk_offsets] [h v_new] o scale; the gates' sums
+/// (kernels/common/chunk_gate_sums.h) and the per-chunk tables are indexed by global chunk, from
+/// chunk_offsets [N+1] (the first chunk of each sequence; a parameter where gated or saving).
+/// Grid: (V blocks, N*H). With cfg.segment > 0 it walks one segment per program from the state
+/// entering it (grid (V blocks, N*H, segments)): segment_inputs [N, segments, H, K, V] in place of the
+/// initial and final states, which the segments' combine reads and writes (kernels/common/
+/// segment_combine.h). With save_states it also stores, as the backward's state walk would recompute
+/// them, the state before each chunk in the input dtype (h [chunks, H, K, V]) and V_new (v_new [B,T,H,V]).
 std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg);
+/// Records the segment-parallel forward's first kernel (cfg.segment > 0, dense inputs): per (column
+/// block, sequence x head, segment), the segment walked from a zero state gives Q_s [K, V] (programs of
+/// the V blocks, to segment_states [N, segments, H, K, V]) and the product of its chunks' transitions
+/// P_s [K, K] (programs of P's column blocks after them, to segment_transitions [N, segments, H, K, K]),
+/// so that the state after the segment is P_s S + Q_s for the state S entering it (fwd_segments.cpp).
+/// Parameters: q k w u [gate_b gate_cuts gate_totals chunk_offsets] segment_states segment_transitions.
+/// Grid: (V blocks + K blocks, N*H, segments).
+std::shared_ptr<ir::Kernel> build_delta_rule_segment_states(const DeltaRuleConfig& cfg);
 /// Records the split schedule's output kernel. Parameters: q k [g] h v_new [cu_seqlens chunk_indices] o
 /// scale. Grid: (chunks, N*H, V blocks), or (total chunks, H, V blocks) with varlen.
 std::shared_ptr<ir::Kernel> build_delta_rule_out(const DeltaRuleConfig& cfg);

@@ -1,18 +1,21 @@
 // The ops "delta_rule" and "gated_delta_rule" (docs/ops/delta_rule.md, docs/ops/gated_delta_rule.md):
 // their registry entries and the forward's plans and defaults: delta_rule_wy then the walk delta_rule_fwd,
-// or the split schedule (a state pass, then delta_rule_out), or the token-by-token kernel (fwd.h); the
-// backward's plans are in op_bwd.cpp.
+// or the segment-parallel walk (delta_rule_segment_states, the segments' combine, delta_rule_fwd per
+// segment), or the split schedule (a state pass, then delta_rule_out), or the token-by-token kernel
+// (fwd.h); the backward's plans are in op_bwd.cpp.
 #include "kernels/delta_rule/op.h"
 
 #include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
 
+#include "kernels/common/chunk_gate_sums.h"
 #include "kernels/common/config_schema.h"
 #include "kernels/common/device_limits.h"
 #include "kernels/common/fitting.h"
 #include "kernels/common/l2norm.h"
 #include "kernels/common/op_support.h"
+#include "kernels/common/segments.h"
 #include "kernels/delta_rule/bwd.h"
 #include "kernels/delta_rule/fwd.h"
 #include "linac/error.h"
@@ -37,11 +40,11 @@ const ConfigSchema<DeltaRuleConfig>& delta_rule_schema() {
                         {0, 1},
                         "1: a state pass storing the state before every chunk, then every chunk's outputs in "
                         "parallel (not with --l2norm-qk); 0: the fused walk"}),
-      field<&C::v_blocks>());
+      field<&C::v_blocks>(), tuned<&C::segment>(segment_key()));
   return schema;
 }
 
-enum class DeltaKernel { wy, fwd, out, recurrent };
+enum class DeltaKernel { wy, fwd, segment_states, out, recurrent };
 
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_delta_kernel(DeltaKernel which, const DeltaRuleConfig& cfg) {
@@ -50,6 +53,7 @@ std::shared_ptr<ir::Kernel> cached_delta_kernel(DeltaKernel which, const DeltaRu
     switch (which) {
       case DeltaKernel::wy: return build_delta_rule_wy(cfg);
       case DeltaKernel::fwd: return build_delta_rule_fwd(cfg);
+      case DeltaKernel::segment_states: return build_delta_rule_segment_states(cfg);
       case DeltaKernel::out: return build_delta_rule_out(cfg);
       case DeltaKernel::recurrent: return build_delta_rule_recurrent(cfg);
     }
@@ -97,6 +101,9 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   cfg.v_blocks = static_cast<int>((padded_head_dim(V) + cfg.block_v - 1) / cfg.block_v);
   if (cfg.split && opts.l2norm_qk) throw UserError(fmt::format("{}: --config split=1 does not take --l2norm-qk", op));
   if (cfg.split && opts.recurrent) throw UserError(fmt::format("{}: --config split=1 is for the chunked form, not --recurrent", op));
+  if (cfg.segment > 0 && (cfg.split || opts.recurrent))
+    throw UserError(fmt::format("{}: --config segment is a schedule of the chunked walk: not with {}", op,
+                                cfg.split ? "split=1" : "--recurrent"));
   //  - the walk's Q, K and W blocks pipelined (cp.async one chunk ahead) where two stages fit the call's
   //    GPU (K = 256 included), but fp32 at BK >= 128 proposes one: there its two-stage walk measured
   //    slower (a block per SM instead of three; docs/ops/delta_rule.md, "Measured", session 18).
@@ -152,6 +159,11 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
   const int64_t num_v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
   const std::array<int64_t, 3> walk_grid = {num_v_blocks, seq.N * seq.H, 1};
   const double scale = attention_scale(opts, seq.K);
+  // The chunked walk in segments when asked (--config segment=L, kernels/common/segments.h): not by
+  // default, since at few walks it measured at most 5% faster (gated) or slower (docs/ops/delta_rule.md,
+  // "Few heads: sequence parallelism"); the tuner tries it there.
+  const int64_t segments = opts.recurrent || cfg.split ? 1 : segments_per_sequence(name, seq, cfg.segment, cfg.chunk);
+  if (segments <= 1) cfg.segment = 0;
 
   if (opts.recurrent) {
     plan.launches.push_back(
@@ -168,9 +180,10 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
     const int64_t total_chunks = chunk_tables(seq, cfg.chunk, &offsets, &indices);
     const int64_t chunks = seq.varlen ? total_chunks : (seq.T + cfg.chunk - 1) / cfg.chunk;
     if (seq.varlen) plan.tensors["chunk_indices"] = indices;
+    plan.tensors["chunk_offsets"] = offsets;
+    if (gated) add_chunk_gate_sums(plan, seq, cfg.chunk);
     if (save || cfg.split) {
       // The state before each chunk ([chunks, H, K, V], indexed by global chunk) and V_new.
-      plan.tensors["chunk_offsets"] = offsets;
       plan.tensors["h"] = HostTensor::zeros(cfg.dtype, {std::max<int64_t>(total_chunks, 1), seq.H, seq.K, seq.V});
       plan.tensors["v_new"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
     }
@@ -178,8 +191,10 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
       plan.tensors["t_mat"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, cfg.chunk});
       for (const auto& t : delta_saved_tensors()) plan.outputs[t.name] = t.tensor;
     }
+    DeltaRuleConfig wy = cfg;
+    wy.segment = 0;  // the UT kernel is the same for every schedule
     if (chunks > 0)
-      plan.launches.push_back(plan_launch(plan, cached_delta_kernel(DeltaKernel::wy, cfg),
+      plan.launches.push_back(plan_launch(plan, cached_delta_kernel(DeltaKernel::wy, wy),
                                           {chunks, seq.varlen ? seq.H : seq.B * seq.H, 1}, {}));
     if (cfg.split) {
       DeltaChunkedBwdConfig pass;
@@ -198,6 +213,15 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
         plan.launches.push_back(plan_launch(plan, cached_delta_kernel(DeltaKernel::out, cfg),
                                             {chunks, seq.varlen ? seq.H : seq.B * seq.H, num_v_blocks},
                                             {{"scale", scale}}));
+    } else if (segments > 1) {
+      // Each segment's P and Q (fwd_segments.cpp), the states entering the segments (S_{s+1} = P_s S_s +
+      // Q_s, from the initial state; the final state after the last), then the walk of every segment.
+      const SegmentCombineConfig combine{cfg.block_k, cfg.block_v, SegmentDecay::transition, has_h0, cfg.final_state,
+                                         cfg.num_warps};
+      add_segment_states(plan, seq, segments, num_v_blocks, seq.V, combine,
+                         cached_delta_kernel(DeltaKernel::segment_states, cfg), {});
+      plan.launches.push_back(plan_launch(plan, cached_delta_kernel(DeltaKernel::fwd, cfg),
+                                          {num_v_blocks, seq.N * seq.H, segments}, {{"scale", scale}}));
     } else {
       plan.launches.push_back(
           plan_launch(plan, cached_delta_kernel(DeltaKernel::fwd, cfg), walk_grid, {{"scale", scale}}));
@@ -228,6 +252,11 @@ std::vector<std::shared_ptr<ir::Kernel>> delta_rule_kernels(bool gated, const Op
         out.push_back(cached_delta_kernel(DeltaKernel::wy, *c));
         out.push_back(cached_delta_kernel(DeltaKernel::fwd, *c));
       }
+      // The segment-parallel walk's kernels (the combine is linac's shared one).
+      DeltaRuleConfig segmented = plain;
+      segmented.segment = 1024;
+      out.push_back(cached_delta_kernel(DeltaKernel::segment_states, segmented));
+      out.push_back(cached_delta_kernel(DeltaKernel::fwd, segmented));
       // The split schedule's output kernel (its state pass is the backward's, listed with it).
       DeltaRuleConfig split = plain;
       split.split = true;
@@ -321,10 +350,14 @@ OpDef delta_rule_op_def(bool gated) {
     // 3.3 s cold tuning's critical path).
     if (std::max(s.K, s.V) <= 64) space.insert(space.begin() + 2, {{"chunk", 64}, {"warps", 4}, {"bv", 64}});
     // Few walks (sequences x heads): the split schedule, whose walk carries only the state from chunk to
-    // chunk and leaves the outputs to a kernel over every chunk in parallel.
+    // chunk and leaves the outputs to a kernel over every chunk in parallel; and the segment-parallel
+    // walk in segments of 2048 and 4096 rows on 4 warps (the fastest measured; docs/ops/delta_rule.md,
+    // "Few heads: sequence parallelism"), where the sequences are longer than that.
     if (few_walks(s.B * s.H, opts)) {
       space.push_back({{"split", 1}, {"chunk", 32}, {"warps", 4}, {"bv", 32}});
       space.push_back({{"split", 1}, {"chunk", 32}, {"warps", 8}, {"bv", 64}});
+      for (int segment : {2048, 4096})
+        if (s.T > segment) space.push_back({{"segment", segment}, {"warps", 4}});
     }
     // Three pipeline stages (one slack; products waited for an iteration late on sm_90a): faster for
     // delta_rule's forward at the bar shape, slower for gated_delta_rule's (docs/hopper.md, "Measured").

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include "kernels/common/chunk_gate_sums.h"
 #include "kernels/common/config_schema.h"
 #include "kernels/common/device_limits.h"
 #include "kernels/common/fitting.h"
@@ -267,6 +268,7 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   const int64_t chunks = chunk_tables(seq, BT, &offsets, &indices);
   plan.tensors["chunk_offsets"] = offsets;
   if (seq.varlen) plan.tensors["chunk_indices"] = indices;
+  if (gated) add_chunk_gate_sums(plan, seq, cfg.chunk);  // for the two walks
   // W, T, the states before each chunk ([chunks, H, K, V]) and Vn: the forward's when saved, else
   // recomputed into scratch (with U) by delta_rule_wy and the state walk. Scratch: the state gradients
   // after each chunk and dVn.

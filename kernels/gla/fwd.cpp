@@ -183,13 +183,8 @@ std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg) {
 
   Tile i_v = program_id(0);
   const auto [i_nh, i_n, i_h, seq_rows] = sequence_program(q, cu, cfg.varlen, 1);
-  SequenceBounds seq = seq_rows;
-  // A segment's rows: [bos + s L, min(eos, bos + (s + 1) L)).
   Tile i_s = cfg.walk == GlaWalk::sequence ? Tile() : program_id(2);
-  if (i_s.valid()) {
-    seq.bos = seq.bos + i_s * cfg.segment;
-    seq.eos = minimum(seq.eos, seq.bos + cfg.segment);
-  }
+  const SequenceBounds seq = i_s.valid() ? segment_bounds(seq_rows, i_s, cfg.segment) : seq_rows;
   Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
   Tile v0 = i_v * BV;
 

@@ -40,13 +40,8 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
 
   Tile i_v = program_id(0);
   const auto [i_nh, i_n, i_h, seq_rows] = sequence_program(q, cu, cfg.varlen, 1);
-  auto [b, bos, eos] = seq_rows;
-  // A segment's rows: [bos + s L, min(eos, bos + (s + 1) L)).
   Tile i_s = cfg.walk == LinearAttnWalk::sequence ? Tile() : program_id(2);
-  if (i_s.valid()) {
-    bos = bos + i_s * cfg.segment;
-    eos = minimum(eos, bos + cfg.segment);
-  }
+  const auto [b, bos, eos] = i_s.valid() ? segment_bounds(seq_rows, i_s, cfg.segment) : seq_rows;
   Tile num_chunks = (eos - bos + (BT - 1)) / BT;
   Tile v0 = i_v * BV;
 

@@ -196,6 +196,45 @@ def test_split_schedule(linac, op, config):
     run_and_check(linac, op, inputs, options=["--config", config])
 
 
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("config", ["segment=64", "segment=64,chunk=16,bv=16,warps=2", "segment=128,chunk=32,bv=32,warps=8"])
+def test_segments(linac, op, config):
+    # The segment-parallel walk (--config segment=L; by default where few walks leave the GPU idle): each
+    # segment's transition product P and its walk from zero Q, combined in order from the initial state
+    # (S' = P S + Q), then every segment walked from the state entering it. T = 150: whole segments and
+    # a short last one; V = 40 padded to 64 and K = 48 padded to 64, so Q's and P's column blocks and
+    # the identity P starts from cross the padding; slow gates carry the states across segments.
+    inputs = make_inputs(1000 + OPS.index(op), op, B=2, T=150, H=2, K=48, V=40, gate_bias=4.0, init=True)
+    run_and_check(linac, op, inputs, options=["--config", config])
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_segments_l2norm_and_no_initial_state(linac, op):
+    # --l2norm-qk: the segments' P and Q take the key norms as the walk does; no initial state: the
+    # combine starts from zeros; the output alone (no final state wanted).
+    inputs = make_inputs(1010 + OPS.index(op), op, B=1, T=200, H=3, K=32, V=32, l2norm=True, gate_bias=4.0)
+    run_and_check(linac, op, inputs, options=["--config", "segment=64"], l2norm=True, final_state=False)
+    run_and_check(linac, op, inputs, options=["--config", "segment=64,chunk=64"], l2norm=True)
+
+
+@pytest.mark.parametrize("config, mentions", [("segment=64,split=1", "not with split=1"),
+                                              ("segment=64,chunk=128", "multiple of the chunk")])
+def test_error_segment_configs(linac, config, mentions):
+    inputs = make_inputs(1020, "delta_rule", B=1, T=100, H=1, K=16, V=16)
+    with pytest.raises(Exception, match=mentions):
+        run_and_check(linac, "delta_rule", inputs, options=["--config", config])
+
+
+def test_error_segments_of_packed_sequences(linac):
+    inputs = make_inputs(1030, "delta_rule", B=1, T=100, H=1, K=16, V=16, N=2)
+    inputs["cu_seqlens"] = np.array([0, 40, 100], dtype=np.int32)
+    with pytest.raises(Exception, match="dense inputs"):
+        run_and_check(linac, "delta_rule", inputs, options=["--config", "segment=64"])
+    with pytest.raises(Exception, match="not with --recurrent"):
+        run_and_check(linac, "delta_rule", make_inputs(1031, "delta_rule", B=1, T=100, H=1, K=16, V=16),
+                      options=["--recurrent", "--config", "segment=64"])
+
+
 def test_split_schedule_refuses_l2norm(linac):
     inputs = make_inputs(970, "delta_rule", B=1, T=20, H=1, K=8, V=8)
     with pytest.raises(Exception, match="split=1 does not take --l2norm-qk"):
@@ -203,29 +242,41 @@ def test_split_schedule_refuses_l2norm(linac):
 
 
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
-def test_gated_walks_load_the_gates_an_iteration_ahead(linac, backward):
-    # A speed path the numeric tests cannot see (gated forward walk 0.62 -> 0.57 ms on an H200): each
-    # gated walk loads the first chunk's gates before its loop and carries the next chunk's, loaded
-    # in the loop, as a [BT] fp32 loop value.
+def test_gated_walks_read_the_gate_sums_an_iteration_ahead(linac, backward):
+    # Speed paths the numeric tests cannot see. The gated walks read the chunks' gate sums that
+    # chunk_gate_sums stored (kernels/common/chunk_gate_sums.h): no scan of the gates in their loops.
+    # Each loads the first chunk's sums before its loop and carries the next chunk's, loaded in the loop,
+    # as [BT] fp32 loop values (loaded in their own iteration the gates held up the state update).
     args = ["compile", "gated_delta_rule", "--shape", "B=1,T=64,H=1,K=128", "--dtype", "bf16", "--emit", "tir"]
     r = linac.run(*args, *(["--backward"] if backward else []))
     assert r.returncode == 0, r.stderr
+    assert "kernel @chunk_gate_sums(" in r.stdout
     names = ["gated_delta_rule_bwd_states", "gated_delta_rule_bwd_dstates"] if backward else ["gated_delta_rule_fwd"]
     for name in names:
         kernel = r.stdout.split(f"kernel @{name}(")[1].split("\nkernel @")[0]
+        assert "%g:" not in kernel.split("\n", 1)[0], f"{name}: still takes the gates"
         before, loop = kernel.split(" = for ", 1)
-        assert re.search(r"= load %g\[.*: tile<32xf32>", before), f"{name}: no gate load before the loop"
+        assert re.search(r"= load %gate_b\[.*: tile<32xf32>", before), f"{name}: no gate sums loaded before the loop"
         header = loop.split("\n", 1)[0]
         args = re.search(r"iter_args\((.*?)\) : \((.*?)\)", header)
         assert args, header
         names = [a.split(" = ")[0].strip() for a in args.group(1).split(",")]
         types = [t.strip() for t in args.group(2).split(", ")]
-        assert "tile<32xf32>" in types, f"{name}: gates not carried: {header}"
+        assert types.count("tile<32xf32>") == 2, f"{name}: b and cuts not carried: {header}"
+        assert re.search(r"= load %gate_b\[.*: tile<32xf32>", loop), f"{name}: no gate sums loaded in the loop"
+        assert "= scan " not in loop, f"{name}: the loop still scans"
         carried = names[types.index("tile<32xf32>")]
-        assert re.search(r"= load %g\[.*: tile<32xf32>", loop), f"{name}: no gate load in the loop"
-        # The iteration's gate terms come from the carried tile, not from a load in the iteration (its
-        # first use: the compare that sets apart gates below the floor, kernels/common/log_decay.h).
-        assert re.search(rf"= (cumsum|sum|expand_dims|cmp) {carried}\b", loop), f"{name}: carried gates unused"
+        assert re.search(rf"= \w+ [^\n]*{carried}\b", loop), f"{name}: carried sums unused"
+
+
+def test_gate_sums_over_head_blocks(linac):
+    # chunk_gate_sums takes 16 heads per program: 20 heads leave a partial second block, dense and packed.
+    inputs = make_inputs(1040, "gated_delta_rule", B=2, T=70, H=20, K=16, V=16, init=True)
+    run_and_check(linac, "gated_delta_rule", inputs)
+    cu = np.array([0, 5, 70, 140], dtype=np.int32)
+    inputs = make_inputs(1041, "gated_delta_rule", B=1, T=140, H=20, K=16, V=16, init=True, N=3)
+    inputs["cu_seqlens"] = cu
+    run_and_check(linac, "gated_delta_rule", inputs)
 
 
 @pytest.mark.parametrize("op", OPS)

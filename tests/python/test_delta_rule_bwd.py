@@ -121,6 +121,18 @@ def test_backward_from_the_saved_forward(linac, op, fwd_options, chunk):
 
 
 @pytest.mark.parametrize("op", OPS)
+def test_backward_from_the_segmented_forward(linac, op):
+    # The segment-parallel forward (--config segment=64) saves the same tables: each segment's walk
+    # stores its chunks' states at their global rows (two whole segments and a short one, both states).
+    x = make_inputs(87 + OPS.index(op), op, B=2, T=150, H=2, K=24, V=40, init=True, dfinal=True)
+    fwd, grads = saved_pair(linac, op, x, ("--config", "segment=64"))
+    plain = linac.run_op(op, forward_inputs(x), outputs=["o", "final_state", *SAVED])
+    for name in ["o", "final_state", *SAVED]:
+        np.testing.assert_allclose(fwd[name], plain[name], rtol=1e-5, atol=1e-5, err_msg=name)
+    gradcheck.check_directional(grads, x, loss)
+
+
+@pytest.mark.parametrize("op", OPS)
 def test_saved_backward_equals_the_recomputing_one(linac, op):
     # The forward stores what the backward's UT kernel and state walk compute, by the same operations:
     # the gradients agree to rounding (bitwise on the interpreter).

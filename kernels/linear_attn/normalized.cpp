@@ -30,15 +30,13 @@ std::shared_ptr<ir::Kernel> build_linear_attn_normalized_fwd(const LinearAttnNor
 
   Tile i_v = program_id(0);
   const auto [i_nh, i_n, i_h, seq_rows] = sequence_program(q, cu, cfg.varlen, 1);
-  auto [b, bos, eos] = seq_rows;
+  // With segments, a segment's rows from the states entering it.
+  Tile i_s = segments ? program_id(2) : Tile();
+  const auto [b, bos, eos] = segments ? segment_bounds(seq_rows, i_s, cfg.segment) : seq_rows;
   Tile v0 = i_v * BV;
   Tile S = zeros({BK, BV}, f32);
   Tile z = zeros({BK}, f32);
   if (segments) {
-    // A segment's rows: [bos + s L, min(eos, bos + (s + 1) L)), from the states entering it.
-    Tile i_s = program_id(2);
-    bos = bos + i_s * cfg.segment;
-    eos = minimum(eos, bos + cfg.segment);
     S = load(seg_inputs, {i_n, i_s, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
     z = load(z_inputs, {i_n, i_s, i_h, 0, 0}, {kIndex, kIndex, kIndex, BK, kIndex});
   }

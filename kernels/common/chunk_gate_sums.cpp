@@ -28,7 +28,8 @@ GateSumTables GateSumTables::declare(KernelBuilder& kb) {
 }
 
 GateSums GateSumTables::load(const Tile& chunk, const Tile& i_h, int64_t rows) const {
-  return {dsl::load(b, {chunk, i_h, 0}, {kIndex, kIndex, rows}), dsl::load(cuts, {chunk, i_h, 0}, {kIndex, kIndex, rows}),
+  return {dsl::load(b, {chunk, i_h, 0}, {kIndex, kIndex, rows}),
+          dsl::load(cuts, {chunk, i_h, 0}, {kIndex, kIndex, rows}),
           dsl::load(totals, {chunk, i_h, 0}, {kIndex, kIndex, kIndex}),
           dsl::load(totals, {chunk, i_h, 1}, {kIndex, kIndex, kIndex})};
 }
@@ -48,8 +49,7 @@ std::shared_ptr<ir::Kernel> build_chunk_gate_sums(int chunk, bool varlen) {
   // g [B, T, H] gives chunk_bounds the sequence length (dim 1) and the heads (dim 2), as q would.
   const ChunkBounds cb = chunk_bounds(g, cu, chunk_indices, varlen, program_id(0), first_head, BT);
   // [BT, HB]: the chunk's rows of HB heads, summed down the rows.
-  const ChunkLogDecays d =
-      chunk_log_decays(load(g, {cb.b, cb.t0, cb.i_h}, {kIndex, BT, HB}, cb.in_seq), /*set_apart=*/true);
+  const ChunkLogDecays d = chunk_log_decays(load(g, {cb.b, cb.t0, cb.i_h}, {kIndex, BT, HB}, cb.in_seq));
   store(out.b, {cb.global_chunk, cb.i_h, 0}, {kIndex, HB, BT}, transpose(d.b));
   store(out.cuts, {cb.global_chunk, cb.i_h, 0}, {kIndex, HB, BT}, transpose(d.cuts));
   store(out.totals, {cb.global_chunk, cb.i_h, 0}, {kIndex, HB, kIndex}, d.span_total);
@@ -59,9 +59,13 @@ std::shared_ptr<ir::Kernel> build_chunk_gate_sums(int chunk, bool varlen) {
 
 void add_chunk_gate_sums(OpPlan& plan, const SequenceLayout& seq, int chunk) {
   static KernelMemo memo;
-  auto kernel = memo.get(fmt::format("{}/{}", chunk, seq.varlen), [&] { return build_chunk_gate_sums(chunk, seq.varlen); });
+  auto kernel =
+      memo.get(fmt::format("{}/{}", chunk, seq.varlen), [&] { return build_chunk_gate_sums(chunk, seq.varlen); });
+  HostTensor offsets, indices;
+  const int64_t chunks = chunk_tables(seq, chunk, &offsets, &indices);
+  plan.tensors.try_emplace("chunk_offsets", offsets);
+  if (seq.varlen) plan.tensors.try_emplace("chunk_indices", indices);
   const int64_t per_sequence = (seq.T + chunk - 1) / chunk;
-  const int64_t chunks = seq.varlen ? plan.tensors.at("chunk_indices").shape[0] : seq.B * per_sequence;
   const int64_t rows = std::max<int64_t>(chunks, 1);
   plan.tensors["gate_b"] = HostTensor::zeros(DType::f32, {rows, seq.H, chunk});
   plan.tensors["gate_cuts"] = HostTensor::zeros(DType::f32, {rows, seq.H, chunk});

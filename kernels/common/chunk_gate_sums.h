@@ -1,10 +1,11 @@
-// The scalar gates' chunk-local sums (ChunkLogDecays' set-apart form, log_decay.h), computed once per
+// The scalar gates' chunk-local sums (ChunkLogDecays, log_decay.h), computed once per
 // chunk by a kernel of their own, all chunks in parallel, for the walks that read them: a walk that
 // summed its chunk's gates itself ran two [BT] scans (and their selects) per chunk in every warp of
 // every program, beside its chain (docs/ops/delta_rule.md, "The gates' sums"). fla's chunk_local_cumsum
 // does the same.
 #pragma once
 #include <memory>
+#include <vector>
 
 #include "kernels/common/log_decay.h"
 #include "kernels/common/op_support.h"
@@ -15,7 +16,7 @@ namespace linac {
 /// One chunk's stored sums (a walk loads the next chunk's an iteration ahead and carries them).
 struct GateSums {
   dsl::Tile b, cuts, span_total, cut_total;  // ChunkLogDecays' fields of the same names
-  /// The decays these sums give: chunk_log_decays(g, /*set_apart=*/true) of the chunk's gates.
+  /// The decays these sums give: chunk_log_decays(g) of the chunk's gates.
   ChunkLogDecays decays() const;
   /// The four tiles, for for_range_carrying.
   std::vector<dsl::Tile*> carried() { return {&b, &cuts, &span_total, &cut_total}; }
@@ -42,7 +43,7 @@ inline constexpr int64_t kGateSumHeads = 16;
 std::shared_ptr<ir::Kernel> build_chunk_gate_sums(int chunk, bool varlen);
 
 /// Adds the tables for `plan.tensors["g"]` in chunks of `chunk` rows, and the kernel's launch, to
-/// `plan` (with varlen, plan.tensors must hold chunk_indices already).
+/// `plan`; and chunk_offsets (with varlen chunk_indices: chunk_tables') where the plan has none yet.
 void add_chunk_gate_sums(OpPlan& plan, const SequenceLayout& seq, int chunk);
 
 }  // namespace linac

@@ -11,28 +11,19 @@ Tile floor_log_decay(const Tile& g) {
 Tile ChunkLogDecays::between(const Tile& pairs, bool reverse) const {
   Tile br = expand_dims(b, 1), bc = expand_dims(b, 0);
   Tile decays = exp(where(pairs, reverse ? bc - br : br - bc, 0.0f));
-  if (!cuts.valid()) return decays;
   return where(pairs & (expand_dims(cuts, 1) != expand_dims(cuts, 0)), 0.0f, decays);
 }
 
 Tile ChunkLogDecays::to_end() const {
-  Tile decays = exp(span_total - b);
-  return cuts.valid() ? where(cuts != cut_total, 0.0f, decays) : decays;
+  return where(cuts != cut_total, 0.0f, exp(span_total - b));
 }
 
 Tile ChunkLogDecays::from_start() const {
-  Tile decays = exp(b);
-  return cuts.valid() ? where(cuts > 0.0f, 0.0f, decays) : decays;
+  return where(cuts > 0.0f, 0.0f, exp(b));
 }
 
-ChunkLogDecays chunk_log_decays(const Tile& g, bool set_apart) {
+ChunkLogDecays chunk_log_decays(const Tile& g) {
   ChunkLogDecays d;
-  if (!set_apart) {
-    Tile floored = floor_log_decay(g);
-    d.b = cumsum(floored, 0);
-    d.total = d.span_total = sum(floored, 0);
-    return d;
-  }
   // NaN compares false: it stays in b and reaches every output after it, as the recurrence's would.
   Tile apart = g < kLogDecayFloor;
   Tile kept = where(apart, 0.0f, g);

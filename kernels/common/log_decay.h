@@ -31,18 +31,17 @@ inline constexpr float kLogDecayFloor = -128.0f;
 /// g with every entry below kLogDecayFloor (-inf included) raised to it; NaN and entries above are kept.
 dsl::Tile floor_log_decay(const dsl::Tile& g);
 
-/// A chunk's per-row gates [BT] as the chunk walks read them: summed once (b, b_C), every decay between
-/// rows a difference of those sums. One [BT] scan per chunk, where summing the gates each decay spans
-/// (blocks::chunk_decays) is a [BT, BT] scan through shared memory in the walk's chain.
-/// Rows past the sequence end load g = 0, so b stops growing there and b_C = b at the last row.
-///
-/// Gates below kLogDecayFloor (-inf included), two ways:
-///  - floored (chunk_log_decays(g)): as above, decays after such a gate are rounded to ulp(|b|), about
-///    1e-5 relative (linear_attn's walks, whose tests take that);
-///  - set apart (chunk_log_decays(g, true)): left out of b and counted per row instead (a second [BT]
-///    scan), a decay whose span holds one is 0 and every other is exp of a difference of ordinary
-///    sums, as precise as without the gate (the delta rules' walks: their outputs after such a gate
-///    keep the 1e-5 of the spans summed one by one, tests/python/test_delta_rule.py).
+/// A chunk's per-row gates [BT] (or [BT, heads], summed down axis 0) as the chunk walks read them:
+/// summed once (b, b_C), every decay between rows a difference of those sums, where summing the gates
+/// each decay spans (blocks::chunk_decays) is a [BT, BT] scan through shared memory. Rows past the
+/// sequence end load g = 0, so b stops growing there and b_C = b at the last row.
+/// Gates below kLogDecayFloor (-inf included) are set apart: left out of b and counted per row instead
+/// (a second scan); a decay whose span holds one is 0 and every other is exp of a difference of
+/// ordinary sums, as precise as without the gate (outputs after such a gate keep the 1e-5 of the spans
+/// summed one by one: tests/python/test_delta_rule.py; flooring them instead rounded the decays after
+/// them to ulp(|b|), 4e-5 relative). The walks of linear_attn and the delta rules do not scan: they
+/// read these sums from tables filled once per chunk (chunk_gate_sums.h); the normalized walk
+/// (linear_attn --normalize) still scans (reading the sums, ptxas spilled it in fp32 on sm_80).
 struct ChunkLogDecays {
   dsl::Tile b;      // [BT]: b_r, the gates of rows 0..r summed (set-apart gates left out)
   dsl::Tile total;  // the log of the chunk's whole decay: b_C (kLogDecayFloor if it holds a set-apart gate)
@@ -55,11 +54,11 @@ struct ChunkLogDecays {
   dsl::Tile from_start() const;
 
   dsl::Tile span_total;  // b_C as a sum (set-apart gates left out)
-  dsl::Tile cuts;        // [BT]: set-apart gates in rows 0..r (invalid: floored instead)
+  dsl::Tile cuts;        // [BT]: set-apart gates in rows 0..r
   dsl::Tile cut_total;   // set-apart gates in the chunk
 };
 
-/// g: a chunk's gates [BT] as loaded; `set_apart`: gates below the floor set apart instead of floored.
-ChunkLogDecays chunk_log_decays(const dsl::Tile& g, bool set_apart = false);
+/// g: a chunk's gates as loaded.
+ChunkLogDecays chunk_log_decays(const dsl::Tile& g);
 
 }  // namespace linac

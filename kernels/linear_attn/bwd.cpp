@@ -3,6 +3,7 @@
 #include <map>
 #include <string>
 
+#include "kernels/common/chunk_gate_sums.h"
 #include "kernels/common/log_decay.h"
 #include "kernels/common/prologue.h"
 #include "linac/dsl.h"
@@ -74,7 +75,8 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
   kb.set_min_ctas_per_sm(1);
   auto [q, k, v] = declare_qkv(kb, dt);
   Tensor dout = kb.tensor("do", dt, 4);
-  Tensor g = cfg.gated ? kb.tensor("g", DType::f32, 3) : Tensor();
+  const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
+  Tensor chunk_offsets = cfg.gated ? kb.tensor("chunk_offsets", DType::i32, 1) : Tensor();
   Tensor h0 = is_dq && cfg.initial_state ? kb.tensor("initial_state", DType::f32, 4) : Tensor();
   Tensor dht = (!is_dq && cfg.final_state_grad) || (is_dq && state_term) ? kb.tensor("dfinal_state", DType::f32, 4)
                                                                          : Tensor();
@@ -95,6 +97,7 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
   const auto [b, bos, eos] = seq_rows;
   Tile num_chunks = (eos - bos + (BT - 1)) / BT;
   Tile c0 = i_c * BC;
+  Tile first_chunk = cfg.gated ? load(chunk_offsets, {i_n}, {kIndex}) : Tile();  // of the gates' sums
 
   // X starts at h0^T (dq) or dfinal_state^T (dk) or dfinal_state (dv): the block of columns c0.. of
   // the state's transpose is the block of rows c0.. of the state, loaded transposed.
@@ -129,7 +132,7 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
     Tile update_rows2;          // the same for the denominator's pair
     Tile decay_all;           // exp(b_C): the state's decay over the chunk
     if (cfg.gated) {
-      const ChunkLogDecays dec = chunk_log_decays(load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq));
+      const ChunkLogDecays dec = gates.load(first_chunk + i, i_h, BT).decays();
       P = P * dec.between(pairs, r.reverse);
       Tile row_weight = r.reverse ? dec.to_end() : dec.from_start();
       Tile update_weight = r.reverse ? dec.from_start() : dec.to_end();

@@ -1,5 +1,6 @@
 #include "kernels/linear_attn/fwd.h"
 
+#include "kernels/common/chunk_gate_sums.h"
 #include "kernels/common/log_decay.h"
 #include "kernels/common/prologue.h"
 #include "linac/blocks.h"
@@ -26,7 +27,8 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
   // (four blocks) and spilled once its products accumulated in place.
   kb.set_min_ctas_per_sm(1);
   auto [q, k, v] = declare_qkv(kb, dt);
-  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
+  Tensor chunk_offsets = cfg.gated ? kb.tensor("chunk_offsets", DType::i32, 1) : Tensor();
   const bool h0_in = cfg.initial_state && cfg.walk == LinearAttnWalk::sequence;
   const bool ht_out = cfg.final_state && cfg.walk == LinearAttnWalk::sequence;
   Tensor h0 = h0_in ? kb.tensor("initial_state", f32, 4) : Tensor();
@@ -44,6 +46,9 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
   const auto [b, bos, eos] = i_s.valid() ? segment_bounds(seq_rows, i_s, cfg.segment) : seq_rows;
   Tile num_chunks = (eos - bos + (BT - 1)) / BT;
   Tile v0 = i_v * BV;
+  // The gates' sums' row of the walk's first chunk (segments are whole chunks).
+  Tile first_chunk = cfg.gated ? load(chunk_offsets, {i_n}, {kIndex}) : Tile();
+  if (cfg.gated && i_s.valid()) first_chunk = first_chunk + i_s * (cfg.segment / BT);
 
   Tile S = zeros({BK, BV}, f32);
   if (h0_in) S = load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
@@ -65,9 +70,8 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
     if (cfg.gated) {
       // Differences of b, not blocks::chunk_decays' sums of gates: those add a [BT, BT] scan through
       // shared memory to every chunk of this walk (in its PTX about 300 more instructions and 4 or 5
-      // more barriers per chunk, more registers and spills), while the floor bounds what the
-      // differences lose after a very negative gate (log_decay.h).
-      const ChunkLogDecays dec = chunk_log_decays(load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq));
+      // more barriers per chunk, more registers and spills). b from the gates' sums (no scan here).
+      const ChunkLogDecays dec = gates.load(first_chunk + i, i_h, BT).decays();
       if (!states_only) {
         A = A * dec.between(causal);
         O = dot(Q, S.to(dt)) * (expand_dims(dec.from_start(), 1) * scale);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include "kernels/common/chunk_gate_sums.h"
 #include "kernels/common/config_schema.h"
 #include "kernels/common/device_limits.h"
 #include "kernels/common/elementwise.h"
@@ -146,6 +147,7 @@ OpPlan plan_linear_attn_normalized(const TensorMap& inputs, const OpOptions& opt
     const int64_t segments = segments_per_sequence("linear_attn --normalize", seq, cfg.segment, cfg.chunk);
     const NormalizedSegmentSteps steps = normalized_segment_steps(cfg);
     plan.tensors["ones"] = HostTensor::filled(cfg.dtype, {seq.B, seq.T, seq.H, 1}, 1.0);
+    if (gated) add_chunk_gate_sums(plan, seq, cfg.chunk);  // linear_attn_segment_states reads them
     add_segment_states(plan, seq, segments, v_blocks, seq.V, steps.values_combine,
                        cached_linear_attn_fwd(steps.values), {{"scale", scale}});
     add_segment_states(plan, seq, segments, 1, 1, steps.normalizer_combine, cached_linear_attn_fwd(steps.normalizer),
@@ -196,9 +198,9 @@ SegmentCombineConfig combine_config(const LinearAttnConfig& cfg) {
 
 /// The forward's configurations for these inputs in order of preference, each with the user's --config
 /// on top; the first whose kernels fit the GPU runs (kernels/common/fitting.h). Chunks of 128 in 16 bits
-/// on sm_90a (where they fit: the plain walk at head dims up to 128, the gated one at 64; 3-15% faster
-/// than 64 with the TMA ring, docs/ops/linear_attn.md), else 64, else 32, else 16 (fp32 tiles are twice
-/// as large); fp32 above head dim 64 from 32 on: chunk 64 fits there but measured slower than 32
+/// on sm_90a (where they fit: the plain walk at head dims up to 128, not the gated one, which spills
+/// there; 3-15% faster than 64 with the TMA ring, docs/ops/linear_attn.md), else 64, else 32, else 16
+/// (fp32 tiles are twice as large); fp32 above head dim 64 from 32 on: chunk 64 fits there but measured slower than 32
 /// (docs/ops/linear_attn.md, "Measured"). For each, the defaults the tuner starts from (and what runs
 /// without it), chosen by measurement (docs/ops/linear_attn.md, "Measured" and "Segments"): one program
 /// per head and 128 value columns when that fills the GPU or the sequences are cut in segments (the
@@ -208,8 +210,9 @@ std::vector<LinearAttnConfig> forward_proposals(const SequenceLayout& seq, const
                                                 bool initial_state, bool final_state) {
   std::vector<LinearAttnConfig> proposals;
   const bool wide_fp32 = opts.dtype == DType::f32 && padded_head_dim(seq.K) > 64;
-  // Chunks of 128 were measured with sm_90a's TMA ring only.
-  const bool chunk_128 = opts.dtype != DType::f32 && device_limits(opts).sm >= 90;
+  // Chunks of 128 were measured with sm_90a's TMA ring only; the gated walk at 128 rows spills (ptxas
+  // 13.0: 284 bytes at K = V = 64, 452 at 128), so it keeps 64.
+  const bool chunk_128 = opts.dtype != DType::f32 && device_limits(opts).sm >= 90 && !gated;
   for (int chunk : {128, 64, 32, 16}) {
     if ((wide_fp32 && chunk == 64) || (chunk == 128 && !chunk_128)) continue;
     LinearAttnConfig cfg;
@@ -278,6 +281,7 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
 
   OpPlan plan;
   add_forward_tensors(plan, inputs, seq, cfg.dtype, cfg.final_state);
+  if (gated) add_chunk_gate_sums(plan, seq, cfg.chunk);  // the walks read the gates' sums
   const int64_t v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
   const double scale = attention_scale(opts, seq.K);
   if (segments <= 1) {

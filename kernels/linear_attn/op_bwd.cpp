@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <map>
 
+#include "kernels/common/chunk_gate_sums.h"
 #include "kernels/common/config_schema.h"
 #include "kernels/common/device_limits.h"
 #include "kernels/common/fitting.h"
@@ -266,6 +267,7 @@ OpPlan plan_bwd(const TensorMap& inputs, const OpOptions& opts, const std::vecto
 
   OpPlan plan;
   add_backward_inputs(plan, inputs, seq, cfg.dtype, {"g", "initial_state", "dfinal_state"});
+  if (gated) add_chunk_gate_sums(plan, seq, cfg.chunk);  // the walks read the gates' sums
   plan.tensors["dq"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
   plan.tensors["dk"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
   plan.tensors["dv"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});

@@ -29,7 +29,10 @@ def test_linear_attn_memory_is_linear_in_t(linac, options):
                 numel *= d
             # O(T*D): nothing of T*K*V elements (per-token states) or anything between.
             assert numel <= B * T * H * max(K, V), f"T={T}: tensor {name} {t['shape']} grows faster than T*D"
-    assert sizes[4096] == 4 * sizes[1024] and sizes[16384] == 4 * sizes[4096], sizes
+    # a*T + c: the increments are exactly linear; c (per-sequence tables such as the gated forms'
+    # chunk_offsets) is tiny.
+    assert sizes[16384] - sizes[4096] == 4 * (sizes[4096] - sizes[1024]), sizes
+    assert abs(sizes[1024] - (sizes[4096] - sizes[1024]) / 3) <= 1024, sizes  # c = the size at T = 0
 
 
 @pytest.mark.parametrize("op, options, per_chunk_states", [
@@ -64,7 +67,7 @@ def test_backward_memory_is_linear_in_t(linac, op, options, per_chunk_states):
 
 def test_plan_lists_launches_and_tensors(linac):
     p = plan(linac, "linear_attn", "B=2,T=100,H=3,K=32,V=16", "--backward", "--gated")
-    assert [l["kernel"] for l in p["launches"]] == ["linear_attn_bwd_dq", "linear_attn_bwd_dk",
+    assert [l["kernel"] for l in p["launches"]] == ["chunk_gate_sums", "linear_attn_bwd_dq", "linear_attn_bwd_dk",
                                                      "linear_attn_bwd_dv", "linear_attn_bwd_dg"]
     assert set(p["tensors"]) >= {"q", "k", "v", "do", "g", "dq", "dk", "dv", "dg"}
     assert p["tensors"]["q"]["shape"] == [2, 100, 3, 32] and p["tensors"]["q"]["dtype"] == "bf16"

@@ -175,10 +175,11 @@ TEST_CASE("blocks: chunk_decays are the gates' sums between rows, to the row and
   CHECK(close(R1, want_R));
 }
 
-TEST_CASE("ChunkLogDecays: differences of the cumulative gates, gates below the floor floored or set apart") {
+TEST_CASE("ChunkLogDecays: differences of the cumulative gates, gates below the floor set apart") {
   // kernels/common/log_decay.h. A -inf gate at row 9 and a -1e4 one at row 20 in a chunk of 32: a decay
-  // whose span holds one is 0 either way; the others are the gates between the rows, summed. Floored,
-  // they are differences of sums near -128 or -256 (ulp 1.5e-5 and 3e-5); set apart, of ordinary sums.
+  // whose span holds one is 0; the others are the gates between the rows, summed, as differences of
+  // ordinary sums (floored to -128 instead, they would be differences of sums near -128 or -256, ulp
+  // 1.5e-5 and 3e-5: the bound below fails then).
   const int64_t n = 32;
   Array g = random_array({n}, -1.0, 0.0, 13);
   g[9] = -std::numeric_limits<float>::infinity();
@@ -200,43 +201,33 @@ TEST_CASE("ChunkLogDecays: differences of the cumulative gates, gates below the 
     want_end[r] = decay(r, n - 1);
     want_start[r] = decay(-1, r);
   }
-  for (bool set_apart : {false, true}) {
-    CAPTURE(set_apart);
-    Array between({n, n}), to_end({n}), from_start({n}), total({1});
-    run_block({&g}, {&between, &to_end, &from_start, &total}, [&](const std::vector<Tile>& t) {
-      const ChunkLogDecays d = chunk_log_decays(t[0], set_apart);
-      Tile row = expand_dims(iota(n), 1), col = expand_dims(iota(n), 0);
-      return std::vector<Tile>{d.between(row >= col), d.to_end(), d.from_start(), zeros({1}, DType::f32) + d.total};
-    });
-    // Relative to the decay's own size: rounding of the sums (set apart), or ulp(|b|) after a floored gate.
-    const double tol = set_apart ? 2e-6 : 1e-4;
-    auto close = [&](Array& x, const std::vector<double>& want) {
-      for (size_t i = 0; i < want.size(); ++i)
-        if (!(std::abs(double(x.data[i]) - want[i]) <= tol * want[i] + 1e-30)) return false;
-      return true;
-    };
-    CHECK(close(between, want_between));
-    CHECK(close(to_end, want_end));
-    CHECK(close(from_start, want_start));
-    CHECK(std::exp(total[0]) == 0.0f);  // in fp32, as the kernels take it: the chunk drops the state
-    CHECK(total[0] <= kLogDecayFloor);
-    if (set_apart) {
-      // After both gates (rows 21..31) the decays are those of the ordinary gates alone, to rounding.
-      double worst = 0;
-      for (int64_t r = 21; r < n; ++r)
-        for (int64_t c = 20; c <= r; ++c)
-          worst = std::max(worst, std::abs(double(between(r, c)) / want_between[r * n + c] - 1.0));
-      CHECK(worst < 2e-6);
-    }
-  }
-  // NaN stays NaN in every decay that spans it, set apart too (it is not below the floor).
-  g[25] = std::numeric_limits<float>::quiet_NaN();
   Array between({n, n}), to_end({n}), from_start({n}), total({1});
-  run_block({&g}, {&between, &to_end, &from_start, &total}, [&](const std::vector<Tile>& t) {
-    const ChunkLogDecays d = chunk_log_decays(t[0], /*set_apart=*/true);
+  auto decays_of = [&](const std::vector<Tile>& t) {
+    const ChunkLogDecays d = chunk_log_decays(t[0]);
     Tile row = expand_dims(iota(n), 1), col = expand_dims(iota(n), 0);
     return std::vector<Tile>{d.between(row >= col), d.to_end(), d.from_start(), zeros({1}, DType::f32) + d.total};
-  });
+  };
+  run_block({&g}, {&between, &to_end, &from_start, &total}, decays_of);
+  // Relative to the decay's own size: rounding of the sums.
+  auto close = [&](Array& x, const std::vector<double>& want) {
+    for (size_t i = 0; i < want.size(); ++i)
+      if (!(std::abs(double(x.data[i]) - want[i]) <= 2e-6 * want[i] + 1e-30)) return false;
+    return true;
+  };
+  CHECK(close(between, want_between));
+  CHECK(close(to_end, want_end));
+  CHECK(close(from_start, want_start));
+  CHECK(std::exp(total[0]) == 0.0f);  // in fp32, as the kernels take it: the chunk drops the state
+  CHECK(total[0] <= kLogDecayFloor);
+  // After both gates (rows 21..31) the decays are those of the ordinary gates alone, to rounding.
+  double worst = 0;
+  for (int64_t r = 21; r < n; ++r)
+    for (int64_t c = 20; c <= r; ++c)
+      worst = std::max(worst, std::abs(double(between(r, c)) / want_between[r * n + c] - 1.0));
+  CHECK(worst < 2e-6);
+  // NaN stays NaN in every decay that spans it (it is not below the floor).
+  g[25] = std::numeric_limits<float>::quiet_NaN();
+  run_block({&g}, {&between, &to_end, &from_start, &total}, decays_of);
   CHECK(std::isnan(between(25, 21)));
   CHECK(std::isnan(to_end[21]));
   CHECK(!std::isnan(between(24, 21)));

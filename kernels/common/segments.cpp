@@ -60,7 +60,8 @@ void add_segment_states(OpPlan& plan, const SequenceLayout& seq, int64_t segment
     plan.tensors[prefix + "segment_decays"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K});
   int64_t state_blocks = v_blocks;
   if (combine.decay == SegmentDecay::transition) {
-    plan.tensors[prefix + "segment_transitions"] = HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K, seq.K});
+    plan.tensors[prefix + "segment_transitions"] =
+        HostTensor::zeros(DType::f32, {seq.N, segments, seq.H, seq.K, seq.K});
     state_blocks += (seq.K + combine.block_v - 1) / combine.block_v;
   }
   plan.launches.push_back(

@@ -197,7 +197,8 @@ def test_split_schedule(linac, op, config):
 
 
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("config", ["segment=64", "segment=64,chunk=16,bv=16,warps=2", "segment=128,chunk=32,bv=32,warps=8"])
+@pytest.mark.parametrize("config", ["segment=64", "segment=64,chunk=16,bv=16,warps=2",
+                                    "segment=128,chunk=32,bv=32,warps=8"])
 def test_segments(linac, op, config):
     # The segment-parallel walk (--config segment=L; by default where few walks leave the GPU idle): each
     # segment's transition product P and its walk from zero Q, combined in order from the initial state

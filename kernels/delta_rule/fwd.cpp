@@ -30,6 +30,16 @@ int wy_blocks_per_sm(const DeltaRuleConfig& cfg) {
 
 }  // namespace
 
+void configure_delta_walk(KernelBuilder& kb, const DeltaRuleConfig& cfg) {
+  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_stages(cfg.num_stages);
+  // The gated walk at two blocks per SM (ptxas: 128 registers, 8 bytes spilled at K = V = 128, chunk 32,
+  // 8 warps) rather than one (156 registers): faster (docs/ops/delta_rule.md, "Measured"). The
+  // ungated walk gets there by itself (127 registers). Not for value blocks of 128 (one program per
+  // head holds the whole state: 171 registers ungated).
+  if (cfg.gated && cfg.block_v <= 64) kb.set_min_ctas_per_sm(2);
+}
+
 // One program per chunk. With b the chunk-local cumulative log-decay (zero without a gate) and
 // r = 1/||k|| with --l2norm-qk (else 1):
 //   A = strictly_lower(diag(beta r) (K K^T) diag(r) .* exp(b_r - b_c))
@@ -191,13 +201,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
   const DType dt = cfg.dtype, f32 = DType::f32;
   KernelBuilder kb(cfg.gated ? "gated_delta_rule_fwd" : "delta_rule_fwd");
-  kb.set_num_warps(cfg.num_warps);
-  kb.set_num_stages(cfg.num_stages);
-  // The gated walk at two blocks per SM (ptxas: 128 registers, 8 bytes spilled at K = V = 128, chunk 32,
-  // 8 warps) rather than one (156 registers): faster (docs/ops/delta_rule.md, "Measured"). The
-  // ungated walk gets there by itself (127 registers). Not for value blocks of 128 (one program per
-  // head holds the whole state: 171 registers ungated).
-  if (cfg.gated && BV <= 64) kb.set_min_ctas_per_sm(2);
+  configure_delta_walk(kb, cfg);
   Tensor q = kb.tensor("q", dt, 4);
   Tensor k = kb.tensor("k", dt, 4);
   Tensor w = kb.tensor("w", dt, 4);

@@ -46,6 +46,10 @@ struct DeltaRuleConfig {
 // The UT transform's inverse, the decays inside a chunk and the l2norm of rows are linac/blocks.h's
 // (blocks::unit_lower_inverse_blocks, blocks::chunk_decays, blocks::inverse_norms).
 
+/// The warps, pipeline stages and blocks per SM of a walk over the chunks (delta_rule_fwd,
+/// delta_rule_segment_states): one rule for both.
+void configure_delta_walk(dsl::KernelBuilder& kb, const DeltaRuleConfig& cfg);
+
 /// Records the UT/WY kernel. Parameters: k v beta [g] [cu_seqlens chunk_indices] w u.
 /// Grid: (chunks, N*H), or (total chunks over all sequences, H) with varlen; chunk_indices [chunks, 2]
 /// holds (sequence, chunk of the sequence) per program then.

@@ -27,9 +27,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_segment_states(const DeltaRuleConfi
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
   const DType dt = cfg.dtype, f32 = DType::f32;
   KernelBuilder kb(cfg.gated ? "gated_delta_rule_segment_states" : "delta_rule_segment_states");
-  kb.set_num_warps(cfg.num_warps);
-  kb.set_num_stages(cfg.num_stages);
-  if (cfg.gated && BV <= 64) kb.set_min_ctas_per_sm(2);  // as delta_rule_fwd
+  configure_delta_walk(kb, cfg);
   Tensor q = kb.tensor("q", dt, 4);  // for the sequence bounds (B, T, H)
   Tensor k = kb.tensor("k", dt, 4);
   Tensor w = kb.tensor("w", dt, 4);

@@ -162,11 +162,15 @@ CubinResult compile_ptx(const std::string& ptx, int opt_level, std::string_view 
   std::vector<char> errors(kLogBytes, '\0');
   CUjit_option options[] = {CU_JIT_INFO_LOG_BUFFER,  CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
                             CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-                            CU_JIT_LOG_VERBOSE,      CU_JIT_OPTIMIZATION_LEVEL};
-  // Scalar options travel in the pointer slots themselves, as the driver API specifies.
+                            CU_JIT_LOG_VERBOSE,      CU_JIT_OPTIMIZATION_LEVEL,
+                            CU_JIT_GENERATE_LINE_INFO};
+  // Scalar options travel in the pointer slots themselves, as the driver API specifies. Line info maps
+  // the SASS back to the PTX's .loc lines (the DSL source), so that Nsight Compute's source page charges
+  // stalls to DSL lines; it does not change the code ptxas generates.
   void* values[] = {info.data(),     option_value(kLogBytes),
                     errors.data(),   option_value(kLogBytes),
-                    option_value(1), option_value(static_cast<std::uintptr_t>(opt_level))};
+                    option_value(1), option_value(static_cast<std::uintptr_t>(opt_level)),
+                    option_value(1)};
   constexpr unsigned kNumOptions = sizeof(options) / sizeof(options[0]);
   static_assert(kNumOptions == sizeof(values) / sizeof(values[0]));
 

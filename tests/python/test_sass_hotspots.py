@@ -70,3 +70,46 @@ def test_export_without_source_counters_is_a_clear_error(tmp_path):
     r = subprocess.run([sys.executable, str(TOOL), str(f)], capture_output=True, text=True)
     assert r.returncode != 0
     assert "missing" in r.stderr
+
+
+DISASM = """
+        .text.k:
+        //## File "/elsewhere/kernels/delta_rule/bwd.cpp", line 7
+        /*0000*/                   @P1 LDG.E.128 R4, desc[UR8][R2.64] ;   /* 0x000fe200000001ff */
+        //## File "/elsewhere/kernels/delta_rule/bwd.cpp", line 9
+        /*0010*/                   @P1 PRMT R8, R4, 0x7610, R8 ;
+        /*0020*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        //## File "/elsewhere/dsl/src/blocks.cpp", line 3
+        /*0030*/                   HMMA.16816.F32.BF16 R12, R16, R20, RZ ;
+"""
+
+
+def test_source_lines_from_nvdisasm(tmp_path):
+    f = tmp_path / "k.sass.csv"
+    write_export(f)
+    d = tmp_path / "k.disasm"
+    d.write_text(DISASM)
+    assert sass_hotspots.line_table(DISASM) == {0: ("/elsewhere/kernels/delta_rule/bwd.cpp", 7),
+                                                0x10: ("/elsewhere/kernels/delta_rule/bwd.cpp", 9),
+                                                0x20: ("/elsewhere/kernels/delta_rule/bwd.cpp", 9),
+                                                0x30: ("/elsewhere/dsl/src/blocks.cpp", 3)}
+    out = subprocess.run([sys.executable, str(TOOL), str(f), "--top", "2", "--lines", str(d)], capture_output=True,
+                         text=True, check=True).stdout
+    lines = out.splitlines()
+    i = lines.index("top 2 source lines by samples (% of samples, % of executed, file:line, source):")
+    # Line 9 holds PRMT + BAR: 90 of 100 samples, 200 of 700 executed; line 7 and 3 tie at 5 samples.
+    assert lines[i + 1].startswith("   90.0%  28.6%  bwd.cpp:9  ")
+    # The recorded path is another machine's: the text comes from this checkout's file at that line.
+    repo_line = (REPO / "kernels/delta_rule/bwd.cpp").read_text().splitlines()[8].strip()
+    assert repo_line
+    assert lines[i + 1].endswith(repo_line[:80])
+    assert len(lines) == i + 3
+
+
+def test_disassembly_without_line_info_is_a_clear_error(tmp_path):
+    f = tmp_path / "k.sass.csv"
+    write_export(f)
+    d = tmp_path / "k.disasm"
+    d.write_text("        /*0000*/                   NOP ;\n")
+    r = subprocess.run([sys.executable, str(TOOL), str(f), "--lines", str(d)], capture_output=True, text=True)
+    assert r.returncode != 0 and "no '//## File' line marks" in r.stderr

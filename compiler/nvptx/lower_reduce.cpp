@@ -1,8 +1,10 @@
 // Reductions and scans. The operand is in shared memory (the plan puts it there); each thread
 // computes the result elements its layout gives it by walking the reduced axis. Sums accumulate in
-// f32 (f64 for f64). Two faster forms: 1-D tiles no longer than the program, and rows of 2-D blocked
-// tiles that each lie within one warp (passes::reduce_rows_in_registers), reduce with warp shuffles;
-// 1-D tiles of up to 32 elements within every warp at once, with no barrier (the gates of a chunk).
+// f32 (f64 for f64). Two faster forms: 1-D tiles no longer than the program reduce with warp shuffles
+// (1-D tiles of up to 32 elements within every warp at once, with no barrier: the gates of a chunk);
+// 2-D tiles whose layout splits the thread index into row and column bits (mma accumulators, most
+// blocked tiles: passes::register_reduction) reduce in registers, then across lanes with shuffles,
+// then across warps through the scratch area.
 #include <fmt/format.h>
 
 #include "compiler/nvptx/lowering.h"
@@ -169,49 +171,76 @@ bool KernelLowering::lower_scan_1d(const ir::Op& op) {
   return true;
 }
 
-bool KernelLowering::lower_reduce_rows(const ir::Op& op) {
+bool KernelLowering::lower_reduce_registers(const ir::Op& op) {
   const ir::Value* x = op.operands[0];
   const Layout& l = layout(x);
-  if (!passes::reduce_rows_in_registers(op, l)) return false;
+  const bool data = cls(x) == passes::ValueClass::Data, held = data && !pipelined(x);
+  const auto plan = passes::register_reduction(op, l, data);
+  if (!plan) return false;
   const DType t = x->type.dtype, at = acc_dtype(t);
   const ir::ReduceKind kind = op.attrs.reduce;
-  const int64_t rows = x->type.shape[0], lanes_per_row = x->type.shape[1] / l.vec;
-  // Each pass of the layout gives a thread `vec` consecutive elements of one row: fold them, then
-  // fold the row's lanes (an aligned group of lanes_per_row lanes) with butterfly shuffles.
-  Regs xs = get_in_layout(x, l);
-  const int passes = l.regs_per_thread() / l.vec;
-  std::vector<llvm::Value*> part(passes);
-  for (int p = 0; p < passes; ++p) {
-    part[p] = convert(xs[p * l.vec], t, at);
-    for (int e = 1; e < l.vec; ++e) part[p] = combine(b_, kind, at, part[p], convert(xs[p * l.vec + e], t, at));
+  const int kept_axis = 1 - static_cast<int>(op.attrs.axis);
+  llvm::Type* aty = llvm_type(at);
+  // The thread's registers of each kept coordinate, folded in register order (an operand not held is
+  // evaluated one group at a time, so that only a group's elements are live); then the lanes along the
+  // reduced axis with butterfly shuffles (every lane of a group ends with the same sum).
+  const Regs held_regs = held ? get_in_layout(x, l) : Regs();
+  auto element = [&](int r) { return convert(held ? held_regs[r] : eval_at(x, coords_of(l, r)), t, at); };
+  std::vector<llvm::Value*> part;
+  for (const std::vector<int>& group : plan->groups) {
+    llvm::Value* v = element(group[0]);
+    for (size_t i = 1; i < group.size(); ++i) v = combine(b_, kind, at, v, element(group[i]));
+    part.push_back(v);
   }
   auto shfl = at == DType::f32 ? llvm::Intrinsic::nvvm_shfl_sync_bfly_f32 : llvm::Intrinsic::nvvm_shfl_sync_bfly_i32;
-  for (int64_t off = lanes_per_row / 2; off >= 1; off /= 2)
+  for (int off : plan->lane_xors)
     for (auto& v : part) v = combine(b_, kind, at, v, b_.CreateIntrinsic(shfl, {}, {i32(-1), v, i32(off), i32(31)}));
-  // The first lane of each row's group writes the row's result to scratch; the result's layout
-  // reads it back from there.
-  const ByteRange range{smem_.scratch_offset, smem_.scratch_offset + rows * 4};
+  // One lane per group and warp (its reduced-axis lane bits clear; no replica warp) writes the warp's
+  // partials to its slot: the value of the warp's reduced-axis bits.
+  int lane_mask = 0;
+  for (int off : plan->lane_xors) lane_mask |= off;
+  llvm::Value* lane = b_.CreateURem(tid_, i32(32));
+  llvm::Value* warp = b_.CreateUDiv(tid_, i32(32));
+  llvm::Value* slot = i32(0);
+  for (size_t i = 0; i < plan->slot_bits.size(); ++i) {
+    llvm::Value* bit = b_.CreateAnd(b_.CreateLShr(warp, i32(plan->slot_bits[i])), i32(1));
+    slot = b_.CreateOr(slot, b_.CreateShl(bit, i32(static_cast<int64_t>(i))));
+  }
+  const ByteRange range{smem_.scratch_offset, smem_.scratch_offset + plan->scratch_bytes()};
   before_smem_write(range);
-  llvm::Type* aty = llvm_type(at);
-  llvm::BasicBlock* st = llvm::BasicBlock::Create(ctx_, "rowred.out", fn_);
-  llvm::BasicBlock* cont = llvm::BasicBlock::Create(ctx_, "rowred.cont", fn_);
-  b_.CreateCondBr(b_.CreateICmpEQ(b_.CreateURem(tid_, i32(lanes_per_row)), i32(0)), st, cont);
+  llvm::Value* writes = b_.CreateICmpEQ(b_.CreateAnd(lane, i32(lane_mask)), i32(0));
+  if (plan->replica_warps)
+    writes = b_.CreateAnd(writes, b_.CreateICmpEQ(b_.CreateAnd(warp, i32(plan->replica_warps)), i32(0)));
+  llvm::BasicBlock* st = llvm::BasicBlock::Create(ctx_, "red.regs.out", fn_);
+  llvm::BasicBlock* cont = llvm::BasicBlock::Create(ctx_, "red.regs.cont", fn_);
+  b_.CreateCondBr(writes, st, cont);
   b_.SetInsertPoint(st);
-  for (int p = 0; p < passes; ++p)
-    b_.CreateStore(part[p], scratch_addr(b_.CreateMul(coords_of(l, p * l.vec)[0], i32(4))));
+  llvm::Value* slot_base = b_.CreateMul(slot, i32(plan->kept));
+  for (size_t g = 0; g < plan->groups.size(); ++g) {
+    llvm::Value* c = coords_of(l, plan->groups[g][0])[kept_axis];
+    b_.CreateStore(part[g], scratch_addr(b_.CreateMul(b_.CreateAdd(slot_base, c), i32(4))));
+  }
   b_.CreateBr(cont);
   b_.SetInsertPoint(cont);
   before_smem_read(range);
+  // Each result element: its slots' partials in slot order.
   const Layout& out_l = layout(op.result());
   Regs out(out_l.regs_per_thread());
-  for (int r = 0; r < out_l.regs_per_thread(); ++r)
-    out[r] = convert(b_.CreateLoad(aty, scratch_addr(b_.CreateMul(coords_of(out_l, r)[0], i32(4)))), at, t);
+  for (int r = 0; r < out_l.regs_per_thread(); ++r) {
+    llvm::Value* c = coords_of(out_l, r)[0];
+    llvm::Value* v = nullptr;
+    for (int64_t s = 0; s < plan->slots(); ++s) {
+      llvm::Value* e = b_.CreateLoad(aty, scratch_addr(b_.CreateMul(b_.CreateAdd(c, i32(s * plan->kept)), i32(4))));
+      v = v ? combine(b_, kind, at, v, e) : e;
+    }
+    out[r] = convert(v, at, t);
+  }
   regs_[op.result()] = out;
   return true;
 }
 
 void KernelLowering::lower_reduce(const ir::Op& op) {
-  if (lower_reduce_1d(op) || lower_reduce_rows(op)) return;
+  if (lower_reduce_1d(op) || lower_reduce_registers(op)) return;
   const ir::Value* x = op.operands[0];
   const auto& shape = x->type.shape;
   const int axis = static_cast<int>(op.attrs.axis);

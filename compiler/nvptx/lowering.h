@@ -223,8 +223,9 @@ class KernelLowering {
   bool lower_reduce_1d(const ir::Op& op);
   bool lower_scan_1d(const ir::Op& op);
   bool lower_scan_2d(const ir::Op& op);
-  /// Rows of a 2-D blocked tile, each within one warp, from registers (passes::reduce_rows_in_registers).
-  bool lower_reduce_rows(const ir::Op& op);
+  /// A 2-D tile along either axis from registers, shuffles and per-warp partials
+  /// (passes::register_reduction).
+  bool lower_reduce_registers(const ir::Op& op);
   /// The result of a scan written to scratch (accumulator dtype `at`), read back in the result's layout:
   /// element c at byte_offset(c) of the scratch area, converted to the result's dtype.
   Regs read_scratch_in_layout(const ir::Value* result, DType at, const std::function<llvm::Value*(const Coords&)>& byte_offset);

@@ -1,6 +1,9 @@
 #include "compiler/passes/layout.h"
 
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
 #include <set>
 
 #include "compiler/ir/printer.h"
@@ -64,20 +67,94 @@ bool registers_are_a_fragments(const Layout& a, const Layout& result) {
          a.wm == result.wm && a.warpgroups == result.warpgroups;
 }
 
-bool reduce_rows_in_registers(const ir::Op& op, const Layout& l) {
-  if (op.code != ir::OpCode::Reduce || op.attrs.axis != 1 || l.kind != Layout::Kind::Blocked) return false;
-  const ir::Value* x = op.operands[0];
-  if (x->type.rank() != 2 || op.result()->type.rank() != 1) return false;
-  const DType t = x->type.dtype;
-  if (t != DType::f32 && t != DType::bf16 && t != DType::f16 && t != DType::i32) return false;
+namespace {
+
+bool power_of_two(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
+
+int log2_exact(int64_t x) {
+  int b = 0;
+  while ((int64_t{1} << b) < x) ++b;
+  return b;
+}
+
+/// The axis each bit of the thread index moves a 2-D layout's thread part along (0 rows, 1 columns, -1 a
+/// replica of other threads), and each register's part as {row, column}; nullopt where a bit moves
+/// both or a register's part depends on the thread (blocked passes that neither cover whole rows nor
+/// divide them).
+struct ThreadSplit {
+  std::vector<int> bit_axes;
+  std::vector<std::array<int64_t, 2>> register_parts;
+};
+
+std::optional<ThreadSplit> thread_split(const Layout& l) {
+  if (l.shape.size() != 2 || !power_of_two(l.num_threads)) return std::nullopt;
+  ThreadSplit s;
+  const int bits = log2_exact(l.num_threads);
+  if (l.kind == Layout::Kind::Mma) {
+    // Lane l: row l / 4, columns 2 (l % 4) (+1); warps per mma_warp's placement, replicas above wm * wn.
+    s.bit_axes = {1, 1, 0, 0, 0};
+    const int m_bits = log2_exact(l.wm), n_bits = log2_exact(l.wn);
+    const std::vector<int> order = l.warpgroups ? std::vector<int>{0, 1} : std::vector<int>{1, 0};
+    for (int axis : order)
+      for (int i = 0; i < (axis == 0 ? m_bits : n_bits); ++i) s.bit_axes.push_back(axis);
+    while (static_cast<int>(s.bit_axes.size()) < bits) s.bit_axes.push_back(-1);
+    if (static_cast<int>(s.bit_axes.size()) != bits) return std::nullopt;
+    for (int r = 0; r < l.regs_per_thread(); ++r) {
+      const auto rc = l.register_coords(r);
+      s.register_parts.push_back({rc[0], rc[1]});
+    }
+    return s;
+  }
+  if (l.kind != Layout::Kind::Blocked) return std::nullopt;
   const int64_t n = l.shape[1], per_pass = int64_t{l.num_threads} * l.vec;
-  if (n % l.vec != 0) return false;
-  const int64_t lanes_per_row = n / l.vec;
-  if (lanes_per_row > 32 || 32 % lanes_per_row != 0) return false;  // a power of two, within a warp
-  if (per_pass % n != 0 || l.numel() % per_pass != 0) return false;  // whole rows per pass, threads distinct
-  // Large operands keep the shared-memory form: all of a thread's elements are live at the reduction
-  // here, which pushed poly_fwd's row sums ([32, 128] f32 at 4 warps: 32 registers each) into spills.
-  return l.regs_per_thread() <= 16;
+  if (!power_of_two(n) || !power_of_two(l.vec) || l.numel() % per_pass != 0) return std::nullopt;
+  if (per_pass % n == 0) {
+    // Thread t starts at element t vec: its low bits walk a row, the others the rows of a pass.
+    const int col_bits = log2_exact(n / l.vec);
+    for (int b = 0; b < bits; ++b) s.bit_axes.push_back(b < col_bits ? 1 : 0);
+  } else if (n % per_pass == 0) {
+    s.bit_axes.assign(bits, 1);  // a pass lies within one row
+  } else {
+    return std::nullopt;
+  }
+  for (int r = 0; r < l.regs_per_thread(); ++r) {
+    const int64_t pass = r / l.vec, el = r % l.vec;
+    if (per_pass % n == 0)
+      s.register_parts.push_back({pass * (per_pass / n), el});
+    else
+      s.register_parts.push_back({pass / (n / per_pass), (pass % (n / per_pass)) * per_pass + el});
+  }
+  return s;
+}
+
+}  // namespace
+
+std::optional<RegisterReduction> register_reduction(const ir::Op& op, const Layout& l, bool held) {
+  if (op.code != ir::OpCode::Reduce) return std::nullopt;
+  const ir::Value* x = op.operands[0];
+  if (x->type.rank() != 2 || op.result()->type.rank() != 1) return std::nullopt;
+  const DType t = x->type.dtype;
+  if (t != DType::f32 && t != DType::bf16 && t != DType::f16 && t != DType::i32) return std::nullopt;
+  if (held && l.kind == Layout::Kind::Blocked && l.regs_per_thread() > 64) return std::nullopt;
+  const auto split = thread_split(l);
+  if (!split) return std::nullopt;
+  const int axis = static_cast<int>(op.attrs.axis), kept_axis = 1 - axis;
+  RegisterReduction rr;
+  rr.kept = x->type.shape[kept_axis];
+  for (int b = 0; b < static_cast<int>(split->bit_axes.size()); ++b) {
+    const int a = split->bit_axes[b];
+    if (b < 5 && a == axis) rr.lane_xors.push_back(1 << b);
+    if (b < 5 && a == -1) return std::nullopt;  // replicated lanes: not made by these layouts
+    if (b >= 5 && a == axis) rr.slot_bits.push_back(b - 5);
+    if (b >= 5 && a == -1) rr.replica_warps |= 1 << (b - 5);
+  }
+  // Widest first, as the row form before this one folded (the same sums, bit for bit).
+  std::reverse(rr.lane_xors.begin(), rr.lane_xors.end());
+  std::map<int64_t, std::vector<int>> by_kept;
+  for (int r = 0; r < static_cast<int>(split->register_parts.size()); ++r)
+    by_kept[split->register_parts[r][kept_axis]].push_back(r);
+  for (auto& [part, regs] : by_kept) rr.groups.push_back(std::move(regs));
+  return rr;
 }
 
 int Layout::regs_per_thread() const {

@@ -24,6 +24,7 @@
 // layout in this backend.
 #pragma once
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -69,13 +70,33 @@ Layout store_layout(const ir::Value* v, const Layout& own, bool is_data, int num
 /// arrangement, so both cover the same 16-row tiles per warp (smem_plan.h dot_a_in_registers).
 bool registers_are_a_fragments(const Layout& a, const Layout& result);
 
-/// Whether reduce `op` runs from registers: a reduction along the last axis of a 2-D blocked tile
-/// whose every row lies in an aligned group of at most 32 lanes of one warp (whole rows per pass, no
-/// replicated threads), accumulating in f32 or i32, at most 16 elements per thread. Its operand then needs no shared-memory copy: the
-/// lowering folds each thread's elements of a row, then the row's lanes with butterfly shuffles, and
-/// passes the row results to the result's layout through the scratch area. (Other reductions read
-/// their operand from shared memory with one serial loop per result element.)
-bool reduce_rows_in_registers(const ir::Op& op, const Layout& operand);
+/// How a reduction of a 2-D tile along one axis runs from registers (register_reduction): each thread
+/// folds its registers that share a kept coordinate (`groups`, each in ascending register order), then the
+/// lanes that differ only along the reduced axis with butterfly shuffles (`lane_xors`), then the warps
+/// that do: one partial per (slot, kept coordinate) goes to the scratch area, and the result's layout
+/// reads and adds the `slots()` partials of its coordinates in slot order (deterministic). The operand
+/// needs no shared-memory copy.
+struct RegisterReduction {
+  std::vector<std::vector<int>> groups;  // a thread's registers, by kept coordinate
+  std::vector<int> lane_xors;            // shuffle offsets: the lane bits along the reduced axis, widest first
+  std::vector<int> slot_bits;            // the warp-index bits along the reduced axis
+  int replica_warps = 0;                 // warp-index bits of replicas: warps with one set do not write
+  int64_t kept = 0;                      // extent of the kept axis
+  int64_t slots() const { return int64_t{1} << slot_bits.size(); }
+  int64_t scratch_bytes() const { return slots() * kept * 4; }
+};
+
+/// The register form of reduce `op` (2-D operand to 1-D, accumulating in f32 or i32) where its operand's
+/// layout splits the thread index cleanly into row bits and column bits: mma layouts, and blocked ones
+/// whose passes cover whole rows or divide them, with no replicated elements. An operand `held` in
+/// registers (a data value) may have at most 64 per thread in a blocked layout: all of them are live at
+/// the reduction (the gated delta backward's sum(dS' .* S) over a [128, 128] tile at 8 warps; at a cap
+/// of 16 it stayed in shared memory, 11% of that kernel's ncu samples, and no library kernel spills at
+/// its default configuration with 64); one computed at the reduction (math on views) is evaluated one
+/// kept coordinate's registers at a time, at any size.
+/// Otherwise nullopt: the operand goes to shared memory and each result element is one serial loop over
+/// the reduced axis.
+std::optional<RegisterReduction> register_reduction(const ir::Op& op, const Layout& operand, bool held);
 
 /// The tiles of rank 3 the GPU backend fuses into the reductions that consume them: made by
 /// elementwise ops, expand_dims, broadcast or constants (from tiles of lower rank), and used only by

@@ -172,7 +172,9 @@ class Planner {
       case OpCode::Reduce:
         if (layout(op.operands[0]).kind == Layout::Kind::Fused)
           need_eval(op.operands[0]);  // its data leaves, read at each step of the reduction
-        else if (!reduce_rows_in_registers(op, layout(op.operands[0])))
+        else if (register_reduction(op, layout(op.operands[0]), cls(op.operands[0]) == ValueClass::Data))
+          need_in_layout(op.operands[0], layout(op.operands[0]));  // evaluated there where not held
+        else
           need_smem(op.operands[0]);
         return;
       case OpCode::Scan: need_smem(op.operands[0]); return;
@@ -348,16 +350,18 @@ class Planner {
       total = std::max(total, off + iv.bytes);
       placed.push_back(iv);
     }
-    int64_t max_1d = 0;  // also the rows of register row reductions, which pass their results through scratch
+    int64_t max_1d = 0, register_reductions = 0;  // the latter pass per-warp partials through scratch
     ir::walk(const_cast<ir::Block&>(k_.body), [&](ir::Op& op) {
       if ((op.code == OpCode::Reduce || op.code == OpCode::Scan) && op.operands[0]->type.rank() == 1)
         max_1d = std::max(max_1d, op.operands[0]->type.shape[0]);
-      if (op.code == OpCode::Reduce && reduce_rows_in_registers(op, layout(op.operands[0]))) max_1d = std::max(max_1d, op.operands[0]->type.shape[0]);
+      if (op.code == OpCode::Reduce)
+        if (auto rr = register_reduction(op, layout(op.operands[0]), cls(op.operands[0]) == ValueClass::Data))
+          register_reductions = std::max(register_reductions, rr->scratch_bytes());
     });
     int64_t scan_2d = 0;
     ir::walk(const_cast<ir::Block&>(k_.body), [&](ir::Op& op) { scan_2d = std::max(scan_2d, scan_2d_scratch_bytes(op)); });
     plan_.scratch_offset = (total + 15) / 16 * 16;
-    const int64_t scratch_1d = max_1d ? 32 * 8 + max_1d * 8 : 0;
+    const int64_t scratch_1d = std::max(max_1d ? 32 * 8 + max_1d * 8 : 0, register_reductions);
     plan_.line_scans = scan_2d > 0 && plan_.scratch_offset + std::max(scratch_1d, scan_2d) <= max_smem_bytes_;
     plan_.scratch_bytes = plan_.line_scans ? std::max(scratch_1d, scan_2d) : scratch_1d;
     plan_.total_bytes = plan_.scratch_offset + plan_.scratch_bytes;

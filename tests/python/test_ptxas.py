@@ -77,6 +77,13 @@ KNOWN_SPILLS = {
     # (session 20), the threads' copy of a tile that TMA cannot make, which the loop must hold the
     # operands for, spills 4-8 bytes; without that path there is no spill. TMA took it from 0.249 to
     # 0.218 ms (H200, B8 T4096 H16 D128 bf16, docs/hopper.md).
+    # Since session 23 (reductions of 2-D tiles in registers, compiler/passes/layout.h register_reduction)
+    # two kernels need fewer registers, and ptxas 13.0 trades a few spilled bytes for one more block
+    # per SM, its own choice (.maxntid alone): poly_bwd_kv (fp32, 4 warps) 40 registers and 4 bytes on
+    # sm_90a, where it took 47 with none; gated_delta_rule_bwd_rev (the token-by-token backward) 168
+    # registers and 20 bytes on sm_80, where it took 238 with none (on sm_90a none).
+    "poly_bwd_kv": {"fp32": 4},
+    "gated_delta_rule_bwd_rev": {"bf16": 20, "fp16": 20, "fp32": 20},
     "gla_bwd_dg": {"bf16": 8, "fp16": 8, "fp32": 8},
     "gla_bwd_dg_offsets": {"bf16": 8, "fp16": 8, "fp32": 8},
     "poly_fwd_out": {"bf16": 8, "fp16": 8},

@@ -44,9 +44,9 @@ using namespace dsl;
 //   db_C += exp(b_C) <dS', S> + sum_r Y_r
 // then dg_t = sum_{r >= t in the chunk} db_r + db_C (b is a chunk-local cumulative sum and b_C the sum of
 // all the chunk's gates; earlier chunks' gates reach this one only through S, whose gradient the walks
-// carry). In the per-chunk kernels the exponents b_r - b_c and b_C - b_r are summed over the rows they
-// span (blocks::chunk_decays); the walks take them as differences of b, gates below the floor set apart
-// (ChunkLogDecays, kernels/common/log_decay.h), as the forward's walk does.
+// carry). Every kernel here takes the exponents as differences of b read from the gates' sums
+// (chunk_gate_sums), gates below the floor set apart (ChunkLogDecays, kernels/common/log_decay.h), as
+// the forward's walk does.
 
 std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
@@ -212,14 +212,14 @@ void over_value_steps(int64_t steps, int64_t CV, const std::vector<StepSum>& sum
 /// Through the UT transform of one chunk of BT rows, the adjoint (see the top of this file) given the value
 /// sums. Tt = T^T as delta_rule_wy stored it (rounded to the input dtype, as the products use it; rows past
 /// the sequence end load 0 and meet only zero rows of dT and dW); dW in the input dtype; G = K K^T;
-/// k_factor the row factor of K in W (beta, gated beta exp(b)); Gam and b the gate's (invalid: ungated);
-/// strict the mask r > c. dK = dK_in + dK's UT terms.
+/// k_factor the row factor of K in W (beta, gated beta exp(b)); Gam and from_start = exp(b) ([BT]) the
+/// gate's (invalid: ungated); strict the mask r > c. dK = dK_in + dK's UT terms.
 struct UtAdjoint {
   Tile dKb, Kb32, dA, dK, dBeta;
 };
 
 UtAdjoint ut_adjoint(const Tile& Tt, const Tile& dW, const ValueSums& vs, const Tile& K, const Tile& G,
-                     const Tile& beta_r, const Tile& k_factor, const Tile& Gam, const Tile& bg, const Tile& dK_in,
+                     const Tile& beta_r, const Tile& k_factor, const Tile& Gam, const Tile& from_start, const Tile& dK_in,
                      const Tile& strict, DType dt) {
   const DType f32 = DType::f32;
   UtAdjoint r;
@@ -232,7 +232,7 @@ UtAdjoint ut_adjoint(const Tile& Tt, const Tile& dW, const ValueSums& vs, const 
   Tile dG = dA_gam * beta_r;
   r.dK = dK_in + r.dKb * k_factor + dot(dG.to(dt), K) + dot(dG.T().to(dt), K);
   Tile kdkb = sum(r.dKb * K.to(f32), 1);
-  if (bg.valid()) kdkb = kdkb * exp(bg);
+  if (from_start.valid()) kdkb = kdkb * from_start;
   r.dBeta = vs.dBv + kdkb + sum(dA_gam * G, 1);
   return r;
 }
@@ -257,6 +257,20 @@ OutputTerms output_terms(const Tile& Q, const Tile& K, const ValueSums& vs, cons
   return r;
 }
 
+/// One chunk's gate factors, from the gates' sums (chunk_gate_sums, already in the backward's plan for
+/// its walks): Gam = exp(b_r - b_c) where `causal` holds (1 elsewhere: every use is masked), exp(b_r),
+/// exp(b_C - b_r) ([BT] each) and exp(b_C), gates below the floor set apart (ChunkLogDecays) as the
+/// walks take them. (Summing the chunk's gates here cost a [BT] scan and a [BT, BT] scan per chunk.)
+struct ChunkGate {
+  Tile Gam, from_start, to_end, end_decay;
+};
+
+ChunkGate chunk_gate(const GateSumTables& gates, const Tile& global_chunk, const Tile& i_h, int64_t BT,
+                     const Tile& causal) {
+  const ChunkLogDecays dec = gates.load(global_chunk, i_h, BT).decays();
+  return {dec.between(causal), dec.from_start(), dec.to_end(), exp(dec.total)};
+}
+
 }  // namespace
 
 std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& cfg) {
@@ -271,7 +285,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
   kb.set_num_stages(1);
   auto [q, k, v] = declare_qkv(kb, dt);
   Tensor beta = kb.tensor("beta", f32, 3);
-  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
   Tensor dout = kb.tensor("do", dt, 4);
   Tensor vn = kb.tensor("v_new", dt, 4);
   Tensor dvn = kb.tensor("dv_new", dt, 4);
@@ -327,17 +341,14 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
   over_value_steps(steps, CV, sums, value_step);
 
   // The gate: b (chunk-local cumulative log-decay), b_C, Gam = exp(b_r - b_c) where r >= c.
-  Tile bg, b_last, Gam, e_b, to_end, dec_R;
+  ChunkGate gate;
+  Tile e_b, to_end;
   if (cfg.gated) {
-    Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
-    bg = cumsum(gc, 0);
-    b_last = sum(gc, 0);
-    const blocks::ChunkDecays dec = blocks::chunk_decays(gc);
-    Gam = exp(dec.D);  // exp(b_r - b_c) for r > c; 1 elsewhere (every use is masked)
-    e_b = expand_dims(exp(bg), 1);
-    to_end = expand_dims(exp(dec.R), 1);
-    dec_R = dec.R;
+    gate = chunk_gate(gates, global_chunk, i_h, BT, causal);
+    e_b = expand_dims(gate.from_start, 1);
+    to_end = expand_dims(gate.to_end, 1);
   }
+  const Tile& Gam = gate.Gam;
 
   const OutputTerms out = output_terms(Q, K, vs, scale, causal, Gam, e_b, to_end, dt);
   const Tile &dPm = out.dPm, &dQs = out.dQs, &dQ = out.dQ;
@@ -348,16 +359,16 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
   Tile A;
   if (cfg.gated) A = where(strict, G * beta_r * Gam, 0.0f);
   Tile k_factor = cfg.gated ? beta_r * e_b : beta_r;  // W = T diag(beta exp(b)) K
-  const UtAdjoint ut = ut_adjoint(Tt, vs.dW.to(dt), vs, K, G, beta_r, k_factor, Gam, bg, dK, strict, dt);
+  const UtAdjoint ut = ut_adjoint(Tt, vs.dW.to(dt), vs, K, G, beta_r, k_factor, Gam, gate.from_start, dK, strict, dt);
   dK = ut.dK;
 
   if (cfg.gated) {
     // db per row from every place b enters (see the top of this file), then dg = suffix sums + db_C.
     Tile Z1 = dPm * dot(Q, K.T());  // dP .* P
     Tile Z2 = ut.dA * A;
-    Tile Y = sum(vs.VdS * K.to(f32), 1) * exp(dec_R);
+    Tile Y = sum(vs.VdS * K.to(f32), 1) * gate.to_end;
     Tile db = sum(Z1, 1) - sum(Z1, 0) + sum(Z2, 1) - sum(Z2, 0) + sum(dQs * Q.to(f32), 1) + sum(ut.dKb * ut.Kb32, 1) - Y;
-    Tile db_C = sum(Y, 0) + exp(b_last) * vs.sSdS;
+    Tile db_C = sum(Y, 0) + gate.end_decay * vs.sSdS;
     store(dg, {b, t0, i_h}, {kIndex, BT, kIndex}, cumsum(db, 0, true) + db_C, in_seq);
   }
 
@@ -390,7 +401,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_keys(const DeltaChunkedBwdConf
   kb.set_num_stages(cfg.keys_stages);
   Tensor q = kb.tensor("q", dt, 4);
   Tensor k = kb.tensor("k", dt, 4);
-  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
   Tensor dout = kb.tensor("do", dt, 4);
   Tensor vn = kb.tensor("v_new", dt, 4);
   Tensor dvn = kb.tensor("dv_new", dt, 4);
@@ -442,11 +453,10 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_keys(const DeltaChunkedBwdConf
   dQs = dQs * scale;
   Tile to_end_VdS = VdS;
   if (cfg.gated) {
-    Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
-    const blocks::ChunkDecays dec = blocks::chunk_decays(gc);
-    dPm = dPm * exp(dec.D);
-    dQs = dQs * expand_dims(exp(cumsum(gc, 0)), 1);
-    to_end_VdS = VdS * expand_dims(exp(dec.R), 1);
+    const ChunkGate gate = chunk_gate(gates, global_chunk, i_h, BT, causal);
+    dPm = dPm * gate.Gam;
+    dQs = dQs * expand_dims(gate.from_start, 1);
+    to_end_VdS = VdS * expand_dims(gate.to_end, 1);
   }
   dPm = where(causal, dPm, 0.0f);
   store(dq, {b, t0, i_h, k0}, {kIndex, BT, kIndex, CK}, (dQs + dot(dPm.to(dt), K)).to(dt), in_seq);
@@ -470,7 +480,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_ut(const DeltaChunkedBwdConfig
   kb.set_num_stages(1);
   auto [q, k, v] = declare_qkv(kb, dt);
   Tensor beta = kb.tensor("beta", f32, 3);
-  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
   Tensor dout = cfg.gated ? kb.tensor("do", dt, 4) : Tensor();
   Tensor vn = cfg.gated ? kb.tensor("v_new", dt, 4) : Tensor();
   Tensor dvn = kb.tensor("dv_new", dt, 4);
@@ -521,21 +531,14 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_ut(const DeltaChunkedBwdConfig
   if (cfg.gated) sums.push_back({&vs.dP, {BT, BT}});
   over_value_steps(steps, CV, sums, value_step);
 
-  Tile bg, b_last, Gam, e_b, dec_R;
-  if (cfg.gated) {
-    Tile gc = load(g, {b, t0, i_h}, {kIndex, BT, kIndex}, in_seq);
-    bg = cumsum(gc, 0);
-    b_last = sum(gc, 0);
-    const blocks::ChunkDecays dec = blocks::chunk_decays(gc);
-    Gam = exp(dec.D);
-    e_b = expand_dims(exp(bg), 1);
-    dec_R = dec.R;
-  }
+  ChunkGate gate;
+  if (cfg.gated) gate = chunk_gate(gates, global_chunk, i_h, BT, causal);
+  const Tile& Gam = gate.Gam;
   Tile G = dot(K, K.T());
   Tile dW = load(dw, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
   Tile dK_out = load(dk_out, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-  Tile k_factor = cfg.gated ? beta_r * e_b : beta_r;
-  const UtAdjoint ut = ut_adjoint(Tt, dW, vs, K, G, beta_r, k_factor, Gam, bg, dK_out, strict, dt);
+  Tile k_factor = cfg.gated ? beta_r * expand_dims(gate.from_start, 1) : beta_r;
+  const UtAdjoint ut = ut_adjoint(Tt, dW, vs, K, G, beta_r, k_factor, Gam, gate.from_start, dK_out, strict, dt);
 
   if (cfg.gated) {
     // As build_delta_bwd_chunk's db, with the key-block sums of the first kernel added in block order.
@@ -549,9 +552,9 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_ut(const DeltaChunkedBwdConfig
       accumulate(vdsk, load(vds_k, {c, b, t0, i_h}, {kIndex, kIndex, BT, kIndex}, in_parts));
       accumulate(sds, load(ssds, {c, global_chunk, i_h}, {kIndex, kIndex, kIndex}));
     }
-    Tile Y = vdsk * exp(dec_R);
+    Tile Y = vdsk * gate.to_end;
     Tile db = sum(Z1, 1) - sum(Z1, 0) + sum(Z2, 1) - sum(Z2, 0) + dqsq + sum(ut.dKb * ut.Kb32, 1) - Y;
-    Tile db_C = sum(Y, 0) + exp(b_last) * sds;
+    Tile db_C = sum(Y, 0) + gate.end_decay * sds;
     store(dg, {b, t0, i_h}, {kIndex, BT, kIndex}, cumsum(db, 0, true) + db_C, in_seq);
   }
   store(dk, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, ut.dK.to(dt), in_seq);

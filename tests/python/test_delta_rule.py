@@ -270,6 +270,26 @@ def test_gated_walks_read_the_gate_sums_an_iteration_ahead(linac, backward):
         assert re.search(rf"= \w+ [^\n]*{carried}\b", loop), f"{name}: carried sums unused"
 
 
+@pytest.mark.parametrize("shape", ["B=1,T=64,H=1,K=128", "B=1,T=64,H=1,K=256"], ids=["one-kernel", "key-blocks"])
+def test_gated_per_chunk_backward_reads_the_gate_sums(linac, shape):
+    # The per-chunk backward kernels (one kernel up to head dim 128, key blocks above) take each chunk's
+    # decays from the gates' sums as the walks do: no gates, no scan ([BT] or [BT, BT]) of them; the one
+    # scan left is dg's suffix sums within the chunk, where dg is written.
+    r = linac.run("compile", "gated_delta_rule", "--shape", shape, "--dtype", "bf16", "--emit", "tir", "--backward")
+    assert r.returncode == 0, r.stderr
+    names = re.findall(r"kernel @(gated_delta_rule_bwd_chunk\w*)\(", r.stdout)
+    assert names == (["gated_delta_rule_bwd_chunk"] if shape.endswith("128") else
+                     ["gated_delta_rule_bwd_chunk_keys", "gated_delta_rule_bwd_chunk_ut"]), names
+    for name in names:
+        kernel = r.stdout.split(f"kernel @{name}(")[1].split("\nkernel @")[0]
+        assert "%g:" not in kernel.split("\n", 1)[0], f"{name}: still takes the gates"
+        assert re.search(r"= load %gate_b\[.*: tile<32xf32>", kernel), f"{name}: no gate sums loaded"
+        scans = re.findall(r"= scan .*", kernel)
+        writes_dg = "store %dg[" in kernel
+        assert len(scans) == int(writes_dg), f"{name}: scans {scans}"
+        assert all("reverse = true} : tile<32xf32>" in sc for sc in scans), scans
+
+
 def test_gate_sums_over_head_blocks(linac):
     # chunk_gate_sums takes 16 heads per program: 20 heads leave a partial second block, dense and packed.
     inputs = make_inputs(1040, "gated_delta_rule", B=2, T=70, H=20, K=16, V=16, init=True)

@@ -18,8 +18,12 @@ struct GateSums {
   dsl::Tile b, cuts, span_total, cut_total;  // ChunkLogDecays' fields of the same names
   /// The decays these sums give: chunk_log_decays(g) of the chunk's gates.
   ChunkLogDecays decays() const;
-  /// The four tiles, for for_range_carrying.
-  std::vector<dsl::Tile*> carried() { return {&b, &cuts, &span_total, &cut_total}; }
+  /// A walk's loop-carried values: its `state`, then these four tiles where they are loaded (a gated
+  /// walk), for for_range_carrying.
+  std::vector<dsl::Tile*> carried_with(dsl::Tile& state) {
+    if (!b.valid()) return {&state};
+    return {&state, &b, &cuts, &span_total, &cut_total};
+  }
 };
 
 /// The tables, as kernel parameters: gate_b and gate_cuts [chunks, H, BT] (rows past a sequence's end

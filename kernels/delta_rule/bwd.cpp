@@ -97,10 +97,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& 
       S = blocks::state_update(S, K, Vn);
     }
   };
-  std::vector<Tile*> carried = {&S};
-  if (cfg.gated)
-    for (Tile* t : next.carried()) carried.push_back(t);
-  for_range_carrying(0, num_chunks, body, carried);
+  for_range_carrying(0, num_chunks, body, next.carried_with(S));
   if (cfg.final_state) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
   return kb.finish();
 }
@@ -164,10 +161,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
       dS = dS + dot(Q.T(), dO) * scale - dot(W.T(), dVn);
     }
   };
-  std::vector<Tile*> carried = {&dS};
-  if (cfg.gated)
-    for (Tile* t : next.carried()) carried.push_back(t);
-  for_range_carrying(0, num_chunks, body, carried);
+  for_range_carrying(0, num_chunks, body, next.carried_with(dS));
   if (cfg.initial_state_grad) store(dh0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, dS);
   return kb.finish();
 }

@@ -286,10 +286,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
 
     S = blocks::state_update(S, K, V_state, b_last, /*in_place=*/true);
   };
-  std::vector<Tile*> carried = {&S};
-  if (cfg.gated)
-    for (Tile* t : next.carried()) carried.push_back(t);
-  for_range_carrying(0, num_chunks, body, carried);
+  for_range_carrying(0, num_chunks, body, next.carried_with(S));
 
   if (ht_out) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
   return kb.finish();

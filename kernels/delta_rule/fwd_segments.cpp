@@ -74,10 +74,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_segment_states(const DeltaRuleConfi
     Tile X = k_factor.valid() ? (X32 * expand_dims(k_factor, 1)).to(dt) : X32.to(dt);
     S = blocks::state_update(S, K, X, b_last, /*in_place=*/true);
   };
-  std::vector<Tile*> carried = {&S};
-  if (cfg.gated)
-    for (Tile* t : next.carried()) carried.push_back(t);
-  for_range_carrying(0, num_chunks, body, carried);
+  for_range_carrying(0, num_chunks, body, next.carried_with(S));
 
   store(seg_states, {i_n, i_s, i_h, 0, i_v * BV}, {kIndex, kIndex, kIndex, BK, BV}, S,
         {.limits = {{4, seg_states.dim(4) * (1 - is_p)}}});

@@ -43,6 +43,17 @@ def load(path):
     raise SystemExit(f"{path}: no 'Address'/'Source' header: not an `ncu --page source --csv` export")
 
 
+def counter_reader(header):
+    """num(row, column name) -> the integer in that column ("1,234" -> 1234; blank or "-" -> 0)."""
+    col = {name: i for i, name in enumerate(header)}
+
+    def num(row, name):
+        text = row[col[name]].replace(",", "")
+        return int(float(text)) if text not in ("", "-") else 0
+
+    return num
+
+
 def summarize(header, rows, top):
     col = {name: i for i, name in enumerate(header)}
     samples_col = "Warp Stall Sampling (All Samples)"
@@ -50,10 +61,7 @@ def summarize(header, rows, top):
         if needed not in col:
             raise SystemExit(f"column '{needed}' missing: export with --set full (source counters)")
     stall_cols = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
-
-    def num(row, name):
-        text = row[col[name]].replace(",", "")
-        return int(float(text)) if text not in ("", "-") else 0
+    num = counter_reader(header)
 
     total = sum(num(r, samples_col) for r in rows)
     executed = sum(num(r, "Instructions Executed") for r in rows)
@@ -117,10 +125,7 @@ def source_text(path, line):
 def by_source_line(header, rows, table, top):
     """The `top` source lines with the most samples (instructions with no line are '?')."""
     col = {name: i for i, name in enumerate(header)}
-
-    def num(row, name):
-        text = row[col[name]].replace(",", "")
-        return int(float(text)) if text not in ("", "-") else 0
+    num = counter_reader(header)
 
     addresses = [int(r[col["Address"]], 16) for r in rows]
     base = min(addresses) if addresses else 0

@@ -1,6 +1,8 @@
 // Global memory (masked, vectorized loads and stores of tensor blocks) and shared memory (spills of
 // tiles that are read at other coordinates, and the reads).
 #include <fmt/format.h>
+#include <algorithm>
+#include <optional>
 #include <llvm/IR/IntrinsicsNVPTX.h>
 
 #include "compiler/nvptx/lowering.h"
@@ -74,6 +76,91 @@ ElementAddr element_addr(llvm::IRBuilder<>& b, const BlockAccess& a, const Coord
     off = b.CreateAdd(off, b.CreateMul(b.CreateSExt(idx, b.getInt64Ty()), a.tensor->strides[d]));
   }
   return {ok, off};
+}
+
+/// The runs of a blocked tile's access (`vec` elements along the tensor's inner dim each) when one
+/// check per access finds them all contiguous, aligned, and each wholly inside or wholly outside the
+/// tensor. A run then costs a compare per walked dim and an add (`run_at`), where the general path
+/// checks bounds, alignment and cuts per run (about 20 integer instructions per 16-byte vector, an i64
+/// multiply per walked dim among them). Offsets, limits and strides are the same for every thread of
+/// the program, so a branch on `holds` never diverges.
+struct UniformRuns {
+  llvm::Value* holds;         // i1: every run is contiguous, aligned and whole or none
+  llvm::Value* unwalked_in;   // i1: the indices of the dims no tile axis walks are in bounds
+  llvm::Value* thread_first;  // pointer to the thread's first element (not checked)
+  Coords first;               // coordinates of the thread's first element
+};
+
+/// nullopt where the layout's runs do not follow the tensor's inner dim alone (a tile axis other than
+/// the last walks it too, or the rows are not whole runs).
+std::optional<UniformRuns> uniform_runs(llvm::IRBuilder<>& b, const BlockAccess& a, const Layout& l, Coords first) {
+  const size_t last = a.dims.size() - 1;
+  const int64_t inner = a.dims[last];
+  if (l.kind != Layout::Kind::Blocked || l.vec < 2 || l.shape.back() % l.vec != 0) return std::nullopt;
+  for (size_t ax = 0; ax < last; ++ax)
+    if (a.dims[ax] == inner) return std::nullopt;
+  const TensorView& tensor = *a.tensor;
+  auto multiple_of_vec = [&](llvm::Value* x) {
+    return b.CreateICmpEQ(b.CreateAnd(x, llvm::ConstantInt::get(x->getType(), l.vec - 1)),
+                          llvm::ConstantInt::get(x->getType(), 0));
+  };
+  llvm::Value* base = b.getInt64(0);
+  llvm::Value* unwalked_in = b.getTrue();
+  for (size_t d = 0; d < a.offsets.size(); ++d) {
+    base = b.CreateAdd(base, b.CreateMul(b.CreateSExt(a.offsets[d], b.getInt64Ty()), tensor.strides[d]));
+    if (std::find(a.dims.begin(), a.dims.end(), static_cast<int64_t>(d)) == a.dims.end())
+      unwalked_in = b.CreateAnd(unwalked_in, b.CreateICmpULT(a.offsets[d], a.bounds[d]));
+  }
+  // Contiguous runs; the first run aligned and every row step a multiple of a run, so every run aligned.
+  llvm::Value* holds = b.CreateAnd(b.CreateICmpEQ(tensor.strides[inner], b.getInt64(1)), multiple_of_vec(base));
+  for (size_t ax = 0; ax < last; ++ax) holds = b.CreateAnd(holds, multiple_of_vec(tensor.strides[a.dims[ax]]));
+  // Runs start at multiples of vec along the inner dim (so a run before 0 is wholly before it), and
+  // the bound cuts none: it is a multiple of vec too, or past the tile's last column.
+  llvm::Value* off = a.offsets[inner];
+  llvm::Value* uncut = b.CreateOr(multiple_of_vec(a.bounds[inner]),
+                                  b.CreateICmpSLE(b.CreateAdd(off, b.getInt32(static_cast<int32_t>(l.shape.back()))), a.bounds[inner]));
+  holds = b.CreateAnd(holds, b.CreateAnd(multiple_of_vec(off), uncut));
+  llvm::Value* thread_off = base;
+  for (size_t ax = 0; ax <= last; ++ax)
+    thread_off = b.CreateAdd(thread_off, b.CreateMul(b.CreateSExt(first[ax], b.getInt64Ty()), tensor.strides[a.dims[ax]]));
+  return UniformRuns{holds, unwalked_in, b.CreateGEP(b.getIntNTy(8 * dtype_bytes(tensor.dtype)), tensor.ptr, thread_off),
+                     std::move(first)};
+}
+
+/// Whether `op` runs inside a loop. There the uniform path's per-thread products (coordinates times
+/// strides) do not change between iterations, LLVM keeps them in registers across the loop (64 bits per
+/// run and load), and kernels near 255 registers spill: with the ring copies on this path, ptxas 13.0
+/// spilled poly_bwd_dkv 448 bytes where it spilled 156, and the gated linear_attn_fwd 24 where none.
+bool in_loop(const ir::Op& op) {
+  for (const ir::Block* blk = op.parent; blk && blk->parent; blk = blk->parent->parent)
+    if (blk->parent->code == ir::OpCode::For) return true;
+  return false;
+}
+
+/// Where `u.holds`, the run starting at coordinates `c`: whether it is in bounds (as a whole), and its
+/// address (valid only where it is). Its distance from the thread's first element is the coordinates'
+/// difference (a constant for blocked layouts) times the strides, a product computed once per access.
+struct RunAt {
+  llvm::Value* in_bounds;
+  llvm::Value* at;
+};
+
+RunAt run_at(llvm::IRBuilder<>& b, const BlockAccess& a, const UniformRuns& u, const Coords& c) {
+  llvm::Value* ok = u.unwalked_in;
+  llvm::Value* delta = b.getInt64(0);
+  // Dims of later axes first: the runs of a thread often share their column, and then so does its check.
+  std::vector<bool> checked(a.offsets.size());
+  for (size_t ax = a.dims.size(); ax-- > 0;) {
+    const int64_t d = a.dims[ax];
+    delta = b.CreateAdd(delta, b.CreateMul(b.CreateSExt(b.CreateSub(c[ax], u.first[ax]), b.getInt64Ty()), a.tensor->strides[d]));
+    if (checked[d]) continue;
+    checked[d] = true;
+    llvm::Value* idx = a.offsets[d];
+    for (size_t other = 0; other < a.dims.size(); ++other)
+      if (a.dims[other] == d) idx = b.CreateAdd(idx, c[other]);
+    ok = b.CreateAnd(ok, b.CreateICmpULT(idx, a.bounds[d]));
+  }
+  return {ok, b.CreateGEP(b.getIntNTy(8 * dtype_bytes(a.tensor->dtype)), u.thread_first, delta)};
 }
 
 }  // namespace
@@ -295,6 +382,27 @@ void KernelLowering::issue_async_copy(const ir::Op& op, const std::function<llvm
   LINAC_INTERNAL_CHECK(l.vec * elem == 16, "asynchronous load without 16-byte vectors");
   llvm::Type* ety = llvm_type(tv.dtype);
   const int64_t inner_dim = acc.dims.back();
+  // Where one check per access (uniform_runs) finds every run contiguous, aligned and whole or none,
+  // each run is one cp.async of 16 bytes or none (0 bytes read, zeros written); otherwise, and in
+  // loops (in_loop), each run is checked as below.
+  llvm::BasicBlock* done = nullptr;
+  if (const std::optional<UniformRuns> u = in_loop(op) ? std::nullopt : uniform_runs(b_, acc, l, coords_of(l, 0))) {
+    llvm::BasicBlock* uniform_bb = llvm::BasicBlock::Create(ctx_, "cp.uniform", fn_);
+    llvm::BasicBlock* general_bb = llvm::BasicBlock::Create(ctx_, "cp.general", fn_);
+    done = llvm::BasicBlock::Create(ctx_, "cp.done");  // placed after the general path
+    b_.CreateCondBr(u->holds, uniform_bb, general_bb);
+    b_.SetInsertPoint(uniform_bb);
+    for (int r = 0; r < l.regs_per_thread(); r += l.vec) {
+      Coords first = coords_of(l, r);
+      // A run outside reads 0 bytes, from the tensor's first element (tensor pointers are never null).
+      const RunAt run = run_at(b_, acc, *u, first);
+      b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_cg_shared_global_16_s, {},
+                         {b_.CreateGEP(b_.getInt8Ty(), smem_addr(res, first), stage_off),
+                          b_.CreateSelect(run.in_bounds, run.at, tv.ptr), b_.CreateSelect(run.in_bounds, i32(16), i32(0))});
+    }
+    b_.CreateBr(done);
+    b_.SetInsertPoint(general_bb);
+  }
   llvm::Value* contiguous = b_.CreateICmpEQ(tv.strides[inner_dim], b_.getInt64(1));
   for (int r = 0; r < l.regs_per_thread(); r += l.vec) {
     Coords first = coords_of(l, r);
@@ -334,6 +442,11 @@ void KernelLowering::issue_async_copy(const ir::Op& op, const std::function<llvm
     }
     b_.CreateBr(join);
     b_.SetInsertPoint(join);
+  }
+  if (done) {
+    b_.CreateBr(done);
+    done->insertInto(fn_);
+    b_.SetInsertPoint(done);
   }
 }
 

@@ -73,13 +73,12 @@ void KernelLowering::lower_dot(const ir::Op& op) {
   if (wgmma != smem_.wgmma_dots.end()) {
     // The tensor cores read B through the async proxy: every thread's writes of shared memory (generic
     // proxy: stores, and cp.async copies once waited for) are ordered before them by a proxy fence in
-    // that thread, then a barrier; the copies in flight are waited for before the fence. Not again
-    // where nothing was written since the last such barrier (a pipelined loop's, lower_for).
-    if (!prefetch_in_flight_.empty()) {
-      b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(0)});
-      prefetch_in_flight_.clear();
-      async_proxy_fenced_ = false;
-    }
+    // that thread, then a barrier; the copies in flight into the operands' buffers (and those issued
+    // before them) are waited for before the fence. Not again where nothing was written since the last
+    // such barrier (a pipelined loop's, lower_for).
+    std::vector<ByteRange> operands{smem_range(b.buf)};
+    if (!a_in_registers) operands.push_back(smem_range(a.buf));
+    if (const size_t groups = prefetched_groups_touched(operands, {})) await_prefetched_copies(groups);
     if (!async_proxy_fenced_ || !hazards_.written.empty() || hazards_.unknown) fenced_barrier();
   }
   if (a_in_registers) before_smem_access({smem_range(b.buf)}, {});

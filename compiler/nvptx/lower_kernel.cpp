@@ -1,5 +1,6 @@
 // The kernel skeleton: parameters, coordinates of layouts, control flow and elementwise math.
 #include <fmt/format.h>
+#include <algorithm>
 #include <llvm/IR/IntrinsicsNVPTX.h>
 #include <llvm/IR/InlineAsm.h>
 #include <llvm/IR/Intrinsics.h>
@@ -191,20 +192,34 @@ void KernelLowering::SmemHazards::merge(const SmemHazards& other) {
   unknown = unknown || other.unknown;
 }
 
-void KernelLowering::wait_prefetched_loads() {
-  b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(0)});
-  prefetch_in_flight_.clear();
-  barrier();
+void KernelLowering::await_prefetched_copies(size_t groups) {
+  groups = std::min(groups, prefetch_in_flight_.size());
+  // Groups complete in commit order: waiting until at most (in flight - groups) are pending waits for
+  // the oldest `groups`.
+  b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(static_cast<int>(prefetch_in_flight_.size() - groups))});
+  prefetch_in_flight_.erase(prefetch_in_flight_.begin(), prefetch_in_flight_.begin() + static_cast<std::ptrdiff_t>(groups));
   async_proxy_fenced_ = false;  // the copies landed: generic writes
+}
+
+void KernelLowering::wait_prefetched_loads(size_t groups) {
+  await_prefetched_copies(groups);
+  barrier();
+}
+
+size_t KernelLowering::prefetched_groups_touched(const std::vector<ByteRange>& reads,
+                                                 const std::vector<ByteRange>& writes) const {
+  size_t groups = 0;
+  for (size_t g = 0; g < prefetch_in_flight_.size(); ++g)
+    if (overlaps(reads, prefetch_in_flight_[g]) || overlaps(writes, prefetch_in_flight_[g])) groups = g + 1;
+  return groups;
 }
 
 void KernelLowering::before_smem_access(const std::vector<ByteRange>& reads, const std::vector<ByteRange>& writes,
                                         bool barrier_anyway) {
-  // A prefetched load's copies land asynchronously: an access to its bytes waits for them first.
-  bool in_flight = false;
-  for (const ByteRange& r : reads) in_flight = in_flight || overlaps(prefetch_in_flight_, r);
-  for (const ByteRange& w : writes) in_flight = in_flight || overlaps(prefetch_in_flight_, w);
-  if (in_flight) wait_prefetched_loads();  // behind a barrier
+  // A prefetched load's copies land asynchronously: an access to its bytes waits for them first, and
+  // for the loads issued before it (groups complete in order), not for later ones: the kernel computes
+  // with its first operands while the rest is still on its way.
+  if (const size_t groups = prefetched_groups_touched(reads, writes)) wait_prefetched_loads(groups);  // behind a barrier
   else if (barrier_anyway || hazards_.conflicts(reads, writes)) barrier();
   // Registered only after the barrier: every access announced here is emitted after it.
   hazards_.read.insert(hazards_.read.end(), reads.begin(), reads.end());

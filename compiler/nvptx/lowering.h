@@ -13,6 +13,7 @@
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/Module.h>
 
+#include <cstdint>
 #include <map>
 #include <set>
 #include <vector>
@@ -146,8 +147,14 @@ class KernelLowering {
     llvm::Value *in_bounds, *offset;
   };
   TensorElement tensor_element(const ir::Op& op, const AccessBounds& at, const Coords& c);
-  /// Waits for the prefetched loads in flight and makes their copies visible to every thread.
-  void wait_prefetched_loads();
+  /// Waits for the prefetched loads in flight up to the `groups`-th oldest (all by default) and makes
+  /// their copies visible to every thread; the later ones stay in flight.
+  void wait_prefetched_loads(size_t groups = SIZE_MAX);
+  /// The wait alone, this thread's copies: a barrier must follow before other threads read them.
+  void await_prefetched_copies(size_t groups);
+  /// How many of the oldest prefetched loads in flight an access of these bytes must wait for: up to
+  /// the last one whose buffer it touches (0: none).
+  size_t prefetched_groups_touched(const std::vector<ByteRange>& reads, const std::vector<ByteRange>& writes) const;
   /// Re-evaluates a predictable scalar of `body` (see pipeline.h) with the induction variable = iv.
   llvm::Value* scalar_at_iteration(const ir::Value* v, const ir::Block& body, llvm::Value* iv);
 
@@ -269,7 +276,8 @@ class KernelLowering {
   };
   std::vector<LoopHead> loop_heads_;  // of the loops being lowered, innermost last
   int region_depth_ = 0;              // loop bodies and branch arms entered
-  std::vector<ByteRange> prefetch_in_flight_;  // buffers of prefetched loads not yet waited for
+  /// Buffers of the prefetched loads not yet waited for, one commit group each, oldest first.
+  std::vector<ByteRange> prefetch_in_flight_;
   /// No shared-memory write since the last fenced_barrier (straight-line code only: a join, a loop's
   /// entry or exit, or landed copies clear it).
   bool async_proxy_fenced_ = false;

@@ -64,13 +64,20 @@ struct ElementAddr {
   llvm::Value* offset;  // elements from the base pointer
 };
 
+/// The tensor index along dim `d` of the element at tile coords `c`: the access's offset plus the
+/// coordinates of the tile axes that walk d.
+llvm::Value* tensor_index(llvm::IRBuilder<>& b, const BlockAccess& a, const Coords& c, int64_t d) {
+  llvm::Value* idx = a.offsets[d];
+  for (size_t ax = 0; ax < a.dims.size(); ++ax)
+    if (a.dims[ax] == d) idx = b.CreateAdd(idx, c[ax]);
+  return idx;
+}
+
 ElementAddr element_addr(llvm::IRBuilder<>& b, const BlockAccess& a, const Coords& c) {
   llvm::Value* ok = b.getTrue();
   llvm::Value* off = b.getInt64(0);
   for (size_t d = 0; d < a.offsets.size(); ++d) {
-    llvm::Value* idx = a.offsets[d];
-    for (size_t ax = 0; ax < a.dims.size(); ++ax)
-      if (a.dims[ax] == static_cast<int64_t>(d)) idx = b.CreateAdd(idx, c[ax]);
+    llvm::Value* idx = tensor_index(b, a, c, static_cast<int64_t>(d));
     // 0 <= idx < bound as one unsigned compare (a negative idx wraps to a huge value).
     ok = b.CreateAnd(ok, b.CreateICmpULT(idx, a.bounds[d]));
     off = b.CreateAdd(off, b.CreateMul(b.CreateSExt(idx, b.getInt64Ty()), a.tensor->strides[d]));
@@ -155,10 +162,7 @@ RunAt run_at(llvm::IRBuilder<>& b, const BlockAccess& a, const UniformRuns& u, c
     delta = b.CreateAdd(delta, b.CreateMul(b.CreateSExt(b.CreateSub(c[ax], u.first[ax]), b.getInt64Ty()), a.tensor->strides[d]));
     if (checked[d]) continue;
     checked[d] = true;
-    llvm::Value* idx = a.offsets[d];
-    for (size_t other = 0; other < a.dims.size(); ++other)
-      if (a.dims[other] == d) idx = b.CreateAdd(idx, c[other]);
-    ok = b.CreateAnd(ok, b.CreateICmpULT(idx, a.bounds[d]));
+    ok = b.CreateAnd(ok, b.CreateICmpULT(tensor_index(b, a, c, d), a.bounds[d]));
   }
   return {ok, b.CreateGEP(b.getIntNTy(8 * dtype_bytes(a.tensor->dtype)), u.thread_first, delta)};
 }
@@ -227,9 +231,7 @@ void KernelLowering::lower_load(const ir::Op& op) {
       Run run{element_addr(b_, acc, first), element_addr(b_, acc, last)};
       // The run's first index along the tensor's inner dim: from 0 up, a run whose first element is
       // outside is outside whole (its other indices are those of its first element).
-      llvm::Value* inner_first = acc.offsets[inner_dim];
-      for (size_t ax = 0; ax < acc.dims.size(); ++ax)
-        if (acc.dims[ax] == inner_dim) inner_first = b_.CreateAdd(inner_first, first[ax]);
+      llvm::Value* inner_first = tensor_index(b_, acc, first, inner_dim);
       llvm::Value* aligned = b_.CreateICmpEQ(b_.CreateAnd(run.first.offset, b_.getInt64(l.vec - 1)), b_.getInt64(0));
       llvm::Value* whole = b_.CreateOr(b_.CreateNot(run.first.in_bounds), run.last.in_bounds);
       llvm::Value* from_zero = b_.CreateICmpSGE(inner_first, b_.getInt32(0));
@@ -409,10 +411,7 @@ void KernelLowering::issue_async_copy(const ir::Op& op, const std::function<llvm
     ElementAddr a0 = element_addr(b_, acc, first);
     // Elements of the run that are in bounds form a prefix (the run walks the innermost dim up to its
     // bound); cp.async reads that many bytes and zero-fills the rest of the 16.
-    llvm::Value* idx_inner = acc.offsets[inner_dim];
-    for (size_t ax = 0; ax < acc.dims.size(); ++ax)
-      if (acc.dims[ax] == inner_dim) idx_inner = b_.CreateAdd(idx_inner, first[ax]);
-    llvm::Value* room = b_.CreateSub(acc.bounds[inner_dim], idx_inner);
+    llvm::Value* room = b_.CreateSub(acc.bounds[inner_dim], tensor_index(b_, acc, first, inner_dim));
     llvm::Value* n_valid = b_.CreateSelect(a0.in_bounds, b_.CreateBinaryIntrinsic(llvm::Intrinsic::smin, room, i32(l.vec)), i32(0));
     llvm::Value* aligned = b_.CreateICmpEQ(b_.CreateAnd(a0.offset, b_.getInt64(l.vec - 1)), b_.getInt64(0));
     llvm::Value* dst = smem_addr(res, first);

@@ -52,12 +52,12 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& 
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
   const DType dt = cfg.dtype, f32 = DType::f32;
   KernelBuilder kb(cfg.gated ? "gated_delta_rule_bwd_states" : "delta_rule_bwd_states");
-  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_warps(cfg.walk_warps);
   kb.set_min_ctas_per_sm(1);
   Tensor q = kb.tensor("q", dt, 4);  // for the sequence bounds (B, T, H)
   Tensor k = kb.tensor("k", dt, 4);
   Tensor w = kb.tensor("w", dt, 4);
-  Tensor u = kb.tensor("u", dt, 5);
+  Tensor u = kb.tensor("u", dt, 4);
   const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
   Tensor h0 = cfg.initial_state ? kb.tensor("initial_state", f32, 4) : Tensor();
   Tensor ht = cfg.final_state ? kb.tensor("final_state", f32, 4) : Tensor();
@@ -82,7 +82,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& 
     Tile t0 = seq.bos + i * BT;
     Tile K = load(k, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
     Tile W = load(w, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-    Tile U = load(u, {seq.b, t0, i_h, i_v, 0}, {kIndex, BT, kIndex, kIndex, BV}, in_seq);
+    Tile U = load(u, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
     Tile S_dt = S.to(dt);
     store(h, {first_chunk + i, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S_dt);
     Tile Vn32 = U.to(f32) - dot(W, S_dt);
@@ -106,7 +106,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
   const DType dt = cfg.dtype, f32 = DType::f32;
   KernelBuilder kb(cfg.gated ? "gated_delta_rule_bwd_dstates" : "delta_rule_bwd_dstates");
-  kb.set_num_warps(cfg.num_warps);
+  kb.set_num_warps(cfg.walk_warps);
   kb.set_min_ctas_per_sm(1);
   Tensor q = kb.tensor("q", dt, 4);
   Tensor k = kb.tensor("k", dt, 4);

@@ -23,6 +23,7 @@ struct DeltaChunkedBwdConfig {
   int64_t chunk_v = 64;  // value columns per step of the per-chunk kernel (delta_bwd_chunk_columns)
   int64_t chunk_k = 64;  // key columns per program of the per-chunk work: under block_k, in two kernels
   int keys_warps = 8;    // warps of build_delta_bwd_chunk_keys (its dots are [chunk, chunk_k])
+  int walk_warps = 8;    // warps of the state walks (build_delta_bwd_states, build_delta_bwd_dstates)
   int keys_stages = 1;   // pipeline stages of its value-step loads (2: the next step's are prefetched)
   bool gated = false;    // gated_delta_rule: g [B,T,H] in, dg out
   bool initial_state = false;

@@ -30,6 +30,11 @@ int wy_blocks_per_sm(const DeltaRuleConfig& cfg) {
 
 }  // namespace
 
+int delta_wy_block_v(DType dtype, int walk_block_v, int64_t padded_v) {
+  const int64_t columns = dtype_bytes(dtype) == 4 ? walk_block_v : std::max(walk_block_v, 64);
+  return static_cast<int>(std::min<int64_t>(columns, padded_v));
+}
+
 void configure_delta_walk(KernelBuilder& kb, const DeltaRuleConfig& cfg) {
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
@@ -56,7 +61,7 @@ void configure_delta_walk(KernelBuilder& kb, const DeltaRuleConfig& cfg) {
 // mid the totals of the blocks in between (every factor <= 1). W and U are products on the tensor cores in
 // the input dtype (each T_ij rounded to it once, as the state products use it).
 std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
-  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.block_v;
+  const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.wy_block_v;
   const int64_t BS = std::min<int64_t>(BT, 16);
   const int NS = static_cast<int>(BT / BS);
   const DType dt = cfg.dtype, f32 = DType::f32;
@@ -74,7 +79,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
   Tensor w = kb.tensor("w", dt, 4);
-  Tensor u = kb.tensor("u", dt, 5);
+  Tensor u = kb.tensor("u", dt, 4);
   Tensor t_mat = cfg.store_t ? kb.tensor("t_mat", dt, 4) : Tensor();
 
   Tile i_c = program_id(0), i_nh = program_id(1);
@@ -158,7 +163,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
     for (int i = 0; i < NS; ++i) {
       Tile U;
       for (int j = 0; j <= i; ++j) U = j == 0 ? dot(T_beta[i][j], V[j]) : U + dot(T_beta[i][j], V[j]);
-      store(u, {b, t0 + i * BS, i_h, iv, 0}, {kIndex, BS, kIndex, kIndex, BV}, U.to(dt), in_seq);
+      store(u, {b, t0 + i * BS, i_h, v0}, {kIndex, BS, kIndex, BV}, U.to(dt), in_seq);
     }
   };
   if (cfg.v_blocks > 0) {
@@ -205,7 +210,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
   Tensor q = kb.tensor("q", dt, 4);
   Tensor k = kb.tensor("k", dt, 4);
   Tensor w = kb.tensor("w", dt, 4);
-  Tensor u = kb.tensor("u", dt, 5);
+  Tensor u = kb.tensor("u", dt, 4);
   const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
   const bool segmented = cfg.segment > 0;
   const bool h0_in = cfg.initial_state && !segmented, ht_out = cfg.final_state && !segmented;
@@ -250,7 +255,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
     Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
     Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
     Tile W = load(w, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-    Tile U = load(u, {b, t0, i_h, i_v, 0}, {kIndex, BT, kIndex, kIndex, BV}, in_seq);
+    Tile U = load(u, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
     // Per-row factors of Q S and of K in the state update; invalid tiles stand for all ones.
     Tile q_norm, k_norm, q_factor, k_factor, b_last, gam;
     if (cfg.l2norm_qk) {

@@ -39,12 +39,18 @@ struct DeltaRuleConfig {
   bool store_t = false;      // delta_rule_wy also stores T (t_mat [B,T,H,BT], rows, input dtype) for the backward
   bool save_states = false;  // delta_rule_fwd also stores S before each chunk (h) and V_new (v_new) for the backward
   bool split = false;        // the split schedule: a state pass (build_delta_bwd_states), then delta_rule_out
-  int v_blocks = 0;          // delta_rule_wy: U's value blocks of block_v, unrolled (0: a loop up to v's dim)
+  int wy_block_v = 64;       // delta_rule_wy: U's value columns per product (delta_wy_block_v)
+  int v_blocks = 0;          // delta_rule_wy: U's value blocks of wy_block_v, unrolled (0: a loop up to v's dim)
   int segment = 0;           // rows per segment of the segment-parallel forward (0: one walk per sequence)
 };
 
 // The UT transform's inverse, the decays inside a chunk and the l2norm of rows are linac/blocks.h's
 // (blocks::unit_lower_inverse_blocks, blocks::chunk_decays, blocks::inverse_norms).
+
+/// The UT kernel's value columns per product: the walk's block, but at least 64 in 16 bits (its U
+/// products measured slower in narrower blocks: docs/ops/delta_rule.md, "Measured"), at most the padded
+/// value dim. u holds whole blocks of it ([B, T, H, blocks x wy_block_v]); the walk's blocks divide it.
+int delta_wy_block_v(DType dtype, int walk_block_v, int64_t padded_v);
 
 /// The warps, pipeline stages and blocks per SM of a walk over the chunks (delta_rule_fwd,
 /// delta_rule_segment_states): one rule for both.

@@ -31,7 +31,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_segment_states(const DeltaRuleConfi
   Tensor q = kb.tensor("q", dt, 4);  // for the sequence bounds (B, T, H)
   Tensor k = kb.tensor("k", dt, 4);
   Tensor w = kb.tensor("w", dt, 4);
-  Tensor u = kb.tensor("u", dt, 5);
+  Tensor u = kb.tensor("u", dt, 4);
   const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
   Tensor chunk_offsets = cfg.gated ? kb.tensor("chunk_offsets", DType::i32, 1) : Tensor();
   Tensor seg_states = kb.tensor("segment_states", f32, 5);
@@ -42,7 +42,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_segment_states(const DeltaRuleConfi
   const auto [b, bos, eos] = segment_bounds(seq_rows, i_s, cfg.segment);
   Tile num_chunks = (eos - bos + (BT - 1)) / BT;
   // Which columns: Q's block i_v (is_p = 0) or P's columns from p0 (is_p = 1).
-  Tile v_blocks = u.dim(3);
+  Tile v_blocks = (seg_states.dim(4) + (BV - 1)) / BV;
   Tile is_p = minimum(i_c / v_blocks, 1);
   Tile i_v = minimum(i_c, v_blocks - 1);
   Tile p0 = maximum(i_c - v_blocks, 0) * BV;
@@ -61,7 +61,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_segment_states(const DeltaRuleConfi
     Tile t0 = bos + i * BT;
     Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
     Tile W = load(w, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-    Tile U = load(u, {b, t0, i_h, i_v, 0}, {kIndex, BT, kIndex, kIndex, BV}, u_rows);
+    Tile U = load(u, {b, t0, i_h, i_v * BV}, {kIndex, BT, kIndex, BV}, u_rows);
     Tile k_factor, b_last;  // invalid: ones, no decay
     if (cfg.l2norm_qk) k_factor = blocks::inverse_norms(K, 1, kDeltaL2NormEps);
     if (cfg.gated) {

@@ -40,7 +40,7 @@ const ConfigSchema<DeltaRuleConfig>& delta_rule_schema() {
                         {0, 1},
                         "1: a state pass storing the state before every chunk, then every chunk's outputs in "
                         "parallel (not with --l2norm-qk); 0: the fused walk"}),
-      field<&C::v_blocks>(), tuned<&C::segment>(segment_key()));
+      field<&C::wy_block_v>(), field<&C::v_blocks>(), tuned<&C::segment>(segment_key()));
   return schema;
 }
 
@@ -86,19 +86,22 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   const bool small = K <= 64 && V <= 64, fp32 = dtype_bytes(cfg.dtype) == 4;
   cfg.chunk = checked_chunk_size(opts.chunk_size, small ? 64 : 32);
   //  - value blocks of 128 for the 16-bit walk above head dim 64 (one program holds the whole state; no
-  //    program redoes another's W S); where those walks are few (few_walks), 64 columns (more programs).
-  //    Both faster where they apply (docs/ops/delta_rule.md, "Measured").
-  const bool few = heads > 0 && few_walks(heads * ((padded_head_dim(V) + 127) / 128), opts);
-  const int64_t wide_v = !small && !fp32 && !few ? 128 : 64;
+  //    program redoes another's W S); where those walks are few, halved down to 32 while they stay few
+  //    (columns_for_walks: more programs), on 4 warps below 128 columns. Each faster where it applies
+  //    (docs/ops/delta_rule.md, "Measured").
+  const int64_t widest = std::min<int64_t>(128, padded_head_dim(V));
+  const int64_t wide_v = !small && !fp32 ? columns_for_walks(widest, padded_head_dim(V), heads, 32, opts) : 64;
+  const bool narrowed = wide_v < widest;
   cfg.block_v = std::min(padded_head_dim(V), opts.recurrent || (fp32 && !small) ? 32 : static_cast<int>(wide_v));
-  cfg.num_warps = small || (fp32 && !opts.recurrent) ? 4 : 8;
+  cfg.num_warps = small || ((fp32 || narrowed) && !opts.recurrent) ? 4 : 8;
   cfg.split = false;
   cfg.store_t = cfg.save_states = call.save;
   cfg.initial_state = call.initial_state;
   cfg.final_state = call.final_state;
   cfg.varlen = call.varlen;
   delta_rule_schema().apply(opts, cfg);
-  cfg.v_blocks = static_cast<int>((padded_head_dim(V) + cfg.block_v - 1) / cfg.block_v);
+  cfg.wy_block_v = delta_wy_block_v(cfg.dtype, cfg.block_v, padded_head_dim(V));
+  cfg.v_blocks = static_cast<int>((padded_head_dim(V) + cfg.wy_block_v - 1) / cfg.wy_block_v);
   if (cfg.split && opts.l2norm_qk) throw UserError(fmt::format("{}: --config split=1 does not take --l2norm-qk", op));
   if (cfg.split && opts.recurrent) throw UserError(fmt::format("{}: --config split=1 is for the chunked form, not --recurrent", op));
   if (cfg.segment > 0 && (cfg.split || opts.recurrent))
@@ -173,7 +176,7 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
     // delta_rule_fwd reads it. u is split in V blocks ([.., V blocks, BV], zero past V) so that
     // delta_rule_fwd reads whole rows of it.
     plan.tensors["w"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
-    plan.tensors["u"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, num_v_blocks, cfg.block_v});
+    plan.tensors["u"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, int64_t{cfg.v_blocks} * cfg.wy_block_v});
     // The chunk tables: (sequence, chunk of it) per program with varlen, and the first global chunk of
     // every sequence (the rows of the per-chunk state table).
     HostTensor offsets, indices;
@@ -354,6 +357,8 @@ OpDef delta_rule_op_def(bool gated) {
     // walk in segments of 2048 and 4096 rows on 4 warps (the fastest measured; docs/ops/delta_rule.md,
     // "Few heads: sequence parallelism"), where the sequences are longer than that.
     if (few_walks(s.B * s.H, opts)) {
+      // Chunks of 64 there in 16 bits: half the walk's chain of chunk steps (the UT kernel costs more).
+      if (opts.dtype != DType::f32) space.push_back({{"chunk", 64}, {"warps", 4}, {"bv", 32}});
       space.push_back({{"split", 1}, {"chunk", 32}, {"warps", 4}, {"bv", 32}});
       space.push_back({{"split", 1}, {"chunk", 32}, {"warps", 8}, {"bv", 64}});
       for (int segment : {2048, 4096})

@@ -46,12 +46,26 @@ enum class DeltaBwdKernel { wy, states, dstates, chunk, chunk_keys, chunk_ut };
 
 /// The chunked backward's rows per chunk (the saved tensors' chunk is checked against it when asked for).
 TuningKey bwd_chunk_key() { return {"chunk", {16, 32, 64}, "--backward: rows per chunk"}; }
-/// The key-block kernel's warps (read after the others: its default is the walks' warps).
+/// The key-block kernel's warps (read after the others: its default is warps, the per-chunk kernels').
 TuningKey kwarps_key() {
   return {"kwarps", {2, 4, 8}, "--backward: warps of the key-block kernel where ck splits K (default warps)"};
 }
 
-/// The chunked backward's configuration (bwd.h): chunk, bv, cv, ck, kwarps, kstages and warps are tuned.
+/// The state walks' warps (read after the others: its default follows bv and warps).
+TuningKey wwarps_key() {
+  return {"wwarps", {2, 4, 8},
+          "--backward: warps of the state walks (default 4 where bv is under 128 and V, else warps)"};
+}
+
+/// The walks' warps unless asked: 4 where their value blocks are narrower than min(128, V) (few heads:
+/// faster there, H200 B2 T16384 H16 D128 bf16, docs/ops/delta_rule.md, "Measured"), else the per-chunk
+/// kernels' warps.
+int default_walk_warps(const DeltaChunkedBwdConfig& cfg) {
+  return cfg.block_v < std::min<int64_t>(128, cfg.full_v) ? 4 : cfg.num_warps;
+}
+
+/// The chunked backward's configuration (bwd.h): chunk, bv, cv, ck, kwarps, kstages, wwarps and warps are
+/// tuned.
 const ConfigSchema<DeltaChunkedBwdConfig>& chunked_schema() {
   using C = DeltaChunkedBwdConfig;
   static const ConfigSchema<C> schema(
@@ -65,7 +79,7 @@ const ConfigSchema<DeltaChunkedBwdConfig>& chunked_schema() {
                           {16, 32, 64, 128, 256},
                           "--backward: key columns per program of the per-chunk work, in two kernels under the "
                           "padded K (default all of K up to 128, else 128)"}),
-      tuned<&C::keys_warps>(kwarps_key()),
+      tuned<&C::keys_warps>(kwarps_key()), tuned<&C::walk_warps>(wwarps_key()),
       tuned<&C::keys_stages>({"kstages",
                               {1, 2},
                               "--backward: 2 = the key-block kernel prefetches its next value step's loads "
@@ -75,22 +89,27 @@ const ConfigSchema<DeltaChunkedBwdConfig>& chunked_schema() {
   return schema;
 }
 
+/// delta_rule_wy as the backward recomputes W, U and T (T stored: build_delta_bwd_chunk loads it
+/// instead of inverting again).
+DeltaRuleConfig wy_config(const DeltaChunkedBwdConfig& cfg) {
+  DeltaRuleConfig wy;
+  wy.dtype = cfg.dtype;
+  wy.chunk = cfg.chunk;
+  wy.block_k = static_cast<int>(cfg.block_k);
+  wy.block_v = static_cast<int>(cfg.block_v);
+  wy.wy_block_v = delta_wy_block_v(cfg.dtype, wy.block_v, cfg.full_v);
+  wy.varlen = cfg.varlen;
+  wy.gated = cfg.gated;
+  wy.store_t = true;
+  wy.v_blocks = static_cast<int>((cfg.full_v + wy.wy_block_v - 1) / wy.wy_block_v);
+  return wy;
+}
+
 std::shared_ptr<ir::Kernel> cached(const DeltaChunkedBwdConfig& cfg, DeltaBwdKernel which) {
   static KernelMemo memo;
   return memo.get(chunked_schema().key(cfg, which), [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
-      case DeltaBwdKernel::wy: {
-        DeltaRuleConfig wy;
-        wy.dtype = cfg.dtype;
-        wy.chunk = cfg.chunk;
-        wy.block_k = static_cast<int>(cfg.block_k);
-        wy.block_v = static_cast<int>(cfg.block_v);
-        wy.varlen = cfg.varlen;
-        wy.gated = cfg.gated;
-        wy.store_t = true;  // build_delta_bwd_chunk loads T instead of inverting again
-        wy.v_blocks = static_cast<int>((cfg.full_v + cfg.block_v - 1) / cfg.block_v);
-        return build_delta_rule_wy(wy);
-      }
+      case DeltaBwdKernel::wy: return build_delta_rule_wy(wy_config(cfg));
       case DeltaBwdKernel::states: return build_delta_bwd_states(cfg);
       case DeltaBwdKernel::dstates: return build_delta_bwd_dstates(cfg);
       case DeltaBwdKernel::chunk: return build_delta_bwd_chunk(cfg);
@@ -152,23 +171,25 @@ DeltaChunkedBwdConfig bwd_defaults(const OpOptions& opts, bool gated, int64_t K,
   cfg.full_v = padded_head_dim(V);
   cfg.chunk = chunk;
   // V blocks of 128 in the walks: the fastest of `linac tune --backward` (docs/ops/delta_rule.md,
-  // "Measured"); where those walks are few (few_walks) 64: more programs per walk, faster there.
-  const bool few = heads > 0 && few_walks(heads * ((cfg.full_v + 127) / 128), opts);
+  // "Measured"); where those walks are few, halved down to 32 while they stay few (columns_for_walks:
+  // more programs per walk, faster there).
+  const int64_t widest_v = columns_for_walks(std::min<int64_t>(128, cfg.full_v), cfg.full_v, heads, 32, opts);
   cfg.chunk_k = delta_bwd_chunk_key_columns(cfg.block_k, gated);
   // 8 warps: at 4 the per-chunk kernel (K = V = 128, chunk 32) spills 1004 bytes, at 8 it spills 8
   // (ptxas, sm_90a); 4 warps were also slower (docs/ops/delta_rule.md, "Measured").
   cfg.num_warps = 8;
   cfg.keys_warps = cfg.num_warps;
   // Then what shared memory decides, the first proposal whose kernels fit the call's GPU: the walks'
-  // value blocks (128, then 64, then 32; from 64 where they are few), the per-chunk kernel's value steps
-  // (chunk_column_proposals) and the key-block kernel's value steps prefetched (2 stages, much faster:
+  // value blocks (128 or narrower where they are few, then halved down to 32), the per-chunk kernel's
+  // value steps (chunk_column_proposals) and the key-block kernel's value steps prefetched (2 stages, much faster:
   // docs/ops/delta_rule.md, "Measured"), then not.
   std::vector<DeltaChunkedBwdConfig> proposals;
-  for (int64_t bv : few ? std::vector<int64_t>{64, 32} : std::vector<int64_t>{128, 64, 32})
+  for (int64_t bv = widest_v; bv >= std::min<int64_t>(32, widest_v); bv /= 2)
     for (int64_t cv : chunk_column_proposals(cfg.full_v))
       for (int stages : {2, 1}) {
         DeltaChunkedBwdConfig c = cfg;
-        c.block_v = std::min(bv, cfg.full_v);
+        c.block_v = bv;
+        c.walk_warps = default_walk_warps(c);
         c.chunk_v = cv;
         c.keys_stages = stages;
         proposals.push_back(c);
@@ -211,7 +232,7 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   if (has_dht) check_shape("dfinal_state", inputs.at("dfinal_state"), {seq.N, seq.H, seq.K, seq.V});
   check_config_keys(fmt::format("{} --backward", name), opts, chunked_schema().tuning());
 
-  // Defaults, then --config on top (kwarps after: its default is the walks' warps).
+  // Defaults, then --config on top (kwarps and wwarps after: their defaults follow warps and bv).
   const int64_t heads = seq.N * seq.H;
   const int dflt_chunk = delta_bwd_default_chunk(opts, gated, seq.K, seq.V, heads);
   DeltaChunkedBwdConfig cfg =
@@ -219,6 +240,7 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   chunked_schema().apply(opts, cfg);
   cfg.keys_warps = static_cast<int>(kwarps_key().value(opts, cfg.num_warps));
   cfg.block_v = std::min(cfg.block_v, cfg.full_v);
+  cfg.walk_warps = static_cast<int>(wwarps_key().value(opts, default_walk_warps(cfg)));
   cfg.chunk_v = std::min(cfg.chunk_v, cfg.full_v);
   if (cfg.full_v % cfg.chunk_v != 0)
     throw UserError(fmt::format("{} --backward: --config cv={} does not divide the padded value dim {}", name,
@@ -283,7 +305,8 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
     }
   } else {
     plan.tensors["w"] = HostTensor::zeros(cfg.dtype, w_shape);
-    plan.tensors["u"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, v_blocks, cfg.block_v});
+    const DeltaRuleConfig wy = wy_config(cfg);
+    plan.tensors["u"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, int64_t{wy.v_blocks} * wy.wy_block_v});
     plan.tensors["t_mat"] = HostTensor::zeros(cfg.dtype, t_shape);
     plan.tensors["h"] = HostTensor::zeros(cfg.dtype, h_shape);
     plan.tensors["v_new"] = HostTensor::zeros(cfg.dtype, vn_shape);

@@ -416,3 +416,32 @@ def test_error_normalize_switch(linac):
     # --normalize belongs to linear_attn.
     inputs = make_inputs(6, "delta_rule", **SMALL)
     expect_error(linac, cli_args(linac, "delta_rule", inputs, "--normalize"), mentions="--normalize")
+
+
+@pytest.mark.parametrize("shape, walk_columns, warps", [("B=8,T=64,H=16,K=128", 128, 8),   # 128 walks: enough
+                                                        ("B=2,T=64,H=32,K=128", 64, 4),    # 64 walks: few
+                                                        ("B=2,T=64,H=16,K=128", 32, 4)])   # 32 walks: few
+def test_few_heads_narrow_the_walks_value_blocks_not_the_ut_kernels(linac, shape, walk_columns, warps):
+    # Where (sequences x heads) walks leave most SMs idle, the forward's walk takes value blocks of 64 or
+    # 32 columns on 4 warps (more programs: docs/ops/delta_rule.md, "Measured"); delta_rule_wy keeps U's
+    # products at 64 columns or more (narrower ones measured slower) and writes u as [B, T, H, V], from
+    # which the walk reads its own columns. The SM count is the reference GPU's without one (132).
+    r = linac.run("compile", "delta_rule", "--shape", shape, "--dtype", "bf16", "--emit", "tir")
+    assert r.returncode == 0, r.stderr
+    wy = r.stdout.split("kernel @delta_rule_wy(")[1].split("\nkernel @")[0]
+    walk = r.stdout.split("kernel @delta_rule_fwd(")[1].split("\nkernel @")[0]
+    stored = re.findall(r"store %u\[.*\], (%\d+) ", wy)
+    assert stored, wy
+    for value in stored:
+        assert re.search(rf"{value} = .*: tile<16x{max(walk_columns, 64)}xbf16>", wy), value
+    assert re.search(rf"= load %u\[.*: tile<32x{walk_columns}xbf16>", walk), walk
+    assert f"num_warps = {warps}," in walk.split("\n", 1)[0]
+    # The backward's state walks alike (the per-chunk kernel keeps its 8 warps).
+    r = linac.run("compile", "delta_rule", "--shape", shape, "--dtype", "bf16", "--emit", "tir", "--backward")
+    assert r.returncode == 0, r.stderr
+    for name in ["delta_rule_bwd_states", "delta_rule_bwd_dstates"]:
+        kernel = r.stdout.split(f"kernel @{name}(")[1].split("\nkernel @")[0]
+        assert f"num_warps = {warps}," in kernel.split("\n", 1)[0], name
+        assert re.search(rf"= load %do?\[.*: tile<32x{walk_columns}xbf16>|= load %u\[.*: tile<32x{walk_columns}xbf16>",
+                         kernel), name
+    assert "num_warps = 8," in r.stdout.split("kernel @delta_rule_bwd_chunk(")[1].split("\n", 1)[0]

@@ -168,8 +168,8 @@ def test_linear_attn_backward_schedule_defaults(linac, shape, options, split):
 
 @pytest.mark.parametrize("op", ["delta_rule", "gated_delta_rule"])
 @pytest.mark.parametrize("shape, blocks", [
-    ("B=2,T=1024,H=16,K=128", 2),   # 32 heads: 64-column walks (H200: fwd saving 2.45 -> 1.61 ms, bwd 3.19 -> 2.52)
-    ("B=4,T=1024,H=16,K=128", 2),   # 64 heads
+    ("B=2,T=1024,H=16,K=128", 4),   # 32 heads: 32-column walks on 4 warps (docs/ops/delta_rule.md, session 25)
+    ("B=4,T=1024,H=16,K=128", 2),   # 64 heads: 64-column walks
     ("B=8,T=1024,H=16,K=128", 1),   # 128 heads: whole 128-column walks
 ])
 def test_delta_walks_narrow_for_few_heads(linac, op, shape, blocks):

@@ -150,11 +150,14 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
       const ChunkLogDecays dec = next.decays();  // as the forward's walk
       next = gates.load(first_chunk + maximum(i - 1, 0), i_h, BT);
       Pt = Pt * dec.between(pairs_t, /*reverse=*/true);  // Gam[c, r] = exp(b_c - b_r), c >= r
-      Tile Kd = (K.to(f32) * expand_dims(dec.to_end(), 1)).to(dt);
-      Tile dVn = (dot(Pt.to(dt), dO) + dot(Kd, dS_dt)).to(dt);
+      // The row factors on the [BT, BV] tiles, not on K and Q ([BT, BK], read from their copies as loaded):
+      // (diag(f) K) dS' = diag(f) (K dS') and (diag(e) Q)^T dO = Q^T (diag(e) dO). Scaling K and Q
+      // (converted, multiplied, rounded and stored back for the products) was a third of the gated
+      // walk's samples at bv 32 (ncu, docs/ops/delta_rule.md, "Measured").
+      Tile dVn = (dot(Pt.to(dt), dO) + dot(K, dS_dt) * expand_dims(dec.to_end(), 1)).to(dt);
       store(dvn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, dVn, in_seq);
-      Tile Qd = (Q.to(f32) * expand_dims(dec.from_start(), 1)).to(dt);
-      dS = dS * exp(dec.total) + dot(Qd.T(), dO) * scale - dot(W.T(), dVn);
+      Tile dOe = (dO.to(f32) * expand_dims(dec.from_start(), 1)).to(dt);
+      dS = dS * exp(dec.total) + dot(Q.T(), dOe) * scale - dot(W.T(), dVn);
     } else {
       Tile dVn = (dot(Pt.to(dt), dO) + dot(K, dS_dt)).to(dt);
       store(dvn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, dVn, in_seq);

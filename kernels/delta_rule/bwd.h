@@ -18,7 +18,7 @@ struct DeltaChunkedBwdConfig {
   DType dtype = DType::f32;
   int chunk = 32;
   int64_t block_k = 64;  // K padded (the whole key dim in every kernel)
-  int64_t block_v = 64;  // value columns per program of the walks (and of delta_rule_wy's u blocks)
+  int64_t block_v = 64;  // value columns per program of the walks (delta_rule_wy's U blocks: delta_wy_block_v)
   int64_t full_v = 64;   // V padded
   int64_t chunk_v = 64;  // value columns per step of the per-chunk kernel (delta_bwd_chunk_columns)
   int64_t chunk_k = 64;  // key columns per program of the per-chunk work: under block_k, in two kernels

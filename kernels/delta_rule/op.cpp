@@ -173,8 +173,8 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
         plan_launch(plan, cached_delta_kernel(DeltaKernel::recurrent, cfg), walk_grid, {{"scale", scale}}));
   } else {
     // w and u are scratch: every row of every sequence is written by delta_rule_wy before
-    // delta_rule_fwd reads it. u is split in V blocks ([.., V blocks, BV], zero past V) so that
-    // delta_rule_fwd reads whole rows of it.
+    // delta_rule_fwd reads it. u's columns are V padded to whole blocks of delta_rule_wy's (zero past V),
+    // which the walk's blocks divide: every block either kernel stores or loads lies inside it.
     plan.tensors["w"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
     plan.tensors["u"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, int64_t{cfg.v_blocks} * cfg.wy_block_v});
     // The chunk tables: (sequence, chunk of it) per program with varlen, and the first global chunk of

@@ -57,8 +57,8 @@ TuningKey wwarps_key() {
           "--backward: warps of the state walks (default 4 where bv is under 128 and V, else warps)"};
 }
 
-/// The walks' warps unless asked: 4 where their value blocks are narrower than min(128, V) (few heads:
-/// faster there, H200 B2 T16384 H16 D128 bf16, docs/ops/delta_rule.md, "Measured"), else the per-chunk
+/// The walks' warps unless asked: 4 where their value blocks are narrower than min(128, V) (few heads,
+/// head dims over 128: faster there, H200, docs/ops/delta_rule.md, "Measured"), else the per-chunk
 /// kernels' warps.
 int default_walk_warps(const DeltaChunkedBwdConfig& cfg) {
   return cfg.block_v < std::min<int64_t>(128, cfg.full_v) ? 4 : cfg.num_warps;
@@ -172,8 +172,11 @@ DeltaChunkedBwdConfig bwd_defaults(const OpOptions& opts, bool gated, int64_t K,
   cfg.chunk = chunk;
   // V blocks of 128 in the walks: the fastest of `linac tune --backward` (docs/ops/delta_rule.md,
   // "Measured"); where those walks are few, halved down to 32 while they stay few (columns_for_walks:
-  // more programs per walk, faster there).
-  const int64_t widest_v = columns_for_walks(std::min<int64_t>(128, cfg.full_v), cfg.full_v, heads, 32, opts);
+  // more programs per walk, faster there); 32 above head dim 128, where [K, 128] states spilled (the
+  // gated reverse walk 1296 bytes at K = 256, 5.60 -> 3.47 ms at 32 columns).
+  const int64_t widest_v = cfg.block_k > 128 ? std::min<int64_t>(32, cfg.full_v)
+                                             : columns_for_walks(std::min<int64_t>(128, cfg.full_v), cfg.full_v,
+                                                                 heads, 32, opts);
   cfg.chunk_k = delta_bwd_chunk_key_columns(cfg.block_k, gated);
   // 8 warps: at 4 the per-chunk kernel (K = V = 128, chunk 32) spills 1004 bytes, at 8 it spills 8
   // (ptxas, sm_90a); 4 warps were also slower (docs/ops/delta_rule.md, "Measured").

@@ -179,6 +179,19 @@ def test_delta_walks_narrow_for_few_heads(linac, op, shape, blocks):
         assert walks and all(l["grid"][0] == blocks for l in walks), (options, p["launches"])
 
 
+@pytest.mark.parametrize("op", ["delta_rule", "gated_delta_rule"])
+def test_delta_backward_walks_take_32_columns_above_head_dim_128(linac, op):
+    # At K = V = 256 the backward's state walks carry [256, 32] states on 4 warps, whatever the heads:
+    # at 128 columns the gated reverse walk spilled 1296 bytes and ran 5.60 ms against 3.47 (H200, B8
+    # T2048 H32, docs/ops/delta_rule.md, "Measured"). The forward's walk keeps its 128 columns.
+    p = plan(linac, op, "B=8,T=256,H=32,K=256", "--backward")
+    walks = [l for l in p["launches"] if l["kernel"].endswith(("_bwd_states", "_bwd_dstates"))]
+    assert walks and all(l["grid"][0] == 8 for l in walks), p["launches"]
+    p = plan(linac, op, "B=8,T=256,H=32,K=256")
+    walks = [l for l in p["launches"] if l["kernel"].endswith("_fwd")]
+    assert walks and all(l["grid"][0] == 2 for l in walks), p["launches"]
+
+
 def test_plan_of_a_huge_call_allocates_nothing(linac):
     # Issue 23: `plan` made the call's random inputs to print sizes (killed by the OOM killer at 24 GB for
     # T = 2^27), and B*T*H*K overflowed into negative sizes. Shapes alone now, and an overflow-safe limit.

@@ -173,7 +173,7 @@ namespace {
 
 /// The terms of one chunk's gradients that sum over the value columns, accumulated over column steps of
 /// the per-chunk kernel (one step when all of V fits its shared memory): with Vb = V diag(beta),
-///   dP = dO Vn^T, dQs = dO S^T, VdS = Vn dS'^T, dW = -dVn S^T, dTv = dVn Vb^T,
+///   dP = dO Vn^T, dQs = dO S^T, VdS = Vn dS'^T, dW = -dVn S^T, dTv = dVn Vb^T (or dVn V^T: see dT below),
 ///   dBv = rowsum(dVb .* V) with dVb = T^T dVn (whose columns, times beta, are dv's: stored per step).
 /// S and dS' are [K, columns] blocks of the state and its gradient; sSdS = sum(dS' .* S) (the gate's).
 struct ValueSums {
@@ -209,28 +209,34 @@ void over_value_steps(int64_t steps, int64_t CV, const std::vector<StepSum>& sum
 /// Through the UT transform of one chunk of BT rows, the adjoint (see the top of this file) given the value
 /// sums. Tt = T^T as delta_rule_wy stored it (rounded to the input dtype, as the products use it; rows past
 /// the sequence end load 0 and meet only zero rows of dT and dW); dW in the input dtype; G = K K^T;
-/// k_factor the row factor of K in W (beta, gated beta exp(b)); Gam and from_start = exp(b) ([BT]) the
-/// gate's (invalid: ungated); strict the mask r > c. dK = dK_in + dK's UT terms.
+/// beta_r and k_factor ([BT, 1]) the row factors of V in U and of K in W (beta, gated beta exp(b)); Gam and
+/// from_start = exp(b) ([BT]) the gate's (invalid: ungated); strict the mask r > c. dK = dK_in + dK's UT
+/// terms; dKbK = rowsum(dKb .* K).
+///
+/// dT = dW (diag(k_factor) K)^T + dU (diag(beta) V)^T is the caller's (`form_dT`, called after dKb): its
+/// factors go on copies of K and V rounded for the tensor cores, or on the columns of its [BT, BT]
+/// products (no [BT, K] and [BT, V] copies to convert, scale, round and store; the first use of V was the
+/// per-chunk kernel's hottest stall in ncu). The products' form measured faster in build_delta_bwd_chunk
+/// (H200, gated 1.359 -> 1.303 ms at B8 T4096 H16 D128: docs/ops/delta_rule.md, "Measured"); in
+/// build_delta_bwd_chunk_ut ptxas 13.0 then spilled the fp32 form (255 registers), which keeps the copies.
 struct UtAdjoint {
-  Tile dKb, Kb32, dA, dK, dBeta;
+  Tile dKb, dKbK, dA, dK, dBeta;
 };
 
-UtAdjoint ut_adjoint(const Tile& Tt, const Tile& dW, const ValueSums& vs, const Tile& K, const Tile& G,
-                     const Tile& beta_r, const Tile& k_factor, const Tile& Gam, const Tile& from_start, const Tile& dK_in,
-                     const Tile& strict, DType dt) {
+UtAdjoint ut_adjoint(const Tile& Tt, const Tile& dW, const std::function<Tile()>& form_dT, const Tile& dBv,
+                     const Tile& K, const Tile& G, const Tile& beta_r, const Tile& k_factor, const Tile& Gam,
+                     const Tile& from_start, const Tile& dK_in, const Tile& strict, DType dt) {
   const DType f32 = DType::f32;
   UtAdjoint r;
-  r.Kb32 = K.to(f32) * k_factor;
-  Tile Kb = r.Kb32.to(dt);
   r.dKb = dot(Tt, dW);
-  Tile dT = dot(dW, Kb.T()) + vs.dTv;
+  Tile dT = form_dT();
   r.dA = where(strict, dot(dot(Tt, dT.to(dt)).to(dt), Tt) * -1.0f, 0.0f);
   Tile dA_gam = Gam.valid() ? r.dA * Gam : r.dA;  // dL/d(beta_r G_rc)
   Tile dG = dA_gam * beta_r;
   r.dK = dK_in + r.dKb * k_factor + dot(dG.to(dt), K) + dot(dG.T().to(dt), K);
-  Tile kdkb = sum(r.dKb * K.to(f32), 1);
-  if (from_start.valid()) kdkb = kdkb * from_start;
-  r.dBeta = vs.dBv + kdkb + sum(dA_gam * G, 1);
+  r.dKbK = sum(r.dKb * K.to(f32), 1);
+  Tile kdkb = from_start.valid() ? r.dKbK * from_start : r.dKbK;
+  r.dBeta = dBv + kdkb + sum(dA_gam * G, 1);
   return r;
 }
 
@@ -321,12 +327,11 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
     Tile dVn = load(dvn, {b, t0, i_h, v0}, {kIndex, BT, kIndex, CV}, in_seq);
     Tile S = load(h, {global_chunk, i_h, 0, v0}, {kIndex, kIndex, BK, CV});
     Tile dS1 = load(dh, {global_chunk, i_h, 0, v0}, {kIndex, kIndex, BK, CV});
-    Tile Vb = (V.to(f32) * beta_r).to(dt);
     accumulate(vs.dP, dot(dO, Vn.T()));
     accumulate(vs.dQs, dot(dO, S.T()));
     accumulate(vs.VdS, dot(Vn, dS1.T()));
     accumulate(vs.dW, dot(dVn, S.T()) * -1.0f);
-    accumulate(vs.dTv, dot(dVn, Vb.T()));
+    accumulate(vs.dTv, dot(dVn, V.T()));  // beta goes on the product (ut_adjoint's dT)
     Tile dVb = dot(Tt, dVn);
     accumulate(vs.dBv, sum(dVb * V.to(f32), 1));
     if (cfg.gated) accumulate(vs.sSdS, sum(sum(dS1.to(f32) * S.to(f32), 1), 0));
@@ -355,8 +360,11 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
   Tile G = dot(K, K.T());
   Tile A;
   if (cfg.gated) A = where(strict, G * beta_r * Gam, 0.0f);
-  Tile k_factor = cfg.gated ? beta_r * e_b : beta_r;  // W = T diag(beta exp(b)) K
-  const UtAdjoint ut = ut_adjoint(Tt, vs.dW.to(dt), vs, K, G, beta_r, k_factor, Gam, gate.from_start, dK, strict, dt);
+  Tile k_factor = cfg.gated ? beta_c * gate.from_start : beta_c;  // W = T diag(beta exp(b)) K
+  const Tile dW = vs.dW.to(dt);
+  auto form_dT = [&] { return dot(dW, K.T()) * expand_dims(k_factor, 0) + vs.dTv * expand_dims(beta_c, 0); };
+  const UtAdjoint ut = ut_adjoint(Tt, dW, form_dT, vs.dBv, K, G, beta_r, expand_dims(k_factor, 1), Gam,
+                                  gate.from_start, dK, strict, dt);
   dK = ut.dK;
 
   if (cfg.gated) {
@@ -364,7 +372,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
     Tile Z1 = dPm * dot(Q, K.T());  // dP .* P
     Tile Z2 = ut.dA * A;
     Tile Y = sum(vs.VdS * K.to(f32), 1) * gate.to_end;
-    Tile db = sum(Z1, 1) - sum(Z1, 0) + sum(Z2, 1) - sum(Z2, 0) + sum(dQs * Q.to(f32), 1) + sum(ut.dKb * ut.Kb32, 1) - Y;
+    Tile db = sum(Z1, 1) - sum(Z1, 0) + sum(Z2, 1) - sum(Z2, 0) + sum(dQs * Q.to(f32), 1) + ut.dKbK * k_factor - Y;
     Tile db_C = sum(Y, 0) + gate.end_decay * vs.sSdS;
     store(dg, {b, t0, i_h}, {kIndex, BT, kIndex}, cumsum(db, 0, true) + db_C, in_seq);
   }
@@ -535,7 +543,11 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_ut(const DeltaChunkedBwdConfig
   Tile dW = load(dw, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
   Tile dK_out = load(dk_out, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
   Tile k_factor = cfg.gated ? beta_r * expand_dims(gate.from_start, 1) : beta_r;
-  const UtAdjoint ut = ut_adjoint(Tt, dW, vs, K, G, beta_r, k_factor, Gam, gate.from_start, dK_out, strict, dt);
+  Tile Kb32 = K.to(f32) * k_factor;
+  Tile Kb = Kb32.to(dt);
+  auto form_dT = [&] { return dot(dW, Kb.T()) + vs.dTv; };  // on copies: see ut_adjoint
+  const UtAdjoint ut = ut_adjoint(Tt, dW, form_dT, vs.dBv, K, G, beta_r, k_factor, Gam, gate.from_start, dK_out,
+                                  strict, dt);
 
   if (cfg.gated) {
     // As build_delta_bwd_chunk's db, with the key-block sums of the first kernel added in block order.
@@ -550,7 +562,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_ut(const DeltaChunkedBwdConfig
       accumulate(sds, load(ssds, {c, global_chunk, i_h}, {kIndex, kIndex, kIndex}));
     }
     Tile Y = vdsk * gate.to_end;
-    Tile db = sum(Z1, 1) - sum(Z1, 0) + sum(Z2, 1) - sum(Z2, 0) + dqsq + sum(ut.dKb * ut.Kb32, 1) - Y;
+    Tile db = sum(Z1, 1) - sum(Z1, 0) + sum(Z2, 1) - sum(Z2, 0) + dqsq + sum(ut.dKb * Kb32, 1) - Y;
     Tile db_C = sum(Y, 0) + gate.end_decay * sds;
     store(dg, {b, t0, i_h}, {kIndex, BT, kIndex}, cumsum(db, 0, true) + db_C, in_seq);
   }

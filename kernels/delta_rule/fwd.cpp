@@ -35,6 +35,10 @@ int delta_wy_block_v(DType dtype, int walk_block_v, int64_t padded_v) {
   return static_cast<int>(std::min<int64_t>(columns, padded_v));
 }
 
+int delta_walk_warps(int64_t block_v, int64_t padded_v, int wide_warps) {
+  return block_v < std::min<int64_t>(128, padded_v) ? 4 : wide_warps;
+}
+
 void configure_delta_walk(KernelBuilder& kb, const DeltaRuleConfig& cfg) {
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);

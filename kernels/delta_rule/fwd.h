@@ -52,6 +52,12 @@ struct DeltaRuleConfig {
 /// value dim. u holds whole blocks of it ([B, T, H, blocks x wy_block_v]); the walk's blocks divide it.
 int delta_wy_block_v(DType dtype, int walk_block_v, int64_t padded_v);
 
+/// The warps of a walk over value blocks of `block_v` columns: 4 where the blocks are narrower than
+/// min(128, V) (few heads; the backward's head dims over 128), faster there on an H200
+/// (docs/ops/delta_rule.md, "Measured", session 25), else `wide_warps`. The forward's and the
+/// backward's walks take it alike.
+int delta_walk_warps(int64_t block_v, int64_t padded_v, int wide_warps);
+
 /// The warps, pipeline stages and blocks per SM of a walk over the chunks (delta_rule_fwd,
 /// delta_rule_segment_states): one rule for both.
 void configure_delta_walk(dsl::KernelBuilder& kb, const DeltaRuleConfig& cfg);

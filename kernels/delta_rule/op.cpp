@@ -91,9 +91,10 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   //    (docs/ops/delta_rule.md, "Measured").
   const int64_t widest = std::min<int64_t>(128, padded_head_dim(V));
   const int64_t wide_v = !small && !fp32 ? columns_for_walks(widest, padded_head_dim(V), heads, 32, opts) : 64;
-  const bool narrowed = wide_v < widest;
   cfg.block_v = std::min(padded_head_dim(V), opts.recurrent || (fp32 && !small) ? 32 : static_cast<int>(wide_v));
-  cfg.num_warps = small || ((fp32 || narrowed) && !opts.recurrent) ? 4 : 8;
+  cfg.num_warps = small || (fp32 && !opts.recurrent) ? 4
+                  : opts.recurrent                   ? 8
+                                                     : delta_walk_warps(wide_v, padded_head_dim(V), 8);
   cfg.split = false;
   cfg.store_t = cfg.save_states = call.save;
   cfg.initial_state = call.initial_state;

@@ -57,11 +57,9 @@ TuningKey wwarps_key() {
           "--backward: warps of the state walks (default 4 where bv is under 128 and V, else warps)"};
 }
 
-/// The walks' warps unless asked: 4 where their value blocks are narrower than min(128, V) (few heads,
-/// head dims over 128: faster there, H200, docs/ops/delta_rule.md, "Measured"), else the per-chunk
-/// kernels' warps.
+/// The walks' warps unless asked: delta_walk_warps (fwd.h), from the per-chunk kernels' warps.
 int default_walk_warps(const DeltaChunkedBwdConfig& cfg) {
-  return cfg.block_v < std::min<int64_t>(128, cfg.full_v) ? 4 : cfg.num_warps;
+  return delta_walk_warps(cfg.block_v, cfg.full_v, cfg.num_warps);
 }
 
 /// The chunked backward's configuration (bwd.h): chunk, bv, cv, ck, kwarps, kstages, wwarps and warps are

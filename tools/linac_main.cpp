@@ -402,7 +402,13 @@ std::vector<std::shared_ptr<ir::Kernel>> load_kernels(const std::string& what, c
       if (std::find(kernels.begin(), kernels.end(), l.kernel) == kernels.end()) kernels.push_back(l.kernel);
     return kernels;
   }
-  if (!what.ends_with(".tir")) return find_op(what).kernels(sel.opts);
+  if (!what.ends_with(".tir")) {
+    // An op's representative kernels with the defaults of a call on the target, as with --shape.
+    OpOptions opts = sel.opts;
+    opts.sm = sel.target.sm;
+    opts.max_smem_per_block = sel.target.max_smem_bytes();
+    return find_op(what).kernels(opts);
+  }
   std::ifstream f(what, std::ios::binary);
   if (!f) usage_error(fmt::format("{}: cannot open", what));
   std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());

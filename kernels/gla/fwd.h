@@ -1,11 +1,11 @@
 // Gated linear attention forward (docs/ops/gla.md) with a per-channel log-decay g [B,T,H,K]:
 //   S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t ;  o_t = scale q_t S_t
 // chunked with decay-aware secondary chunking (16-row sub-chunks): the kernels in the DSL and the op.
-// gla_intra computes the diagonal 16x16 blocks of the attention (elementwise in fp32, parallel over
-// all sub-chunks); then either gla_fwd walks the chunks with the state in registers, the off-diagonal
-// sub-chunk blocks on tensor cores (the default), or (config split=1, dense inputs) a state pass stores
-// the state before every chunk (kernels/gla/split_bwd.h) and gla_out computes all chunks' outputs in
-// parallel. The backward (--backward) is in bwd.h, its plans in op_bwd.cpp.
+// gla_chunk prepares every chunk in parallel (its decayed queries and keys, its attention [BT, BT] with
+// the diagonal 16x16 blocks in fp32, its log-decay); then either gla_fwd walks the chunks with the
+// state in registers (the default), or (config split=1, dense inputs) a state pass stores the state
+// before every chunk (kernels/gla/split_bwd.h) and gla_out computes all chunks' outputs in parallel.
+// The backward (--backward) is in bwd.h, its plans in op_bwd.cpp.
 #pragma once
 #include <memory>
 
@@ -34,7 +34,7 @@ enum class GlaWalk : uint8_t { sequence, segment_states, segment_outputs };
 /// (The op's defaults depend on the head dims: see gla_config in op.cpp.)
 struct GlaConfig {
   DType dtype = DType::f32;  // q, k, v and o (g and the states are fp32)
-  int chunk = 16;            // BT: rows per chunk, a multiple of kGlaSubChunk (16: no off-diagonal blocks)
+  int chunk = 64;            // BT: rows per chunk, a multiple of kGlaSubChunk
   int block_k = 64;          // BK >= K (the whole key dim lives in one program; masked past K)
   int block_v = 32;          // BV: value columns per program
   bool initial_state = false;
@@ -48,19 +48,22 @@ struct GlaConfig {
   int segment = 0;        // rows per segment (a multiple of chunk) when walking segments
 };
 
-/// Records the kernel of the diagonal 16x16 blocks of the intra-chunk attention (in fp32: a product of
-/// bounded factors where the gates allow, else elementwise; one program per sub-chunk; uses dtype,
-/// block_k and varlen). Parameters: q k g [cu_seqlens] a_diag scale.
-std::shared_ptr<ir::Kernel> build_gla_intra(const GlaConfig& cfg);
-/// Records the chunk loop that consumes a_diag [B,T,H,16]. Parameters: q k v g a_diag [initial_state]
-/// [final_state] [cu_seqlens] o scale. A segment_states walk takes k v g and writes segment_states
-/// [N, segments, H, K, V] and segment_decays [N, segments, H, K] instead; a segment_outputs walk reads
-/// segment_inputs [N, segments, H, K, V] instead of initial_state and writes no final state.
+/// Records the kernel that prepares every chunk, one program per (chunk, sequence x head): grid (chunks,
+/// B * H), or (all sequences' chunks, H) with varlen (chunk_tables' chunk_indices). Writes qg and kg
+/// [B, T, H, K] and a [B, T, H, chunk] (dtype), chunk_decay [chunks, H, K] (fp32, chunks numbered over
+/// all sequences); the diagonal blocks of a in fp32, a product of bounded factors where the gates
+/// allow, else elementwise. Uses dtype, chunk, block_k and varlen. Parameters: q k g [cu_seqlens
+/// chunk_indices] qg kg a chunk_decay scale.
+std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg);
+/// Records the chunk loop on gla_chunk's operands. Parameters: qg kg v a chunk_decay chunk_offsets
+/// [initial_state] [final_state] [cu_seqlens] o scale. A segment_states walk takes kg v chunk_decay
+/// chunk_offsets and writes segment_states [N, segments, H, K, V] and segment_decays [N, segments, H, K]
+/// instead; a segment_outputs walk reads segment_inputs [N, segments, H, K, V] instead of initial_state
+/// and writes no final state.
 std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg);
 
-
-/// The split schedule's outputs, one program per (chunk, sequence x head, V block) from h.
-/// Parameters: q k v g a_diag h o scale.
+/// The split schedule's outputs, one program per (chunk, sequence x head, V block) from h and
+/// gla_chunk's operands. Parameters: qg v a h o scale.
 std::shared_ptr<ir::Kernel> build_gla_out(const GlaConfig& cfg);
 
 }  // namespace linac

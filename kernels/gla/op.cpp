@@ -1,5 +1,5 @@
-// The op "gla" (docs/ops/gla.md): its registry entry and the forward's plans and defaults: gla_intra
-// and the fused walk gla_fwd, or the split schedule (a state pass, then gla_out) (fwd.h, split_bwd.h);
+// The op "gla" (docs/ops/gla.md): its registry entry and the forward's plans and defaults: gla_chunk
+// and the walk gla_fwd, or the split schedule (a state pass, then gla_out) (fwd.h, split_bwd.h);
 // --recurrent runs kernels/common/recurrent.h's token-by-token form, --backward op_bwd.cpp's plans.
 #include "kernels/gla/op.h"
 
@@ -40,7 +40,7 @@ const ConfigSchema<GlaConfig>& gla_schema() {
   return schema;
 }
 
-enum class GlaKernel { intra, fused, gates, state, out };
+enum class GlaKernel { chunk, walk, gates, state, out };
 
 /// The split schedule's state pass (and its decayed keys) as the backward's kernels take it.
 GlaSplitBwdConfig split_state_config(const GlaConfig& cfg) {
@@ -62,16 +62,17 @@ GlaSplitBwdConfig split_state_config(const GlaConfig& cfg) {
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_gla_kernel(const GlaConfig& cfg, GlaKernel which) {
   static KernelMemo memo;
-  // gla_intra reads only the dtype, the key tile and varlen: one kernel for every configuration that
-  // shares them (so the tuner's candidates share it too).
-  GlaConfig intra;
-  intra.dtype = cfg.dtype;
-  intra.block_k = cfg.block_k;
-  intra.varlen = cfg.varlen;
-  return memo.get(gla_schema().key(which == GlaKernel::intra ? intra : cfg, which), [&] {
+  // gla_chunk reads only the dtype, the chunk, the key tile and varlen: one kernel for every
+  // configuration that shares them (so the tuner's candidates share it too).
+  GlaConfig prep;
+  prep.dtype = cfg.dtype;
+  prep.chunk = cfg.chunk;
+  prep.block_k = cfg.block_k;
+  prep.varlen = cfg.varlen;
+  return memo.get(gla_schema().key(which == GlaKernel::chunk ? prep : cfg, which), [&] {
     switch (which) {
-      case GlaKernel::intra: return build_gla_intra(intra);
-      case GlaKernel::fused: return build_gla_fwd(cfg);
+      case GlaKernel::chunk: return build_gla_chunk(prep);
+      case GlaKernel::walk: return build_gla_fwd(cfg);
       case GlaKernel::gates: return build_gla_bwd_gates(split_state_config(cfg));
       case GlaKernel::state: return build_gla_bwd_states(split_state_config(cfg));
       case GlaKernel::out: return build_gla_out(cfg);
@@ -82,12 +83,13 @@ std::shared_ptr<ir::Kernel> cached_gla_kernel(const GlaConfig& cfg, GlaKernel wh
 
 /// The segments' combine for the forward's configuration (a decay per key channel).
 SegmentCombineConfig combine_config(const GlaConfig& cfg) {
-  return {cfg.block_k, cfg.block_v, SegmentDecay::per_channel, cfg.initial_state, cfg.final_state, cfg.num_warps};
+  // 8 warps whatever the walks take: on 4 its [128, 128] states spilled.
+  return {cfg.block_k, cfg.block_v, SegmentDecay::per_channel, cfg.initial_state, cfg.final_state, 8};
 }
 
-/// The kernels the forward launches at `cfg` for `segments` per sequence, in launch order: the split
-/// schedule's three (gates, state pass, outputs), the segment walks (states, outputs) or the fused walk
-/// (gla_intra, launched first, takes no stages).
+/// The kernels the forward launches at `cfg` for `segments` per sequence after gla_chunk (which takes
+/// no stages), in launch order: the split schedule's three (gates, state pass, outputs), the segment
+/// walks (states, outputs) or the walk.
 std::vector<std::shared_ptr<ir::Kernel>> forward_walk_kernels(const GlaConfig& cfg, int64_t segments) {
   if (cfg.split && !cfg.varlen)
     return {cached_gla_kernel(cfg, GlaKernel::gates), cached_gla_kernel(cfg, GlaKernel::state),
@@ -97,11 +99,11 @@ std::vector<std::shared_ptr<ir::Kernel>> forward_walk_kernels(const GlaConfig& c
     states.walk = GlaWalk::segment_states;
     outputs.walk = GlaWalk::segment_outputs;
     states.initial_state = states.final_state = outputs.initial_state = outputs.final_state = false;
-    return {cached_gla_kernel(states, GlaKernel::fused), cached_gla_kernel(outputs, GlaKernel::fused)};
+    return {cached_gla_kernel(states, GlaKernel::walk), cached_gla_kernel(outputs, GlaKernel::walk)};
   }
   GlaConfig walk = cfg;
   walk.segment = 0;
-  return {cached_gla_kernel(walk, GlaKernel::fused)};
+  return {cached_gla_kernel(walk, GlaKernel::walk)};
 }
 
 /// The configuration for head dims K and V (opts.config and --chunk-size override the defaults); with
@@ -113,14 +115,16 @@ GlaConfig gla_config(const OpOptions& opts, int64_t K, int64_t V, const Sequence
   GlaConfig cfg;
   cfg.dtype = opts.dtype;
   cfg.block_k = padded_head_dim(K);
-  // Defaults chosen by measurement (docs/ops/gla.md, "Measured"): chunks of 16 (the state absorbs the
-  // off-diagonal blocks) beat chunks of 32 and 64 in every configuration measured; one program per 128
-  // value columns for K = 128 (each program redoes the key-side decay math), 32 columns otherwise. These
-  // are spill-free for K = V = 64 and 128 (test_ptxas).
+  // Defaults chosen by measurement (docs/ops/gla.md, "Measured"): one program per 128 value columns for
+  // K = 128, 32 columns otherwise. In 16 bits chunks of 32 at K = 128 (gla_chunk's programs at 64 rows
+  // hold twice the shared memory), else of 64, and the walk on 4 warps up to K = 128, else 8; in fp32
+  // chunks of 16 on 8 warps (fp32 products: the walk at 32 rows took longer than it saved gla_chunk, and
+  // spilled on 4 warps). Chunks halve where gla_chunk does not fit (below).
+  const bool half = dtype_bytes(cfg.dtype) == 2;
   const int64_t bv = std::min<int64_t>(padded_head_dim(V), cfg.block_k == 128 ? 128 : 32);
-  cfg.chunk = checked_chunk_size(opts.chunk_size, 16);
+  cfg.chunk = checked_chunk_size(opts.chunk_size, !half ? 16 : cfg.block_k == 128 ? 32 : 64);
   cfg.block_v = static_cast<int>(bv);
-  cfg.num_warps = 8;
+  cfg.num_warps = half && cfg.block_k <= 128 ? 4 : 8;
   cfg.split = false;
   cfg.state_block_k = cfg.block_k;
   cfg.initial_state = initial_state;
@@ -129,6 +133,20 @@ GlaConfig gla_config(const OpOptions& opts, int64_t K, int64_t V, const Sequence
   if (seq) cfg.segment = default_segment(*seq, seq->N * seq->H * ((V + cfg.block_v - 1) / cfg.block_v), cfg.chunk, opts);
   gla_schema().apply(opts, cfg);
   cfg.state_block_k = std::min(cfg.state_block_k, cfg.block_k);
+  // gla_chunk holds the chunk's q, k and g tiles: halve the chunk until it fits the call's GPU (16 bits
+  // at K = 256 and chunks of 64 do not fit an A100's block), unless asked for.
+  if (!opts.chunk_size && !opts.config.count("chunk")) {
+    std::vector<int> chunks;
+    for (int c = cfg.chunk; c >= kGlaSubChunk; c /= 2) chunks.push_back(c);
+    cfg.chunk = first_fitting<int>(
+        chunks,
+        [&](const int& chunk) {
+          GlaConfig c = cfg;
+          c.chunk = chunk;
+          return std::vector<std::shared_ptr<ir::Kernel>>{cached_gla_kernel(c, GlaKernel::chunk)};
+        },
+        opts);
+  }
   if (cfg.split && opts.config.count("segment"))
     throw UserError("gla: --config split=1 and segment are two schedules; choose one");
   if (cfg.split) cfg.segment = 0;  // the split schedule is its own answer to few walks
@@ -166,14 +184,23 @@ OpPlan plan_gla(const TensorMap& inputs, const OpOptions& opts, const std::vecto
 
   OpPlan plan;
   add_forward_tensors(plan, inputs, seq, cfg.dtype, cfg.final_state);
-  plan.tensors["a_diag"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, kGlaSubChunk});
   const double scale = attention_scale(opts, seq.K);
 
-  // The diagonal blocks: one program per sub-chunk of the longest sequence (shorter ones mask).
-  const int64_t longest = seq.longest_sequence();
-  plan.launches.push_back(plan_launch(
-      plan, cached_gla_kernel(cfg, GlaKernel::intra),
-      {std::max<int64_t>(1, (longest + kGlaSubChunk - 1) / kGlaSubChunk), seq.N * seq.H, 1}, {{"scale", scale}}));
+  // Every chunk prepared in parallel: one program per chunk of each sequence and head.
+  HostTensor offsets, indices;
+  const int64_t chunks = chunk_tables(seq, cfg.chunk, &offsets, &indices);
+  plan.tensors["chunk_offsets"] = offsets;
+  if (seq.varlen) plan.tensors["chunk_indices"] = indices;
+  plan.tensors["qg"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["kg"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+  plan.tensors["a"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, cfg.chunk});
+  plan.tensors["chunk_decay"] = HostTensor::zeros(DType::f32, {std::max<int64_t>(chunks, 1), seq.H, seq.K});
+  if (chunks > 0) {
+    const int64_t per_sequence = (seq.T + cfg.chunk - 1) / cfg.chunk;
+    plan.launches.push_back(plan_launch(plan, cached_gla_kernel(cfg, GlaKernel::chunk),
+                                        {seq.varlen ? chunks : per_sequence, seq.varlen ? seq.H : seq.B * seq.H, 1},
+                                        {{"scale", scale}}));
+  }
 
   const int64_t num_v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
   const auto walks = forward_walk_kernels(cfg, segments);  // the kernels gla_config fitted
@@ -258,10 +285,10 @@ OpDef gla_op() {
   op.tuning_space = [](const ProblemShape& s, const OpOptions& opts) {
     // The defaults first; then what won in measurements at other sizes (docs/ops/gla.md, "Measured").
     std::vector<Config> space{{},
-                              {{"chunk", 16}, {"bv", 128}, {"warps", 8}, {"stages", 2}},
-                              {{"chunk", 16}, {"bv", 64}, {"warps", 4}, {"stages", 2}},
-                              {{"chunk", 32}, {"bv", 128}, {"warps", 8}, {"stages", 2}},
-                              {{"chunk", 64}, {"bv", 128}, {"warps", 8}, {"stages", 1}}};
+                              {{"chunk", 64}, {"warps", 8}},
+                              {{"chunk", 64}, {"warps", 4}},
+                              {{"chunk", 32}, {"warps", 4}},
+                              {{"chunk", 32}, {"bv", 64}, {"warps", 4}}};
     // The split schedule (a state pass, then every chunk's outputs in parallel) pays for its state
     // round trip through memory with parallelism over chunks: only when the fused walks leave SMs idle.
     // With 128 heads (B8 H16) it never won (docs/ops/gla.md, "Measured") and cost 4 of 9 candidates'
@@ -282,8 +309,8 @@ OpDef gla_op() {
     std::vector<std::shared_ptr<ir::Kernel>> out;
     for (int64_t d : {64, 128}) {
       GlaConfig cfg = gla_config(opts, d, d, nullptr, /*initial_state=*/true, /*final_state=*/true);
-      out.push_back(cached_gla_kernel(cfg, GlaKernel::intra));
-      out.push_back(cached_gla_kernel(cfg, GlaKernel::fused));
+      out.push_back(cached_gla_kernel(cfg, GlaKernel::chunk));
+      out.push_back(cached_gla_kernel(cfg, GlaKernel::walk));
       // The split schedule at its first tuning-space configuration.
       GlaConfig split = cfg;
       split.chunk = 64;
@@ -291,6 +318,7 @@ OpDef gla_op() {
       // keep them within registers.)
       split.block_v = opts.dtype == DType::f32 || d == 128 ? 32 : 64;
       split.num_warps = d == 128 ? 8 : 4;
+      out.push_back(cached_gla_kernel(split, GlaKernel::chunk));
       out.push_back(cached_gla_kernel(split, GlaKernel::gates));
       out.push_back(cached_gla_kernel(split, GlaKernel::state));
       out.push_back(cached_gla_kernel(split, GlaKernel::out));
@@ -300,9 +328,9 @@ OpDef gla_op() {
       states.walk = GlaWalk::segment_states;
       outputs.walk = GlaWalk::segment_outputs;
       states.initial_state = states.final_state = outputs.initial_state = outputs.final_state = false;
-      out.push_back(cached_gla_kernel(states, GlaKernel::fused));
+      out.push_back(cached_gla_kernel(states, GlaKernel::walk));
       out.push_back(cached_segment_combine(combine_config(cfg)));
-      out.push_back(cached_gla_kernel(outputs, GlaKernel::fused));
+      out.push_back(cached_gla_kernel(outputs, GlaKernel::walk));
     }
     for (auto& k : recurrent_kernels(opts, RecurrentGate::channel)) out.push_back(k);
     for (auto& k : gla_bwd_kernels(opts)) out.push_back(k);

@@ -147,7 +147,7 @@ def test_gates_clamped_at_minus_5(linac, chunk):
     run_and_check(linac, inputs, options=["--chunk-size", str(chunk)])
 
 
-@pytest.mark.parametrize("backward", [False, True], ids=["gla_intra", "gla_bwd_intra"])
+@pytest.mark.parametrize("backward", [False, True], ids=["gla_chunk", "gla_bwd_intra"])
 def test_intra_kernels_branch_on_the_gate_spread(linac, backward):
     # The factored diagonal blocks are a speed path (gla_intra 0.72 -> 0.34 ms on an H200): the numeric
     # tests pass without it, so the tile IR is checked for it: a branch on spread <= 60 whose first
@@ -155,7 +155,7 @@ def test_intra_kernels_branch_on_the_gate_spread(linac, backward):
     args = ["compile", "gla", "--shape", "B=1,T=64,H=1,K=128", "--dtype", "bf16", "--emit", "tir"]
     r = linac.run(*args, *(["--backward"] if backward else []))
     assert r.returncode == 0, r.stderr
-    name = "gla_bwd_intra" if backward else "gla_intra"
+    name = "gla_bwd_intra" if backward else "gla_chunk"
     kernel = r.stdout.split(f"kernel @{name}(")[1].split("\nkernel @")[0]
     assert "constant 60 : f32" in kernel
     then = kernel.split(" = if ")[1].split("} else {")[0]
@@ -163,9 +163,28 @@ def test_intra_kernels_branch_on_the_gate_spread(linac, backward):
     assert re.search(r"= dot %\d+, %\d+ : tile<16x16xf32>", then), then
 
 
+@pytest.mark.parametrize("dtype,K,chunk,warps", [("bf16", 128, 32, 4), ("bf16", 64, 64, 4), ("bf16", 256, 64, 8),
+                                                  ("fp32", 128, 16, 8)])
+def test_walk_reads_prepared_chunks_at_the_measured_defaults(linac, dtype, K, chunk, warps):
+    # gla_chunk prepares every chunk (qg, kg, the chunk's attention a, its log-decay) and gla_fwd walks
+    # them carrying the state alone: no exp, cumsum or gate load in the walk (docs/ops/gla.md). Chunks and
+    # the walk's warps as measured (docs/ops/gla.md, "Measured", session 26); gla_chunk on 4 warps.
+    r = linac.run("compile", "gla", "--shape", f"B=8,T=4096,H=16,K={K}", "--dtype", dtype, "--emit", "tir")
+    assert r.returncode == 0, r.stderr
+    prep = r.stdout.split("kernel @gla_chunk(")[1].split("\nkernel @")[0]
+    walk = r.stdout.split("kernel @gla_fwd(")[1].split("\nkernel @")[0]
+    assert "num_warps = 4," in prep.split("\n", 1)[0]
+    assert f"num_warps = {warps}," in walk.split("\n", 1)[0]
+    dt = "bf16" if dtype == "bf16" else "f32"
+    assert re.search(rf"= load %a\[.*: tile<{chunk}x{chunk}x{dt}>", walk), walk
+    assert re.search(rf"= load %kg\[.*: tile<{chunk}x{K}x{dt}>", walk), walk
+    # (The state's decay is the one exp: of a [K] vector per chunk.)
+    assert not re.search(r"= exp %\d+ : tile<\d+x\d+x|= cumsum |%g\b", walk.split("\n", 1)[1]), walk
+
+
 @pytest.mark.parametrize("gate", [-4.0, -4.01], ids=["factored_at_limit", "elementwise_past_limit"])
 def test_gate_spread_at_the_factored_limit(linac, gate):
-    # gla_intra factors a sub-chunk's diagonal block into exp(L - m) and exp(m - L) when the gates'
+    # gla_chunk factors a sub-chunk's diagonal block into exp(L - m) and exp(m - L) when the gates'
     # spread over its 16 rows is at most 60: a gate of -4 on every token spreads exactly 60 (15 steps),
     # the largest factors the factored form takes (exp(+-30)); -4.01 goes elementwise. Half the
     # channels decay slowly, so that rows far apart still matter to the output.

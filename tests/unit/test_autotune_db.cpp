@@ -86,9 +86,9 @@ TEST_CASE("tuning: a configuration that spells out the defaults has the defaults
   };
   const std::string dflt = signature({});
   CHECK(!dflt.empty());
-  CHECK(signature({{"chunk", 16}, {"bv", 128}, {"warps", 8}, {"stages", 2}}) == dflt);
-  CHECK(signature({{"chunk", 16}, {"bv", 64}, {"warps", 8}, {"stages", 2}}) != dflt);
-  CHECK(signature({{"chunk", 32}, {"bv", 128}, {"warps", 8}, {"stages", 2}}) != dflt);
+  CHECK(signature({{"chunk", 32}, {"bv", 128}, {"warps", 4}, {"stages", 2}}) == dflt);
+  CHECK(signature({{"chunk", 32}, {"bv", 64}, {"warps", 4}, {"stages", 2}}) != dflt);
+  CHECK(signature({{"chunk", 64}, {"bv", 128}, {"warps", 4}, {"stages", 2}}) != dflt);
 }
 
 TEST_CASE("tuning keys: `linac tune OP --shape` and a call of OP at that shape share the key") {

@@ -44,22 +44,24 @@ TEST_CASE("gla's and the delta rules' walks take two stages where they fit the G
     std::string op;
     int64_t d;
     DType dtype;
+    std::string config;  // held fixed: gla halves its chunk first where gla_chunk does not fit the block
   };
-  for (const Case& c : {Case{"gla", 128, DType::f32}, Case{"gla", 256, DType::bf16},
-                        Case{"delta_rule", 256, DType::bf16}, Case{"gated_delta_rule", 256, DType::bf16},
-                        Case{"delta_rule", 64, DType::f32}}) {
+  for (const Case& c : {Case{"gla", 128, DType::f32, ""}, Case{"gla", 256, DType::bf16, "chunk=64"},
+                        Case{"delta_rule", 256, DType::bf16, ""}, Case{"gated_delta_rule", 256, DType::bf16, ""},
+                        Case{"delta_rule", 64, DType::f32, ""}}) {
     CAPTURE(c.op);
     CAPTURE(c.d);
-    const auto two = walk(c.op, c.d, options(c.dtype, h100));
+    auto with = [&](const std::string& more) { return c.config.empty() ? more : more.empty() ? c.config : c.config + "," + more; };
+    const auto two = walk(c.op, c.d, options(c.dtype, h100, with("")));
     CHECK(two->num_stages == 2);
-    CHECK(walk(c.op, c.d, options(c.dtype, 0))->num_stages == 2);  // no GPU known: the reference H100's
-    CHECK(walk(c.op, c.d, options(c.dtype, planned_smem_bytes(two, options(c.dtype, h100))))->num_stages == 2);
+    CHECK(walk(c.op, c.d, options(c.dtype, 0, with("")))->num_stages == 2);  // no GPU known: the reference H100's
+    CHECK(walk(c.op, c.d, options(c.dtype, planned_smem_bytes(two, options(c.dtype, h100)), with("")))->num_stages == 2);
     // A block that holds the one-stage walk alone: one stage (unless asked for two).
-    const auto one = walk(c.op, c.d, options(c.dtype, h100, "stages=1"));
+    const auto one = walk(c.op, c.d, options(c.dtype, h100, with("stages=1")));
     const int64_t one_bytes = planned_smem_bytes(one, options(c.dtype, h100));
     CHECK(one_bytes < planned_smem_bytes(two, options(c.dtype, h100)));
-    CHECK(walk(c.op, c.d, options(c.dtype, one_bytes))->num_stages == 1);
-    CHECK(walk(c.op, c.d, options(c.dtype, one_bytes, "stages=2"))->num_stages == 2);
+    CHECK(walk(c.op, c.d, options(c.dtype, one_bytes, with("")))->num_stages == 1);
+    CHECK(walk(c.op, c.d, options(c.dtype, one_bytes, with("stages=2")))->num_stages == 2);
   }
   // fp32 delta-rule walks above head dim 64 propose one stage, though two fit an H100's block.
   for (const char* op : {"delta_rule", "gated_delta_rule"}) {

@@ -235,7 +235,7 @@ OpDef gla_op() {
   op.inputs = {
       {"q", true, "[B,T,H,K]", "queries"},
       {"k", true, "[B,T,H,K]", "keys"},
-      {"v", true, "[B,T,H,V]", "values (a non-finite one makes all of its 16-row sub-chunk's outputs non-finite)"},
+      {"v", true, "[B,T,H,V]", "values (a non-finite one makes all of its chunk's outputs non-finite)"},
       {"g", true, "[B,T,H,K]", "log-decay per token, head and key channel (<= 0, -inf drops the state; fp32)"},
       {"initial_state", false, "[N,H,K,V]", "state before the first token of each sequence (fp32)"},
       {"cu_seqlens", false, "[N+1]", "int32/int64 offsets of packed sequences (B must be 1)"},

@@ -205,6 +205,22 @@ def test_very_negative_gates(linac, rows, chunk):
     run_and_check(linac, inputs, options=["--chunk-size", str(chunk)])
 
 
+@pytest.mark.parametrize("chunk", [16, 64])
+def test_non_finite_value_reaches_back_to_its_chunks_first_row(linac, chunk):
+    # The contract of docs/ops/README.md ("Inputs at the edge of the contract"): the walk multiplies the
+    # chunk's attention [C, C], zeros above its diagonal included, by all of the chunk's rows of V, so a
+    # non-finite v at token t makes the outputs non-finite from the chunk's first row c0 on (0 * inf),
+    # never before.
+    inputs = make_inputs(820, B=1, T=160, H=1, K=16, V=16)
+    t = 64 + 40
+    inputs["v"][0, t, 0, 3] = np.inf
+    o = linac.run_op("gla", inputs, outputs=("o",), options=["--chunk-size", str(chunk)])["o"]
+    c0 = t - t % chunk
+    assert np.all(np.isfinite(o[0, :c0])), "outputs before the chunk of the non-finite value"
+    assert not np.all(np.isfinite(o[0, c0])), "the chunk's first row"
+    assert not np.all(np.isfinite(o[0, t]))
+
+
 def test_explicit_scale(linac):
     run_and_check(linac, make_inputs(800, B=1, T=40, H=2, K=16, V=24, init=True), options=["--scale", "0.3"], scale=0.3)
 

@@ -44,17 +44,13 @@ KNOWN_SPILLS = {
     # registers so that two blocks share an SM (min_ctas_per_sm 2: walk 0.99 -> 0.69 ms on an H200 at
     # B8 T4096 H16 D128 bf16). 12 bytes at most since session 25 (ptxas 13.0).
     "gated_delta_rule_fwd": {"bf16": 12, "fp16": 12},
-    # fp32, gated (kernel 3 of linear_attn), sm_90a: since 1-D scans of up to 32 elements run in every
-    # warp with shuffles (no barrier; gated_delta_rule forward 0.942 -> 0.898 ms on an H200), ptxas 13.0
-    # assembles it at 80 registers with a 4-byte spill and an 8-byte stack frame where it took 102
-    # without spilling. The PTX caps nothing (.maxntid 256 alone): ptxas's own trade, likely for a
-    # third block per SM. Not timed (fp32 path).
-    # fp16 likewise since the cp.async runs that a tensor's end cuts go element by element (f62536e: a
-    # compare per run): 80 registers, a 4-byte spill on sm_90a (ptxas 13.0).
-    "linear_attn_normalized_fwd": {"fp32": 8, "fp16": 8},
+    # (linear_attn_normalized_fwd, gla_bwd_dg, gla_bwd_dg_offsets, poly_fwd_out and poly_bwd_dq, allowed
+    # 4-64 bytes in earlier sessions for ptxas's own trades of registers for blocks per SM, spill nothing
+    # at their defaults since (ptxas 13.0, checked in session 26): their allowances are gone.)
     # poly's backward per chunk at chunks of 128 rows, 8 warps, one pipeline stage (two are more shared
     # memory than sm_80 has), K = V = 64, 16-bit: [128, 64] fp32 gradients, the chunk and its two rolled
-    # copies, the scores of the segment's chunks. Up to 68 bytes (dq) and 832 (dk, dv) (ptxas 13.0); at
+    # copies, the scores of the segment's chunks. Up to 68 bytes (dq) and 832 (dk, dv) (ptxas 13.0) at
+    # first; in session 26 dk/dv 336 bytes in bf16 and 348 in fp16, dq none; at
     # chunks of 64 neither spills, and the backward ran 21.93 ms against 20.10 at 128 on an H200 (B1
     # T64K H8, docs/ops/poly.md, "Measured"). dq's fp16 form on sm_90a since its dots run on wgmma
     # (2026-11-26): 108 bytes (bf16: 64, where mma.sync gave 68 and fp16 4): the same 255 registers
@@ -70,11 +66,6 @@ KNOWN_SPILLS = {
     # (an and.b32, compiler/nvptx/lower_dot.cpp) instead of cvt.rna.tf32.f32: on sm_80 ptxas 13.0 then
     # spills 8 bytes at the same 168 registers; none on sm_90a, where it ran 1.90 -> 1.86 ms for the
     # whole forward (H200, B1 T65536 H8 K64). Not timed on an A100.
-    # gla's dg (a reverse scan of [32, 64] fp32 tiles per chunk): ptxas 13.0 assembles it at 48 registers
-    # (72-96 for the packed form), its own choice (.maxntid 128 alone). Since its tiles come by TMA
-    # (session 20), the threads' copy of a tile that TMA cannot make, which the loop must hold the
-    # operands for, spills 4-8 bytes; without that path there is no spill. TMA took it from 0.249 to
-    # 0.218 ms (H200, B8 T4096 H16 D128 bf16, docs/hopper.md).
     # Since session 23 (reductions of 2-D tiles in registers, compiler/passes/layout.h register_reduction)
     # two kernels need fewer registers, and ptxas 13.0 trades a few spilled bytes for one more block
     # per SM, its own choice (.maxntid alone): poly_bwd_kv (fp32, 4 warps) 40 registers and 4 bytes on
@@ -82,11 +73,7 @@ KNOWN_SPILLS = {
     # registers and 20 bytes on sm_80, where it took 238 with none (on sm_90a none).
     "poly_bwd_kv": {"fp32": 4},
     "gated_delta_rule_bwd_rev": {"bf16": 20, "fp16": 20, "fp32": 20},
-    "gla_bwd_dg": {"bf16": 8, "fp16": 8, "fp32": 8},
-    "gla_bwd_dg_offsets": {"bf16": 8, "fp16": 8, "fp32": 8},
-    "poly_fwd_out": {"bf16": 8, "fp16": 8},
-    "poly_bwd_dq": {"bf16": 32, "fp16": 64},
-    "poly_bwd_dkv": {"bf16": 400, "fp16": 400},
+    "poly_bwd_dkv": {"bf16": 336, "fp16": 348},
 }
 
 

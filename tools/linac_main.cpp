@@ -363,6 +363,15 @@ bool parse_selection_option(const std::vector<std::string>& args, size_t& i, Ker
   return true;
 }
 
+/// The selection's options with the defaults of a call on its target: the target's shared memory (the
+/// SM count stays the reference GPU's).
+OpOptions options_on_target(const KernelSelection& sel) {
+  OpOptions opts = sel.opts;
+  opts.sm = sel.target.sm;
+  opts.max_smem_per_block = sel.target.max_smem_bytes();
+  return opts;
+}
+
 /// The kernels of an op (at the selection's dtype and config) or of a .tir file (parsed, verified).
 std::vector<std::shared_ptr<ir::Kernel>> load_kernels(const std::string& what, const KernelSelection& sel) {
   if (what.ends_with(".tir") && (sel.shape || sel.gated || sel.states || sel.opts.backward))
@@ -379,11 +388,8 @@ std::vector<std::shared_ptr<ir::Kernel>> load_kernels(const std::string& what, c
       usage_error(fmt::format("--states: {} takes no initial state", op.name));
     ProblemShape ps = *sel.shape;
     ps.gated = sel.gated;
-    OpOptions opts = sel.opts;
+    OpOptions opts = options_on_target(sel);
     opts.device = Device::cpu;
-    // The defaults of a call on the target (its shared memory; the SM count stays the reference GPU's).
-    opts.sm = sel.target.sm;
-    opts.max_smem_per_block = sel.target.max_smem_bytes();
     check_op_options(op, opts);
     TensorMap inputs = shape_only_inputs(op, ps, opts.backward);
     std::vector<std::string> outputs = synthetic_outputs(opts.backward, sel.gated);
@@ -402,13 +408,7 @@ std::vector<std::shared_ptr<ir::Kernel>> load_kernels(const std::string& what, c
       if (std::find(kernels.begin(), kernels.end(), l.kernel) == kernels.end()) kernels.push_back(l.kernel);
     return kernels;
   }
-  if (!what.ends_with(".tir")) {
-    // An op's representative kernels with the defaults of a call on the target, as with --shape.
-    OpOptions opts = sel.opts;
-    opts.sm = sel.target.sm;
-    opts.max_smem_per_block = sel.target.max_smem_bytes();
-    return find_op(what).kernels(opts);
-  }
+  if (!what.ends_with(".tir")) return find_op(what).kernels(options_on_target(sel));  // as with --shape
   std::ifstream f(what, std::ios::binary);
   if (!f) usage_error(fmt::format("{}: cannot open", what));
   std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());

@@ -64,6 +64,7 @@ std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg) {
   Tile Q_chunk = chunk_rows(q), K_chunk = chunk_rows(k), g_chunk = floor_log_decay(chunk_rows(g));
   auto sub_chunk = [&](const Tile& x, const Tile& j) { return slice(x, 0, j * BC, BC); };
 
+  // `total` enters sub-chunk i's step as P_i and leaves it as P_{i+1} (G_C after the last).
   auto prepare_sub_chunk = [&](const Tile& i, Tile& total) {
     Tile ti = c.t0 + i * BC;
     auto store_rows = [&](const Tensor& t, const Tile& x) {
@@ -91,8 +92,8 @@ std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg) {
     // to the end of its sub-chunk and then to row g0_i by the sum of the gates in between (factors <= 1).
     Tile Qn = Qf * exp(L - expand_dims(g0, 0));
     Tile Qnd = Qn.to(dt);
-    Tile decay = g0;                 // from the end of sub-chunk j to the first row of sub-chunk i
-    Tile before = zeros({BK}, f32);  // P_i, summed from tot_{i-1} down to tot_0
+    const Tile before = total;  // P_i
+    Tile decay = g0;            // from the end of sub-chunk j to the first row of sub-chunk i
     for_range(0, i, [&](Tile step) {
       Tile j = i - 1 - step;
       Tile gj = sub_chunk(g_chunk, j);
@@ -100,8 +101,7 @@ std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg) {
       Tile Kn = (sub_chunk(K_chunk, j).to(f32) * exp(expand_dims(tot_j + decay, 0) - cumsum(gj, 0))).to(dt);
       store_block(j, dot(Qnd, Kn.T()) * scale);
       decay = decay + tot_j;
-      before = before + tot_j;
-    }, decay, before);
+    }, decay);
     for_range(i + 1, NC, [&](Tile j) { store_block(j, zeros({BC, BC}, f32)); });
     store_rows(qg, Qn * expand_dims(exp(g0 + before), 0));
 
@@ -111,7 +111,7 @@ std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg) {
     store_rows(kg, Kf * exp(expand_dims(tot + after, 0) - L));
     total = before + tot;
   };
-  Tile total = zeros({BK}, f32);  // G_C, as the last sub-chunk's P + tot
+  Tile total = zeros({BK}, f32);
   for_range(0, NC, [&](Tile i) { prepare_sub_chunk(i, total); }, total);
   store(chunk_decay, {c.global_chunk, c.i_h, 0}, {kIndex, kIndex, BK}, total);
   return kb.finish();

@@ -23,7 +23,8 @@ using namespace dsl;
 //   dS = diag(exp(tot)) dS' + scale (Q .* exp(L))^T dO
 //   dg_t = sum_{s >= t} (q_s .* dq_s - k_s .* dk_s) + rowsum(dfinal_state .* S_T)   (per channel)
 // Kernels: gla_bwd_intra (every chunk in parallel: dQi, dKi and A^T dO; its 16x16 diagonal blocks
-// in fp32 by blocks::gated_scores_diagonal_grads, factored or elementwise as gla_intra chooses for A;
+// at fp32 accuracy by blocks::gated_scores_diagonal_grads, factored (three tf32 products for 16-bit
+// inputs) or elementwise as gla_chunk chooses for A;
 // the blocks below them as products of decayed 16-row tiles, every
 // exp(L_r - L_c) split at a 16-row boundary into two sums of gates), then walks shaped like the
 // forward — dq forward in time over X = S^T [V, K] (key columns split in blocks), dk backward over
@@ -65,6 +66,8 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
   // head dim 64: 4 bytes; at 8 warps 140 bytes in bf16 at 128).
   kb.set_min_ctas_per_sm(1);
   kb.set_num_stages(1);
+  // The diagonal blocks' fp32 products as gla_chunk computes A's (three tf32 products for 16-bit inputs).
+  kb.set_tensor_core_f32(dt != f32);
   auto [q, k, v] = declare_qkv(kb, dt);
   Tensor g = kb.tensor("g", f32, 4);
   Tensor dout = kb.tensor("do", dt, 4);
@@ -108,7 +111,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
     }
 
     // The diagonal block in fp32, blocks::gated_scores_diagonal_grads: A, dQi and dKi from the masked
-    // dA, factored where the sub-chunk's gates spread at most kGlaFactorSpread (as gla_intra chooses),
+    // dA, factored where the sub-chunk's gates spread at most kGlaFactorSpread (as gla_chunk chooses),
     // elementwise otherwise, in two walks over its 16 rows whose exponents are sums of the gates (the
     // difference of two cumulative sums loses the small gates after a very negative one: -1e4 gates
     // inside the chunk gave 6e-4 relative error in dq). The walks read the rows of q, k and g from

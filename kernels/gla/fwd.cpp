@@ -21,7 +21,7 @@ using namespace dsl;
 // sub-chunk i (the reference gate). The program loops over the sub-chunks, storing for each its rows of
 //   qg  = Q .* exp(G)                   = (Q_i .* exp(L_i - g0_i)) .* exp(G_n)
 //   kg  = K .* exp(G_C - G)             = K_i .* exp(R_i + tot_{i+1} + ... + tot_{NC-1})
-//   a   = the chunk's attention [BT, BT], scaled: the diagonal block A_ii in fp32 (factored with a
+//   a   = the chunk's attention [BT, BT], scaled: the diagonal block A_ii at fp32 accuracy (factored with a
 //         reference gate where the gates' spread allows, elementwise otherwise:
 //         blocks::gated_scores_diagonal), those left of it as products of decayed sub-chunks,
 //           A_ij = scale (Q_i .* exp(G_i - G_n)) (K_j .* exp(G_n - G_j))^T       (j < i)
@@ -44,6 +44,10 @@ std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg) {
   kb.set_num_warps(4);
   kb.set_min_ctas_per_sm(2);
   kb.set_num_stages(1);
+  // The factored diagonal products on the tensor cores as three tf32 products (fp32-level accuracy,
+  // compiler/nvptx/lower_dot.cpp) for 16-bit inputs, whose attention is rounded to 16 bits anyway; fp32
+  // inputs keep the exact FMA loops.
+  kb.set_tensor_core_f32(dt != f32);
   Tensor q = kb.tensor("q", dt, 4);
   Tensor k = kb.tensor("k", dt, 4);
   Tensor g = kb.tensor("g", f32, 4);

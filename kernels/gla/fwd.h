@@ -2,7 +2,7 @@
 //   S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t ;  o_t = scale q_t S_t
 // chunked with decay-aware secondary chunking (16-row sub-chunks): the kernels in the DSL and the op.
 // gla_chunk prepares every chunk in parallel (its decayed queries and keys, its attention [BT, BT] with
-// the diagonal 16x16 blocks in fp32, its log-decay); then either gla_fwd walks the chunks with the
+// the diagonal 16x16 blocks at fp32 accuracy, its log-decay); then either gla_fwd walks the chunks with the
 // state in registers (the default), or (config split=1, dense inputs) a state pass stores the state
 // before every chunk (kernels/gla/split_bwd.h) and gla_out computes all chunks' outputs in parallel.
 // The backward (--backward) is in bwd.h, its plans in op_bwd.cpp.
@@ -21,7 +21,7 @@ struct Kernel;
 /// Rows per sub-chunk: the diagonal blocks of the intra-chunk attention are this size.
 inline constexpr int kGlaSubChunk = 16;
 /// The largest spread of a sub-chunk's cumulative gates (per channel, over its 16 rows) for which
-/// gla_intra and gla_bwd_intra compute the diagonal block as a product of factors within exp(+-30)
+/// gla_chunk and gla_bwd_intra compute the diagonal block as a product of factors within exp(+-30)
 /// (blocks::gated_scores_diagonal).
 inline constexpr double kGlaFactorSpread = blocks::kFactorSpread;
 
@@ -51,8 +51,8 @@ struct GlaConfig {
 /// Records the kernel that prepares every chunk, one program per (chunk, sequence x head): grid (chunks,
 /// B * H), or (all sequences' chunks, H) with varlen (chunk_tables' chunk_indices). Writes qg and kg
 /// [B, T, H, K] and a [B, T, H, chunk] (dtype), chunk_decay [chunks, H, K] (fp32, chunks numbered over
-/// all sequences); the diagonal blocks of a in fp32, a product of bounded factors where the gates
-/// allow, else elementwise. Uses dtype, chunk, block_k and varlen. Parameters: q k g [cu_seqlens
+/// all sequences); the diagonal blocks of a at fp32 accuracy, a product of bounded factors where the
+/// gates allow (three tf32 tensor-core products for 16-bit inputs, fp32 FMAs for fp32), else elementwise. Uses dtype, chunk, block_k and varlen. Parameters: q k g [cu_seqlens
 /// chunk_indices] qg kg a chunk_decay scale.
 std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg);
 /// Records the chunk loop on gla_chunk's operands. Parameters: qg kg v a chunk_decay chunk_offsets

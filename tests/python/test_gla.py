@@ -161,6 +161,17 @@ def test_intra_kernels_branch_on_the_gate_spread(linac, backward):
     then = kernel.split(" = if ")[1].split("} else {")[0]
     assert len(re.findall(r"= exp %\d+ : tile<16x128xf32>", then)) >= 2, then
     assert re.search(r"= dot %\d+, %\d+ : tile<16x16xf32>", then), then
+    # That product on the tensor cores as three tf32 products for 16-bit inputs (session 27: 0.642 ->
+    # 0.572 ms gla_chunk, 0.840 -> 0.740 gla_bwd_intra on an H200), FMA loops for fp32 inputs.
+    assert "tensor_core_f32 = 1}" in kernel.split("\n", 1)[0]
+    r32 = linac.run(*args[:-4], "--dtype", "fp32", "--emit", "tir", *(["--backward"] if backward else []))
+    assert r32.returncode == 0, r32.stderr
+    header32 = r32.stdout.split(f"kernel @{name}(")[1].split("\n", 1)[0]
+    assert "tensor_core_f32" not in header32, header32
+    ptx = linac.run(*args[:-1], "ptx", "--target", "sm_90a", *(["--backward"] if backward else []))
+    assert ptx.returncode == 0, ptx.stderr
+    kernel_ptx = ptx.stdout.split(f".entry {name}(")[1].split(".entry ")[0]
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in kernel_ptx
 
 
 @pytest.mark.parametrize("dtype,K,chunk,warps", [("bf16", 128, 32, 4), ("bf16", 64, 64, 4), ("bf16", 256, 64, 8),

@@ -82,7 +82,7 @@ Tile decays_from_first_row(const Tile& g, Loc loc = Loc::current());
 
 /// Where the elementwise form of gated_scores_diagonal reads row r of Y and of the gates g (those L
 /// sums). rows_of reads them from tiles (take); a kernel may read them from global memory instead, one
-/// row ahead of use (gla_intra does: the loads' latency then overlaps a step). Each is called with r in
+/// row ahead of use (gla_chunk does: the loads' latency then overlaps a step). Each is called with r in
 /// 0..n, n the block's rows (r = n: the read-ahead past the last row, never used; it must not fault).
 struct ScoreRows {
   std::function<Tile(const Operand& r)> y_row;     // row r of Y, [K] (any float dtype)

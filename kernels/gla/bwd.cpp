@@ -257,7 +257,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, G
 }
 
 std::shared_ptr<ir::Kernel> build_gla_bwd_dg(const GlaChunkedBwdConfig& cfg) {
-  const int64_t BK = cfg.block_k;
+  const int64_t BC = gla_dg_columns(cfg.block_k);
   const DType f32 = DType::f32;
   KernelBuilder kb("gla_bwd_dg");
   kb.set_num_warps(4);
@@ -269,16 +269,17 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_dg(const GlaChunkedBwdConfig& cfg) {
   Tensor dg = kb.tensor("dg", f32, 4);
 
   const auto [i_nh, i_n, i_h, seq] = sequence_program(q, cu, cfg.varlen, 0);
-  const int64_t BT = summing_rows(32, BK);  // rows per step of this walk (any: it only sums)
+  Tile c0 = program_id(1) * BC;  // this program's key columns
+  const int64_t BT = summing_rows(64, BC);  // rows per step of this walk (any: it only sums)
   Tile num_chunks = (seq.eos - seq.bos + (BT - 1)) / BT;
   AccessOptions in_seq{.limits = {{1, seq.eos}}};
-  Tile acc = zeros({BK}, f32);
-  if (cfg.final_state_grad) acc = load(dg_s, {i_n, i_h, 0}, {kIndex, kIndex, BK});
+  Tile acc = zeros({BC}, f32);
+  if (cfg.final_state_grad) acc = load(dg_s, {i_n, i_h, c0}, {kIndex, kIndex, BC});
   for_range(0, num_chunks, [&](Tile j) {
     Tile t0 = seq.bos + (num_chunks - 1 - j) * BT;
-    Tile x = load(qdq, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq) -
-             load(kdk, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-    store(dg, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, cumsum(x, 0, true) + expand_dims(acc, 0), in_seq);
+    Tile x = load(qdq, {seq.b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq) -
+             load(kdk, {seq.b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, in_seq);
+    store(dg, {seq.b, t0, i_h, c0}, {kIndex, BT, kIndex, BC}, cumsum(x, 0, true) + expand_dims(acc, 0), in_seq);
     acc = acc + sum(x, 0);
   }, acc);
   return kb.finish();

@@ -65,8 +65,11 @@ std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg) {
   };
   // Gates floored (kernels/common/log_decay.h), here and in the elementwise form's rows: the spread and
   // L_r - L_c of -inf gates are NaN.
-  Tile Q_chunk = chunk_rows(q), K_chunk = chunk_rows(k), g_chunk = floor_log_decay(chunk_rows(g));
+  // The gates are floored where a sub-chunk's rows are taken, so that the chunk's load goes to shared
+  // memory as it is (a cp.async copy issued with the others, waited for at first use).
+  Tile Q_chunk = chunk_rows(q), K_chunk = chunk_rows(k), g_chunk = chunk_rows(g);
   auto sub_chunk = [&](const Tile& x, const Tile& j) { return slice(x, 0, j * BC, BC); };
+  auto sub_chunk_gates = [&](const Tile& j) { return floor_log_decay(sub_chunk(g_chunk, j)); };
 
   // `total` enters sub-chunk i's step as P_i and leaves it as P_{i+1} (G_C after the last).
   auto prepare_sub_chunk = [&](const Tile& i, Tile& total) {
@@ -79,7 +82,7 @@ std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg) {
     };
     Tile Qf = sub_chunk(Q_chunk, i).to(f32);
     Tile Kf = sub_chunk(K_chunk, i).to(f32);
-    Tile gi = sub_chunk(g_chunk, i);
+    Tile gi = sub_chunk_gates(i);
     Tile L = cumsum(gi, 0);
     Tile tot = sum(gi, 0);  // the cumsum's last row, summed in the same order
     Tile g0 = floor_log_decay(load(g, {c.b, ti, c.i_h, 0}, {kIndex, kIndex, kIndex, BK}, c.in_seq));
@@ -100,7 +103,7 @@ std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg) {
     Tile decay = g0;            // from the end of sub-chunk j to the first row of sub-chunk i
     for_range(0, i, [&](Tile step) {
       Tile j = i - 1 - step;
-      Tile gj = sub_chunk(g_chunk, j);
+      Tile gj = sub_chunk_gates(j);
       Tile tot_j = sum(gj, 0);
       Tile Kn = (sub_chunk(K_chunk, j).to(f32) * exp(expand_dims(tot_j + decay, 0) - cumsum(gj, 0))).to(dt);
       store_block(j, dot(Qnd, Kn.T()) * scale);
@@ -111,7 +114,7 @@ std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg) {
 
     // K_i .* exp(R_i + tot_{i+1} + ... + tot_{NC-1}).
     Tile after = zeros({BK}, f32);
-    for_range(i + 1, NC, [&](Tile j) { after = after + sum(sub_chunk(g_chunk, j), 0); }, after);
+    for_range(i + 1, NC, [&](Tile j) { after = after + sum(sub_chunk_gates(j), 0); }, after);
     store_rows(kg, Kf * exp(expand_dims(tot + after, 0) - L));
     total = before + tot;
   };

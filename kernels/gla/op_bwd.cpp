@@ -276,7 +276,7 @@ OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, cons
       case GlaBwdKernel::dk: return {cfg.block_k / cfg.split_k, heads, 1};
       case GlaBwdKernel::dv: return {cfg.block_v / cfg.split_v, heads, 1};
       case GlaBwdKernel::dkdv: return {1, heads, 1};
-      case GlaBwdKernel::dg:
+      case GlaBwdKernel::dg: return {heads, cfg.block_k / gla_dg_columns(cfg.block_k), 1};
       case GlaBwdKernel::dg_offsets: return {heads, 1, 1};
     }
     throw InternalError("bad gla backward kernel");

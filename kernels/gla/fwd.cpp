@@ -85,7 +85,7 @@ std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg) {
     Tile gi = sub_chunk_gates(i);
     Tile L = cumsum(gi, 0);
     Tile tot = sum(gi, 0);  // the cumsum's last row, summed in the same order
-    Tile g0 = floor_log_decay(load(g, {c.b, ti, c.i_h, 0}, {kIndex, kIndex, kIndex, BK}, c.in_seq));
+    Tile g0 = floor_log_decay(take(g_chunk, i * BC, 0));  // from the chunk's copy in shared memory
     // The elementwise form's rows of k and g, read from memory one step ahead of use so that their
     // latency overlaps a step (docs/ops/gla.md, "Measured"); row 16, read at the last step, is unused.
     auto row_of = [&](const Tensor& t, const Operand& r) {

@@ -101,6 +101,7 @@ struct Attrs {
   std::vector<int64_t> dims;   // Load/Store: tensor dim of each tile axis, in tile-axis order
   std::vector<int64_t> perm;   // Transpose
   std::vector<int64_t> offsets;  // Slice, Place: where the block starts along each axis
+  bool prefetch = false;  // Load: the block stays in shared memory as copied (passes/pipeline.h)
   bool operator==(const Attrs&) const = default;
 };
 

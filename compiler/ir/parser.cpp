@@ -247,7 +247,14 @@ struct RawAttr {
   std::string word;
 };
 
-/// The attributes each op requires (and the only ones it accepts), in printing order.
+/// The attributes an op may carry besides those it requires (printed only where set).
+std::vector<std::string_view> optional_attr_keys(OpCode c) {
+  if (c == OpCode::Load) return {"prefetch"};
+  return {};
+}
+
+/// The attributes each op requires (and, with optional_attr_keys, the only ones it accepts), in
+/// printing order.
 std::vector<std::string_view> attr_keys(OpCode c) {
   switch (c) {
     case OpCode::ProgramId:
@@ -470,6 +477,8 @@ class Parser {
   // Matches written attributes to the op's Attrs fields: every required key, nothing else.
   Attrs parse_op_attrs(const Token& op_name, OpCode code) {
     std::vector<std::string_view> keys = attr_keys(code);
+    const size_t required = keys.size();
+    for (std::string_view k : optional_attr_keys(code)) keys.push_back(k);
     std::vector<RawAttr> raw;
     if (is_punct('{')) raw = parse_attr_dict();
     Attrs attrs;
@@ -485,7 +494,7 @@ class Parser {
       seen[i] = true;
       set_attr(a, attrs);
     }
-    for (size_t i = 0; i < keys.size(); ++i)
+    for (size_t i = 0; i < required; ++i)
       if (!seen[i]) fail(op_name, fmt::format("{} needs the attribute '{}'", op_name.text, keys[i]));
     return attrs;
   }
@@ -517,10 +526,10 @@ class Parser {
       std::optional<DType> d = ir_dtype(a.word);
       if (!d) fail(a.key, fmt::format("unknown element type '{}'", a.word));
       attrs.dtype = *d;
-    } else if (key == "reverse") {
+    } else if (key == "reverse" || key == "prefetch") {
       need(RawAttr::Kind::Word, "true or false");
-      if (a.word != "true" && a.word != "false") fail(a.key, "attribute 'reverse' must be true or false");
-      attrs.reverse = a.word == "true";
+      if (a.word != "true" && a.word != "false") fail(a.key, fmt::format("attribute '{}' must be true or false", key));
+      (key == "reverse" ? attrs.reverse : attrs.prefetch) = a.word == "true";
     }
   }
 

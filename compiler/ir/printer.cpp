@@ -67,7 +67,8 @@ std::string attr_dict(const Op& op) {
       return fmt::format(" {{axis = {}, kind = {}, reverse = {}}}", a.axis, reduce_kind_name(a.reduce),
                          a.reverse ? "true" : "false");
     case OpCode::Load:
-      return fmt::format(" {{dims = {}, shape = {}}}", int_list(a.dims), int_list(a.shape));
+      return fmt::format(" {{dims = {}, shape = {}{}}}", int_list(a.dims), int_list(a.shape),
+                         a.prefetch ? ", prefetch = true" : "");
     case OpCode::Store:
       return fmt::format(" {{dims = {}}}", int_list(a.dims));
     default:

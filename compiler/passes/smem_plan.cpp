@@ -182,6 +182,9 @@ class Planner {
         if (op.result()->type.is_scalar()) need_eval(op.operands[0]);
         return;
       case OpCode::Store: need_in_layout(op.operands.back(), layout_for_store(op.operands.back())); return;
+      case OpCode::Load:
+        if (op.attrs.prefetch) need_smem(op.result());
+        break;
       case OpCode::For: {
         const ir::Block& body = *op.regions[0];
         for (size_t i = 0; i < op.results.size(); ++i) need_in_layout(op.operands[3 + i], layout(body.args[i + 1]));

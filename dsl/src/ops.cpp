@@ -436,12 +436,16 @@ Access make_access(const Tensor& t, const std::vector<Operand>& offsets, const s
 Tile load(const Tensor& t, std::vector<Operand> offsets, std::vector<int64_t> block, AccessOptions opts,
           Loc loc) {
   Access acc = make_access(t, offsets, block, opts, loc, "load");
+  if (opts.prefetch && acc.attrs.shape.empty())
+    throw UserError(sl(loc), "load: prefetch keeps a tile in shared memory; this block is a scalar");
+  acc.attrs.prefetch = opts.prefetch;
   Type ty = Type::value(t.value()->type.dtype, acc.attrs.shape);
   return Tile(emit1(OpCode::Load, acc.operands, ty, acc.attrs, loc));
 }
 
 void store(const Tensor& t, std::vector<Operand> offsets, std::vector<int64_t> block, const Tile& value,
            AccessOptions opts, Loc loc) {
+  if (opts.prefetch) throw UserError(sl(loc), "store: prefetch is an option of loads");
   Access acc = make_access(t, offsets, block, opts, loc, "store");
   const Type& vt = use(value, loc, "the stored value")->type;
   if (vt.shape != acc.attrs.shape)

@@ -90,18 +90,25 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
   // tot_i for the sub-chunks in between.
   std::vector<Tile> Qf(NC), Kf(NC), V(NC), dO(NC), Qexp(NC), Qd(NC), Rs(NC), tot(NC), g0(NC);
   std::vector<Tile> dQi(NC), dKi(NC), dVi(NC);
+  // q, k and the gates prefetched (AccessOptions) and converted after all five loads are issued:
+  // converted or floored at load, they were register loads, each waited for before the next was issued.
+  AccessOptions prefetched = in_seq;
+  prefetched.prefetch = true;
   for (int i = 0; i < NC; ++i) {
     Tile ti = t0 + i * kSub;
-    Qf[i] = load(q, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq).to(f32);
-    Kf[i] = load(k, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq).to(f32);
+    Tile Qi = load(q, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, prefetched);
+    Tile Ki = load(k, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, prefetched);
+    Tile gi = load(g, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, prefetched);
     V[i] = load(v, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BV}, in_seq);
     dO[i] = load(dout, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BV}, in_seq);
+    Qf[i] = Qi.to(f32);
+    Kf[i] = Ki.to(f32);
     // The sub-chunk's gates, floored for the factored form (kernels/common/log_decay.h): its spread
     // L_hi - L_lo and exp(L - m) are NaN for -inf gates. Every other decay here is a sum of gates.
-    Tile G = floor_log_decay(load(g, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq));
+    Tile G = floor_log_decay(gi);
     if (i > 0) {
       if (i < NC - 1) tot[i] = sum(G, 0);
-      g0[i] = load(g, {b, ti, i_h, 0}, {kIndex, kIndex, kIndex, BK}, in_seq);
+      g0[i] = take(gi, 0, 0);  // from gi's shared-memory copy
       Qexp[i] = exp(blocks::decays_from_first_row(G));  // exp(g_{first+1} + ... + g_r)
       Qd[i] = Qf[i] * Qexp[i];
     }

@@ -62,6 +62,16 @@ TEST_CASE("error: load with the wrong number of offsets for the tensor's rank") 
   expect_user_error([&] { load(q, {0, 0, 0}, {kIndex, 64, kIndex, 64}); }, __LINE__, "rank 4");
 }
 
+TEST_CASE("error: prefetch on a store or on a scalar load") {
+  KernelBuilder kb("e");
+  Tensor q = kb.tensor("q", DType::bf16, 2);
+  Tile x = zeros({16, 16}, DType::bf16);
+  AccessOptions prefetched;
+  prefetched.prefetch = true;
+  expect_user_error([&] { store(q, {0, 0}, {16, 16}, x, prefetched); }, __LINE__, "store: prefetch");
+  expect_user_error([&] { load(q, {0, 0}, {kIndex, kIndex}, prefetched); }, __LINE__, "scalar");
+}
+
 TEST_CASE("error: loop-carried value changes shape") {
   KernelBuilder kb("e");
   Tile s = zeros({64, 64}, DType::f32);

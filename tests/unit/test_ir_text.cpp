@@ -446,6 +446,12 @@ TEST_CASE("ir text: parse errors point at the offending token") {
   check_parse_error(in_kernel("  %0 = program_id {axis = 0, foo = 1} : i32\n"), 2, 30,
                     "program_id has no attribute 'foo' (it takes axis)");
   check_parse_error(in_kernel("  %0 = program_id : i32\n"), 2, 8, "program_id needs the attribute 'axis'");
+  // prefetch: optional, on loads only, true or false.
+  check_parse_error(in_kernel("  %0 = load %x[%n, %n] limits[%n, %n] {dims = [0, 1], shape = [4, 4], prefetch = 1} : "
+                              "tile<4x4xf32>\n"),
+                    2, 71, "attribute 'prefetch' must be true or false");
+  check_parse_error(in_kernel("  store %x[%n, %n] limits[%n, %n], %s {dims = [0, 1], prefetch = true}\n"), 2, 55,
+                    "store has no attribute 'prefetch' (it takes dims)");
   check_parse_error(in_kernel("  %0 = program_id {axis = 0, axis = 1} : i32\n"), 2, 30, "given twice");
   check_parse_error(in_kernel("  %0 = program_id {axis = 99999999999999999999} : i32\n"), 2, 27, "out of range");
   check_parse_error(in_kernel("  %0 = cmp %s, %s {pred = olt} : i1\n"), 2, 20, "unknown predicate 'olt'");

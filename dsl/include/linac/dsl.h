@@ -238,6 +238,12 @@ struct AccessOptions {
   std::vector<std::pair<int, Tile>> limits;
   /// Return the 2-D tile transposed (a [K, BT] block loaded from a [.., T, .., K] tensor).
   bool transpose = false;
+  /// Loads only: keep the block in shared memory as copied, each use reading it there. Outside loops
+  /// the copy is then asynchronous (cp.async), issued where the load stands and waited for at the
+  /// block's first use, so that several loads overlap their latencies. Without it a block whose uses
+  /// all read registers (conversions, elementwise math) is a register load, waited for at its first
+  /// use before the next load's wait can start. Costs the block's shared memory.
+  bool prefetch = false;
 };
 
 /// Loads the block of `t` that starts at `offsets` (one per tensor dim) with `block` sizes (kIndex for

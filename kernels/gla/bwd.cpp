@@ -22,10 +22,9 @@ using namespace dsl;
 //   dV = (K .* exp(R)) dS' + A^T dO
 //   dS = diag(exp(tot)) dS' + scale (Q .* exp(L))^T dO
 //   dg_t = sum_{s >= t} (q_s .* dq_s - k_s .* dk_s) + rowsum(dfinal_state .* S_T)   (per channel)
-// Kernels: gla_bwd_intra (every chunk in parallel: dQi, dKi and A^T dO; its 16x16 diagonal blocks
-// at fp32 accuracy by blocks::gated_scores_diagonal_grads, factored (three tf32 products for 16-bit
-// inputs) or elementwise as gla_chunk chooses for A;
-// the blocks below them as products of decayed 16-row tiles, every
+// Kernels: gla_bwd_intra (every chunk in parallel: dQi, dKi and A^T dO; its 16x16 diagonal blocks at
+// fp32 accuracy by blocks::gated_scores_diagonal_grads, factored (three tf32 products for 16-bit inputs)
+// or elementwise as gla_chunk chooses for A; the blocks below them as products of decayed 16-row tiles, every
 // exp(L_r - L_c) split at a 16-row boundary into two sums of gates), then walks shaped like the
 // forward — dq forward in time over X = S^T [V, K] (key columns split in blocks), dk backward over
 // X = dS^T [V, K], dv backward over X = dS [K, V] (value columns split), or where one program holds

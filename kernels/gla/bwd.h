@@ -1,6 +1,7 @@
 // GLA backward in chunks (the equations are at the top of bwd.cpp): an intra-chunk
 // kernel over every chunk in parallel, walks shaped like the forward (dq forward in time; dk and dv
-// backward, in one walk where the state is whole) that recompute the state rather than store it, and a dg walk. Memory O(T*D).
+// backward, in one walk where the state is whole) that recompute the state rather than store it, and
+// a dg walk. Memory O(T*D).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -47,7 +48,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, G
 /// (B * H or N * H, block_k / columns).
 std::shared_ptr<ir::Kernel> build_gla_bwd_dg(const GlaChunkedBwdConfig& cfg);
 /// Key columns per program of gla_bwd_dg: 32, so that the walks over the suffix sums are many (one per
-/// sequence x head left most SMs idle at few heads: 0.48 ms at B2 T4096 H8 D256 on an H200).
+/// sequence x head left most SMs idle at few heads: docs/ops/gla.md, "Measured").
 inline int64_t gla_dg_columns(int64_t block_k) { return block_k < 32 ? block_k : 32; }
 
 /// Rows per step of a walk that only sums fp32 rows of `columns` (gla_bwd_dg, gla_bwd_dg_offsets): `rows`,

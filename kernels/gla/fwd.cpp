@@ -64,9 +64,8 @@ std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg) {
     return load(t, {c.b, c.t0, c.i_h, 0}, {kIndex, BT, kIndex, BK}, c.in_seq);
   };
   // Gates floored (kernels/common/log_decay.h), here and in the elementwise form's rows: the spread and
-  // L_r - L_c of -inf gates are NaN.
-  // The gates are floored where a sub-chunk's rows are taken, so that the chunk's load goes to shared
-  // memory as it is (a cp.async copy issued with the others, waited for at first use).
+  // L_r - L_c of -inf gates are NaN. Floored where a sub-chunk's rows are read, not at the load, so that
+  // the chunk's gates stay in shared memory as copied (a cp.async copy issued with the others).
   Tile Q_chunk = chunk_rows(q), K_chunk = chunk_rows(k), g_chunk = chunk_rows(g);
   auto sub_chunk = [&](const Tile& x, const Tile& j) { return slice(x, 0, j * BC, BC); };
   auto sub_chunk_gates = [&](const Tile& j) { return floor_log_decay(sub_chunk(g_chunk, j)); };

@@ -52,8 +52,9 @@ struct GlaConfig {
 /// B * H), or (all sequences' chunks, H) with varlen (chunk_tables' chunk_indices). Writes qg and kg
 /// [B, T, H, K] and a [B, T, H, chunk] (dtype), chunk_decay [chunks, H, K] (fp32, chunks numbered over
 /// all sequences); the diagonal blocks of a at fp32 accuracy, a product of bounded factors where the
-/// gates allow (three tf32 tensor-core products for 16-bit inputs, fp32 FMAs for fp32), else elementwise. Uses dtype, chunk, block_k and varlen. Parameters: q k g [cu_seqlens
-/// chunk_indices] qg kg a chunk_decay scale.
+/// gates allow (three tf32 tensor-core products for 16-bit inputs, fp32 FMAs for fp32), else
+/// elementwise. Uses dtype, chunk, block_k and varlen. Parameters: q k g [cu_seqlens chunk_indices] qg
+/// kg a chunk_decay scale.
 std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg);
 /// Records the chunk loop on gla_chunk's operands. Parameters: qg kg v a chunk_decay chunk_offsets
 /// [initial_state] [final_state] [cu_seqlens] o scale. A segment_states walk takes kg v chunk_decay

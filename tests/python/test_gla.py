@@ -161,8 +161,8 @@ def test_intra_kernels_branch_on_the_gate_spread(linac, backward):
     then = kernel.split(" = if ")[1].split("} else {")[0]
     assert len(re.findall(r"= exp %\d+ : tile<16x128xf32>", then)) >= 2, then
     assert re.search(r"= dot %\d+, %\d+ : tile<16x16xf32>", then), then
-    # That product on the tensor cores as three tf32 products for 16-bit inputs (session 27: 0.642 ->
-    # 0.572 ms gla_chunk, 0.840 -> 0.740 gla_bwd_intra on an H200), FMA loops for fp32 inputs.
+    # That product on the tensor cores as three tf32 products for 16-bit inputs (docs/ops/gla.md,
+    # "Measured", session 27), FMA loops for fp32 inputs.
     assert "tensor_core_f32 = 1}" in kernel.split("\n", 1)[0]
     r32 = linac.run(*args[:-4], "--dtype", "fp32", "--emit", "tir", *(["--backward"] if backward else []))
     assert r32.returncode == 0, r32.stderr
@@ -333,3 +333,19 @@ def test_error_initial_state_wrong_shape(linac):
 
 def test_error_bad_chunk_config(linac):
     expect_error(linac, make_inputs(5, **SMALL), extra=["--config", "chunk=48"], mentions="chunk")
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["gla_chunk", "gla_bwd_intra"])
+def test_per_chunk_kernels_prefetch_their_loads(linac, backward):
+    # The per-chunk kernels' loads are prefetched cp.async copies, issued together and waited for at
+    # first use (docs/ops/gla.md, "Measured", session 27): gla_chunk's chunk of q, k and gates (the
+    # gates floored where sub-chunks read them, not at the load), gla_bwd_intra's q, k, gates, v and do
+    # (q, k and the gates by AccessOptions::prefetch). Numerics pass without it, so the plan is checked.
+    args = ["compile", "gla", "--shape", "B=8,T=4096,H=16,K=128", "--dtype", "bf16", "--target", "sm_90a",
+            "--emit", "smem"]
+    r = linac.run(*args, *(["--backward"] if backward else []))
+    assert r.returncode == 0, r.stderr
+    first_kernel = r.stdout.split("smem total")[0]  # gla_chunk / gla_bwd_intra are launched first
+    prefetched = re.findall(r"tile<(\d+x\d+x\w+)> row_stride=\d+ prefetched", first_kernel)
+    want = (["16x128xbf16"] * 4 + ["16x128xf32"]) if backward else (["32x128xbf16"] * 2 + ["32x128xf32"])
+    assert sorted(prefetched) == sorted(want), first_kernel

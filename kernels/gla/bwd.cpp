@@ -112,7 +112,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
       Qd[i] = Qf[i] * Qexp[i];
     }
     if (i < NC - 1) {
-      Tile next = load(g, {b, ti + 1, i_h, 0}, {kIndex, kSub, kIndex, BK}, in_seq);
+      Tile next = load(g, {b, ti + 1, i_h, 0}, {kIndex, kSub, kIndex, BK}, prefetched);
       Rs[i] = blocks::decays_to_chunk_end_from_next(next);  // g_{c+1} + ... + g_{last}
     }
 

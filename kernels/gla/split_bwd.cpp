@@ -136,16 +136,19 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_inter(const GlaSplitBwdConfig& cfg) {
   auto store_rows = [&](const Tensor& t, int64_t width, const Tile& x) {
     store(t, {b, t0, i_h, 0}, {kIndex, BT, kIndex, width}, x, in_seq);
   };
-  // L = the chunk's inclusive cumsum of g; R_r = g_{r+1} + ... + g_{BT-1}, summed directly from the gates
-  // one row ahead, as the walks take them.
+  // The chunk's blocks loaded before the gates are first used, so that no load waits for their data;
+  // the gates one row ahead prefetched too (AccessOptions), as the others are (shared-memory operands).
+  AccessOptions prefetched = in_seq;
+  prefetched.prefetch = true;
   Tile gc = rows_of(g, BK);
-  Tile next = load(g, {b, t0 + 1, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-  Tile eL = exp(cumsum(gc, 0));
-  Tile eR = exp(blocks::decays_to_chunk_end_from_next(next));
-
+  Tile next = load(g, {b, t0 + 1, i_h, 0}, {kIndex, BT, kIndex, BK}, prefetched);
   Tile S = load(h, {b, ic, i_h, 0, 0}, {kIndex, kIndex, kIndex, BK, BV});
   Tile dS = load(dh, {b, ic, i_h, 0, 0}, {kIndex, kIndex, kIndex, BK, BV});
   Tile Q = rows_of(q, BK), K = rows_of(k, BK), V = rows_of(v, BV), dO = rows_of(dout, BV);
+  // L = the chunk's inclusive cumsum of g; R_r = g_{r+1} + ... + g_{BT-1}, summed directly from the gates
+  // one row ahead, as the walks take them.
+  Tile eL = exp(cumsum(gc, 0));
+  Tile eR = exp(blocks::decays_to_chunk_end_from_next(next));
 
   Tile dQ = dot(dO, S.T()) * eL * scale + rows_of(dq_in, BK);
   store_rows(dq_out, BK, dQ.to(dt));

@@ -22,9 +22,12 @@ std::shared_ptr<ir::Kernel> build_linear_attn_normalized_bwd_prep(DType dt, int6
   Tile i_t = program_id(0), i_bh = program_id(1);
   Tile H = d_o.dim(2);
   Tile b = i_bh / H, h = i_bh % H, t0 = i_t * kRows;
-  Tile DO = load(d_o, {b, t0, h, 0}, {kIndex, kRows, kIndex, block_v}).to(f32);
-  Tile N = load(num, {b, t0, h, 0}, {kIndex, kRows, kIndex, block_v}).to(f32);
-  Tile inv = 1.0f / (load(den, {b, t0, h, 0}, {kIndex, kRows, kIndex, kIndex}).to(f32) + kNormalizedLinearAttnEps);
+  // The three blocks loaded before any is used, so that no load waits for another's data.
+  Tile DO_raw = load(d_o, {b, t0, h, 0}, {kIndex, kRows, kIndex, block_v});
+  Tile N_raw = load(num, {b, t0, h, 0}, {kIndex, kRows, kIndex, block_v});
+  Tile D_raw = load(den, {b, t0, h, 0}, {kIndex, kRows, kIndex, kIndex});
+  Tile DO = DO_raw.to(f32), N = N_raw.to(f32);
+  Tile inv = 1.0f / (D_raw.to(f32) + kNormalizedLinearAttnEps);
   Tile inv2 = expand_dims(inv, 1);
   store(dnum, {b, t0, h, 0}, {kIndex, kRows, kIndex, block_v}, (DO * inv2).to(dt));
   Tile dD = -(sum(DO * (N * inv2), 1) * inv);

@@ -14,8 +14,8 @@ import re
 import pytest
 
 SHAPE = "B=8,T=4096,H=16,K=128"
-FORMS = [("linear_attn", []), ("linear_attn", ["--gated"]), ("gla", []), ("delta_rule", []),
-         ("gated_delta_rule", [])]
+FORMS = [("linear_attn", []), ("linear_attn", ["--gated"]), ("linear_attn", ["--normalize"]), ("gla", []),
+         ("delta_rule", []), ("gated_delta_rule", [])]
 ELEM_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4}
 
 

@@ -98,6 +98,8 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
     Tile Qi = load(q, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, prefetched);
     Tile Ki = load(k, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, prefetched);
     Tile gi = load(g, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, prefetched);
+    // The gates one row ahead (for Rs), where a sub-chunk follows.
+    Tile g_next = i < NC - 1 ? load(g, {b, ti + 1, i_h, 0}, {kIndex, kSub, kIndex, BK}, prefetched) : Tile();
     V[i] = load(v, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BV}, in_seq);
     dO[i] = load(dout, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BV}, in_seq);
     Qf[i] = Qi.to(f32);
@@ -111,10 +113,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
       Qexp[i] = exp(blocks::decays_from_first_row(G));  // exp(g_{first+1} + ... + g_r)
       Qd[i] = Qf[i] * Qexp[i];
     }
-    if (i < NC - 1) {
-      Tile next = load(g, {b, ti + 1, i_h, 0}, {kIndex, kSub, kIndex, BK}, prefetched);
-      Rs[i] = blocks::decays_to_chunk_end_from_next(next);  // g_{c+1} + ... + g_{last}
-    }
+    if (i < NC - 1) Rs[i] = blocks::decays_to_chunk_end_from_next(g_next);  // g_{c+1} + ... + g_{last}
 
     // The diagonal block in fp32, blocks::gated_scores_diagonal_grads: A, dQi and dKi from the masked
     // dA, factored where the sub-chunk's gates spread at most kGlaFactorSpread (as gla_chunk chooses),

@@ -3,6 +3,7 @@
 // backward, in one walk where the state is whole) that recompute the state rather than store it, and
 // a dg walk. Memory O(T*D).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 
@@ -49,7 +50,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, G
 std::shared_ptr<ir::Kernel> build_gla_bwd_dg(const GlaChunkedBwdConfig& cfg);
 /// Key columns per program of gla_bwd_dg: 32, so that the walks over the suffix sums are many (one per
 /// sequence x head left most SMs idle at few heads: docs/ops/gla.md, "Measured").
-inline int64_t gla_dg_columns(int64_t block_k) { return block_k < 32 ? block_k : 32; }
+inline int64_t gla_dg_columns(int64_t block_k) { return std::min<int64_t>(block_k, 32); }
 
 /// Rows per step of a walk that only sums fp32 rows of `columns` (gla_bwd_dg, gla_bwd_dg_offsets): `rows`,
 /// halved (down to 16) while a step's tile holds more than 4096 values. Each step's tile is planned

@@ -19,12 +19,15 @@ namespace {
 /// The blocks per SM ptxas is asked to fit the UT kernel's registers for: its programs are short and
 /// many (one chunk each) and wait on their barriers and loads, so more blocks hide more of it, as far
 /// as ptxas keeps them spill-free (13.0, sm_90a and sm_80): in 16 bits 72 registers a thread at chunks
-/// of 32 up to head dim 128 (7 blocks of 4 warps), else 96 (5 blocks; 72 spills there); fp32 two
-/// blocks (96 registers spill at head dims 64 and 256). Measured faster at each step
+/// of 32 up to head dim 128 (7 blocks of 4 warps), else 96 (5 blocks; 72 spills there), but 128 (4
+/// blocks) where the gated kernel composes chunks of 64 above head dim 64 (96 spilled 8 bytes); fp32
+/// two blocks (96 registers spill at head dims 64 and 256). Measured faster at each step
 /// (docs/ops/delta_rule.md, "Measured").
 int wy_blocks_per_sm(const DeltaRuleConfig& cfg) {
   if (dtype_bytes(cfg.dtype) == 4) return 2;
-  const int registers = cfg.chunk == 32 && cfg.block_k <= 128 ? 72 : 96;
+  int registers = 96;
+  if (cfg.chunk == 32 && cfg.block_k <= 128) registers = 72;
+  if (cfg.ut_chunk > 0 && cfg.gated && cfg.block_k > 64) registers = 128;
   return std::max(2, 65536 / (registers * 32 * cfg.wy_warps));
 }
 
@@ -68,6 +71,11 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.wy_block_v;
   const int64_t BS = std::min<int64_t>(BT, 16);
   const int NS = static_cast<int>(BT / BS);
+  // Chunks composed of two UT transforms (config ut_chunk): the blocks in two groups of G.
+  const bool halves = cfg.ut_chunk > 0;
+  if (halves && (2 * cfg.ut_chunk != BT || cfg.ut_chunk % BS != 0 || cfg.store_t))
+    throw InternalError(fmt::format("delta_rule_wy: UT transforms of {} rows in chunks of {}", cfg.ut_chunk, BT));
+  const int G = halves ? NS / 2 : NS;
   const DType dt = cfg.dtype, f32 = DType::f32;
   KernelBuilder kb(cfg.gated ? "gated_delta_rule_wy" : "delta_rule_wy");
   kb.set_num_warps(cfg.wy_warps);
@@ -116,8 +124,9 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
       eL[s] = exp(L);
       eR[s] = exp(dec.R);
       tot[s] = sum(gc, 0);
-      w_col[s] = w_col[s] * exp(s == 0 ? L : L + before);
-      before = s == 0 ? tot[0] : before + tot[s];
+      const bool group_start = s % G == 0;  // W's decays from the first row of the block's group
+      w_col[s] = w_col[s] * exp(group_start ? L : L + before);
+      before = group_start ? tot[s] : before + tot[s];
     }
   }
   // A's block (i, j), i >= j, masked to r > c on the diagonal.
@@ -136,27 +145,64 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
     }
     return i == j ? where(row > col, A, 0.0f) : A;
   };
-  std::vector<std::vector<Tile>> A(NS, std::vector<Tile>(NS));
-  for (int i = 0; i < NS; ++i)
-    for (int j = 0; j <= i; ++j) A[i][j] = a_block(i, j);
-  const std::vector<std::vector<Tile>> T = blocks::unit_lower_inverse_blocks(A);
+  // T of each group's blocks (one group: the chunk's), zero between groups.
+  std::vector<std::vector<Tile>> T(NS, std::vector<Tile>(NS));
+  for (int g0 = 0; g0 < NS; g0 += G) {
+    std::vector<std::vector<Tile>> A(G, std::vector<Tile>(G));
+    for (int i = 0; i < G; ++i)
+      for (int j = 0; j <= i; ++j) A[i][j] = a_block(g0 + i, g0 + j);
+    const std::vector<std::vector<Tile>> Tg = blocks::unit_lower_inverse_blocks(A);
+    for (int i = 0; i < G; ++i)
+      for (int j = 0; j <= i; ++j) T[g0 + i][g0 + j] = Tg[i][j];
+  }
   if (cfg.store_t)
     for (int i = 0; i < NS; ++i)
       for (int j = 0; j < NS; ++j)
         store(t_mat, {b, t0 + i * BS, i_h, j * BS}, {kIndex, BS, kIndex, BS},
               j <= i ? T[i][j].to(dt) : zeros({BS, BS}, dt), in_seq);
+  // Two groups, the halves 1 and 2 of the chunk: with each half's T and decays from its own first row,
+  // the chunk's T is [[T_1, 0], [-T_2 A_21 T_1, T_2]], so its W and U are
+  //   W = [W_1; exp(b_1) W_2 - M W_1],   U = [U_1; U_2 - M U_1],
+  //   M = T_2 A_21 = (W_2 K_1^T) .* m_cols,   m_cols_c = exp(b_1 - b_c) r_c,
+  // b_c the first half's cumulative log-decay at row c, b_1 its total, r the key norms (--l2norm-qk):
+  // products of the 16-bit W and K that the tensor cores take as they are, where forming the chunk's
+  // off-half blocks of T took chains of fp32 16 x 16 products (docs/ops/delta_rule.md, "Measured").
+  // M[i][j]: the [BS, BS] block of M for block i of the second half and block j of the first.
+  std::vector<std::vector<Tile>> M(NS, std::vector<Tile>(NS));
+  Tile first_total;  // b_1
+  std::vector<Tile> m_cols(G);
+  if (halves) {
+    for (int j = G - 1; j >= 0; --j) {
+      // The decay from row c of block j to the first half's end: within the block, then the later blocks.
+      if (cfg.gated) m_cols[j] = first_total.valid() ? eR[j] * exp(first_total) : eR[j];
+      if (cfg.l2norm_qk) m_cols[j] = m_cols[j].valid() ? m_cols[j] * a_col[j] : a_col[j];
+      if (cfg.gated) first_total = first_total.valid() ? first_total + tot[j] : tot[j];
+    }
+  }
   // The column factors go on T's blocks, so that the loaded K and V feed the tensor cores as they are.
+  // Each block of W is composed and stored as soon as it is summed: one fp32 block live at a time.
+  std::vector<Tile> W_dt(NS);  // W's blocks rounded (the first half's are the composition's operands)
   for (int i = 0; i < NS; ++i) {
     Tile W;
-    for (int j = 0; j <= i; ++j) {
+    for (int j = i / G * G; j <= i; ++j) {
       Tile term = dot((T[i][j] * expand_dims(w_col[j], 0)).to(dt), K[j]);
-      W = j == 0 ? term : W + term;
+      W = W.valid() ? W + term : term;
     }
-    store(w, {b, t0 + i * BS, i_h, 0}, {kIndex, BS, kIndex, BK}, W.to(dt), in_seq);
+    W_dt[i] = W.to(dt);
+    if (halves && i >= G) {
+      if (cfg.gated) W = W * exp(first_total);
+      for (int j = 0; j < G; ++j) {
+        Tile Mij = dot(W_dt[i], K[j].T());
+        M[i][j] = (m_cols[j].valid() ? Mij * expand_dims(m_cols[j], 0) : Mij).to(dt);
+        W = W - dot(M[i][j], W_dt[j]);
+      }
+      W_dt[i] = W.to(dt);
+    }
+    store(w, {b, t0 + i * BS, i_h, 0}, {kIndex, BS, kIndex, BK}, W_dt[i], in_seq);
   }
   std::vector<std::vector<Tile>> T_beta(NS, std::vector<Tile>(NS));
   for (int i = 0; i < NS; ++i)
-    for (int j = 0; j <= i; ++j) T_beta[i][j] = (T[i][j] * expand_dims(beta_s[j], 0)).to(dt);
+    for (int j = i / G * G; j <= i; ++j) T_beta[i][j] = (T[i][j] * expand_dims(beta_s[j], 0)).to(dt);
   // U in blocks of BV value columns: unrolled when the plan knows how many (V's loads then stand at the
   // top level and are prefetched while T is computed: waiting on them in the loop was the gated wy's
   // hottest stall in ncu), else a loop.
@@ -164,10 +210,14 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
     Tile v0 = iv * BV;
     std::vector<Tile> V(NS);
     for (int j = 0; j < NS; ++j) V[j] = load(v, {b, t0 + j * BS, i_h, v0}, {kIndex, BS, kIndex, BV}, in_seq);
+    std::vector<Tile> U_dt(NS);
     for (int i = 0; i < NS; ++i) {
       Tile U;
-      for (int j = 0; j <= i; ++j) U = j == 0 ? dot(T_beta[i][j], V[j]) : U + dot(T_beta[i][j], V[j]);
-      store(u, {b, t0 + i * BS, i_h, v0}, {kIndex, BS, kIndex, BV}, U.to(dt), in_seq);
+      for (int j = i / G * G; j <= i; ++j) U = U.valid() ? U + dot(T_beta[i][j], V[j]) : dot(T_beta[i][j], V[j]);
+      if (halves && i >= G)
+        for (int j = 0; j < G; ++j) U = U - dot(M[i][j], U_dt[j]);
+      U_dt[i] = U.to(dt);
+      store(u, {b, t0 + i * BS, i_h, v0}, {kIndex, BS, kIndex, BV}, U_dt[i], in_seq);
     }
   };
   if (cfg.v_blocks > 0) {

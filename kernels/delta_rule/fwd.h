@@ -42,6 +42,7 @@ struct DeltaRuleConfig {
   int wy_block_v = 64;       // delta_rule_wy: U's value columns per product (delta_wy_block_v)
   int v_blocks = 0;          // delta_rule_wy: U's value blocks of wy_block_v, unrolled (0: a loop up to v's dim)
   int segment = 0;           // rows per segment of the segment-parallel forward (0: one walk per sequence)
+  int ut_chunk = 0;          // delta_rule_wy: rows per UT transform where it composes each chunk from two (0: one)
 };
 
 // The UT transform's inverse, the decays inside a chunk and the l2norm of rows are linac/blocks.h's

@@ -28,7 +28,15 @@ namespace {
 /// takes the backward's chunk unless one is asked for).
 TuningKey fwd_chunk_key() { return chunk_key(); }
 
-/// The forward's configuration (fwd.h): chunk, bv, warps, stages and split are tuned.
+/// The UT kernel's rows per transform where it composes a chunk from two (fwd.h, ut_chunk).
+TuningKey ut_key() {
+  return {"ut", {0, 16, 32},
+          "rows per UT transform where half the chunk: the UT kernel composes the chunk's W and U from two (not "
+          "with saved_* outputs); 0: the chunk's own. Default 32 at chunks of 64 in 16 bits up to head dim 128 "
+          "on sm_90a without --l2norm-qk, else 0"};
+}
+
+/// The forward's configuration (fwd.h): chunk, bv, warps, stages, split and ut are tuned.
 const ConfigSchema<DeltaRuleConfig>& delta_rule_schema() {
   using C = DeltaRuleConfig;
   static const ConfigSchema<C> schema(
@@ -40,7 +48,8 @@ const ConfigSchema<DeltaRuleConfig>& delta_rule_schema() {
                         {0, 1},
                         "1: a state pass storing the state before every chunk, then every chunk's outputs in "
                         "parallel (not with --l2norm-qk); 0: the fused walk"}),
-      field<&C::wy_block_v>(), field<&C::v_blocks>(), tuned<&C::segment>(segment_key()));
+      field<&C::wy_block_v>(), field<&C::v_blocks>(), tuned<&C::segment>(segment_key()),
+      tuned<&C::ut_chunk>(ut_key()));
   return schema;
 }
 
@@ -79,18 +88,24 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   cfg.l2norm_qk = opts.l2norm_qk;
   cfg.block_k = padded_head_dim(K);
   // Defaults, each for a reason:
-  //  - chunks of 64 with 4 warps for head dims up to 64; chunks of 32 above, with 8 warps (bf16/fp16)
-  //    or 4 warps and 32 value columns (fp32): spill-free at K = V = 128 under ptxas (sm_80, sm_90a).
-  //    (Chunks of 64 with 8 warps once gave wrong outputs on an H200: that was the shared-memory
-  //    barrier bug of tests/regress/dot_operand_reuse.tir, fixed; the tuner may pick them now.)
   const bool small = K <= 64 && V <= 64, fp32 = dtype_bytes(cfg.dtype) == 4;
-  cfg.chunk = checked_chunk_size(opts.chunk_size, small ? 64 : 32);
   //  - value blocks of 128 for the 16-bit walk above head dim 64 (one program holds the whole state; no
   //    program redoes another's W S); where those walks are few, halved down to 32 while they stay few
   //    (columns_for_walks: more programs), on 4 warps below 128 columns. Each faster where it applies
   //    (docs/ops/delta_rule.md, "Measured").
   const int64_t widest = std::min<int64_t>(128, padded_head_dim(V));
   const int64_t wide_v = !small && !fp32 ? columns_for_walks(widest, padded_head_dim(V), heads, 32, opts) : 64;
+  //  - chunks of 64 in 16 bits up to head dim 128, the UT kernel composing each chunk's W and U from two
+  //    transforms of 32 rows (ut_chunk; its own 64-row transform costs more): the walk's chain has half
+  //    the steps. Not where the walk takes 64-column blocks on 4 warps above head dim 64 (255 registers
+  //    at either chunk: no shorter per row at 64, and the UT kernel's part grows), nor in fp32, nor
+  //    when saving for the backward (its chunk, T kept), nor on sm_80 (the 64-row walk spills there on
+  //    mma.sync: 255 registers), nor with --l2norm-qk (the gated UT kernel spills 4 bytes at 128
+  //    registers). Else chunks of 32 (fp32: 4 warps and 32 value columns), spill-free under ptxas
+  //    (sm_80, sm_90a). Each measured faster where it applies (docs/ops/delta_rule.md, "Measured").
+  const bool composes =
+      !fp32 && K <= 128 && V <= 128 && !call.save && !opts.l2norm_qk && device_limits(opts).sm >= 90;
+  cfg.chunk = checked_chunk_size(opts.chunk_size, small || (composes && wide_v != 64) ? 64 : 32);
   cfg.block_v = std::min(padded_head_dim(V), opts.recurrent || (fp32 && !small) ? 32 : static_cast<int>(wide_v));
   cfg.num_warps = small || (fp32 && !opts.recurrent) ? 4
                   : opts.recurrent                   ? 8
@@ -101,10 +116,15 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   cfg.final_state = call.final_state;
   cfg.varlen = call.varlen;
   delta_rule_schema().apply(opts, cfg);
+  if (!ut_key().asked(opts)) cfg.ut_chunk = composes && cfg.chunk == 64 ? 32 : 0;
   cfg.wy_block_v = delta_wy_block_v(cfg.dtype, cfg.block_v, padded_head_dim(V));
   cfg.v_blocks = static_cast<int>((padded_head_dim(V) + cfg.wy_block_v - 1) / cfg.wy_block_v);
   if (cfg.split && opts.l2norm_qk) throw UserError(fmt::format("{}: --config split=1 does not take --l2norm-qk", op));
   if (cfg.split && opts.recurrent) throw UserError(fmt::format("{}: --config split=1 is for the chunked form, not --recurrent", op));
+  if (cfg.ut_chunk == cfg.chunk) cfg.ut_chunk = 0;
+  if (cfg.ut_chunk > 0 && (2 * cfg.ut_chunk != cfg.chunk || cfg.store_t))
+    throw UserError(fmt::format("{}: --config ut={} needs chunks of {} rows and no saved_* outputs (those keep the "
+                                "chunk's T)", op, cfg.ut_chunk, 2 * cfg.ut_chunk));
   if (cfg.segment > 0 && (cfg.split || opts.recurrent))
     throw UserError(fmt::format("{}: --config segment is a schedule of the chunked walk: not with {}", op,
                                 cfg.split ? "split=1" : "--recurrent"));
@@ -244,10 +264,13 @@ std::vector<std::shared_ptr<ir::Kernel>> delta_rule_kernels(bool gated, const Op
   for (bool recurrent : {false, true}) {
     OpOptions o = opts;
     o.recurrent = recurrent;
+    OpOptions normalized = o;
+    o.l2norm_qk = false;
+    normalized.l2norm_qk = true;
     DeltaRuleConfig plain = delta_rule_config(name, gated, 128, 128, o);
-    plain.l2norm_qk = false;
-    DeltaRuleConfig full = plain;
-    full.l2norm_qk = full.initial_state = full.final_state = full.varlen = true;
+    // With every option: --l2norm-qk's own defaults (kernels with it are made so).
+    DeltaRuleConfig full = delta_rule_config(name, gated, 128, 128, normalized);
+    full.initial_state = full.final_state = full.varlen = true;
     if (recurrent) {
       out.push_back(cached_delta_kernel(DeltaKernel::recurrent, plain));
       out.push_back(cached_delta_kernel(DeltaKernel::recurrent, full));

@@ -183,6 +183,51 @@ def test_configs(linac, op, config):
 
 
 @pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("config", ["chunk=64,ut=32", "chunk=32,ut=16,bv=16,warps=2", "chunk=64,ut=32,bv=32,warps=8",
+                                    "chunk=64,ut=32,split=1", "chunk=64,ut=32,segment=128"])
+def test_ut_kernel_composes_two_halves(linac, op, config):
+    # The UT kernel's W and U of a chunk composed from two UT transforms of half its rows (fwd.cpp,
+    # build_delta_rule_wy): the same results with both states and a partial last chunk (T = 150: the
+    # last chunk's second half is empty at chunk 64), V = 40 padded to 64, in every schedule that reads
+    # W and U; --l2norm-qk (M takes the key norms); varlen sequences that start and end inside chunks
+    # and halves.
+    inputs = make_inputs(940 + OPS.index(op), op, B=2, T=150, H=2, K=32, V=40, gate_bias=4.0, init=True)
+    run_and_check(linac, op, inputs, options=["--config", config])
+    if "segment" in config:
+        return  # dense inputs only; no --l2norm-qk with split
+    if "split" not in config:
+        inputs = make_inputs(942 + OPS.index(op), op, B=1, T=90, H=2, K=32, V=32, l2norm=True, gate_bias=4.0)
+        run_and_check(linac, op, inputs, options=["--config", config], l2norm=True)
+    cu = np.array([0, 1, 17, 80, 81, 150, 151], dtype=np.int32)
+    inputs = make_inputs(944 + OPS.index(op), op, B=1, T=151, H=2, K=16, V=16, gate_bias=4.0, init=True,
+                         N=len(cu) - 1)
+    inputs["cu_seqlens"] = cu
+    run_and_check(linac, op, inputs, options=["--config", config])
+
+
+@pytest.mark.parametrize("stop", [-1e4, -np.inf])
+def test_composed_ut_chunks_after_very_negative_gates(linac, stop):
+    # Gates that drop the state inside chunks of 64 rows in halves of 32: inside a second half (rows
+    # 40..44: M's rows after them are 0, the rows before them not), inside a first half (80..84: M's
+    # columns before them are 0, the later ones not, and the state entering the chunk is not), across
+    # the halves' border (150..165: M and exp(b_1) all 0), as the whole chunk's UT transform has them;
+    # weak gates elsewhere, so that M W_1 S and M U_1 are well above the tolerance.
+    inputs = make_inputs(946, "gated_delta_rule", B=1, T=260, H=2, K=32, V=32, gate_bias=4.0, init=True)
+    for start, stop_row in ((40, 45), (80, 85), (150, 166)):
+        inputs["g"][:, start:stop_row] = stop
+    run_and_check(linac, "gated_delta_rule", inputs, options=["--config", "chunk=64,ut=32"])
+
+
+def test_error_ut_configs(linac):
+    inputs = make_inputs(948, "delta_rule", B=1, T=100, H=1, K=16, V=16)
+    with pytest.raises(Exception, match="needs chunks of 32"):
+        run_and_check(linac, "delta_rule", inputs, options=["--config", "chunk=64,ut=16"])
+    with pytest.raises(Exception, match="no saved_"):
+        linac.run_op("delta_rule", inputs, outputs=("o", "saved_w"), options=["--config", "chunk=64,ut=32"],
+                     device=DEVICE)
+
+
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("config", ["split=1", "split=1,chunk=16,bv=16,warps=2", "split=1,chunk=64,bv=32,warps=8"])
 def test_split_schedule(linac, op, config):
     # A state pass storing the state before every chunk, then every chunk's outputs in parallel: the
@@ -253,20 +298,21 @@ def test_gated_walks_read_the_gate_sums_an_iteration_ahead(linac, backward):
     assert r.returncode == 0, r.stderr
     assert "kernel @chunk_gate_sums(" in r.stdout
     names = ["gated_delta_rule_bwd_states", "gated_delta_rule_bwd_dstates"] if backward else ["gated_delta_rule_fwd"]
+    sums = "tile<32xf32>" if backward else "tile<64xf32>"  # the default chunks at head dim 128 in 16 bits
     for name in names:
         kernel = r.stdout.split(f"kernel @{name}(")[1].split("\nkernel @")[0]
         assert "%g:" not in kernel.split("\n", 1)[0], f"{name}: still takes the gates"
         before, loop = kernel.split(" = for ", 1)
-        assert re.search(r"= load %gate_b\[.*: tile<32xf32>", before), f"{name}: no gate sums loaded before the loop"
+        assert re.search(rf"= load %gate_b\[.*: {sums}", before), f"{name}: no gate sums loaded before the loop"
         header = loop.split("\n", 1)[0]
         args = re.search(r"iter_args\((.*?)\) : \((.*?)\)", header)
         assert args, header
         names = [a.split(" = ")[0].strip() for a in args.group(1).split(",")]
         types = [t.strip() for t in args.group(2).split(", ")]
-        assert types.count("tile<32xf32>") == 2, f"{name}: b and cuts not carried: {header}"
-        assert re.search(r"= load %gate_b\[.*: tile<32xf32>", loop), f"{name}: no gate sums loaded in the loop"
+        assert types.count(sums) == 2, f"{name}: b and cuts not carried: {header}"
+        assert re.search(rf"= load %gate_b\[.*: {sums}", loop), f"{name}: no gate sums loaded in the loop"
         assert "= scan " not in loop, f"{name}: the loop still scans"
-        carried = names[types.index("tile<32xf32>")]
+        carried = names[types.index(sums)]
         assert re.search(rf"= \w+ [^\n]*{carried}\b", loop), f"{name}: carried sums unused"
 
 
@@ -425,7 +471,9 @@ def test_few_heads_narrow_the_walks_value_blocks_not_the_ut_kernels(linac, shape
     # Where (sequences x heads) walks leave most SMs idle, the forward's walk takes value blocks of 64 or
     # 32 columns on 4 warps (more programs: docs/ops/delta_rule.md, "Measured"); delta_rule_wy keeps U's
     # products at 64 columns or more (narrower ones measured slower) and writes u as [B, T, H, V], from
-    # which the walk reads its own columns. The SM count is the reference GPU's without one (132).
+    # which the walk reads its own columns (chunks of 64 at head dim 128 in 16 bits, but 32 where the
+    # walk takes 64 columns on 4 warps: kernels/delta_rule/op.cpp). The SM count is the reference GPU's
+    # without one (132).
     r = linac.run("compile", "delta_rule", "--shape", shape, "--dtype", "bf16", "--emit", "tir")
     assert r.returncode == 0, r.stderr
     wy = r.stdout.split("kernel @delta_rule_wy(")[1].split("\nkernel @")[0]
@@ -434,7 +482,8 @@ def test_few_heads_narrow_the_walks_value_blocks_not_the_ut_kernels(linac, shape
     assert stored, wy
     for value in stored:
         assert re.search(rf"{value} = .*: tile<16x{max(walk_columns, 64)}xbf16>", wy), value
-    assert re.search(rf"= load %u\[.*: tile<32x{walk_columns}xbf16>", walk), walk
+    chunk = 32 if walk_columns == 64 else 64
+    assert re.search(rf"= load %u\[.*: tile<{chunk}x{walk_columns}xbf16>", walk), walk
     assert f"num_warps = {warps}," in walk.split("\n", 1)[0]
     # The backward's state walks alike (the per-chunk kernel keeps its 8 warps).
     r = linac.run("compile", "delta_rule", "--shape", shape, "--dtype", "bf16", "--emit", "tir", "--backward")

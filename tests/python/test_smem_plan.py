@@ -72,17 +72,17 @@ def test_barrier_between_dot_operand_reads_and_reuse_of_their_bytes(linac_bin):
 
 
 def test_delta_rule_wy_prefetches_its_key_and_value_blocks(linac_bin):
-    # delta_rule_wy at head dim 128, bf16 (chunk 32: two 16-row blocks; value blocks of 128: one): the
-    # K and V blocks of both row blocks are copied with cp.async where they stand ("prefetched"), so
+    # delta_rule_wy at head dim 128, bf16 (chunk 64: four 16-row blocks; value blocks of 128: one): the
+    # K and V blocks of every row block are copied with cp.async where they stand ("prefetched"), so
     # that their latency overlaps T's inverse. With U's value blocks in a loop, V waited in it (ncu: the
-    # gated wy's hottest stall); the plan then shows two prefetched buffers instead of four. (128 heads:
+    # gated wy's hottest stall); the plan then shows four prefetched buffers instead of eight. (128 heads:
     # where the walks are few the value blocks are 64 columns: few_walks, kernels/common/device_limits.h.)
     r = subprocess.run([str(linac_bin), "compile", "delta_rule", "--shape", "B=8,T=256,H=16,K=128", "--dtype", "bf16",
                         "--emit", "smem"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     wy = r.stdout.split("smem total")[0]  # the first kernel of the call: delta_rule_wy
     prefetched = re.findall(r"tile<16x128xbf16>.* prefetched", wy)
-    assert len(prefetched) == 4, wy
+    assert len(prefetched) == 8, wy
 
 
 @pytest.mark.parametrize("tma", ["1", "0"])

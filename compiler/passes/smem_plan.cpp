@@ -483,6 +483,15 @@ std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
       dots.push_back({op->result()->id, fmt::format("dot {}: A in its registers\n", names.at(op->result()))});
   std::sort(dots.begin(), dots.end());
   for (auto& [id, line] : dots) out += line;
+  // The top-level loads that could be asynchronous copies (choose_prefetched_loads' shape and tensor
+  // rules) but stay in registers: each is waited for at its first use, before the loads after it are
+  // issued (tests/python/test_prefetched_loads.py reads these lines).
+  const std::set<const ir::Value*> stored = stored_tensors(k);
+  for (const auto& op : k.body.ops)
+    if (op->code == OpCode::Load && !op->result()->type.is_scalar() && !plan.buffers.count(op->result()) &&
+        !stored.count(op->operands[0]) && splits_into_16_byte_copies(op->result()->type, k.num_warps * 32))
+      out += fmt::format("register load {} {}: no shared copy, waited for at its first use\n",
+                         names.at(op->result()), op->result()->type.str());
   out += fmt::format("smem total {} bytes\n", plan.total_bytes);
   return out;
 }

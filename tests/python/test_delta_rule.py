@@ -218,6 +218,30 @@ def test_composed_ut_chunks_after_very_negative_gates(linac, stop):
     run_and_check(linac, "gated_delta_rule", inputs, options=["--config", "chunk=64,ut=32"])
 
 
+@pytest.mark.parametrize("target, shape, extra, composes", [
+    ("sm_90a", "B=8,T=4096,H=16,K=128", [], True),
+    ("sm_90a", "B=2,T=16384,H=16,K=128", [], True),
+    ("sm_90a", "B=8,T=1024,H=8,K=64", [], True),
+    ("sm_90a", "B=4,T=2048,H=16,K=128", [], False),  # 64-column walks on 4 warps
+    ("sm_80", "B=8,T=4096,H=16,K=128", [], False),
+    ("sm_90a", "B=8,T=4096,H=16,K=128", ["--dtype", "fp32"], False)])
+def test_where_the_ut_kernel_composes_by_default(linac, target, shape, extra, composes):
+    # The forward's defaults (kernels/delta_rule/op.cpp): chunks of 64 composed from two 32-row UT
+    # transforms in 16 bits up to head dim 128 on sm_90a, but not where the walk takes 64-column blocks on
+    # 4 warps, on sm_80 or in fp32 (nor with --l2norm-qk, which `linac compile` does not take;
+    # docs/ops/delta_rule.md, "Measured"). The default's UT kernel is the one `--config chunk=64,ut=32`
+    # asks for exactly where it composes, else chunk 32's.
+    def ut_kernel(*config):
+        args = ["compile", "gated_delta_rule", "--shape", shape, "--target", target, "--emit", "tir"]
+        r = linac.run(*args, *(["--dtype", "bf16"] if "--dtype" not in extra else []), *extra, *config)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split("kernel @gated_delta_rule_wy(")[1].split("\nkernel @")[0]
+    default, composed = ut_kernel(), ut_kernel("--config", "chunk=64,ut=32")
+    assert (default == composed) == composes
+    if not composes:
+        assert default == ut_kernel("--config", "chunk=32")
+
+
 def test_error_ut_configs(linac):
     inputs = make_inputs(948, "delta_rule", B=1, T=100, H=1, K=16, V=16)
     with pytest.raises(Exception, match="needs chunks of 32"):

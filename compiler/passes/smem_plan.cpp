@@ -211,14 +211,18 @@ class Planner {
 
   // ---- prefetched loads (pipeline.h) ----
   /// Top-level loads whose tile goes to shared memory anyway: their copies can be asynchronous at no
-  /// cost in shared memory (the buffer and its live range are the same) and with fewer registers.
+  /// cost in shared memory (the buffer and its live range are the same) and with fewer registers. The
+  /// others that could be copies are recorded as register loads (printed by print_smem_plan).
   void choose_prefetched_loads() {
     const std::set<const ir::Value*> stored = stored_tensors(k_);
     for (const auto& op : k_.body.ops) {
-      if (op->code != OpCode::Load || !spilled_.count(op->result())) continue;
+      if (op->code != OpCode::Load || op->result()->type.is_scalar()) continue;
       if (stored.count(op->operands[0])) continue;  // may be written by this program before the read
       if (!splits_into_16_byte_copies(op->result()->type, k_.num_warps * 32)) continue;
-      plan_.pipeline.prefetched.insert(op.get());
+      if (spilled_.count(op->result()))
+        plan_.pipeline.prefetched.insert(op.get());
+      else
+        plan_.register_loads.push_back(op.get());
     }
   }
 
@@ -483,15 +487,10 @@ std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
       dots.push_back({op->result()->id, fmt::format("dot {}: A in its registers\n", names.at(op->result()))});
   std::sort(dots.begin(), dots.end());
   for (auto& [id, line] : dots) out += line;
-  // The top-level loads that could be asynchronous copies (choose_prefetched_loads' shape and tensor
-  // rules) but stay in registers: each is waited for at its first use, before the loads after it are
-  // issued (tests/python/test_prefetched_loads.py reads these lines).
-  const std::set<const ir::Value*> stored = stored_tensors(k);
-  for (const auto& op : k.body.ops)
-    if (op->code == OpCode::Load && !op->result()->type.is_scalar() && !plan.buffers.count(op->result()) &&
-        !stored.count(op->operands[0]) && splits_into_16_byte_copies(op->result()->type, k.num_warps * 32))
-      out += fmt::format("register load {} {}: no shared copy, waited for at its first use\n",
-                         names.at(op->result()), op->result()->type.str());
+  // (tests/python/test_prefetched_loads.py reads these lines.)
+  for (const ir::Op* op : plan.register_loads)
+    out += fmt::format("register load {} {}: no shared copy, waited for at its first use\n", names.at(op->result()),
+                       op->result()->type.str());
   out += fmt::format("smem total {} bytes\n", plan.total_bytes);
   return out;
 }

@@ -90,6 +90,9 @@ struct SmemPlan {
   int64_t total_bytes = 0;
   std::map<const ir::Op*, WgmmaDot> wgmma_dots;  // the dots that run on wgmma (empty unless asked for)
   std::set<const ir::Op*> dots_a_in_registers;    // the dots whose A is read from its registers (dot_a_in_registers)
+  // Top-level loads that could be asynchronous copies (as pipeline.prefetched's) but whose tiles stay in
+  // registers: each is waited for at its first use, before the loads after it are issued.
+  std::vector<const ir::Op*> register_loads;
   std::map<const ir::Op*, DeferredWait> deferred_waits;  // wgmma dots waited for an iteration late (wgmma_waits.h fills it)
 };
 

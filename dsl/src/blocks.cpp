@@ -36,19 +36,29 @@ Tile gates_below(const Tile& g) {
 
 }  // namespace
 
-Tile unit_lower_inverse(const Tile& A, Loc loc) {
-  require_f32("unit_lower_inverse", "A", A, 2, loc);
-  const int64_t n = A.shape(loc)[0];
-  if (A.shape(loc)[1] != n || !power_of_two(n))
-    throw UserError(sl(loc), fmt::format("unit_lower_inverse: A must be square with a power-of-two size >= 2, got {}",
-                                         fmt::join(A.shape(loc), "x")));
+Tile unit_lower_inverse(const Tile& A, Loc loc) { return unit_lower_inverses({A}, loc)[0]; }
+
+std::vector<Tile> unit_lower_inverses(const std::vector<Tile>& As, Loc loc) {
+  if (As.empty()) return {};
+  for (const Tile& A : As) require_f32("unit_lower_inverse", "A", A, 2, loc);
+  const int64_t n = As[0].shape(loc)[0];
+  for (const Tile& A : As)
+    if (A.shape(loc)[0] != n || A.shape(loc)[1] != n || !power_of_two(n))
+      throw UserError(sl(loc), fmt::format("unit_lower_inverse: A must be square with a power-of-two size >= 2{}, got {}",
+                                           As.size() > 1 ? fmt::format(", the same for all {}", As.size()) : "",
+                                           fmt::join(A.shape(loc), "x")));
   const DType f32 = DType::f32;
   Tile row = expand_dims(iota(n), 1), col = expand_dims(iota(n), 0);
   Tile eye = where(row == col, full({n, n}, 1.0, f32), 0.0f);
-  Tile T = eye - where(row / 2 == col / 2, A, 0.0f);
+  std::vector<Tile> T(As.size());
+  for (size_t b = 0; b < As.size(); ++b) T[b] = eye - where(row / 2 == col / 2, As[b], 0.0f);
+  // Level by level, each product of every block before the next: the blocks' operands go to shared
+  // memory side by side, and a barrier serves them all.
   for (int64_t s = 2; s < n; s *= 2) {
-    Tile C = where((row / (2 * s) == col / (2 * s)) & (row / s != col / s), A, 0.0f);
-    T = T - dot(T, dot(C, T));
+    Tile in_C = (row / (2 * s) == col / (2 * s)) & (row / s != col / s);
+    std::vector<Tile> CT(As.size());
+    for (size_t b = 0; b < As.size(); ++b) CT[b] = dot(where(in_C, As[b], 0.0f), T[b]);
+    for (size_t b = 0; b < As.size(); ++b) T[b] = T[b] - dot(T[b], CT[b]);
   }
   return T;
 }
@@ -56,19 +66,24 @@ Tile unit_lower_inverse(const Tile& A, Loc loc) {
 std::vector<std::vector<Tile>> unit_lower_inverse_blocks(const std::vector<std::vector<Tile>>& A, Loc loc) {
   const size_t ns = A.size();
   for (size_t i = 0; i < ns; ++i) {
-    if (A[i].size() < i + 1)
+    if (A[i].size() < i + 1 || !A[i][i].valid())
       throw UserError(sl(loc), fmt::format("unit_lower_inverse_blocks: row {} of blocks has {} blocks; it needs the "
-                                           "{} blocks up to the diagonal", i, A[i].size(), i + 1));
-    for (size_t j = 0; j <= i; ++j) require_f32("unit_lower_inverse_blocks", "every block", A[i][j], 2, loc);
+                                           "{} blocks up to the diagonal, the diagonal one given", i, A[i].size(), i + 1));
+    for (size_t j = 0; j <= i; ++j)
+      if (A[i][j].valid()) require_f32("unit_lower_inverse_blocks", "every block", A[i][j], 2, loc);
   }
+  std::vector<Tile> diagonal(ns);
+  for (size_t i = 0; i < ns; ++i) diagonal[i] = A[i][i];
+  const std::vector<Tile> T_diagonal = unit_lower_inverses(diagonal, loc);
   std::vector<std::vector<Tile>> T(ns, std::vector<Tile>(ns));
-  for (size_t i = 0; i < ns; ++i) T[i][i] = unit_lower_inverse(A[i][i], loc);
+  for (size_t i = 0; i < ns; ++i) T[i][i] = T_diagonal[i];
   for (size_t d = 1; d < ns; ++d)
     for (size_t j = 0; j + d < ns; ++j) {
       const size_t i = j + d;
-      Tile X = dot(A[i][j], T[j][j]);
-      for (size_t m = j + 1; m < i; ++m) X = X + dot(A[i][m], T[m][j]);
-      T[i][j] = dot(T[i][i], X) * -1.0f;
+      Tile X;  // absent blocks of A, and the blocks of T they leave zero, add nothing
+      for (size_t m = j; m < i; ++m)
+        if (A[i][m].valid() && T[m][j].valid()) X = X.valid() ? X + dot(A[i][m], T[m][j]) : dot(A[i][m], T[m][j]);
+      if (X.valid()) T[i][j] = dot(T[i][i], X) * -1.0f;
     }
   return T;
 }

@@ -148,6 +148,44 @@ TEST_CASE("blocks: unit_lower_inverse_blocks is (I + A)^-1, by 16-row blocks") {
   }
 }
 
+TEST_CASE("blocks: unit_lower_inverse_blocks with absent blocks: T block diagonal by the same groups") {
+  // A block diagonal by two groups of two 16-row blocks, the blocks between the groups absent: each
+  // group's T is its own inverse, the blocks between the groups come back absent (zero), and the four
+  // diagonal blocks, inverted side by side (unit_lower_inverses), equal the inverses one at a time.
+  const int64_t n = 64, ns = 4;
+  Array A = strictly_lower(n, 29), T({n, n});
+  for (int64_t r = 32; r < n; ++r)
+    for (int64_t c = 0; c < 32; ++c) A(r, c) = 0.0f;
+  bool absent_between = true, present_within = true;
+  run_block({&A}, {&T}, [&](const std::vector<Tile>& t) {
+    std::vector<std::vector<Tile>> blk(ns, std::vector<Tile>(ns));
+    for (int i = 0; i < ns; ++i)
+      for (int j = i / 2 * 2; j <= i; ++j) blk[i][j] = slice(slice(t[0], 0, 16 * i, 16), 1, 16 * j, 16);
+    std::vector<std::vector<Tile>> inv = blocks::unit_lower_inverse_blocks(blk);
+    Tile out = zeros({n, n}, DType::f32);
+    for (int i = 0; i < ns; ++i)
+      for (int j = 0; j <= i; ++j) {
+        const bool within = i / 2 == j / 2;
+        absent_between = absent_between && (within || !inv[i][j].valid());
+        present_within = present_within && (!within || inv[i][j].valid());
+        if (inv[i][j].valid()) out = place(out, inv[i][j], {16 * i, 16 * j});
+      }
+    return std::vector<Tile>{out};
+  });
+  CHECK(absent_between);
+  CHECK(present_within);
+  CHECK(worst_error(T, unit_lower_inverse_f64(A)) < 1e-5);
+
+  Array B = strictly_lower(16, 31), C = strictly_lower(16, 37), TB({16, 16}), TC({16, 16}), TB1({16, 16});
+  run_block({&B, &C}, {&TB, &TC, &TB1}, [](const std::vector<Tile>& t) {
+    std::vector<Tile> both = blocks::unit_lower_inverses({t[0], t[1]});
+    return std::vector<Tile>{both[0], both[1], blocks::unit_lower_inverse(t[0])};
+  });
+  CHECK(worst_error(TB, unit_lower_inverse_f64(B)) < 1e-5);
+  CHECK(worst_error(TC, unit_lower_inverse_f64(C)) < 1e-5);
+  CHECK(TB.data == TB1.data);
+}
+
 TEST_CASE("blocks: chunk_decays are the gates' sums between rows, to the row and to the chunk's end") {
   const int64_t n = 32;
   Array g = random_array({n}, -1.0, 0.0, 11), D({n, n}), R({n}), D1({n, n}), R1({n});

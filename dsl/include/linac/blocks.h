@@ -38,13 +38,20 @@ using dsl::Tile;
 /// exactly (T C T has its entries where T has none). log2(n) - 1 levels of two products each.
 Tile unit_lower_inverse(const Tile& A, Loc loc = Loc::current());
 
+/// unit_lower_inverse of several independent blocks (the same size), level by level: each level's
+/// products of all blocks side by side, so that their shared-memory operands share barriers.
+std::vector<Tile> unit_lower_inverses(const std::vector<Tile>& A, Loc loc = Loc::current());
+
 /// The same inverse by blocks: A[i][j] (j <= i, each [s, s]) are the blocks of a strictly lower
 /// triangular matrix (its diagonal blocks strictly lower themselves, s a power of two); returns T[i][j]
 /// (j <= i) of T = (I + A)^-1, the blocks above the diagonal being 0. Diagonal blocks are inverted
-/// alone (unit_lower_inverse), those below by block substitution, one block diagonal at a time:
+/// alone (unit_lower_inverses, all at once), those below by block substitution, one block diagonal at
+/// a time:
 ///   T_ij = -T_ii (A_ij T_jj + A_i,j+1 T_j+1,j + ... + A_i,i-1 T_i-1,j)      (i > j)
-/// No product touches a block known to be zero: at n = 32 in blocks of 16, 14 products of 16x16x16
-/// against unit_lower_inverse's 8 of 32x32x32.
+/// Blocks of A below the diagonal may be absent (an invalid Tile): they are zero, and so is every
+/// block of T that only they would reach (returned absent; e.g. A block diagonal by groups of blocks
+/// gives T block diagonal by the same groups). No product touches a block known to be zero: at n = 32
+/// in blocks of 16, 14 products of 16x16x16 against unit_lower_inverse's 8 of 32x32x32.
 std::vector<std::vector<Tile>> unit_lower_inverse_blocks(const std::vector<std::vector<Tile>>& A,
                                                          Loc loc = Loc::current());
 

@@ -35,6 +35,10 @@ using passes::ValueClass;
 
 namespace {
 
+/// tf32x3 products keep each term in its own accumulators where a warp has at most this many
+/// accumulator registers (see lower_dot).
+constexpr int64_t kTf32x3SeparateTermsMaxRegs = 16;
+
 /// Where an operand lives in shared memory: element (i, j) of the operand is buf[i + row0][j + col0],
 /// or buf[j + row0][i + col0] when transposed.
 struct SmemOperand {
@@ -133,7 +137,14 @@ void KernelLowering::lower_dot(const ir::Op& op) {
       llvm::Value* big = to_tf32(x);
       return {big, to_tf32(b_.CreateFSub(x, b_.CreateBitCast(big, f32)))};
     };
-    std::vector<llvm::Value*> init(mt * nt * 4, llvm::ConstantFP::get(f32, 0.0));
+    // Where a warp's accumulators are few (small products, e.g. 16 x 16 blocks of the UT transform),
+    // three of them, one per term: three independent chains of K/8 products instead of one of 3K/8,
+    // and the small terms summed apart from the large one (not lost against it), added to it once at
+    // the end: big + (small_1 + small_2). Larger products keep one set (the two more cost spills).
+    // Else one set, the small terms first so that they are not lost against the large one.
+    const int64_t n_acc = mt * nt * 4;
+    const int sets = n_acc <= kTf32x3SeparateTermsMaxRegs ? 3 : 1;
+    std::vector<llvm::Value*> init(sets * n_acc, llvm::ConstantFP::get(f32, 0.0));
     auto step = [&](llvm::Value* ks, const std::vector<llvm::Value*>& cur) {
       std::vector<llvm::Value*> acc = cur;
       llvm::Value* k_lo = b_.CreateAdd(b_.CreateMul(ks, i32(8)), t);
@@ -152,19 +163,24 @@ void KernelLowering::lower_dot(const ir::Op& op) {
       for (int64_t tm = 0; tm < mt; ++tm)
         for (int64_t tn = 0; tn < nt; ++tn) {
           int64_t base = (tm * nt + tn) * 4;
-          // The small terms first, so that they are not lost against the large one.
+          // Term 0: a_small b_big, 1: a_big b_small, 2: a_big b_big.
           for (int term = 0; term < 3; ++term) {
             auto pick_a = [&](int q) { return term == 0 ? af[tm][q].second : af[tm][q].first; };
             auto pick_b = [&](int q) { return term == 1 ? bf[tn][q].second : bf[tn][q].first; };
+            const int64_t at = base + (sets == 3 ? 2 - term : 0) * n_acc;
             std::vector<llvm::Value*> args = {pick_a(0), pick_a(1), pick_a(2), pick_a(3), pick_b(0), pick_b(1),
-                                              acc[base], acc[base + 1], acc[base + 2], acc[base + 3]};
+                                              acc[at], acc[at + 1], acc[at + 2], acc[at + 3]};
             llvm::Value* d = b_.CreateIntrinsic(llvm::Intrinsic::nvvm_mma_m16n8k8_row_col_tf32, {}, args);
-            for (int q = 0; q < 4; ++q) acc[base + q] = b_.CreateExtractValue(d, q);
+            for (int q = 0; q < 4; ++q) acc[at + q] = b_.CreateExtractValue(d, q);
           }
         }
       return acc;
     };
     std::vector<llvm::Value*> acc = emit_counted_loop(i32(0), i32(K / 8), init, step);
+    if (sets == 3) {
+      for (int64_t i = 0; i < n_acc; ++i) acc[i] = b_.CreateFAdd(acc[i], b_.CreateFAdd(acc[n_acc + i], acc[2 * n_acc + i]));
+      acc.resize(n_acc);
+    }
     regs_[op.result()] = acc;
     return;
   }

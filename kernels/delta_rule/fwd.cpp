@@ -62,11 +62,10 @@ void configure_delta_walk(KernelBuilder& kb, const DeltaRuleConfig& cfg) {
 // W_i = sum_{j <= i} T_ij diag(..)_j K_j (likewise U). Inverting the whole [BT, BT] matrix by
 // doubling spent dense [BT, BT] products on blocks known to be zero: at chunk 32, 8 fp32 products of
 // 32x32x32 against 14 of 16x16x16 here (docs/ops/delta_rule.md, "Measured").
-// The decays of A's blocks are sums of gates over the rows in between, never differences of cumulative
-// sums: in the diagonal blocks blocks::chunk_decays' D, below them exp(L_i) exp(mid) exp(R_j) with L_i
-// the cumulative gates of block i from its first row, R_j those after row c to the end of block j and
-// mid the totals of the blocks in between (every factor <= 1). W and U are products on the tensor cores in
-// the input dtype (each T_ij rounded to it once, as the state products use it).
+// The decays are differences of b read from chunk_gate_sums' tables, with the gates below
+// kLogDecayFloor (-inf included) set apart as the walk has them (log_decay.h: a decay spanning one is
+// 0, every other as precise as without it). W and U are products on the tensor cores in the input
+// dtype (each T_ij rounded to it once, as the state products use it).
 std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.wy_block_v;
   const int64_t BS = std::min<int64_t>(BT, 16);
@@ -87,7 +86,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   Tensor k = kb.tensor("k", dt, 4);
   Tensor v = kb.tensor("v", dt, 4);
   Tensor beta = kb.tensor("beta", f32, 3);
-  Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
+  const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
   Tensor w = kb.tensor("w", dt, 4);
@@ -101,18 +100,37 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   Tile row = expand_dims(iota(BS), 1), col = expand_dims(iota(BS), 0);
 
   // Per block of rows: K, beta, the row factor of A (beta r), the column factors of A (r) and of W
-  // (beta exp(b) r), and the gates' L (exp), R (exp), tot. Rows past the sequence end load zeros (k,
-  // beta, g): their rows of A vanish and b stops growing. Every load is issued before the first use of
-  // any: beta's and g's strided rows stay in registers, and each waited for before the next block's
-  // loads went out (their waits were a tenth of the kernel's stall samples in ncu).
-  std::vector<Tile> K(NS), beta_s(NS), gates(NS), a_row(NS), a_col(NS), w_col(NS), eL(NS), eR(NS), tot(NS), D(NS);
+  // (beta exp(b - b_ref) r, b_ref the cumulative gates before the block's group), and the gates'
+  // chunk-local sums b and the set-apart gates' counts (chunk_gate_sums.h, filled before this kernel
+  // runs: every decay a difference of b, as in the walk; summing the gates each decay spans here took
+  // [16, 16] scans through shared memory per block, a tenth of the kernel's samples in ncu). Rows past
+  // the sequence end load zeros (k, beta; the tables hold the chunk's totals there): their rows of A
+  // vanish. Every load is issued before the first use of any: beta's strided rows stay in registers,
+  // and each was waited for before the next block's loads went out.
+  std::vector<Tile> K(NS), beta_s(NS), gate_b(NS), gate_cuts(NS), a_row(NS), a_col(NS), w_col(NS);
   for (int s = 0; s < NS; ++s) {
     Tile ts = t0 + s * BS;
     K[s] = load(k, {b, ts, i_h, 0}, {kIndex, BS, kIndex, BK}, in_seq);
     beta_s[s] = load(beta, {b, ts, i_h}, {kIndex, BS, kIndex}, in_seq);
-    if (cfg.gated) gates[s] = load(g, {b, ts, i_h}, {kIndex, BS, kIndex}, in_seq);
+    if (cfg.gated) {
+      gate_b[s] = load(gates.b, {cb.global_chunk, i_h, s * BS}, {kIndex, kIndex, BS});
+      gate_cuts[s] = load(gates.cuts, {cb.global_chunk, i_h, s * BS}, {kIndex, kIndex, BS});
+    }
   }
-  Tile before;  // the gates of the blocks before this one, summed
+  // exp(b_r - b_ref) where no set-apart gate lies between (cuts equal), else 0; b_ref, cuts_ref the
+  // sums at the row before the block's group (none for the first group: 0, 0).
+  struct Reference {
+    Tile b, cuts;
+  };
+  auto ref_of_group = [&](int s) -> Reference {
+    const int g0 = s / G * G;
+    if (g0 == 0) return {};
+    return {take(gate_b[g0 - 1], BS - 1, 0), take(gate_cuts[g0 - 1], BS - 1, 0)};
+  };
+  auto decay_from = [&](const Tile& b_rows, const Tile& cuts_rows, const Reference& ref) {
+    if (!ref.b.valid()) return where(cuts_rows > 0.0f, 0.0f, exp(b_rows));
+    return where(cuts_rows != ref.cuts, 0.0f, exp(b_rows - ref.b));
+  };
   for (int s = 0; s < NS; ++s) {
     a_row[s] = beta_s[s];
     w_col[s] = beta_s[s];
@@ -121,32 +139,17 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
       a_row[s] = a_row[s] * a_col[s];
       w_col[s] = w_col[s] * a_col[s];
     }
-    if (cfg.gated) {
-      const Tile& gc = gates[s];
-      const blocks::ChunkDecays dec = blocks::chunk_decays(gc);
-      Tile L = cumsum(gc, 0);
-      D[s] = dec.D;
-      eL[s] = exp(L);
-      eR[s] = exp(dec.R);
-      tot[s] = sum(gc, 0);
-      const bool group_start = s % G == 0;  // W's decays from the first row of the block's group
-      w_col[s] = w_col[s] * exp(group_start ? L : L + before);
-      before = group_start ? tot[s] : before + tot[s];
-    }
+    if (cfg.gated) w_col[s] = w_col[s] * decay_from(gate_b[s], gate_cuts[s], ref_of_group(s));
   }
-  // A's block (i, j), i >= j, masked to r > c on the diagonal.
+  // A's block (i, j), i >= j, masked to r > c on the diagonal; its decays exp(b_r - b_c) (0 across a
+  // set-apart gate), exponentiated only where rows interact (1 elsewhere: masked below).
   auto a_block = [&](int i, int j) {
     Tile A = dot(K[i], K[j].T()) * expand_dims(a_row[i], 1);
     if (cfg.l2norm_qk) A = A * expand_dims(a_col[j], 0);
     if (cfg.gated) {
-      if (i == j) {
-        A = A * exp(D[i]);  // exp(b_r - b_c), summed directly (1 where r <= c: masked below)
-      } else {
-        Tile mid;  // tot_{j+1} + ... + tot_{i-1}
-        for (int m = j + 1; m < i; ++m) mid = m == j + 1 ? tot[m] : mid + tot[m];
-        Tile row_f = mid.valid() ? eL[i] * exp(mid) : eL[i];
-        A = A * expand_dims(row_f, 1) * expand_dims(eR[j], 0);
-      }
+      Tile diff = expand_dims(gate_b[i], 1) - expand_dims(gate_b[j], 0);
+      Tile decays = exp(i == j ? where(row > col, diff, 0.0f) : diff);
+      A = A * where(expand_dims(gate_cuts[i], 1) != expand_dims(gate_cuts[j], 0), 0.0f, decays);
     }
     return i == j ? where(row > col, A, 0.0f) : A;
   };
@@ -169,16 +172,15 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   // off-half blocks of T took chains of fp32 16 x 16 products (docs/ops/delta_rule.md, "Measured").
   // M[i][j]: the [BS, BS] block of M for block i of the second half and block j of the first.
   std::vector<std::vector<Tile>> M(NS, std::vector<Tile>(NS));
-  Tile first_total;  // b_1
+  const Reference second_half = halves && cfg.gated ? ref_of_group(G) : Reference();  // b_1, its cuts
   std::vector<Tile> m_cols(G);
-  if (halves) {
-    for (int j = G - 1; j >= 0; --j) {
-      // The decay from row c of block j to the first half's end: within the block, then the later blocks.
-      if (cfg.gated) m_cols[j] = first_total.valid() ? eR[j] * exp(first_total) : eR[j];
+  if (halves)
+    for (int j = 0; j < G; ++j) {
+      // The decay from row c of block j to the first half's end.
+      if (cfg.gated)
+        m_cols[j] = where(gate_cuts[j] != second_half.cuts, 0.0f, exp(second_half.b - gate_b[j]));
       if (cfg.l2norm_qk) m_cols[j] = m_cols[j].valid() ? m_cols[j] * a_col[j] : a_col[j];
-      if (cfg.gated) first_total = first_total.valid() ? first_total + tot[j] : tot[j];
     }
-  }
   // The column factors go on T's blocks, so that the loaded K and V feed the tensor cores as they are.
   // Each block of W is composed and stored as soon as it is summed: one fp32 block live at a time.
   std::vector<Tile> W_dt(NS);  // W's blocks rounded (the first half's are the composition's operands)
@@ -190,7 +192,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
     }
     W_dt[i] = W.to(dt);
     if (halves && i >= G) {
-      if (cfg.gated) W = W * exp(first_total);
+      if (cfg.gated) W = W * where(second_half.cuts > 0.0f, 0.0f, exp(second_half.b));
       for (int j = 0; j < G; ++j) {
         Tile Mij = dot(W_dt[i], K[j].T());
         M[i][j] = (m_cols[j].valid() ? Mij * expand_dims(m_cols[j], 0) : Mij).to(dt);

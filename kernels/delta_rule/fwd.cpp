@@ -19,15 +19,13 @@ namespace {
 /// The blocks per SM ptxas is asked to fit the UT kernel's registers for: its programs are short and
 /// many (one chunk each) and wait on their barriers and loads, so more blocks hide more of it, as far
 /// as ptxas keeps them spill-free (13.0, sm_90a and sm_80): in 16 bits 72 registers a thread at chunks
-/// of 32 up to head dim 128 (7 blocks of 4 warps), else 96 (5 blocks; 72 spills there), but 128 (4
-/// blocks) where the gated kernel composes chunks of 64 above head dim 64 (96 spilled 8 bytes); fp32
-/// two blocks (96 registers spill at head dims 64 and 256). Measured faster at each step
+/// of 32 up to head dim 128 (7 blocks of 4 warps), else 96 (5 blocks; 72 spills there); fp32 two
+/// blocks (96 registers spill at head dims 64 and 256). Measured faster at each step
 /// (docs/ops/delta_rule.md, "Measured").
 int wy_blocks_per_sm(const DeltaRuleConfig& cfg) {
   if (dtype_bytes(cfg.dtype) == 4) return 2;
   int registers = 96;
   if (cfg.chunk == 32 && cfg.block_k <= 128) registers = 72;
-  if (cfg.ut_chunk > 0 && cfg.gated && cfg.block_k > 64) registers = 128;
   return std::max(2, 65536 / (registers * 32 * cfg.wy_warps));
 }
 

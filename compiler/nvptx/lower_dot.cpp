@@ -137,11 +137,11 @@ void KernelLowering::lower_dot(const ir::Op& op) {
       llvm::Value* big = to_tf32(x);
       return {big, to_tf32(b_.CreateFSub(x, b_.CreateBitCast(big, f32)))};
     };
-    // Where a warp's accumulators are few (small products, e.g. 16 x 16 blocks of the UT transform),
-    // three of them, one per term: three independent chains of K/8 products instead of one of 3K/8,
-    // and the small terms summed apart from the large one (not lost against it), added to it once at
-    // the end: big + (small_1 + small_2). Larger products keep one set (the two more cost spills).
-    // Else one set, the small terms first so that they are not lost against the large one.
+    // Where a warp's accumulators are few (small products, e.g. the UT transform's 16 x 16 blocks), a
+    // set per term: three independent chains of K/8 products instead of one of 3K/8, the small terms
+    // summed apart from the large one (not lost against it) and added to it once at the end, big +
+    // (small_1 + small_2). Larger products keep one set, the small terms first for the same reason
+    // (three sets spilled in poly's products).
     const int64_t n_acc = mt * nt * 4;
     const int sets = n_acc <= kTf32x3SeparateTermsMaxRegs ? 3 : 1;
     std::vector<llvm::Value*> init(sets * n_acc, llvm::ConstantFP::get(f32, 0.0));

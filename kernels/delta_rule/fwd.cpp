@@ -115,19 +115,21 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
       gate_cuts[s] = load(gates.cuts, {cb.global_chunk, i_h, s * BS}, {kIndex, kIndex, BS});
     }
   }
-  // exp(b_r - b_ref) where no set-apart gate lies between (cuts equal), else 0; b_ref, cuts_ref the
-  // sums at the row before the block's group (none for the first group: 0, 0).
-  struct Reference {
+  // The sums at one row (or before the chunk: zeros), and the decay from an earlier row to a later:
+  // exp(b_later - b_earlier) where no set-apart gate lies between (their counts equal), else 0. The
+  // operands broadcast: [16] by a row's scalars, or [16, 1] by [1, 16] for a block of A.
+  struct Sums {
     Tile b, cuts;
   };
-  auto ref_of_group = [&](int s) -> Reference {
-    const int g0 = s / G * G;
-    if (g0 == 0) return {};
-    return {take(gate_b[g0 - 1], BS - 1, 0), take(gate_cuts[g0 - 1], BS - 1, 0)};
+  auto decay = [](const Sums& later, const Sums& earlier) {
+    return where(later.cuts != earlier.cuts, 0.0f, exp(later.b - earlier.b));
   };
-  auto decay_from = [&](const Tile& b_rows, const Tile& cuts_rows, const Reference& ref) {
-    if (!ref.b.valid()) return where(cuts_rows > 0.0f, 0.0f, exp(b_rows));
-    return where(cuts_rows != ref.cuts, 0.0f, exp(b_rows - ref.b));
+  const Tile zero = constant(0.0, f32);
+  // The row before the block's group (W's decays start there): the chunk's start for the first group.
+  auto group_start = [&](int s) -> Sums {
+    const int g0 = s / G * G;
+    if (g0 == 0) return {zero, zero};
+    return {take(gate_b[g0 - 1], BS - 1, 0), take(gate_cuts[g0 - 1], BS - 1, 0)};
   };
   for (int s = 0; s < NS; ++s) {
     a_row[s] = beta_s[s];
@@ -137,18 +139,16 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
       a_row[s] = a_row[s] * a_col[s];
       w_col[s] = w_col[s] * a_col[s];
     }
-    if (cfg.gated) w_col[s] = w_col[s] * decay_from(gate_b[s], gate_cuts[s], ref_of_group(s));
+    if (cfg.gated) w_col[s] = w_col[s] * decay({gate_b[s], gate_cuts[s]}, group_start(s));
   }
-  // A's block (i, j), i >= j, masked to r > c on the diagonal; its decays exp(b_r - b_c) (0 across a
-  // set-apart gate), exponentiated only where rows interact (1 elsewhere: masked below).
+  // A's block (i, j), i >= j, masked to r > c on the diagonal (where the mask selects 0 over whatever
+  // the decays of rows that do not interact came to).
   auto a_block = [&](int i, int j) {
     Tile A = dot(K[i], K[j].T()) * expand_dims(a_row[i], 1);
     if (cfg.l2norm_qk) A = A * expand_dims(a_col[j], 0);
-    if (cfg.gated) {
-      Tile diff = expand_dims(gate_b[i], 1) - expand_dims(gate_b[j], 0);
-      Tile decays = exp(i == j ? where(row > col, diff, 0.0f) : diff);
-      A = A * where(expand_dims(gate_cuts[i], 1) != expand_dims(gate_cuts[j], 0), 0.0f, decays);
-    }
+    if (cfg.gated)
+      A = A * decay({expand_dims(gate_b[i], 1), expand_dims(gate_cuts[i], 1)},
+                    {expand_dims(gate_b[j], 0), expand_dims(gate_cuts[j], 0)});
     return i == j ? where(row > col, A, 0.0f) : A;
   };
   // T of each group's blocks (one group: the chunk's), zero between groups (A's blocks there absent).
@@ -170,13 +170,12 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   // off-half blocks of T took chains of fp32 16 x 16 products (docs/ops/delta_rule.md, "Measured").
   // M[i][j]: the [BS, BS] block of M for block i of the second half and block j of the first.
   std::vector<std::vector<Tile>> M(NS, std::vector<Tile>(NS));
-  const Reference second_half = halves && cfg.gated ? ref_of_group(G) : Reference();  // b_1, its cuts
+  const Sums first_half_end = halves && cfg.gated ? group_start(G) : Sums();  // b_1
   std::vector<Tile> m_cols(G);
   if (halves)
     for (int j = 0; j < G; ++j) {
       // The decay from row c of block j to the first half's end.
-      if (cfg.gated)
-        m_cols[j] = where(gate_cuts[j] != second_half.cuts, 0.0f, exp(second_half.b - gate_b[j]));
+      if (cfg.gated) m_cols[j] = decay(first_half_end, {gate_b[j], gate_cuts[j]});
       if (cfg.l2norm_qk) m_cols[j] = m_cols[j].valid() ? m_cols[j] * a_col[j] : a_col[j];
     }
   // The column factors go on T's blocks, so that the loaded K and V feed the tensor cores as they are.
@@ -190,7 +189,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
     }
     W_dt[i] = W.to(dt);
     if (halves && i >= G) {
-      if (cfg.gated) W = W * where(second_half.cuts > 0.0f, 0.0f, exp(second_half.b));
+      if (cfg.gated) W = W * decay(first_half_end, group_start(0));
       for (int j = 0; j < G; ++j) {
         Tile Mij = dot(W_dt[i], K[j].T());
         M[i][j] = (m_cols[j].valid() ? Mij * expand_dims(m_cols[j], 0) : Mij).to(dt);

@@ -77,7 +77,7 @@ Example:
 )";
 
 constexpr const char* kCompileUsage = R"(usage: linac compile OP|FILE.tir [--emit STAGE] [--out DIR] [--dtype D] [--config K=V,...] [--target sm_80|sm_90a]
-       [--shape B=..,T=..,H=..,K=..[,V=..] [--gated] [--normalize] [--backward] [--states]]
+       [--shape B=..,T=..,H=..,K=..[,V=..] [--gated] [--normalize] [--l2norm-qk] [--backward] [--states]]
 
 Prints one stage of OP's kernels at their default configuration, or of a .tir file (parsed and
 verified first). Needs no GPU.
@@ -96,6 +96,7 @@ verified first). Needs no GPU.
                         launches (its plan, at the default or --config configuration)
   --gated, --normalize, --backward   with --shape: the gated call (linear_attn's g) / the normalized
                         form / the backward's kernels
+  --l2norm-qk           with --shape: the call that L2-normalizes q and k inside the kernels (the delta rules)
   --states              with --shape: the call with an initial state and asking for the final state
 With LINAC_OVERRIDE_DIR set, stages come from its files where it has them (see 'linac dump --help').
 )";
@@ -336,8 +337,8 @@ TensorMap synthetic_inputs(const OpDef& op, const ProblemShape& ps, bool backwar
 TensorMap shape_only_inputs(const OpDef& op, const ProblemShape& ps, bool backward);
 std::vector<std::string> synthetic_outputs(bool backward, bool gated);
 
-/// Consumes args[i] (and its value) if it is --dtype, --config, --target, --shape, --gated, --states or
-/// --backward.
+/// Consumes args[i] (and its value) if it is --dtype, --config, --target, --shape, --gated, --states,
+/// --normalize, --l2norm-qk or --backward.
 bool parse_selection_option(const std::vector<std::string>& args, size_t& i, KernelSelection& sel) {
   if (args[i] == "--shape") {
     sel.shape = parse_shape(value_of(args, i));
@@ -349,6 +350,8 @@ bool parse_selection_option(const std::vector<std::string>& args, size_t& i, Ker
     sel.opts.backward = true;
   } else if (args[i] == "--normalize") {
     sel.opts.normalize = true;
+  } else if (args[i] == "--l2norm-qk") {
+    sel.opts.l2norm_qk = true;
   } else if (args[i] == "--dtype") {
     sel.opts.dtype = parse_input_dtype(value_of(args, i));
   } else if (args[i] == "--config") {
@@ -376,9 +379,12 @@ OpOptions options_on_target(const KernelSelection& sel) {
 std::vector<std::shared_ptr<ir::Kernel>> load_kernels(const std::string& what, const KernelSelection& sel) {
   if (what.ends_with(".tir") && (sel.shape || sel.gated || sel.states || sel.opts.backward))
     usage_error("--shape, --gated, --states and --backward select an op's kernels, not a .tir file's");
-  if (what.ends_with(".tir") && sel.opts.normalize) usage_error("--normalize selects an op's kernels, not a .tir file's");
-  if (!what.ends_with(".tir") && (sel.gated || sel.states || sel.opts.backward || sel.opts.normalize) && !sel.shape)
-    usage_error("--gated, --states, --normalize and --backward need --shape B=..,T=..,H=..,K=.. (the call whose kernels to take)");
+  const bool call_form = sel.opts.normalize || sel.opts.l2norm_qk;
+  if (what.ends_with(".tir") && call_form)
+    usage_error("--normalize and --l2norm-qk select an op's kernels, not a .tir file's");
+  if (!what.ends_with(".tir") && (sel.gated || sel.states || sel.opts.backward || call_form) && !sel.shape)
+    usage_error("--gated, --states, --normalize, --l2norm-qk and --backward need --shape B=..,T=..,H=..,K=.. (the call "
+                "whose kernels to take)");
   if (!what.ends_with(".tir") && sel.shape) {
     // Exactly the kernels a call at this shape launches (its plan, made on the host), each once.
     const OpDef& op = find_op(what);
@@ -572,7 +578,7 @@ int cmd_tune(const std::vector<std::string>& args) {
 }
 
 constexpr const char* kDumpUsage = R"(usage: linac dump OP|FILE.tir --dir D [--dtype D] [--config K=V,...] [--target sm_80|sm_90a]
-       [--shape B=..,T=..,H=..,K=..[,V=..] [--gated] [--normalize] [--backward] [--states]]
+       [--shape B=..,T=..,H=..,K=..[,V=..] [--gated] [--normalize] [--l2norm-qk] [--backward] [--states]]
 
 Writes, per kernel of OP (or of the .tir file), into D/<n>-<kernel>/: the tile IR as recorded, with
 layouts, the shared-memory plan, LLVM IR before and after O3, the PTX, the PTX annotated with the DSL
@@ -580,7 +586,8 @@ source lines its .loc directives point at, and — when ptxas is installed — t
 resource report (registers, spills, stack), plus the SASS when cuobjdump is installed:
   1-recorded.tir 2-layouts.tir 3-smem-plan.txt 4-lowered.ll 5-optimized.ll 6-kernel.ptx
   7-annotated.txt [8-kernel.cubin 9-resources.txt 10-kernel.sass]
-Options as 'linac compile' (--dtype, --config, --target; --shape S [--gated] [--backward] [--states]: the
+Options as 'linac compile' (--dtype, --config, --target; --shape S [--gated] [--normalize] [--l2norm-qk]
+[--backward] [--states]: the
 kernels a call at shape S launches, e.g. linac dump linear_attn --shape B=8,T=4096,H=16,K=128 --backward).
 
 Overriding a stage (as Triton's kernel override): edit a file of D, then set LINAC_OVERRIDE_DIR=D

@@ -100,8 +100,9 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   //    the steps. Not where the walk takes 64-column blocks on 4 warps above head dim 64 (255 registers
   //    at either chunk: no shorter per row at 64, and the UT kernel's part grows), nor in fp32, nor
   //    when saving for the backward (its chunk, T kept), nor on sm_80 (the 64-row walk spills there on
-  //    mma.sync: 255 registers), nor with --l2norm-qk (the gated UT kernel spills 4 bytes at 128
-  //    registers). Else chunks of 32 (fp32: 4 warps and 32 value columns), spill-free under ptxas
+  //    mma.sync: 255 registers), nor with --l2norm-qk (the gated UT kernel spilled 4 bytes at 128
+  //    registers until session 29; spill-free since, at 96, and not yet timed against chunks of 32).
+  //    Else chunks of 32 (fp32: 4 warps and 32 value columns), spill-free under ptxas
   //    (sm_80, sm_90a). Each measured faster where it applies (docs/ops/delta_rule.md, "Measured").
   const bool composes =
       !fp32 && K <= 128 && V <= 128 && !call.save && !opts.l2norm_qk && device_limits(opts).sm >= 90;

@@ -220,6 +220,7 @@ def test_composed_ut_chunks_after_very_negative_gates(linac, stop):
 
 @pytest.mark.parametrize("target, shape, extra, composes", [
     ("sm_90a", "B=8,T=4096,H=16,K=128", [], True),
+    ("sm_90a", "B=8,T=4096,H=16,K=128", ["--l2norm-qk"], False),
     ("sm_90a", "B=2,T=16384,H=16,K=128", [], True),
     ("sm_90a", "B=8,T=1024,H=8,K=64", [], True),
     ("sm_90a", "B=4,T=2048,H=16,K=128", [], False),  # 64-column walks on 4 warps
@@ -228,9 +229,8 @@ def test_composed_ut_chunks_after_very_negative_gates(linac, stop):
 def test_where_the_ut_kernel_composes_by_default(linac, target, shape, extra, composes):
     # The forward's defaults (kernels/delta_rule/op.cpp): chunks of 64 composed from two 32-row UT
     # transforms in 16 bits up to head dim 128 on sm_90a, but not where the walk takes 64-column blocks on
-    # 4 warps, on sm_80 or in fp32 (nor with --l2norm-qk, which `linac compile` does not take;
-    # docs/ops/delta_rule.md, "Measured"). The default's UT kernel is the one `--config chunk=64,ut=32`
-    # asks for exactly where it composes, else chunk 32's.
+    # 4 warps, on sm_80, in fp32 or with --l2norm-qk (docs/ops/delta_rule.md, "Measured"). The default's
+    # UT kernel is the one `--config chunk=64,ut=32` asks for exactly where it composes, else chunk 32's.
     def ut_kernel(*config):
         args = ["compile", "gated_delta_rule", "--shape", shape, "--target", target, "--emit", "tir"]
         r = linac.run(*args, *(["--dtype", "bf16"] if "--dtype" not in extra else []), *extra, *config)

@@ -225,6 +225,21 @@ def test_argument_mistakes(linac):
     assert proc.returncode != 0 and "outputs 'final_state' and 'o' would both be written to" in proc.stderr, proc.stderr
 
 
+def test_compile_l2norm_qk_selects_that_call(linac):
+    # `compile --shape .. --l2norm-qk`: the kernels of a call normalizing q and k inside them (their
+    # norms' rsqrt in the IR), as the default rule picks them for it; ops without the option, calls
+    # without --shape and .tir files say so.
+    args = ("compile", "gated_delta_rule", "--shape", "B=2,T=200,H=2,K=64", "--emit", "tir")
+    proc = linac.run(*args, "--l2norm-qk")
+    assert proc.returncode == 0 and "rsqrt" in proc.stdout, proc.stderr
+    proc = linac.run(*args)
+    assert proc.returncode == 0 and "rsqrt" not in proc.stdout, proc.stderr
+    proc = linac.run("compile", "linear_attn", "--shape", "B=2,T=200,H=2,K=64", "--l2norm-qk")
+    assert proc.returncode != 0 and "linear_attn does not take --l2norm-qk" in proc.stderr, proc.stderr
+    proc = linac.run("compile", "delta_rule", "--l2norm-qk")
+    assert proc.returncode != 0 and "need --shape" in proc.stderr, proc.stderr
+
+
 def test_compile_states_selects_the_stateful_call(linac):
     # `compile --shape .. --states`: the kernels of a call with an initial state and the final state
     # asked for (how session 21 read the chunk-128 racecheck report's kernel); ops without states say so.

@@ -31,8 +31,8 @@ int wy_blocks_per_sm(const DeltaRuleConfig& cfg) {
 
 }  // namespace
 
-int delta_wy_block_v(DType dtype, int walk_block_v, int64_t padded_v) {
-  const int64_t columns = dtype_bytes(dtype) == 4 ? walk_block_v : std::max(walk_block_v, 64);
+int delta_wy_block_v(DType dtype, int walk_block_v, int64_t padded_v, bool composes) {
+  const int64_t columns = dtype_bytes(dtype) == 4 ? walk_block_v : std::max(walk_block_v, composes ? 128 : 64);
   return static_cast<int>(std::min<int64_t>(columns, padded_v));
 }
 
@@ -229,21 +229,27 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
 
 namespace {
 
-/// A chunk's output, in fp32, from the state before it (S_dt, in the input dtype) and V_new:
-///   scale ((q_factor .* Q) S + ((Q K^T) .* (q_norm k_norm^T) .* gam .* M) V_new)
-/// with q_factor the state term's row factor, q_norm and k_norm the scores' (--l2norm-qk), gam the
-/// decays exp(b_r - b_c); invalid tiles stand for ones. The row factors go on fp32 products, so that Q
-/// and K feed the tensor cores as loaded. Used by the fused walk and by the split schedule's outputs.
-Tile chunk_output(const Tile& Q, const Tile& K, const Tile& S_dt, const Tile& V_new, const Tile& scale,
-                  const Tile& q_factor, const Tile& q_norm, const Tile& k_norm, const Tile& gam, const Tile& causal,
-                  DType dt) {
+/// A chunk's scores, in fp32: scale (Q K^T) .* (q_norm k_norm^T) .* gam masked to `causal`, with q_norm
+/// and k_norm the inverse row norms (--l2norm-qk), gam the decays exp(b_r - b_c); invalid tiles stand
+/// for ones. The row factors go on the fp32 product, so that Q and K feed the tensor cores as loaded.
+/// The walk, delta_rule_scores and the split schedule's outputs form them alike.
+Tile chunk_scores(const Tile& Q, const Tile& K, const Tile& scale, const Tile& q_norm, const Tile& k_norm,
+                  const Tile& gam, const Tile& causal) {
   Tile A = dot(Q, K.T()) * scale;
   if (q_norm.valid()) A = A * expand_dims(q_norm, 1) * expand_dims(k_norm, 0);
   if (gam.valid()) A = A * gam;
-  A = where(causal, A, 0.0f);
+  return where(causal, A, 0.0f);
+}
+
+/// A chunk's output, in fp32, from the state before it (S_dt, in the input dtype), V_new and the
+/// chunk's scores P (chunk_scores, in the input dtype):
+///   scale (q_factor .* Q) S + P V_new
+/// with q_factor the state term's row factor (invalid: ones), applied to the fp32 product.
+Tile chunk_output(const Tile& Q, const Tile& S_dt, const Tile& V_new, const Tile& P, const Tile& scale,
+                  const Tile& q_factor) {
   Tile O = dot(Q, S_dt);
   O = q_factor.valid() ? O * expand_dims(q_factor * scale, 1) : O * scale;
-  return O + dot(A.to(dt), V_new);
+  return O + dot(P, V_new);
 }
 
 }  // namespace
@@ -265,6 +271,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
   Tensor w = kb.tensor("w", dt, 4);
   Tensor u = kb.tensor("u", dt, 4);
   const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
+  Tensor scores = cfg.scores ? kb.tensor("scores", dt, 4) : Tensor();
   const bool segmented = cfg.segment > 0;
   const bool h0_in = cfg.initial_state && !segmented, ht_out = cfg.final_state && !segmented;
   Tensor h0 = h0_in ? kb.tensor("initial_state", f32, 4) : Tensor();
@@ -309,6 +316,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
     Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
     Tile W = load(w, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
     Tile U = load(u, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
+    Tile P = cfg.scores ? load(scores, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BT}, in_seq) : Tile();
     // Per-row factors of Q S and of K in the state update; invalid tiles stand for all ones.
     Tile q_norm, k_norm, q_factor, k_factor, b_last, gam;
     if (cfg.l2norm_qk) {
@@ -323,7 +331,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
       next = gates.load(first_chunk + i + 1, i_h, BT);
       Tile e_b = dec.from_start(), decay = dec.to_end();  // exp(b), exp(b_C - b_r)
       b_last = dec.total;
-      gam = dec.between(causal);  // exp(b_r - b_c) for r >= c, 1 above the diagonal
+      if (!cfg.scores) gam = dec.between(causal);  // exp(b_r - b_c) for r >= c, 1 above the diagonal
       q_factor = q_factor.valid() ? q_factor * e_b : e_b;
       k_factor = k_factor.valid() ? k_factor * decay : decay;
     }
@@ -339,7 +347,8 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
     // 255 -> 212 registers).
     Tile V_state = k_factor.valid() ? (V_new32 * expand_dims(k_factor, 1)).to(dt) : V_new;
 
-    Tile O = chunk_output(Q, K, S_dt, V_new, scale, q_factor, q_norm, k_norm, gam, causal, dt);
+    if (!cfg.scores) P = chunk_scores(Q, K, scale, q_norm, k_norm, gam, causal).to(dt);
+    Tile O = chunk_output(Q, S_dt, V_new, P, scale, q_factor);
     store(o, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), in_seq);
 
     S = blocks::state_update(S, K, V_state, b_last, /*in_place=*/true);
@@ -347,6 +356,39 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
   for_range_carrying(0, num_chunks, body, next.carried_with(S));
 
   if (ht_out) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
+  return kb.finish();
+}
+
+// One program per chunk (all in parallel), as delta_rule_wy: the chunk's scores as the walk would form
+// them (chunk_scores, with the walk's decays: differences of the gates' sums), rounded to the input
+// dtype and stored for the walk's value blocks to read.
+std::shared_ptr<ir::Kernel> build_delta_rule_scores(const DeltaRuleConfig& cfg) {
+  const int64_t BT = cfg.chunk, BK = cfg.block_k;
+  const DType dt = cfg.dtype;
+  KernelBuilder kb(cfg.gated ? "gated_delta_rule_scores" : "delta_rule_scores");
+  kb.set_num_warps(4);
+  kb.set_num_stages(1);
+  Tensor q = kb.tensor("q", dt, 4);
+  Tensor k = kb.tensor("k", dt, 4);
+  const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
+  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
+  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  Tensor scores = kb.tensor("scores", dt, 4);
+  Tile scale = kb.scalar("scale", DType::f32);
+
+  const ChunkBounds cb = chunk_bounds(q, cu, chunk_indices, cfg.varlen, program_id(0), program_id(1), BT);
+  const Tile b = cb.b, i_h = cb.i_h, t0 = cb.t0;
+  Tile causal = expand_dims(iota(BT), 1) >= expand_dims(iota(BT), 0);
+  Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, cb.in_seq);
+  Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, cb.in_seq);
+  Tile q_norm, k_norm, gam;
+  if (cfg.l2norm_qk) {
+    q_norm = blocks::inverse_norms(Q, 1, kDeltaL2NormEps);
+    k_norm = blocks::inverse_norms(K, 1, kDeltaL2NormEps);
+  }
+  if (cfg.gated) gam = gates.load(cb.global_chunk, i_h, BT).decays().between(causal);
+  store(scores, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BT},
+        chunk_scores(Q, K, scale, q_norm, k_norm, gam, causal).to(dt), cb.in_seq);
   return kb.finish();
 }
 
@@ -389,7 +431,8 @@ std::shared_ptr<ir::Kernel> build_delta_rule_out(const DeltaRuleConfig& cfg) {
     e_b = exp(cumsum(gc, 0));
     gam = exp(blocks::decays_between_rows(gc));
   }
-  Tile O = chunk_output(Q, K, S, V_new, scale, e_b, Tile(), Tile(), gam, row >= col, dt);
+  Tile P = chunk_scores(Q, K, scale, Tile(), Tile(), gam, row >= col).to(dt);
+  Tile O = chunk_output(Q, S, V_new, P, scale, e_b);
   store(o, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), in_seq);
   return kb.finish();
 }

@@ -43,15 +43,18 @@ struct DeltaRuleConfig {
   int v_blocks = 0;          // delta_rule_wy: U's value blocks of wy_block_v, unrolled (0: a loop up to v's dim)
   int segment = 0;           // rows per segment of the segment-parallel forward (0: one walk per sequence)
   int ut_chunk = 0;          // delta_rule_wy: rows per UT transform where it composes each chunk from two (0: one)
+  bool scores = false;       // the walk reads each chunk's scores from delta_rule_scores' table (scores [B,T,H,BT])
 };
 
 // The UT transform's inverse, the decays inside a chunk and the l2norm of rows are linac/blocks.h's
 // (blocks::unit_lower_inverse_blocks, blocks::chunk_decays, blocks::inverse_norms).
 
 /// The UT kernel's value columns per product: the walk's block, but at least 64 in 16 bits (its U
-/// products measured slower in narrower blocks: docs/ops/delta_rule.md, "Measured"), at most the padded
-/// value dim. u holds whole blocks of it ([B, T, H, blocks x wy_block_v]); the walk's blocks divide it.
-int delta_wy_block_v(DType dtype, int walk_block_v, int64_t padded_v);
+/// products measured slower in narrower blocks: docs/ops/delta_rule.md, "Measured"), and at least 128
+/// where it `composes` chunks of 64 from two transforms (ut_chunk: two unrolled blocks of 64 spilled 8
+/// bytes at its 96 registers, where few heads take 32-column walks), at most the padded value dim. u
+/// holds whole blocks of it ([B, T, H, blocks x wy_block_v]); the walk's blocks divide it.
+int delta_wy_block_v(DType dtype, int walk_block_v, int64_t padded_v, bool composes = false);
 
 /// The warps of a walk over value blocks of `block_v` columns: 4 where the blocks are narrower than
 /// min(128, V) (few heads; the backward's head dims over 128), faster there on an H200
@@ -63,12 +66,13 @@ int delta_walk_warps(int64_t block_v, int64_t padded_v, int wide_warps);
 /// delta_rule_segment_states): one rule for both.
 void configure_delta_walk(dsl::KernelBuilder& kb, const DeltaRuleConfig& cfg);
 
-/// Records the UT/WY kernel. Parameters: k v beta [g] [cu_seqlens chunk_indices] w u.
+/// Records the UT/WY kernel. Parameters: k v beta [gate_b gate_cuts gate_totals] [cu_seqlens chunk_indices] w u
+/// [t_mat]; the gates' sums (kernels/common/chunk_gate_sums.h) indexed by global chunk.
 /// Grid: (chunks, N*H), or (total chunks over all sequences, H) with varlen; chunk_indices [chunks, 2]
 /// holds (sequence, chunk of the sequence) per program then.
 std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg);
-/// Records the chunk-walking kernel. Parameters: q k w u [gate_b gate_cuts gate_totals] [initial_state]
-/// [final_state] [cu_seqlens] [segment_inputs] [chunk_offsets] [h v_new] o scale; the gates' sums
+/// Records the chunk-walking kernel. Parameters: q k w u [gate_b gate_cuts gate_totals] [scores]
+/// [initial_state] [final_state] [cu_seqlens] [segment_inputs] [chunk_offsets] [h v_new] o scale; the gates' sums
 /// (kernels/common/chunk_gate_sums.h) and the per-chunk tables are indexed by global chunk, from
 /// chunk_offsets [N+1] (the first chunk of each sequence; a parameter where gated or saving).
 /// Grid: (V blocks, N*H). With cfg.segment > 0 it walks one segment per program from the state
@@ -85,6 +89,12 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg);
 /// Parameters: q k w u [gate_b gate_cuts gate_totals chunk_offsets] segment_states segment_transitions.
 /// Grid: (V blocks + K blocks, N*H, segments).
 std::shared_ptr<ir::Kernel> build_delta_rule_segment_states(const DeltaRuleConfig& cfg);
+/// Records the chunks' scores kernel (cfg.scores): per chunk, all chunks in parallel, the [BT, BT] scores
+/// of its output, P = scale (Q K^T) .* (r_q r_k^T) .* exp(b_r - b_c) .* M (r the inverse norms with
+/// --l2norm-qk, M causal), rounded to the input dtype, into scores [B,T,H,BT] (rows as q's): the walk
+/// then reads them once per value block instead of forming them in each. Parameters: q k [gate_b
+/// gate_cuts gate_totals] [cu_seqlens chunk_indices] scores scale. Grid as delta_rule_wy's.
+std::shared_ptr<ir::Kernel> build_delta_rule_scores(const DeltaRuleConfig& cfg);
 /// Records the split schedule's output kernel. Parameters: q k [g] h v_new [cu_seqlens chunk_indices] o
 /// scale. Grid: (chunks, N*H, V blocks), or (total chunks, H, V blocks) with varlen.
 std::shared_ptr<ir::Kernel> build_delta_rule_out(const DeltaRuleConfig& cfg);

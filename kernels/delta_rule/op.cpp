@@ -6,6 +6,7 @@
 #include "kernels/delta_rule/op.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <fmt/format.h>
 
@@ -36,7 +37,7 @@ TuningKey ut_key() {
           "on sm_90a without --l2norm-qk, else 0"};
 }
 
-/// The forward's configuration (fwd.h): chunk, bv, warps, stages, split and ut are tuned.
+/// The forward's configuration (fwd.h): chunk, bv, warps, stages, split, segment, ut and scores are tuned.
 const ConfigSchema<DeltaRuleConfig>& delta_rule_schema() {
   using C = DeltaRuleConfig;
   static const ConfigSchema<C> schema(
@@ -49,11 +50,16 @@ const ConfigSchema<DeltaRuleConfig>& delta_rule_schema() {
                         "1: a state pass storing the state before every chunk, then every chunk's outputs in "
                         "parallel (not with --l2norm-qk); 0: the fused walk"}),
       field<&C::wy_block_v>(), field<&C::v_blocks>(), tuned<&C::segment>(segment_key()),
-      tuned<&C::ut_chunk>(ut_key()));
+      tuned<&C::ut_chunk>(ut_key()),
+      tuned<&C::scores>({"scores",
+                         {0, 1},
+                         "1: each chunk's scores (Q K^T .* decays) formed once by a kernel over all chunks and "
+                         "read by the walk's value blocks (the fused or segmented walk); 0: each value block "
+                         "forms them"}));
   return schema;
 }
 
-enum class DeltaKernel { wy, fwd, segment_states, out, recurrent };
+enum class DeltaKernel { wy, fwd, segment_states, out, recurrent, scores };
 
 /// Kernels are recorded once per configuration and shared (the IR is immutable once built).
 std::shared_ptr<ir::Kernel> cached_delta_kernel(DeltaKernel which, const DeltaRuleConfig& cfg) {
@@ -65,6 +71,7 @@ std::shared_ptr<ir::Kernel> cached_delta_kernel(DeltaKernel which, const DeltaRu
       case DeltaKernel::segment_states: return build_delta_rule_segment_states(cfg);
       case DeltaKernel::out: return build_delta_rule_out(cfg);
       case DeltaKernel::recurrent: return build_delta_rule_recurrent(cfg);
+      case DeltaKernel::scores: return build_delta_rule_scores(cfg);
     }
     throw InternalError("bad delta-rule kernel");
   });
@@ -118,10 +125,13 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   cfg.varlen = call.varlen;
   delta_rule_schema().apply(opts, cfg);
   if (!ut_key().asked(opts)) cfg.ut_chunk = composes && cfg.chunk == 64 ? 32 : 0;
-  cfg.wy_block_v = delta_wy_block_v(cfg.dtype, cfg.block_v, padded_head_dim(V));
+  cfg.wy_block_v = delta_wy_block_v(cfg.dtype, cfg.block_v, padded_head_dim(V), cfg.ut_chunk > 0);
   cfg.v_blocks = static_cast<int>((padded_head_dim(V) + cfg.wy_block_v - 1) / cfg.wy_block_v);
   if (cfg.split && opts.l2norm_qk) throw UserError(fmt::format("{}: --config split=1 does not take --l2norm-qk", op));
   if (cfg.split && opts.recurrent) throw UserError(fmt::format("{}: --config split=1 is for the chunked form, not --recurrent", op));
+  if (cfg.scores && (cfg.split || opts.recurrent))
+    throw UserError(fmt::format("{}: --config scores=1 is for the chunked walk, not {}", op,
+                                cfg.split ? "split=1" : "--recurrent"));
   if (cfg.ut_chunk == cfg.chunk) cfg.ut_chunk = 0;
   if (cfg.ut_chunk > 0 && (2 * cfg.ut_chunk != cfg.chunk || cfg.store_t))
     throw UserError(fmt::format("{}: --config ut={} needs chunks of {} rows and no saved_* outputs (those keep the "
@@ -218,9 +228,15 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
     }
     DeltaRuleConfig wy = cfg;
     wy.segment = 0;  // the UT kernel is the same for every schedule
-    if (chunks > 0)
-      plan.launches.push_back(plan_launch(plan, cached_delta_kernel(DeltaKernel::wy, wy),
-                                          {chunks, seq.varlen ? seq.H : seq.B * seq.H, 1}, {}));
+    wy.scores = false;
+    const std::array<int64_t, 3> per_chunk{chunks, seq.varlen ? seq.H : seq.B * seq.H, 1};
+    if (chunks > 0) plan.launches.push_back(plan_launch(plan, cached_delta_kernel(DeltaKernel::wy, wy), per_chunk, {}));
+    if (cfg.scores) {
+      plan.tensors["scores"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, cfg.chunk});
+      if (chunks > 0)
+        plan.launches.push_back(
+            plan_launch(plan, cached_delta_kernel(DeltaKernel::scores, wy), per_chunk, {{"scale", scale}}));
+    }
     if (cfg.split) {
       DeltaChunkedBwdConfig pass;
       pass.dtype = cfg.dtype;
@@ -291,6 +307,13 @@ std::vector<std::shared_ptr<ir::Kernel>> delta_rule_kernels(bool gated, const Op
       out.push_back(cached_delta_kernel(DeltaKernel::out, split));
       split.varlen = true;
       out.push_back(cached_delta_kernel(DeltaKernel::out, split));
+      // The walk reading the chunks' scores, and their kernel, plain and with every option.
+      for (const auto* c : {&plain, &full}) {
+        DeltaRuleConfig with_scores = *c;
+        with_scores.scores = true;
+        out.push_back(cached_delta_kernel(DeltaKernel::scores, with_scores));
+        out.push_back(cached_delta_kernel(DeltaKernel::fwd, with_scores));
+      }
     }
   }
   for (auto& k : delta_rule_bwd_kernels(gated, opts)) out.push_back(k);

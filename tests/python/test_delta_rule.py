@@ -287,6 +287,46 @@ def test_segments_l2norm_and_no_initial_state(linac, op):
     run_and_check(linac, op, inputs, options=["--config", "segment=64,chunk=64"], l2norm=True)
 
 
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("config", ["scores=1", "scores=1,chunk=32,bv=32", "scores=1,segment=64"])
+def test_walk_reads_chunk_scores(linac, op, config):
+    # --config scores=1: each chunk's scores formed once by delta_rule_scores (all chunks in parallel) and
+    # read by the walk (fused, or in segments): the reference's results, and on the CPU bit for bit the
+    # walk's own (the same fp32 products, rounded to the input dtype once either way): dense inputs
+    # with both states, a partial last chunk and V = 40 padded; bf16; --l2norm-qk; varlen sequences
+    # that start and end inside chunks (the table's rows are the sequences' own).
+    without = config.replace("scores=1", "scores=0")
+
+    def both(inputs, tol=FP32_TOL, options=(), **kw):
+        got = run_and_check(linac, op, inputs, options=["--config", config, *options], tol=tol, **kw)
+        if DEVICE == "cpu":
+            ref = linac.run_op(op, inputs, outputs=tuple(got), options=["--config", without, *options,
+                               *(["--l2norm-qk"] if kw.get("l2norm") else [])], device=DEVICE)
+            for name in got:
+                assert np.array_equal(got[name], ref[name]), name
+
+    both(make_inputs(1040 + OPS.index(op), op, B=2, T=150, H=2, K=32, V=40, gate_bias=4.0, init=True))
+    both(make_inputs(1042 + OPS.index(op), op, B=1, T=100, H=2, K=32, V=32, gate_bias=4.0, init=True),
+         tol=BF16_TOL, options=["--dtype", "bf16"])
+    both(make_inputs(1044 + OPS.index(op), op, B=1, T=90, H=2, K=32, V=32, l2norm=True, gate_bias=4.0),
+         l2norm=True)
+    if "segment" in config:
+        return  # dense inputs only
+    cu = np.array([0, 1, 17, 80, 81, 150, 151], dtype=np.int32)
+    inputs = make_inputs(1046 + OPS.index(op), op, B=1, T=151, H=2, K=16, V=16, gate_bias=4.0, init=True,
+                         N=len(cu) - 1)
+    inputs["cu_seqlens"] = cu
+    both(inputs)
+
+
+@pytest.mark.parametrize("options, mentions", [(["--config", "scores=1,split=1"], "not split=1"),
+                                               (["--config", "scores=1", "--recurrent"], "not --recurrent")])
+def test_error_scores_configs(linac, options, mentions):
+    inputs = make_inputs(1048, "delta_rule", B=1, T=100, H=1, K=16, V=16)
+    with pytest.raises(Exception, match=mentions):
+        run_and_check(linac, "delta_rule", inputs, options=options)
+
+
 @pytest.mark.parametrize("config, mentions", [("segment=64,split=1", "not with split=1"),
                                               ("segment=64,chunk=128", "multiple of the chunk")])
 def test_error_segment_configs(linac, config, mentions):
@@ -494,7 +534,8 @@ def test_error_normalize_switch(linac):
 def test_few_heads_narrow_the_walks_value_blocks_not_the_ut_kernels(linac, shape, walk_columns, warps):
     # Where (sequences x heads) walks leave most SMs idle, the forward's walk takes value blocks of 64 or
     # 32 columns on 4 warps (more programs: docs/ops/delta_rule.md, "Measured"); delta_rule_wy keeps U's
-    # products at 64 columns or more (narrower ones measured slower) and writes u as [B, T, H, V], from
+    # products at 64 columns or more (narrower ones measured slower), all 128 where it composes chunks
+    # of 64 (two unrolled blocks of 64 spilled at its registers), and writes u as [B, T, H, V], from
     # which the walk reads its own columns (chunks of 64 at head dim 128 in 16 bits, but 32 where the
     # walk takes 64 columns on 4 warps: kernels/delta_rule/op.cpp). The SM count is the reference GPU's
     # without one (132).
@@ -504,9 +545,9 @@ def test_few_heads_narrow_the_walks_value_blocks_not_the_ut_kernels(linac, shape
     walk = r.stdout.split("kernel @delta_rule_fwd(")[1].split("\nkernel @")[0]
     stored = re.findall(r"store %u\[.*\], (%\d+) ", wy)
     assert stored, wy
-    for value in stored:
-        assert re.search(rf"{value} = .*: tile<16x{max(walk_columns, 64)}xbf16>", wy), value
     chunk = 32 if walk_columns == 64 else 64
+    for value in stored:
+        assert re.search(rf"{value} = .*: tile<16x{128 if chunk == 64 else max(walk_columns, 64)}xbf16>", wy), value
     assert re.search(rf"= load %u\[.*: tile<{chunk}x{walk_columns}xbf16>", walk), walk
     assert f"num_warps = {warps}," in walk.split("\n", 1)[0]
     # The backward's state walks alike (the per-chunk kernel keeps its 8 warps).

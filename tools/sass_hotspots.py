@@ -11,7 +11,8 @@
   - the opcodes the samples sit on, and the opcodes executed (warp instructions);
   - the N instructions with the most samples, with their address, execution count and SASS;
   - with --lines (`nvdisasm -g` of the kernel's cubin, which linac links with line info): the N DSL
-    source lines (the PTX's .loc) with the most samples, with their share of executed instructions.
+    source lines (the PTX's .loc) with the most samples, with their share of executed instructions
+    and, under each, that line's instructions by opcode (e.g. a tf32x3 product's LDS, LOP3, FADD, HMMA).
 A stall is charged to the instruction that waits, not to the one it waits for: a PRMT or F2FP at the
 top right after an LDG is the wait for that load (read the SASS around it).
 """
@@ -130,16 +131,22 @@ def by_source_line(header, rows, table, top):
     addresses = [int(r[col["Address"]], 16) for r in rows]
     base = min(addresses) if addresses else 0
     samples, executed = collections.Counter(), collections.Counter()
+    mix = collections.defaultdict(collections.Counter)  # per line: warp instructions executed by opcode
     for r, a in zip(rows, addresses):
         where = table.get(a - base, ("?", 0))
         samples[where] += num(r, "Warp Stall Sampling (All Samples)")
         executed[where] += num(r, "Instructions Executed")
+        mix[where][opcode(r[col["Source"]])] += num(r, "Instructions Executed")
     total, ex_total = max(sum(samples.values()), 1), max(sum(executed.values()), 1)
-    out = [f"top {top} source lines by samples (% of samples, % of executed, file:line, source):"]
+    out = [f"top {top} source lines by samples (% of samples, % of executed, file:line, source; then the "
+           f"line's executed instructions by opcode):"]
     for where, s in samples.most_common(top):
         f, line = where
         out.append(f"  {s * 100 / total:5.1f}% {executed[where] * 100 / ex_total:5.1f}%  {Path(f).name}:{line}  "
                    f"{source_text(f, line)[:80] if line else ''}")
+        line_total = max(executed[where], 1)
+        out.append("                 " + ", ".join(f"{op} {n * 100 / line_total:.0f}%"
+                                                   for op, n in mix[where].most_common(5)))
     return "\n".join(out)
 
 

@@ -96,14 +96,16 @@ def test_source_lines_from_nvdisasm(tmp_path):
     out = subprocess.run([sys.executable, str(TOOL), str(f), "--top", "2", "--lines", str(d)], capture_output=True,
                          text=True, check=True).stdout
     lines = out.splitlines()
-    i = lines.index("top 2 source lines by samples (% of samples, % of executed, file:line, source):")
+    i = next(n for n, text in enumerate(lines) if text.startswith("top 2 source lines by samples"))
     # Line 9 holds PRMT + BAR: 90 of 100 samples, 200 of 700 executed; line 7 and 3 tie at 5 samples.
     assert lines[i + 1].startswith("   90.0%  28.6%  bwd.cpp:9  ")
     # The recorded path is another machine's: the text comes from this checkout's file at that line.
     repo_line = (REPO / "kernels/delta_rule/bwd.cpp").read_text().splitlines()[8].strip()
     assert repo_line
     assert lines[i + 1].endswith(repo_line[:80])
-    assert len(lines) == i + 3
+    # Under it, the line's executed instructions by opcode: 100 PRMT and 100 BAR.
+    assert lines[i + 2].split() == ["PRMT", "50%,", "BAR", "50%"]
+    assert len(lines) == i + 5
 
 
 def test_disassembly_without_line_info_is_a_clear_error(tmp_path):

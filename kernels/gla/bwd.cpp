@@ -91,8 +91,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg) 
   std::vector<Tile> dQi(NC), dKi(NC), dVi(NC);
   // q, k and the gates prefetched (AccessOptions) and converted after all five loads are issued:
   // converted or floored at load, they were register loads, each waited for before the next was issued.
-  AccessOptions prefetched = in_seq;
-  prefetched.prefetch = true;
+  const AccessOptions prefetched = in_seq.prefetched();
   for (int i = 0; i < NC; ++i) {
     Tile ti = t0 + i * kSub;
     Tile Qi = load(q, {b, ti, i_h, 0}, {kIndex, kSub, kIndex, BK}, prefetched);

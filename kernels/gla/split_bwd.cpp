@@ -138,8 +138,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_inter(const GlaSplitBwdConfig& cfg) {
   };
   // The chunk's blocks loaded before the gates are first used, so that no load waits for their data;
   // the gates one row ahead prefetched too (AccessOptions), as the others are (shared-memory operands).
-  AccessOptions prefetched = in_seq;
-  prefetched.prefetch = true;
+  const AccessOptions prefetched = in_seq.prefetched();
   Tile gc = rows_of(g, BK);
   Tile next = load(g, {b, t0 + 1, i_h, 0}, {kIndex, BT, kIndex, BK}, prefetched);
   Tile S = load(h, {b, ic, i_h, 0, 0}, {kIndex, kIndex, kIndex, BK, BV});

@@ -244,6 +244,13 @@ struct AccessOptions {
   /// all read registers (conversions, elementwise math) is a register load, waited for at its first
   /// use before the next load's wait can start. Costs the block's shared memory.
   bool prefetch = false;
+
+  /// These options with `prefetch` set (a load kept in shared memory as copied).
+  AccessOptions prefetched() const {
+    AccessOptions o = *this;
+    o.prefetch = true;
+    return o;
+  }
 };
 
 /// Loads the block of `t` that starts at `offsets` (one per tensor dim) with `block` sizes (kIndex for

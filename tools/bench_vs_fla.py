@@ -12,6 +12,8 @@ default linear_attn,gla,delta_rule,gated_delta_rule) and what each is compared w
                     randn, in fp32, then bf16), beta = sigmoid(rand) [B, T, H]
   gated_delta_rule  fla.ops.gated_delta_rule.chunk_gated_delta_rule(q, k, v, g, beta), k and beta as
                     for delta_rule, g = logsigmoid(randn) [B, T, H]
+  --l2norm-qk       the delta rules normalizing q and k inside (what models call): k raw randn, fla with
+                    use_qk_l2norm_in_kernel=True, linac with --l2norm-qk
 
   fla    timed here with CUDA events: a first call (autotunes: fla's GLA and DeltaNet kernels spend
          40-150 s there; progress on stderr), warm-up, then the median of --iters calls, rotating over
@@ -240,8 +242,8 @@ def fwd_flops(op, B, T, H, K, V):
     return 2 * B * H * T * (BT * K + BT * V + 2 * K * V)
 
 
-def run_linac_bench(linac, op, shape, gated, iters, timeout):
-    """Runs `linac bench OP`; returns (result dict or None, error text or None, wall s)."""
+def run_linac_bench(linac, op, shape, gated, iters, timeout, extra=()):
+    """Runs `linac bench OP [extra]`; returns (result dict or None, error text or None, wall s)."""
     B, T, H, D = shape
     with tempfile.TemporaryDirectory(prefix="linac_bench_") as tmp:
         jpath = Path(tmp) / "bench.json"
@@ -249,6 +251,7 @@ def run_linac_bench(linac, op, shape, gated, iters, timeout):
                "--dtype", "bf16", "--json", str(jpath)]
         if gated:
             cmd.append("--gated")
+        cmd += list(extra)
         if iters is not None:
             cmd += ["--iters", str(iters)]
         t0 = time.time()
@@ -275,8 +278,9 @@ def run_linac_bench(linac, op, shape, gated, iters, timeout):
         return res, None, wall
 
 
-def make_fla_inputs(op, shape, gated, gen):
-    """One set of fla's inputs: (args, kwargs) of its call."""
+def make_fla_inputs(op, shape, gated, gen, l2norm=False):
+    """One set of fla's inputs: (args, kwargs) of its call (`l2norm`: the delta rules normalizing q and k
+    inside, on raw k)."""
     import torch
     import torch.nn.functional as F
     B, T, H, D = shape
@@ -292,15 +296,17 @@ def make_fla_inputs(op, shape, gated, gen):
     if op == "gla":
         g = F.logsigmoid(randn(B, T, H, K, dtype=torch.float32)).clamp_(min=-5)
         return (q, randn(B, T, H, K), v, g), {}
-    k = F.normalize(randn(B, T, H, K, dtype=torch.float32), p=2, dim=-1).to(torch.bfloat16)
+    k = randn(B, T, H, K) if l2norm else F.normalize(randn(B, T, H, K, dtype=torch.float32), p=2,
+                                                       dim=-1).to(torch.bfloat16)
     beta = torch.rand(B, T, H, device="cuda", dtype=torch.float32, generator=gen).sigmoid()
+    kwargs = dict(use_qk_l2norm_in_kernel=True) if l2norm else {}
     if op == "delta_rule":
-        return (q, k, v, beta), {}
+        return (q, k, v, beta), kwargs
     g = F.logsigmoid(randn(B, T, H, dtype=torch.float32))
-    return (q, k, v, g, beta), {}
+    return (q, k, v, g, beta), kwargs
 
 
-def bench_fla(fn, op, shape, gated, iters, warmup, rotate, l2_bytes, seed):
+def bench_fla(fn, op, shape, gated, iters, warmup, rotate, l2_bytes, seed, l2norm=False):
     """Times fla's forward. Returns a dict (ms, min_ms, sets, note, first_call_s, finite)."""
     import torch
     B, T, H, D = shape
@@ -326,7 +332,7 @@ def bench_fla(fn, op, shape, gated, iters, warmup, rotate, l2_bytes, seed):
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
-    sets = [make_fla_inputs(op, shape, gated, gen) for _ in range(nsets)]
+    sets = [make_fla_inputs(op, shape, gated, gen, l2norm) for _ in range(nsets)]
 
     def call(i):
         args, kwargs = sets[i % nsets]
@@ -422,6 +428,8 @@ def main():
                     help="shapes of one op (repeatable; wins over --shapes), e.g. gla=8x1024x8x64,4x2048x16x128")
     ap.add_argument("--all-shapes", action="store_true", help="every op at all seven default shapes (slow: fla "
                                                                "autotunes GLA/DeltaNet per shape)")
+    ap.add_argument("--l2norm-qk", action="store_true", help="the delta rules normalizing q and k inside (fla: "
+                                                              "use_qk_l2norm_in_kernel=True; linac: --l2norm-qk)")
     ap.add_argument("--gates", default="none,g", help="linear_attn: comma-separated subset of none,g (default both)")
     ap.add_argument("--quick", action="store_true", help="fewer iterations (warm-up 3, 20 timed)")
     ap.add_argument("--iters", type=int, help="timed calls per measurement (default 50; 20 with --quick)")
@@ -527,8 +535,9 @@ def main():
         for idx, (op, shape, gname) in enumerate(cases):
             B, T, H, D = shape
             gated = gname == "g"
+            l2norm = args.l2norm_qk and op in ("delta_rule", "gated_delta_rule")
             r = {"op": op, "shape": list(shape), "B": B, "T": T, "H": H, "K": D, "V": D, "gate": gname,
-                 "dtype": "bf16"}
+                 "dtype": "bf16", "l2norm_qk": l2norm}
             r["bytes"] = fwd_bytes(op, B, T, H, D, D, gated)
             r["flops"] = fwd_flops(op, B, T, H, D, D)
             r["mem_floor_ms"] = r["bytes"] / bw * 1e3
@@ -544,7 +553,8 @@ def main():
 
             if linac_ok:
                 torch.cuda.empty_cache()
-                res, err, wall = run_linac_bench(args.linac, op, shape, gated, linac_iters, args.linac_timeout)
+                res, err, wall = run_linac_bench(args.linac, op, shape, gated, linac_iters, args.linac_timeout,
+                                                 ["--l2norm-qk"] if l2norm else [])
                 r["linac_wall_s"] = wall
                 if err:
                     r["linac_error"] = err
@@ -559,7 +569,7 @@ def main():
             elif op in fla_fns:
                 try:
                     f = bench_fla(fla_fns[op], op, shape, gated, iters, warmup, not args.no_rotate, l2_bytes,
-                                  args.seed + idx)
+                                  args.seed + idx, l2norm)
                     r["fla"] = f
                     r["fla_ms"] = f["ms"]
                     log(f"    fla   {f['ms']:.4f} ms (back-to-back {f['loop_ms']:.4f} ms; first call "
@@ -600,7 +610,7 @@ def main():
     out(hdr)
     out("-" * len(hdr))
     for r in results:
-        notes = []
+        notes = ["l2norm-qk"] if r.get("l2norm_qk") else []
         if r.get("skipped"):
             notes.append("skipped: " + r["skipped"])
         if r.get("linac_error"):

@@ -113,6 +113,7 @@ scratch it allocates (e.g. poly's degree-2 state), each of which a run reads or 
   --dtype fp32|bf16|fp16  input precision (default bf16)
   --gated               add a per-head log-decay gate g (linear_attn)
   --normalize           the normalized form (linear_attn)
+  --l2norm-qk           the call that L2-normalizes q and k inside the kernels (the delta rules)
   --chunk-size N        chunk size (default: the op's)
   --config K=V,...      tuning parameters (see 'linac list')
   --iters N             timed runs (default 50)
@@ -136,6 +137,7 @@ with dtype, shape and size, the total, the bytes per token, and each launch's ke
   --dtype fp32|bf16|fp16  input precision (default bf16)
   --gated               add the gate (linear_attn)
   --normalize           the normalized form (linear_attn)
+  --l2norm-qk           the call that L2-normalizes q and k inside the kernels (the delta rules)
   --backward            the backward call (random do; ops with --backward)
   --chunk-size N, --config K=V,...   as for run
   --json FILE           also write it as JSON (device_bytes, tensors, launches)
@@ -647,6 +649,8 @@ bool parse_synthetic_option(const OpDef& op, const std::vector<std::string>& arg
     if (std::find(op.flags.begin(), op.flags.end(), "normalize") == op.flags.end())
       usage_error(fmt::format("{} has no --normalize", op.name));
     call.opts.normalize = true;
+  } else if (a == "--l2norm-qk") {  // refused for ops without it by check_op_options, as for compile
+    call.opts.l2norm_qk = true;
   } else if (a == "--backward") {
     if (std::find(op.flags.begin(), op.flags.end(), "backward") == op.flags.end())
       usage_error(fmt::format("{} has no backward yet", op.name));

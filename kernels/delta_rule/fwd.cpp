@@ -6,6 +6,7 @@
 #include "kernels/common/chunk_gate_sums.h"
 #include "kernels/common/log_decay.h"
 #include "kernels/common/prologue.h"
+#include "kernels/delta_rule/norm_tables.h"
 #include "linac/blocks.h"
 #include "linac/dsl.h"
 #include "linac/error.h"
@@ -85,11 +86,13 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   Tensor v = kb.tensor("v", dt, 4);
   Tensor beta = kb.tensor("beta", f32, 3);
   const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
+  Tensor q = cfg.l2norm_qk ? kb.tensor("q", dt, 4) : Tensor();
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
   Tensor w = kb.tensor("w", dt, 4);
   Tensor u = kb.tensor("u", dt, 4);
   Tensor t_mat = cfg.store_t ? kb.tensor("t_mat", dt, 4) : Tensor();
+  const InverseNormTables norms = cfg.l2norm_qk ? InverseNormTables::declare(kb, /*with_q=*/true) : InverseNormTables();
 
   Tile i_c = program_id(0), i_nh = program_id(1);
   const ChunkBounds cb = chunk_bounds(k, cu, chunk_indices, cfg.varlen, i_c, i_nh, BT);
@@ -115,6 +118,15 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
       gate_cuts[s] = load(gates.cuts, {cb.global_chunk, i_h, s * BS}, {kIndex, kIndex, BS});
     }
   }
+  // --l2norm-qk: the rows' inverse norms, kept in tables for the forward's later kernels
+  // (norm_tables.h). Q's rows are loaded for them alone, each block's just before its use: loaded with
+  // the others, all four blocks' rows stood in registers at once (ptxas: 164 bytes spilled at 96).
+  if (cfg.l2norm_qk)
+    for (int s = 0; s < NS; ++s) {
+      a_col[s] = InverseNormTables::store_of(norms.k, K[s], cb.global_chunk, i_h, s * BS);
+      Tile Q = load(q, {b, t0 + s * BS, i_h, 0}, {kIndex, BS, kIndex, BK}, in_seq);
+      InverseNormTables::store_of(norms.q, Q, cb.global_chunk, i_h, s * BS);
+    }
   // The sums at one row (or before the chunk: zeros), and the decay from an earlier row to a later:
   // exp(b_later - b_earlier) where no set-apart gate lies between (their counts equal), else 0. The
   // operands broadcast: [16] by a row's scalars, or [16, 1] by [1, 16] for a block of A.
@@ -135,7 +147,6 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
     a_row[s] = beta_s[s];
     w_col[s] = beta_s[s];
     if (cfg.l2norm_qk) {
-      a_col[s] = blocks::inverse_norms(K[s], 1, kDeltaL2NormEps);
       a_row[s] = a_row[s] * a_col[s];
       w_col[s] = w_col[s] * a_col[s];
     }
@@ -272,13 +283,14 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
   Tensor u = kb.tensor("u", dt, 4);
   const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
   Tensor scores = cfg.scores ? kb.tensor("scores", dt, 4) : Tensor();
+  const InverseNormTables norms = cfg.l2norm_qk ? InverseNormTables::declare(kb, /*with_q=*/true) : InverseNormTables();
   const bool segmented = cfg.segment > 0;
   const bool h0_in = cfg.initial_state && !segmented, ht_out = cfg.final_state && !segmented;
   Tensor h0 = h0_in ? kb.tensor("initial_state", f32, 4) : Tensor();
   Tensor ht = ht_out ? kb.tensor("final_state", f32, 4) : Tensor();
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor seg_inputs = segmented ? kb.tensor("segment_inputs", f32, 5) : Tensor();
-  const bool tables = cfg.save_states || cfg.gated;  // per-chunk tables, indexed by global chunk
+  const bool tables = cfg.save_states || cfg.gated || cfg.l2norm_qk;  // per-chunk tables, by global chunk
   Tensor chunk_offsets = tables ? kb.tensor("chunk_offsets", DType::i32, 1) : Tensor();
   Tensor h = cfg.save_states ? kb.tensor("h", dt, 4) : Tensor();
   Tensor vn = cfg.save_states ? kb.tensor("v_new", dt, 4) : Tensor();
@@ -309,6 +321,13 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
   // of the iteration as well was slower (docs/ops/delta_rule.md, "Measured").
   GateSums next;
   if (cfg.gated) next = gates.load(first_chunk, i_h, BT);
+  // The inverse norms (--l2norm-qk: the UT kernel's tables, norm_tables.h) likewise.
+  Tile next_q_norm, next_k_norm;
+  auto load_norms = [&](const Tile& chunk) {
+    next_q_norm = norms.load_q(chunk, i_h, 0, BT);
+    next_k_norm = norms.load_k(chunk, i_h, 0, BT);
+  };
+  if (cfg.l2norm_qk) load_norms(first_chunk);
 
   auto body = [&](Tile i) {
     Tile t0 = bos + i * BT;
@@ -320,8 +339,9 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
     // Per-row factors of Q S and of K in the state update; invalid tiles stand for all ones.
     Tile q_norm, k_norm, q_factor, k_factor, b_last, gam;
     if (cfg.l2norm_qk) {
-      q_factor = q_norm = blocks::inverse_norms(Q, 1, kDeltaL2NormEps);
-      k_factor = k_norm = blocks::inverse_norms(K, 1, kDeltaL2NormEps);
+      q_factor = q_norm = next_q_norm;
+      k_factor = k_norm = next_k_norm;
+      load_norms(first_chunk + i + 1);
     }
     if (cfg.gated) {
       // Differences of b (log_decay.h) rather than the gates each decay spans summed: those are a
@@ -353,7 +373,9 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
 
     S = blocks::state_update(S, K, V_state, b_last, /*in_place=*/true);
   };
-  for_range_carrying(0, num_chunks, body, next.carried_with(S));
+  std::vector<Tile*> carried = next.carried_with(S);
+  if (cfg.l2norm_qk) carried.insert(carried.end(), {&next_q_norm, &next_k_norm});
+  for_range_carrying(0, num_chunks, body, carried);
 
   if (ht_out) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);
   return kb.finish();
@@ -371,6 +393,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_scores(const DeltaRuleConfig& cfg) 
   Tensor q = kb.tensor("q", dt, 4);
   Tensor k = kb.tensor("k", dt, 4);
   const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
+  const InverseNormTables norms = cfg.l2norm_qk ? InverseNormTables::declare(kb, /*with_q=*/true) : InverseNormTables();
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
   Tensor scores = kb.tensor("scores", dt, 4);
@@ -383,8 +406,8 @@ std::shared_ptr<ir::Kernel> build_delta_rule_scores(const DeltaRuleConfig& cfg) 
   Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, cb.in_seq);
   Tile q_norm, k_norm, gam;
   if (cfg.l2norm_qk) {
-    q_norm = blocks::inverse_norms(Q, 1, kDeltaL2NormEps);
-    k_norm = blocks::inverse_norms(K, 1, kDeltaL2NormEps);
+    q_norm = norms.load_q(cb.global_chunk, i_h, 0, BT);
+    k_norm = norms.load_k(cb.global_chunk, i_h, 0, BT);
   }
   if (cfg.gated) gam = gates.load(cb.global_chunk, i_h, BT).decays().between(causal);
   store(scores, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BT},

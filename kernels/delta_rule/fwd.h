@@ -29,7 +29,8 @@ struct DeltaRuleConfig {
   int block_k = 64;          // BK >= K (the whole key dim lives in one program; masked past K)
   int block_v = 64;          // BV: value columns per program (the UT kernel covers all of V in blocks of it)
   bool gated = false;        // g [B,T,H] present
-  bool l2norm_qk = false;    // normalize q and k rows inside the kernels
+  bool l2norm_qk = false;    // q and k rows normalized: the chunked kernels read their inverse norms (q_norms,
+                             // k_norms: norm_tables.h), the recurrent one forms them
   bool initial_state = false;
   bool final_state = false;
   bool varlen = false;       // cu_seqlens [N+1] present, B == 1
@@ -46,8 +47,8 @@ struct DeltaRuleConfig {
   bool scores = false;       // the walk reads each chunk's scores from delta_rule_scores' table (scores [B,T,H,BT])
 };
 
-// The UT transform's inverse, the decays inside a chunk and the l2norm of rows are linac/blocks.h's
-// (blocks::unit_lower_inverse_blocks, blocks::chunk_decays, blocks::inverse_norms).
+// The UT transform's inverse and the decays inside a chunk are linac/blocks.h's
+// (blocks::unit_lower_inverse_blocks, blocks::chunk_decays).
 
 /// The UT kernel's value columns per product: the walk's block, but at least 64 in 16 bits (its U
 /// products measured slower in narrower blocks: docs/ops/delta_rule.md, "Measured"), and at least 128
@@ -66,15 +67,17 @@ int delta_walk_warps(int64_t block_v, int64_t padded_v, int wide_warps);
 /// delta_rule_segment_states): one rule for both.
 void configure_delta_walk(dsl::KernelBuilder& kb, const DeltaRuleConfig& cfg);
 
-/// Records the UT/WY kernel. Parameters: k v beta [gate_b gate_cuts gate_totals] [cu_seqlens chunk_indices] w u
-/// [t_mat]; the gates' sums (kernels/common/chunk_gate_sums.h) indexed by global chunk.
+/// Records the UT/WY kernel. Parameters: k v beta [gate_b gate_cuts gate_totals] [q] [cu_seqlens
+/// chunk_indices] w u [t_mat] [q_norms k_norms]; the gates' sums (kernels/common/chunk_gate_sums.h) it
+/// reads and the inverse norms it writes (--l2norm-qk, norm_tables.h) indexed by global chunk.
 /// Grid: (chunks, N*H), or (total chunks over all sequences, H) with varlen; chunk_indices [chunks, 2]
 /// holds (sequence, chunk of the sequence) per program then.
 std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg);
-/// Records the chunk-walking kernel. Parameters: q k w u [gate_b gate_cuts gate_totals] [scores]
-/// [initial_state] [final_state] [cu_seqlens] [segment_inputs] [chunk_offsets] [h v_new] o scale; the gates' sums
-/// (kernels/common/chunk_gate_sums.h) and the per-chunk tables are indexed by global chunk, from
-/// chunk_offsets [N+1] (the first chunk of each sequence; a parameter where gated or saving).
+/// Records the chunk-walking kernel. Parameters: q k w u [gate_b gate_cuts gate_totals] [scores] [q_norms
+/// k_norms] [initial_state] [final_state] [cu_seqlens] [segment_inputs] [chunk_offsets] [h v_new] o scale;
+/// the gates' sums (kernels/common/chunk_gate_sums.h), the inverse norms (--l2norm-qk,
+/// norm_tables.h) and the per-chunk tables are indexed by global chunk, from
+/// chunk_offsets [N+1] (the first chunk of each sequence; a parameter where gated, normalizing or saving).
 /// Grid: (V blocks, N*H). With cfg.segment > 0 it walks one segment per program from the state
 /// entering it (grid (V blocks, N*H, segments)): segment_inputs [N, segments, H, K, V] in place of the
 /// initial and final states, which the segments' combine reads and writes (kernels/common/
@@ -86,14 +89,15 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg);
 /// the V blocks, to segment_states [N, segments, H, K, V]) and the product of its chunks' transitions
 /// P_s [K, K] (programs of P's column blocks after them, to segment_transitions [N, segments, H, K, K]),
 /// so that the state after the segment is P_s S + Q_s for the state S entering it (fwd_segments.cpp).
-/// Parameters: q k w u [gate_b gate_cuts gate_totals chunk_offsets] segment_states segment_transitions.
+/// Parameters: q k w u [gate_b gate_cuts gate_totals] [k_norms] [chunk_offsets] segment_states
+/// segment_transitions (chunk_offsets where gated or normalizing).
 /// Grid: (V blocks + K blocks, N*H, segments).
 std::shared_ptr<ir::Kernel> build_delta_rule_segment_states(const DeltaRuleConfig& cfg);
 /// Records the chunks' scores kernel (cfg.scores): per chunk, all chunks in parallel, the [BT, BT] scores
 /// of its output, P = scale (Q K^T) .* (r_q r_k^T) .* exp(b_r - b_c) .* M (r the inverse norms with
 /// --l2norm-qk, M causal), rounded to the input dtype, into scores [B,T,H,BT] (rows as q's): the walk
 /// then reads them once per value block instead of forming them in each. Parameters: q k [gate_b
-/// gate_cuts gate_totals] [cu_seqlens chunk_indices] scores scale. Grid as delta_rule_wy's.
+/// gate_cuts gate_totals] [q_norms k_norms] [cu_seqlens chunk_indices] scores scale. Grid as delta_rule_wy's.
 std::shared_ptr<ir::Kernel> build_delta_rule_scores(const DeltaRuleConfig& cfg);
 /// Records the split schedule's output kernel. Parameters: q k [g] h v_new [cu_seqlens chunk_indices] o
 /// scale. Grid: (chunks, N*H, V blocks), or (total chunks, H, V blocks) with varlen.

@@ -11,6 +11,7 @@
 #include "kernels/common/chunk_gate_sums.h"
 #include "kernels/common/prologue.h"
 #include "kernels/delta_rule/fwd.h"
+#include "kernels/delta_rule/norm_tables.h"
 #include "linac/blocks.h"
 #include "linac/dsl.h"
 
@@ -33,7 +34,9 @@ std::shared_ptr<ir::Kernel> build_delta_rule_segment_states(const DeltaRuleConfi
   Tensor w = kb.tensor("w", dt, 4);
   Tensor u = kb.tensor("u", dt, 4);
   const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
-  Tensor chunk_offsets = cfg.gated ? kb.tensor("chunk_offsets", DType::i32, 1) : Tensor();
+  const InverseNormTables norms = cfg.l2norm_qk ? InverseNormTables::declare(kb, /*with_q=*/false) : InverseNormTables();
+  const bool tables = cfg.gated || cfg.l2norm_qk;  // per-chunk tables, by global chunk
+  Tensor chunk_offsets = tables ? kb.tensor("chunk_offsets", DType::i32, 1) : Tensor();
   Tensor seg_states = kb.tensor("segment_states", f32, 5);
   Tensor transitions = kb.tensor("segment_transitions", f32, 5);
 
@@ -53,17 +56,22 @@ std::shared_ptr<ir::Kernel> build_delta_rule_segment_states(const DeltaRuleConfi
   AccessOptions in_seq{.limits = {{1, eos}}};
   AccessOptions u_rows{.limits = {{1, eos * (1 - is_p)}}};  // none for P's columns: U = 0
 
-  // The gates' sums an iteration ahead, as delta_rule_fwd loads them, from the segment's first chunk.
-  Tile first_chunk = cfg.gated ? load(chunk_offsets, {i_n}, {kIndex}) + i_s * (cfg.segment / BT) : Tile();
+  // The gates' sums and the keys' inverse norms an iteration ahead, as delta_rule_fwd loads them, from
+  // the segment's first chunk.
+  Tile first_chunk = tables ? load(chunk_offsets, {i_n}, {kIndex}) + i_s * (cfg.segment / BT) : Tile();
   GateSums next;
   if (cfg.gated) next = gates.load(first_chunk, i_h, BT);
+  Tile next_k_norm = cfg.l2norm_qk ? norms.load_k(first_chunk, i_h, 0, BT) : Tile();
   auto body = [&](Tile i) {
     Tile t0 = bos + i * BT;
     Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
     Tile W = load(w, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
     Tile U = load(u, {b, t0, i_h, i_v * BV}, {kIndex, BT, kIndex, BV}, u_rows);
     Tile k_factor, b_last;  // invalid: ones, no decay
-    if (cfg.l2norm_qk) k_factor = blocks::inverse_norms(K, 1, kDeltaL2NormEps);
+    if (cfg.l2norm_qk) {
+      k_factor = next_k_norm;
+      next_k_norm = norms.load_k(first_chunk + i + 1, i_h, 0, BT);
+    }
     if (cfg.gated) {
       const ChunkLogDecays dec = next.decays();
       next = gates.load(first_chunk + i + 1, i_h, BT);
@@ -74,7 +82,9 @@ std::shared_ptr<ir::Kernel> build_delta_rule_segment_states(const DeltaRuleConfi
     Tile X = k_factor.valid() ? (X32 * expand_dims(k_factor, 1)).to(dt) : X32.to(dt);
     S = blocks::state_update(S, K, X, b_last, /*in_place=*/true);
   };
-  for_range_carrying(0, num_chunks, body, next.carried_with(S));
+  std::vector<Tile*> carried = next.carried_with(S);
+  if (cfg.l2norm_qk) carried.push_back(&next_k_norm);
+  for_range_carrying(0, num_chunks, body, carried);
 
   store(seg_states, {i_n, i_s, i_h, 0, i_v * BV}, {kIndex, kIndex, kIndex, BK, BV}, S,
         {.limits = {{4, seg_states.dim(4) * (1 - is_p)}}});

@@ -14,11 +14,11 @@
 #include "kernels/common/config_schema.h"
 #include "kernels/common/device_limits.h"
 #include "kernels/common/fitting.h"
-#include "kernels/common/l2norm.h"
 #include "kernels/common/op_support.h"
 #include "kernels/common/segments.h"
 #include "kernels/delta_rule/bwd.h"
 #include "kernels/delta_rule/fwd.h"
+#include "kernels/delta_rule/norm_tables.h"
 #include "linac/error.h"
 
 namespace linac {
@@ -34,7 +34,15 @@ TuningKey ut_key() {
   return {"ut", {0, 16, 32},
           "rows per UT transform where half the chunk: the UT kernel composes the chunk's W and U from two (not "
           "with saved_* outputs); 0: the chunk's own. Default 32 at chunks of 64 in 16 bits up to head dim 128 "
-          "on sm_90a without --l2norm-qk, else 0"};
+          "on sm_90a, else 0"};
+}
+
+/// Whether the chunks' scores are formed once by a kernel of their own (fwd.h, scores).
+TuningKey scores_key() {
+  return {"scores", {0, 1},
+          "1: each chunk's scores (Q K^T .* decays) formed once by a kernel over all chunks and read by the walk's "
+          "value blocks (the fused or segmented walk); 0: each value block forms them. Default 1 where the gated "
+          "walk takes value blocks narrower than V and the UT kernel composes chunks of 64, else 0"};
 }
 
 /// The forward's configuration (fwd.h): chunk, bv, warps, stages, split, segment, ut and scores are tuned.
@@ -50,12 +58,7 @@ const ConfigSchema<DeltaRuleConfig>& delta_rule_schema() {
                         "1: a state pass storing the state before every chunk, then every chunk's outputs in "
                         "parallel (not with --l2norm-qk); 0: the fused walk"}),
       field<&C::wy_block_v>(), field<&C::v_blocks>(), tuned<&C::segment>(segment_key()),
-      tuned<&C::ut_chunk>(ut_key()),
-      tuned<&C::scores>({"scores",
-                         {0, 1},
-                         "1: each chunk's scores (Q K^T .* decays) formed once by a kernel over all chunks and "
-                         "read by the walk's value blocks (the fused or segmented walk); 0: each value block "
-                         "forms them"}));
+      tuned<&C::ut_chunk>(ut_key()), tuned<&C::scores>(scores_key()));
   return schema;
 }
 
@@ -107,12 +110,10 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   //    the steps. Not where the walk takes 64-column blocks on 4 warps above head dim 64 (255 registers
   //    at either chunk: no shorter per row at 64, and the UT kernel's part grows), nor in fp32, nor
   //    when saving for the backward (its chunk, T kept), nor on sm_80 (the 64-row walk spills there on
-  //    mma.sync: 255 registers), nor with --l2norm-qk (the gated UT kernel spilled 4 bytes at 128
-  //    registers until session 29; spill-free since, at 96, and not yet timed against chunks of 32).
-  //    Else chunks of 32 (fp32: 4 warps and 32 value columns), spill-free under ptxas
-  //    (sm_80, sm_90a). Each measured faster where it applies (docs/ops/delta_rule.md, "Measured").
-  const bool composes =
-      !fp32 && K <= 128 && V <= 128 && !call.save && !opts.l2norm_qk && device_limits(opts).sm >= 90;
+  //    mma.sync: 255 registers). Else chunks of 32 (fp32: 4 warps and 32 value columns), spill-free
+  //    under ptxas (sm_80, sm_90a). Each measured faster where it applies (docs/ops/delta_rule.md,
+  //    "Measured"; with --l2norm-qk since session 30).
+  const bool composes = !fp32 && K <= 128 && V <= 128 && !call.save && device_limits(opts).sm >= 90;
   cfg.chunk = checked_chunk_size(opts.chunk_size, small || (composes && wide_v != 64) ? 64 : 32);
   cfg.block_v = std::min(padded_head_dim(V), opts.recurrent || (fp32 && !small) ? 32 : static_cast<int>(wide_v));
   cfg.num_warps = small || (fp32 && !opts.recurrent) ? 4
@@ -125,6 +126,12 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   cfg.varlen = call.varlen;
   delta_rule_schema().apply(opts, cfg);
   if (!ut_key().asked(opts)) cfg.ut_chunk = composes && cfg.chunk == 64 ? 32 : 0;
+  //  - each chunk's scores formed once, by a kernel over all chunks, where the gated walk takes value
+  //    blocks narrower than V (few heads) on chunks of 64 composed: its value blocks each formed them,
+  //    decays included. Not ungated (its walk saves less than the scores kernel costs) nor where one
+  //    block holds V (docs/ops/delta_rule.md, "Measured", session 30).
+  if (!scores_key().asked(opts))
+    cfg.scores = gated && cfg.ut_chunk > 0 && !cfg.split && !opts.recurrent && cfg.block_v < padded_head_dim(V);
   cfg.wy_block_v = delta_wy_block_v(cfg.dtype, cfg.block_v, padded_head_dim(V), cfg.ut_chunk > 0);
   cfg.v_blocks = static_cast<int>((padded_head_dim(V) + cfg.wy_block_v - 1) / cfg.wy_block_v);
   if (cfg.split && opts.l2norm_qk) throw UserError(fmt::format("{}: --config split=1 does not take --l2norm-qk", op));
@@ -217,6 +224,7 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
     if (seq.varlen) plan.tensors["chunk_indices"] = indices;
     plan.tensors["chunk_offsets"] = offsets;
     if (gated) add_chunk_gate_sums(plan, seq, cfg.chunk);
+    if (opts.l2norm_qk) add_inverse_norm_tables(plan, total_chunks, seq.H, cfg.chunk);
     if (save || cfg.split) {
       // The state before each chunk ([chunks, H, K, V], indexed by global chunk) and V_new.
       plan.tensors["h"] = HostTensor::zeros(cfg.dtype, {std::max<int64_t>(total_chunks, 1), seq.H, seq.K, seq.V});

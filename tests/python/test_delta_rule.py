@@ -220,7 +220,7 @@ def test_composed_ut_chunks_after_very_negative_gates(linac, stop):
 
 @pytest.mark.parametrize("target, shape, extra, composes", [
     ("sm_90a", "B=8,T=4096,H=16,K=128", [], True),
-    ("sm_90a", "B=8,T=4096,H=16,K=128", ["--l2norm-qk"], False),
+    ("sm_90a", "B=8,T=4096,H=16,K=128", ["--l2norm-qk"], True),
     ("sm_90a", "B=2,T=16384,H=16,K=128", [], True),
     ("sm_90a", "B=8,T=1024,H=8,K=64", [], True),
     ("sm_90a", "B=4,T=2048,H=16,K=128", [], False),  # 64-column walks on 4 warps
@@ -229,7 +229,7 @@ def test_composed_ut_chunks_after_very_negative_gates(linac, stop):
 def test_where_the_ut_kernel_composes_by_default(linac, target, shape, extra, composes):
     # The forward's defaults (kernels/delta_rule/op.cpp): chunks of 64 composed from two 32-row UT
     # transforms in 16 bits up to head dim 128 on sm_90a, but not where the walk takes 64-column blocks on
-    # 4 warps, on sm_80, in fp32 or with --l2norm-qk (docs/ops/delta_rule.md, "Measured"). The default's
+    # 4 warps, on sm_80 or in fp32 (docs/ops/delta_rule.md, "Measured"). The default's
     # UT kernel is the one `--config chunk=64,ut=32` asks for exactly where it composes, else chunk 32's.
     def ut_kernel(*config):
         args = ["compile", "gated_delta_rule", "--shape", shape, "--target", target, "--emit", "tir"]
@@ -317,6 +317,22 @@ def test_walk_reads_chunk_scores(linac, op, config):
                          N=len(cu) - 1)
     inputs["cu_seqlens"] = cu
     both(inputs)
+
+
+@pytest.mark.parametrize("op, target, shape, extra, scores", [
+    ("gated_delta_rule", "sm_90a", "B=2,T=16384,H=16,K=128", [], True),  # 32-column walks
+    ("gated_delta_rule", "sm_90a", "B=2,T=16384,H=16,K=128", ["--config", "split=1"], False),
+    ("gated_delta_rule", "sm_90a", "B=8,T=4096,H=16,K=128", [], False),  # one block holds V
+    ("delta_rule", "sm_90a", "B=2,T=16384,H=16,K=128", [], False),
+    ("gated_delta_rule", "sm_80", "B=2,T=16384,H=16,K=128", [], False)])
+def test_where_the_scores_kernel_runs_by_default(linac, op, target, shape, extra, scores):
+    # The forward's defaults (kernels/delta_rule/op.cpp): the chunks' scores formed once where the gated
+    # walk takes value blocks narrower than V on composed chunks of 64 (docs/ops/delta_rule.md,
+    # "Measured", session 30); a schedule that takes none (split=1) is not refused for it.
+    r = linac.run("compile", op, "--shape", shape, "--target", target, "--dtype", "bf16", "--emit", "tir", *extra)
+    assert r.returncode == 0, r.stderr
+    assert (f"kernel @{op}_scores(" in r.stdout) == scores
+    assert (f"%scores: tensor" in r.stdout.split(f"kernel @{op}_fwd(")[-1]) == scores
 
 
 @pytest.mark.parametrize("options, mentions", [(["--config", "scores=1,split=1"], "not split=1"),

@@ -232,12 +232,29 @@ def test_compile_l2norm_qk_selects_that_call(linac):
     args = ("compile", "gated_delta_rule", "--shape", "B=2,T=200,H=2,K=64", "--emit", "tir")
     proc = linac.run(*args, "--l2norm-qk")
     assert proc.returncode == 0 and "rsqrt" in proc.stdout, proc.stderr
+    # The norms formed once per chunk by the UT kernel, which writes them as tables that the walk reads.
+    kernels = {k.split("(")[0]: k for k in proc.stdout.split("kernel @")[1:]}
+    assert set(kernels) == {"chunk_gate_sums", "gated_delta_rule_wy", "gated_delta_rule_fwd"}
+    for name in ("gated_delta_rule_wy", "gated_delta_rule_fwd"):
+        assert "%q_norms: tensor" in kernels[name] and "%k_norms: tensor" in kernels[name], name
+    assert "rsqrt" in kernels["gated_delta_rule_wy"] and "store %q_norms" in kernels["gated_delta_rule_wy"]
+    assert "rsqrt" not in kernels["gated_delta_rule_fwd"]
     proc = linac.run(*args)
-    assert proc.returncode == 0 and "rsqrt" not in proc.stdout, proc.stderr
+    assert proc.returncode == 0 and "rsqrt" not in proc.stdout and "norms" not in proc.stdout, proc.stderr
     proc = linac.run("compile", "linear_attn", "--shape", "B=2,T=200,H=2,K=64", "--l2norm-qk")
     assert proc.returncode != 0 and "linear_attn does not take --l2norm-qk" in proc.stderr, proc.stderr
     proc = linac.run("compile", "delta_rule", "--l2norm-qk")
     assert proc.returncode != 0 and "need --shape" in proc.stderr, proc.stderr
+
+
+def test_plan_and_bench_take_l2norm_qk(linac):
+    # `plan`/`bench --l2norm-qk`: the call normalizing q and k inside the kernels (how its default rule's
+    # exclusion gets timed); ops without the option refuse it as compile does.
+    proc = linac.run("plan", "gated_delta_rule", "--shape", "B=2,T=200,H=2,K=64", "--l2norm-qk")
+    assert proc.returncode == 0 and "launch gated_delta_rule_wy" in proc.stdout, proc.stderr
+    for cmd in ("plan", "bench"):
+        proc = linac.run(cmd, "linear_attn", "--shape", "B=2,T=200,H=2,K=64", "--l2norm-qk")
+        assert proc.returncode != 0 and "linear_attn does not take --l2norm-qk" in proc.stderr, proc.stderr
 
 
 def test_compile_states_selects_the_stateful_call(linac):

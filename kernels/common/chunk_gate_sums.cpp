@@ -40,14 +40,13 @@ std::shared_ptr<ir::Kernel> build_chunk_gate_sums(int chunk, bool varlen) {
   kb.set_num_warps(4);
   kb.set_num_stages(1);
   Tensor g = kb.tensor("g", DType::f32, 3);
-  Tensor cu = varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor chunk_indices = varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  const ChunkIndexTables index_tables = ChunkIndexTables::declare(kb, varlen);
   const GateSumTables out = GateSumTables::declare(kb);
   // Grid axis 1 runs over (batch row x) head blocks: chunk_bounds takes it as the block's first head.
   Tile H = g.dim(2), head_blocks = (H + (HB - 1)) / HB, i_x = program_id(1);
   Tile first_head = varlen ? i_x * HB : (i_x / head_blocks) * H + (i_x % head_blocks) * HB;
   // g [B, T, H] gives chunk_bounds the sequence length (dim 1) and the heads (dim 2), as q would.
-  const ChunkBounds cb = chunk_bounds(g, cu, chunk_indices, varlen, program_id(0), first_head, BT);
+  const ChunkBounds cb = index_tables.bounds(g, program_id(0), first_head, BT);
   // [BT, HB]: the chunk's rows of HB heads, summed down the rows.
   const ChunkLogDecays d = chunk_log_decays(load(g, {cb.b, cb.t0, cb.i_h}, {kIndex, BT, HB}, cb.in_seq));
   store(out.b, {cb.global_chunk, cb.i_h, 0}, {kIndex, HB, BT}, transpose(d.b));

@@ -41,4 +41,14 @@ ChunkBounds chunk_bounds(const Tensor& q, const Tensor& cu_seqlens, const Tensor
   return c;
 }
 
+ChunkIndexTables ChunkIndexTables::declare(KernelBuilder& kb, bool varlen) {
+  ChunkIndexTables t;
+  t.varlen = varlen;
+  if (varlen) {
+    t.cu_seqlens = kb.tensor("cu_seqlens", DType::i32, 1);
+    t.chunk_indices = kb.tensor("chunk_indices", DType::i32, 2);
+  }
+  return t;
+}
+
 }  // namespace linac

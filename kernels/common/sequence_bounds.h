@@ -30,4 +30,18 @@ struct ChunkBounds {
 ChunkBounds chunk_bounds(const dsl::Tensor& q, const dsl::Tensor& cu_seqlens, const dsl::Tensor& chunk_indices,
                          bool varlen, const dsl::Tile& i_c, const dsl::Tile& i_x, int64_t chunk_rows);
 
+/// The packed-sequence tables of a kernel with one program per chunk, as its parameters: cu_seqlens
+/// [N+1] and chunk_indices [chunks, 2] (chunk_tables', kernels/common/op_support.h); none for dense
+/// inputs.
+struct ChunkIndexTables {
+  dsl::Tensor cu_seqlens, chunk_indices;
+  bool varlen = false;
+  /// Declares cu_seqlens, then chunk_indices, where `varlen`; nothing otherwise.
+  static ChunkIndexTables declare(dsl::KernelBuilder& kb, bool varlen);
+  /// chunk_bounds with these tables.
+  ChunkBounds bounds(const dsl::Tensor& q, const dsl::Tile& i_c, const dsl::Tile& i_x, int64_t chunk_rows) const {
+    return chunk_bounds(q, cu_seqlens, chunk_indices, varlen, i_c, i_x, chunk_rows);
+  }
+};
+
 }  // namespace linac

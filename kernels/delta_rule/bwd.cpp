@@ -295,8 +295,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
   Tensor h = kb.tensor("h", dt, 4);
   Tensor dh = kb.tensor("dh", dt, 4);
   Tensor t_mat = kb.tensor("t_mat", dt, 4);  // T by rows, from delta_rule_wy
-  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  const ChunkIndexTables index_tables = ChunkIndexTables::declare(kb, cfg.varlen);
   Tensor dq = kb.tensor("dq", dt, 4);
   Tensor dk = kb.tensor("dk", dt, 4);
   Tensor dv = kb.tensor("dv", dt, 4);
@@ -306,7 +305,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
 
   // Which chunk: (sequence, chunk of it) from chunk_indices with varlen, else (batch row, program).
   Tile i_c = program_id(0), i_x = program_id(1);
-  const ChunkBounds cb = chunk_bounds(q, cu, chunk_indices, cfg.varlen, i_c, i_x, BT);
+  const ChunkBounds cb = index_tables.bounds(q, i_c, i_x, BT);
   const Tile b = cb.b, i_h = cb.i_h, global_chunk = cb.global_chunk, t0 = cb.t0;
   const AccessOptions& in_seq = cb.in_seq;
   Tile row = expand_dims(iota(BT), 1), col = expand_dims(iota(BT), 0);
@@ -412,8 +411,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_keys(const DeltaChunkedBwdConf
   Tensor dvn = kb.tensor("dv_new", dt, 4);
   Tensor h = kb.tensor("h", dt, 4);
   Tensor dh = kb.tensor("dh", dt, 4);
-  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  const ChunkIndexTables index_tables = ChunkIndexTables::declare(kb, cfg.varlen);
   Tensor dq = kb.tensor("dq", dt, 4);
   Tensor dk_out = kb.tensor("dk_out", f32, 4);  // [B, T, H, K]: dK's output terms
   Tensor dw = kb.tensor("dw", dt, 4);           // [B, T, H, K]: dW, rounded as ut_adjoint takes it
@@ -425,7 +423,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_keys(const DeltaChunkedBwdConf
   Tile scale = kb.scalar("scale", f32);
 
   Tile i_c = program_id(0), i_x = program_id(1), i_k = program_id(2);
-  const ChunkBounds cb = chunk_bounds(q, cu, chunk_indices, cfg.varlen, i_c, i_x, BT);
+  const ChunkBounds cb = index_tables.bounds(q, i_c, i_x, BT);
   const Tile b = cb.b, i_h = cb.i_h, global_chunk = cb.global_chunk, t0 = cb.t0;
   const AccessOptions& in_seq = cb.in_seq;
   const AccessOptions in_parts{.limits = {{2, cb.eos}}};  // the [blocks, B, T, H] sums: T is dim 2
@@ -490,8 +488,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_ut(const DeltaChunkedBwdConfig
   Tensor vn = cfg.gated ? kb.tensor("v_new", dt, 4) : Tensor();
   Tensor dvn = kb.tensor("dv_new", dt, 4);
   Tensor t_mat = kb.tensor("t_mat", dt, 4);
-  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  const ChunkIndexTables index_tables = ChunkIndexTables::declare(kb, cfg.varlen);
   Tensor dk_out = kb.tensor("dk_out", f32, 4);
   Tensor dw = kb.tensor("dw", dt, 4);
   Tensor dqs_q = cfg.gated ? kb.tensor("dqs_q", f32, 4) : Tensor();
@@ -504,7 +501,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_ut(const DeltaChunkedBwdConfig
   Tile scale = kb.scalar("scale", f32);
 
   Tile i_c = program_id(0), i_x = program_id(1);
-  const ChunkBounds cb = chunk_bounds(q, cu, chunk_indices, cfg.varlen, i_c, i_x, BT);
+  const ChunkBounds cb = index_tables.bounds(q, i_c, i_x, BT);
   const Tile b = cb.b, i_h = cb.i_h, global_chunk = cb.global_chunk, t0 = cb.t0;
   const AccessOptions& in_seq = cb.in_seq;
   const AccessOptions in_parts{.limits = {{2, cb.eos}}};

@@ -87,15 +87,14 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   Tensor beta = kb.tensor("beta", f32, 3);
   const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
   Tensor q = cfg.l2norm_qk ? kb.tensor("q", dt, 4) : Tensor();
-  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  const ChunkIndexTables index_tables = ChunkIndexTables::declare(kb, cfg.varlen);
   Tensor w = kb.tensor("w", dt, 4);
   Tensor u = kb.tensor("u", dt, 4);
   Tensor t_mat = cfg.store_t ? kb.tensor("t_mat", dt, 4) : Tensor();
   const InverseNormTables norms = cfg.l2norm_qk ? InverseNormTables::declare(kb, /*with_q=*/true) : InverseNormTables();
 
   Tile i_c = program_id(0), i_nh = program_id(1);
-  const ChunkBounds cb = chunk_bounds(k, cu, chunk_indices, cfg.varlen, i_c, i_nh, BT);
+  const ChunkBounds cb = index_tables.bounds(k, i_c, i_nh, BT);
   const Tile b = cb.b, i_h = cb.i_h, t0 = cb.t0;
   const AccessOptions& in_seq = cb.in_seq;
   Tile row = expand_dims(iota(BS), 1), col = expand_dims(iota(BS), 0);
@@ -123,9 +122,9 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   // the others, all four blocks' rows stood in registers at once (ptxas: 164 bytes spilled at 96).
   if (cfg.l2norm_qk)
     for (int s = 0; s < NS; ++s) {
-      a_col[s] = InverseNormTables::store_of(norms.k, K[s], cb.global_chunk, i_h, s * BS);
+      a_col[s] = InverseNormTables::store_inverse_norms(norms.k, K[s], cb.global_chunk, i_h, s * BS);
       Tile Q = load(q, {b, t0 + s * BS, i_h, 0}, {kIndex, BS, kIndex, BK}, in_seq);
-      InverseNormTables::store_of(norms.q, Q, cb.global_chunk, i_h, s * BS);
+      InverseNormTables::store_inverse_norms(norms.q, Q, cb.global_chunk, i_h, s * BS);
     }
   // The sums at one row (or before the chunk: zeros), and the decay from an earlier row to a later:
   // exp(b_later - b_earlier) where no set-apart gate lies between (their counts equal), else 0. The
@@ -394,12 +393,11 @@ std::shared_ptr<ir::Kernel> build_delta_rule_scores(const DeltaRuleConfig& cfg) 
   Tensor k = kb.tensor("k", dt, 4);
   const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
   const InverseNormTables norms = cfg.l2norm_qk ? InverseNormTables::declare(kb, /*with_q=*/true) : InverseNormTables();
-  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  const ChunkIndexTables index_tables = ChunkIndexTables::declare(kb, cfg.varlen);
   Tensor scores = kb.tensor("scores", dt, 4);
   Tile scale = kb.scalar("scale", DType::f32);
 
-  const ChunkBounds cb = chunk_bounds(q, cu, chunk_indices, cfg.varlen, program_id(0), program_id(1), BT);
+  const ChunkBounds cb = index_tables.bounds(q, program_id(0), program_id(1), BT);
   const Tile b = cb.b, i_h = cb.i_h, t0 = cb.t0;
   Tile causal = expand_dims(iota(BT), 1) >= expand_dims(iota(BT), 0);
   Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, cb.in_seq);
@@ -432,13 +430,12 @@ std::shared_ptr<ir::Kernel> build_delta_rule_out(const DeltaRuleConfig& cfg) {
   Tensor g = cfg.gated ? kb.tensor("g", f32, 3) : Tensor();
   Tensor h = kb.tensor("h", dt, 4);
   Tensor vn = kb.tensor("v_new", dt, 4);
-  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  const ChunkIndexTables index_tables = ChunkIndexTables::declare(kb, cfg.varlen);
   Tensor o = kb.tensor("o", dt, 4);
   Tile scale = kb.scalar("scale", f32);
 
   Tile i_c = program_id(0), i_x = program_id(1), i_v = program_id(2);
-  const ChunkBounds cb = chunk_bounds(q, cu, chunk_indices, cfg.varlen, i_c, i_x, BT);
+  const ChunkBounds cb = index_tables.bounds(q, i_c, i_x, BT);
   const Tile b = cb.b, i_h = cb.i_h, t0 = cb.t0;
   const AccessOptions& in_seq = cb.in_seq;
   Tile v0 = i_v * BV;

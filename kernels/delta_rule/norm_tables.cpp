@@ -24,8 +24,8 @@ Tile InverseNormTables::load_k(const Tile& chunk, const Tile& i_h, int64_t row0,
   return dsl::load(k, {chunk, i_h, row0}, {kIndex, kIndex, rows});
 }
 
-Tile InverseNormTables::store_of(const Tensor& table, const Tile& x, const Tile& chunk, const Tile& i_h,
-                                 int64_t row0) {
+Tile InverseNormTables::store_inverse_norms(const Tensor& table, const Tile& x, const Tile& chunk, const Tile& i_h,
+                                            int64_t row0) {
   Tile r = blocks::inverse_norms(x, 1, kDeltaL2NormEps);
   store(table, {chunk, i_h, row0}, {kIndex, kIndex, x.shape()[0]}, r);
   return r;

@@ -20,9 +20,10 @@ struct InverseNormTables {
   /// Rows row0 .. row0 + rows of chunk `chunk` of head `i_h`: [rows] f32.
   dsl::Tile load_q(const dsl::Tile& chunk, const dsl::Tile& i_h, int64_t row0, int64_t rows) const;
   dsl::Tile load_k(const dsl::Tile& chunk, const dsl::Tile& i_h, int64_t row0, int64_t rows) const;
-  /// Stores the inverse norms of the rows of `x` ([rows, K]) as rows row0.. of `table` (q or k).
-  static dsl::Tile store_of(const dsl::Tensor& table, const dsl::Tile& x, const dsl::Tile& chunk, const dsl::Tile& i_h,
-                            int64_t row0);
+  /// Stores the inverse norms of the rows of `x` ([rows, K]) as rows row0.. of `table` (q or k), and
+  /// returns them.
+  static dsl::Tile store_inverse_norms(const dsl::Tensor& table, const dsl::Tile& x, const dsl::Tile& chunk,
+                                       const dsl::Tile& i_h, int64_t row0);
 };
 
 /// Adds the tables of `chunks` chunks (over all sequences) of `chunk` rows and `heads` heads to `plan`.

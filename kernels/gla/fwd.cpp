@@ -51,15 +51,14 @@ std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg) {
   Tensor q = kb.tensor("q", dt, 4);
   Tensor k = kb.tensor("k", dt, 4);
   Tensor g = kb.tensor("g", f32, 4);
-  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  const ChunkIndexTables index_tables = ChunkIndexTables::declare(kb, cfg.varlen);
   Tensor qg = kb.tensor("qg", dt, 4);
   Tensor kg = kb.tensor("kg", dt, 4);
   Tensor a = kb.tensor("a", dt, 4);
   Tensor chunk_decay = kb.tensor("chunk_decay", f32, 3);
   Tile scale = kb.scalar("scale", f32);
 
-  const ChunkBounds c = chunk_bounds(q, cu, chunk_indices, cfg.varlen, program_id(0), program_id(1), BT);
+  const ChunkBounds c = index_tables.bounds(q, program_id(0), program_id(1), BT);
   auto chunk_rows = [&](const Tensor& t) {
     return load(t, {c.b, c.t0, c.i_h, 0}, {kIndex, BT, kIndex, BK}, c.in_seq);
   };

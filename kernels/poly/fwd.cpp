@@ -253,8 +253,7 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
   kb.set_min_ctas_per_sm(cfg.min_ctas);
   kb.set_tensor_core_f32(cfg.dtype != f32);  // times_quadratic_form
   auto [q, k, v] = declare_qkv(kb, dt);
-  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  const ChunkIndexTables index_tables = ChunkIndexTables::declare(kb, cfg.varlen);
   Tensor seg_offsets = cfg.varlen ? kb.tensor("segment_offsets", DType::i32, 1) : Tensor();
   Tensor states = kb.tensor("states", dt, 5);
   Tensor zstates = cfg.normalize ? kb.tensor("zstates", f32, 4) : Tensor();
@@ -273,7 +272,7 @@ std::shared_ptr<ir::Kernel> build_poly_fwd_out(const PolyConfig& cfg, bool grad)
   // the segment's chunks directly, and the GPU starts programs in grid order, so the last wave holds the
   // short ones; in grid order the programs running at once share their segments' states and keys in L2.
   Tile i_c = cfg.longest_first && !cfg.varlen ? longest_first(program_id(0), num_programs(0), CPS) : program_id(0);
-  const ChunkBounds ch = chunk_bounds(q, cu, chunk_indices, cfg.varlen, i_c, program_id(2), BT);
+  const ChunkBounds ch = index_tables.bounds(q, i_c, program_id(2), BT);
   Tile v0 = i_v * BV;
   Tile segment = ch.chunk / CPS;
   Tile row = first_segment(cfg, q, seg_offsets, ch.i_n) + segment;
@@ -383,11 +382,10 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_from_saved(const PolyConfig& cfg) {
   Tensor d_o = kb.tensor("do", dt, 4);
   Tensor o = kb.tensor("o", dt, 4);
   Tensor den = kb.tensor("den", f32, 3);
-  Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
-  Tensor chunk_indices = cfg.varlen ? kb.tensor("chunk_indices", DType::i32, 2) : Tensor();
+  const ChunkIndexTables index_tables = ChunkIndexTables::declare(kb, cfg.varlen);
   Tensor dn = kb.tensor("dn", dt, 4);
   Tensor dd = kb.tensor("dd", f32, 3);
-  const ChunkBounds ch = chunk_bounds(d_o, cu, chunk_indices, cfg.varlen, program_id(0), program_id(1), BT);
+  const ChunkBounds ch = index_tables.bounds(d_o, program_id(0), program_id(1), BT);
   Tile dO = load(d_o, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BV}, ch.in_seq).to(f32);
   Tile O = load(o, {ch.b, ch.t0, ch.i_h, 0}, {kIndex, BT, kIndex, BV}, ch.in_seq).to(f32);
   // Rows past the sequence read den = 0 and are not stored.

@@ -220,6 +220,17 @@ def test_calls_at_measured_shapes_assemble_without_spills(op, shape, backward, t
     assert_no_spills(op, ["--shape", shape, *(["--backward"] if backward else [])], "bf16", "sm_90a", tmp_path)
 
 
+# The delta rules' forward with q and k normalized inside (--l2norm-qk, the form models call): its UT
+# kernel loads q's rows for their norms, which spilled 164 bytes at 96 registers when all four blocks'
+# loads were issued up front (session 30).
+@pytest.mark.parametrize("shape", CALL_SHAPES)
+@pytest.mark.parametrize("op", ["delta_rule", "gated_delta_rule"])
+def test_l2norm_calls_at_measured_shapes_assemble_without_spills(op, shape, tmp_path):
+    if PTXAS_ERROR:
+        pytest.fail(PTXAS_ERROR, pytrace=False)
+    assert_no_spills(op, ["--shape", shape, "--l2norm-qk"], "bf16", "sm_90a", tmp_path)
+
+
 # Products waited for an iteration late (three or four pipeline stages: compiler/passes/wgmma_waits.h):
 # ptxas keeps them asynchronous (no C7515) and the deferred wait is in the PTX: the op's kernels at a
 # forward shape with --config stages=N (registers and spills are the default configurations' test).

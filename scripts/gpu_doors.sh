@@ -30,11 +30,11 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 case "${1:-}" in
   tests)
     stamp "torch tests, C ABI, CLI numeric tests (in parallel)"
-    (LINAC_TEST_DEVICE=cuda timeout 400 python3 -m pytest -q -p no:cacheprovider tests/python/torch > "$OUT/pytest_torch.txt" 2>&1
+    (LINAC_TEST_DEVICE=cuda timeout -s INT -k 30 400 python3 -m pytest -q -p no:cacheprovider tests/python/torch > "$OUT/pytest_torch.txt" 2>&1
      echo "  torch rc=$? $(tail -1 "$OUT/pytest_torch.txt")") &
     for name in test_linear_attn test_gla test_gla_bwd test_delta_rule test_delta_rule_bwd test_poly test_recurrent test_linear_attn_bwd; do
       (cd tests/python && LINAC_TEST_DEVICE=cuda LINAC_BIN=$PWD/../../build/linac LINAC_AUTOTUNE=0 \
-         timeout 400 python3 -m pytest -q -p no:cacheprovider "$name.py" > "/tmp/pytest_$name.txt" 2>&1
+         timeout -s INT -k 30 400 python3 -m pytest -q -p no:cacheprovider "$name.py" > "/tmp/pytest_$name.txt" 2>&1
        echo "  $name rc=$? $(tail -1 "/tmp/pytest_$name.txt")") &
     done
     ./build/linac_c_abi_test | tail -1

@@ -34,7 +34,7 @@ stamp "1. numeric tests on the GPU"
 for f in tests/python/test_{linear_attn,configs,gla,gla_bwd,delta_rule,delta_rule_bwd,poly,poly_bwd,recurrent,linear_attn_normalized,linear_attn_normalized_bwd,linear_attn_bwd,noise_dropout,bwd_determinism,bwd_tuning_space}.py; do
   name=$(basename "$f" .py)
   (cd tests/python && LINAC_TEST_DEVICE=cuda LINAC_BIN=$PWD/../../build/linac LINAC_AUTOTUNE=0 \
-     timeout 300 python3 -m pytest -q -p no:cacheprovider "$name.py" > "$OUT/pytest_$name.txt" 2>&1
+     timeout -s INT -k 30 300 python3 -m pytest -q -p no:cacheprovider "$name.py" > "$OUT/pytest_$name.txt" 2>&1
    echo "  $name rc=$? $(tail -1 "$OUT/pytest_$name.txt")") &
 done
 wait

@@ -22,11 +22,13 @@ namespace {
 /// as ptxas keeps them spill-free (13.0, sm_90a and sm_80): in 16 bits 72 registers a thread at chunks
 /// of 32 up to head dim 128 (7 blocks of 4 warps), else 96 (5 blocks; 72 spills there); fp32 two
 /// blocks (96 registers spill at head dims 64 and 256). Measured faster at each step
-/// (docs/ops/delta_rule.md, "Measured").
+/// (docs/ops/delta_rule.md, "Measured"). tform's T of 64 rows alone: 128 (96 spilled 16-24 bytes;
+/// untimed).
 int wy_blocks_per_sm(const DeltaRuleConfig& cfg) {
   if (dtype_bytes(cfg.dtype) == 4) return 2;
   int registers = 96;
   if (cfg.chunk == 32 && cfg.block_k <= 128) registers = 72;
+  if (cfg.tform && cfg.chunk == 64) registers = 128;
   return std::max(2, 65536 / (registers * 32 * cfg.wy_warps));
 }
 
@@ -82,15 +84,17 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   // to itself ptxas capped the 256-thread form at 48 registers and spilled.
   kb.set_tensor_core_f32(true);
   kb.set_min_ctas_per_sm(wy_blocks_per_sm(cfg));
+  // tform: T alone (the walk forms V_new from it and v), no W and U.
+  const bool wy = !cfg.tform, stores_t = cfg.store_t || cfg.tform;
   Tensor k = kb.tensor("k", dt, 4);
-  Tensor v = kb.tensor("v", dt, 4);
+  Tensor v = wy ? kb.tensor("v", dt, 4) : Tensor();
   Tensor beta = kb.tensor("beta", f32, 3);
   const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
   Tensor q = cfg.l2norm_qk ? kb.tensor("q", dt, 4) : Tensor();
   const ChunkIndexTables index_tables = ChunkIndexTables::declare(kb, cfg.varlen);
-  Tensor w = kb.tensor("w", dt, 4);
-  Tensor u = kb.tensor("u", dt, 4);
-  Tensor t_mat = cfg.store_t ? kb.tensor("t_mat", dt, 4) : Tensor();
+  Tensor w = wy ? kb.tensor("w", dt, 4) : Tensor();
+  Tensor u = wy ? kb.tensor("u", dt, 4) : Tensor();
+  Tensor t_mat = stores_t ? kb.tensor("t_mat", dt, 4) : Tensor();
   const InverseNormTables norms = cfg.l2norm_qk ? InverseNormTables::declare(kb, /*with_q=*/true) : InverseNormTables();
 
   Tile i_c = program_id(0), i_nh = program_id(1);
@@ -143,12 +147,9 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
     return {take(gate_b[g0 - 1], BS - 1, 0), take(gate_cuts[g0 - 1], BS - 1, 0)};
   };
   for (int s = 0; s < NS; ++s) {
-    a_row[s] = beta_s[s];
-    w_col[s] = beta_s[s];
-    if (cfg.l2norm_qk) {
-      a_row[s] = a_row[s] * a_col[s];
-      w_col[s] = w_col[s] * a_col[s];
-    }
+    a_row[s] = cfg.l2norm_qk ? beta_s[s] * a_col[s] : beta_s[s];
+    if (!wy) continue;  // W's factors
+    w_col[s] = a_row[s];
     if (cfg.gated) w_col[s] = w_col[s] * decay({gate_b[s], gate_cuts[s]}, group_start(s));
   }
   // A's block (i, j), i >= j, masked to r > c on the diagonal (where the mask selects 0 over whatever
@@ -166,11 +167,12 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   for (int i = 0; i < NS; ++i)
     for (int j = i / G * G; j <= i; ++j) A[i][j] = a_block(i, j);
   const std::vector<std::vector<Tile>> T = blocks::unit_lower_inverse_blocks(A);
-  if (cfg.store_t)
+  if (stores_t)
     for (int i = 0; i < NS; ++i)
       for (int j = 0; j < NS; ++j)
         store(t_mat, {b, t0 + i * BS, i_h, j * BS}, {kIndex, BS, kIndex, BS},
               j <= i ? T[i][j].to(dt) : zeros({BS, BS}, dt), in_seq);
+  if (!wy) return kb.finish();
   // Two groups, the halves 1 and 2 of the chunk: with each half's T and decays from its own first row,
   // the chunk's T is [[T_1, 0], [-T_2 A_21 T_1, T_2]], so its W and U are
   //   W = [W_1; exp(b_1) W_2 - M W_1],   U = [U_1; U_2 - M U_1],
@@ -278,8 +280,12 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
   configure_delta_walk(kb, cfg);
   Tensor q = kb.tensor("q", dt, 4);
   Tensor k = kb.tensor("k", dt, 4);
-  Tensor w = kb.tensor("w", dt, 4);
-  Tensor u = kb.tensor("u", dt, 4);
+  // W and U from delta_rule_wy, or (tform) the chunk's T, v and beta.
+  Tensor w = cfg.tform ? Tensor() : kb.tensor("w", dt, 4);
+  Tensor u = cfg.tform ? Tensor() : kb.tensor("u", dt, 4);
+  Tensor t_mat = cfg.tform ? kb.tensor("t_mat", dt, 4) : Tensor();
+  Tensor v = cfg.tform ? kb.tensor("v", dt, 4) : Tensor();
+  Tensor beta = cfg.tform ? kb.tensor("beta", f32, 3) : Tensor();
   const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
   Tensor scores = cfg.scores ? kb.tensor("scores", dt, 4) : Tensor();
   const InverseNormTables norms = cfg.l2norm_qk ? InverseNormTables::declare(kb, /*with_q=*/true) : InverseNormTables();
@@ -327,16 +333,29 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
     next_k_norm = norms.load_k(chunk, i_h, 0, BT);
   };
   if (cfg.l2norm_qk) load_norms(first_chunk);
+  // tform: beta's rows likewise (strided [BT] fp32).
+  Tile next_beta;
+  auto load_beta = [&](const Tile& row0) { next_beta = load(beta, {b, row0, i_h}, {kIndex, BT, kIndex}, in_seq); };
+  if (cfg.tform) load_beta(bos);
 
   auto body = [&](Tile i) {
     Tile t0 = bos + i * BT;
     Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
     Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-    Tile W = load(w, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
-    Tile U = load(u, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
+    Tile W, U, T, V, beta_c;
+    if (cfg.tform) {
+      T = load(t_mat, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BT}, in_seq);
+      V = load(v, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
+      beta_c = next_beta;
+      load_beta(t0 + BT);
+    } else {
+      W = load(w, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
+      U = load(u, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, in_seq);
+    }
     Tile P = cfg.scores ? load(scores, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BT}, in_seq) : Tile();
-    // Per-row factors of Q S and of K in the state update; invalid tiles stand for all ones.
-    Tile q_norm, k_norm, q_factor, k_factor, b_last, gam;
+    // Per-row factors of Q S and of K in the state update, and (tform) of K S; invalid tiles stand for
+    // all ones.
+    Tile q_norm, k_norm, q_factor, k_factor, ks_factor, b_last, gam;
     if (cfg.l2norm_qk) {
       q_factor = q_norm = next_q_norm;
       k_factor = k_norm = next_k_norm;
@@ -353,9 +372,21 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
       if (!cfg.scores) gam = dec.between(causal);  // exp(b_r - b_c) for r >= c, 1 above the diagonal
       q_factor = q_factor.valid() ? q_factor * e_b : e_b;
       k_factor = k_factor.valid() ? k_factor * decay : decay;
+      ks_factor = k_norm.valid() ? k_norm * e_b : e_b;
+    } else {
+      ks_factor = k_norm;
     }
     Tile S_dt = S.to(dt);
-    Tile V_new32 = U.to(f32) - dot(W, S_dt);
+    Tile V_new32;
+    if (cfg.tform) {
+      // W S = T diag(beta) diag(r_k exp(b)) K S (delta_rule_wy's W), so
+      // V_new = U - W S = T (beta .* (V - r_k exp(b) .* (K S))): no W or U to read, one product more.
+      Tile KS = dot(K, S_dt);
+      Tile V_minus = V.to(f32) - (ks_factor.valid() ? KS * expand_dims(ks_factor, 1) : KS);
+      V_new32 = dot(T, (V_minus * expand_dims(beta_c, 1)).to(dt));
+    } else {
+      V_new32 = U.to(f32) - dot(W, S_dt);
+    }
     Tile V_new = V_new32.to(dt);
     if (cfg.save_states) {
       store(h, {first_chunk + i, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S_dt);
@@ -374,6 +405,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
   };
   std::vector<Tile*> carried = next.carried_with(S);
   if (cfg.l2norm_qk) carried.insert(carried.end(), {&next_q_norm, &next_k_norm});
+  if (cfg.tform) carried.push_back(&next_beta);
   for_range_carrying(0, num_chunks, body, carried);
 
   if (ht_out) store(ht, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV}, S);

@@ -45,6 +45,7 @@ struct DeltaRuleConfig {
   int segment = 0;           // rows per segment of the segment-parallel forward (0: one walk per sequence)
   int ut_chunk = 0;          // delta_rule_wy: rows per UT transform where it composes each chunk from two (0: one)
   bool scores = false;       // the walk reads each chunk's scores from delta_rule_scores' table (scores [B,T,H,BT])
+  bool tform = false;        // the walk forms V_new from T and v (t_mat, v, beta); delta_rule_wy stores T alone
 };
 
 // The UT transform's inverse and the decays inside a chunk are linac/blocks.h's
@@ -67,16 +68,17 @@ int delta_walk_warps(int64_t block_v, int64_t padded_v, int wide_warps);
 /// delta_rule_segment_states): one rule for both.
 void configure_delta_walk(dsl::KernelBuilder& kb, const DeltaRuleConfig& cfg);
 
-/// Records the UT/WY kernel. Parameters: k v beta [gate_b gate_cuts gate_totals] [q] [cu_seqlens
-/// chunk_indices] w u [t_mat] [q_norms k_norms]; the gates' sums (kernels/common/chunk_gate_sums.h) it
-/// reads and the inverse norms it writes (--l2norm-qk, norm_tables.h) indexed by global chunk.
+/// Records the UT/WY kernel. Parameters: k [v] beta [gate_b gate_cuts gate_totals] [q] [cu_seqlens
+/// chunk_indices] [w u] [t_mat] [q_norms k_norms] (tform: T alone, no v, w, u); the gates' sums
+/// (kernels/common/chunk_gate_sums.h) it reads and the inverse norms it writes (--l2norm-qk,
+/// norm_tables.h) indexed by global chunk.
 /// Grid: (chunks, N*H), or (total chunks over all sequences, H) with varlen; chunk_indices [chunks, 2]
 /// holds (sequence, chunk of the sequence) per program then.
 std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg);
-/// Records the chunk-walking kernel. Parameters: q k w u [gate_b gate_cuts gate_totals] [scores] [q_norms
-/// k_norms] [initial_state] [final_state] [cu_seqlens] [segment_inputs] [chunk_offsets] [h v_new] o scale;
-/// the gates' sums (kernels/common/chunk_gate_sums.h), the inverse norms (--l2norm-qk,
-/// norm_tables.h) and the per-chunk tables are indexed by global chunk, from
+/// Records the chunk-walking kernel. Parameters: q k w u (tform: t_mat v beta) [gate_b gate_cuts
+/// gate_totals] [scores] [q_norms k_norms] [initial_state] [final_state] [cu_seqlens] [segment_inputs]
+/// [chunk_offsets] [h v_new] o scale; the gates' sums (kernels/common/chunk_gate_sums.h), the inverse
+/// norms (--l2norm-qk, norm_tables.h) and the per-chunk tables are indexed by global chunk, from
 /// chunk_offsets [N+1] (the first chunk of each sequence; a parameter where gated, normalizing or saving).
 /// Grid: (V blocks, N*H). With cfg.segment > 0 it walks one segment per program from the state
 /// entering it (grid (V blocks, N*H, segments)): segment_inputs [N, segments, H, K, V] in place of the

@@ -45,6 +45,14 @@ TuningKey scores_key() {
           "walk takes value blocks narrower than V and the UT kernel composes chunks of 64, else 0"};
 }
 
+/// Whether the walk forms V_new from the chunk's T and v (fwd.h, tform).
+TuningKey tform_key() {
+  return {"tform", {0, 1},
+          "1: the UT kernel stores each chunk's T alone and the walk forms V_new = T (beta .* (V - decays .* K S)) "
+          "from it and v (no W, U written and read); 0: the UT kernel forms W and U. Not with ut, split, "
+          "segment or saved_* outputs. Default 0 (untimed)"};
+}
+
 /// The forward's configuration (fwd.h): chunk, bv, warps, stages, split, segment, ut and scores are tuned.
 const ConfigSchema<DeltaRuleConfig>& delta_rule_schema() {
   using C = DeltaRuleConfig;
@@ -58,7 +66,7 @@ const ConfigSchema<DeltaRuleConfig>& delta_rule_schema() {
                         "1: a state pass storing the state before every chunk, then every chunk's outputs in "
                         "parallel (not with --l2norm-qk); 0: the fused walk"}),
       field<&C::wy_block_v>(), field<&C::v_blocks>(), tuned<&C::segment>(segment_key()),
-      tuned<&C::ut_chunk>(ut_key()), tuned<&C::scores>(scores_key()));
+      tuned<&C::ut_chunk>(ut_key()), tuned<&C::scores>(scores_key()), tuned<&C::tform>(tform_key()));
   return schema;
 }
 
@@ -125,7 +133,7 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   cfg.final_state = call.final_state;
   cfg.varlen = call.varlen;
   delta_rule_schema().apply(opts, cfg);
-  if (!ut_key().asked(opts)) cfg.ut_chunk = composes && cfg.chunk == 64 ? 32 : 0;
+  if (!ut_key().asked(opts)) cfg.ut_chunk = composes && cfg.chunk == 64 && !cfg.tform ? 32 : 0;
   //  - each chunk's scores formed once, by a kernel over all chunks, where the gated walk takes value
   //    blocks narrower than V (few heads) on chunks of 64 composed: its value blocks each formed them,
   //    decays included. Not ungated (its walk saves less than the scores kernel costs) nor where one
@@ -143,6 +151,9 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   if (cfg.ut_chunk > 0 && (2 * cfg.ut_chunk != cfg.chunk || cfg.store_t))
     throw UserError(fmt::format("{}: --config ut={} needs chunks of {} rows and no saved_* outputs (those keep the "
                                 "chunk's T)", op, cfg.ut_chunk, 2 * cfg.ut_chunk));
+  if (cfg.tform && (cfg.ut_chunk > 0 || cfg.split || cfg.segment > 0 || cfg.store_t || opts.recurrent))
+    throw UserError(fmt::format("{}: --config tform=1 is for the fused chunked walk with the chunk's own T: not "
+                                "with ut, split, segment, --recurrent or saved_* outputs", op));
   if (cfg.segment > 0 && (cfg.split || opts.recurrent))
     throw UserError(fmt::format("{}: --config segment is a schedule of the chunked walk: not with {}", op,
                                 cfg.split ? "split=1" : "--recurrent"));
@@ -214,8 +225,13 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
     // w and u are scratch: every row of every sequence is written by delta_rule_wy before
     // delta_rule_fwd reads it. u's columns are V padded to whole blocks of delta_rule_wy's (zero past V),
     // which the walk's blocks divide: every block either kernel stores or loads lies inside it.
-    plan.tensors["w"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
-    plan.tensors["u"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, int64_t{cfg.v_blocks} * cfg.wy_block_v});
+    // With tform, T alone ([B, T, H, BT], rows, as saving keeps it) in their place.
+    if (cfg.tform) {
+      plan.tensors["t_mat"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, cfg.chunk});
+    } else {
+      plan.tensors["w"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
+      plan.tensors["u"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, int64_t{cfg.v_blocks} * cfg.wy_block_v});
+    }
     // The chunk tables: (sequence, chunk of it) per program with varlen, and the first global chunk of
     // every sequence (the rows of the per-chunk state table).
     HostTensor offsets, indices;

@@ -319,6 +319,41 @@ def test_walk_reads_chunk_scores(linac, op, config):
     both(inputs)
 
 
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("config", ["tform=1", "tform=1,chunk=32,bv=32", "tform=1,chunk=16", "tform=1,scores=1"])
+def test_walk_forms_v_new_from_t(linac, op, config):
+    # --config tform=1: the UT kernel stores each chunk's T alone and the walk forms
+    # V_new = T (beta .* (V - r_k exp(b) .* K S)) from it and v, no W or U: the reference's results on
+    # dense inputs with both states, a partial last chunk and V = 40 padded; bf16; --l2norm-qk (the
+    # key norms on K S); varlen sequences that start and end inside chunks; gates of -inf (a decay
+    # spanning one is 0 in K S's factor too).
+    run_and_check(linac, op, make_inputs(1060 + OPS.index(op), op, B=2, T=150, H=2, K=32, V=40, gate_bias=4.0,
+                                         init=True), options=["--config", config])
+    run_and_check(linac, op, make_inputs(1062 + OPS.index(op), op, B=1, T=100, H=2, K=32, V=32, gate_bias=4.0,
+                                         init=True), options=["--config", config, "--dtype", "bf16"], tol=BF16_TOL)
+    run_and_check(linac, op, make_inputs(1064 + OPS.index(op), op, B=1, T=90, H=2, K=32, V=32, l2norm=True,
+                                         gate_bias=4.0), options=["--config", config], l2norm=True)
+    cu = np.array([0, 1, 17, 80, 81, 150, 151], dtype=np.int32)
+    inputs = make_inputs(1066 + OPS.index(op), op, B=1, T=151, H=2, K=16, V=16, gate_bias=4.0, init=True,
+                         N=len(cu) - 1)
+    inputs["cu_seqlens"] = cu
+    run_and_check(linac, op, inputs, options=["--config", config])
+    if op == "gated_delta_rule":
+        inputs = make_inputs(1068, op, B=1, T=130, H=2, K=32, V=32, gate_bias=4.0, init=True)
+        inputs["g"][:, 40:45] = -np.inf
+        run_and_check(linac, op, inputs, options=["--config", config])
+
+
+@pytest.mark.parametrize("options, mentions", [(["--config", "tform=1,ut=32"], "tform=1"),
+                                               (["--config", "tform=1,split=1"], "tform=1"),
+                                               (["--config", "tform=1,segment=64"], "tform=1"),
+                                               (["--config", "tform=1", "--recurrent"], "tform=1")])
+def test_error_tform_configs(linac, options, mentions):
+    inputs = make_inputs(1070, "delta_rule", B=1, T=100, H=1, K=16, V=16)
+    with pytest.raises(Exception, match=mentions):
+        run_and_check(linac, "delta_rule", inputs, options=options)
+
+
 @pytest.mark.parametrize("op, target, shape, extra, scores", [
     ("gated_delta_rule", "sm_90a", "B=2,T=16384,H=16,K=128", [], True),  # 32-column walks
     ("gated_delta_rule", "sm_90a", "B=2,T=16384,H=16,K=128", ["--config", "split=1"], False),

@@ -231,6 +231,17 @@ def test_l2norm_calls_at_measured_shapes_assemble_without_spills(op, shape, tmp_
     assert_no_spills(op, ["--shape", shape, "--l2norm-qk"], "bf16", "sm_90a", tmp_path)
 
 
+# The walk forming V_new from the chunk's T and v (--config tform=1, untimed on a GPU): its UT kernel
+# inverts 64 rows alone (at 96 registers it spilled 16-24 bytes; 128 since).
+@pytest.mark.parametrize("form", [[], ["--l2norm-qk"]], ids=["plain", "l2norm"])
+@pytest.mark.parametrize("shape", CALL_SHAPES)
+@pytest.mark.parametrize("op", ["delta_rule", "gated_delta_rule"])
+def test_tform_calls_at_measured_shapes_assemble_without_spills(op, shape, form, tmp_path):
+    if PTXAS_ERROR:
+        pytest.fail(PTXAS_ERROR, pytrace=False)
+    assert_no_spills(op, ["--shape", shape, "--config", "tform=1", *form], "bf16", "sm_90a", tmp_path)
+
+
 # Products waited for an iteration late (three or four pipeline stages: compiler/passes/wgmma_waits.h):
 # ptxas keeps them asynchronous (no C7515) and the deferred wait is in the PTX: the op's kernels at a
 # forward shape with --config stages=N (registers and spills are the default configurations' test).

@@ -22,13 +22,13 @@ namespace {
 /// as ptxas keeps them spill-free (13.0, sm_90a and sm_80): in 16 bits 72 registers a thread at chunks
 /// of 32 up to head dim 128 (7 blocks of 4 warps), else 96 (5 blocks; 72 spills there); fp32 two
 /// blocks (96 registers spill at head dims 64 and 256). Measured faster at each step
-/// (docs/ops/delta_rule.md, "Measured"). tform's T of 64 rows alone: 128 (96 spilled 16-24 bytes;
-/// untimed).
+/// (docs/ops/delta_rule.md, "Measured"). tform's T of 64 rows alone without halves (ut = 0): 128 (96
+/// spilled 16-24 bytes; untimed).
 int wy_blocks_per_sm(const DeltaRuleConfig& cfg) {
   if (dtype_bytes(cfg.dtype) == 4) return 2;
   int registers = 96;
   if (cfg.chunk == 32 && cfg.block_k <= 128) registers = 72;
-  if (cfg.tform && cfg.chunk == 64) registers = 128;
+  if (cfg.tform && cfg.chunk == 64 && cfg.ut_chunk == 0) registers = 128;
   return std::max(2, 65536 / (registers * 32 * cfg.wy_warps));
 }
 
@@ -167,12 +167,42 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   for (int i = 0; i < NS; ++i)
     for (int j = i / G * G; j <= i; ++j) A[i][j] = a_block(i, j);
   const std::vector<std::vector<Tile>> T = blocks::unit_lower_inverse_blocks(A);
-  if (stores_t)
+  if (!wy) {
+    // T alone (tform), each block rounded to the input dtype. With two halves, the blocks across them,
+    // X = -T_2 A_21 T_1, from products of 16-bit operands, as the W and U composition below forms
+    // M = T_2 A_21: the within-half blocks' fp32 substitution is what the halves save.
+    std::vector<std::vector<Tile>> T_dt(NS, std::vector<Tile>(NS));
+    for (int i = 0; i < NS; ++i)
+      for (int j = i / G * G; j <= i; ++j) T_dt[i][j] = T[i][j].to(dt);
+    if (halves) {
+      std::vector<std::vector<Tile>> A_21(NS, std::vector<Tile>(G)), M_21(NS, std::vector<Tile>(G));
+      for (int m = G; m < NS; ++m)
+        for (int j = 0; j < G; ++j) A_21[m][j] = a_block(m, j).to(dt);
+      auto sum_of = [](Tile acc, const Tile& term) { return acc.valid() ? acc + term : term; };
+      for (int i = G; i < NS; ++i)
+        for (int j = 0; j < G; ++j) {
+          Tile Mij;
+          for (int m = G; m <= i; ++m) Mij = sum_of(Mij, dot(T_dt[i][m], A_21[m][j]));
+          M_21[i][j] = Mij.to(dt);
+        }
+      for (int i = G; i < NS; ++i)
+        for (int j = 0; j < G; ++j) {
+          Tile X;
+          for (int n = j; n < G; ++n) X = sum_of(X, dot(M_21[i][n], T_dt[n][j]));
+          T_dt[i][j] = (X * -1.0f).to(dt);
+        }
+    }
+    for (int i = 0; i < NS; ++i)
+      for (int j = 0; j < NS; ++j)
+        store(t_mat, {b, t0 + i * BS, i_h, j * BS}, {kIndex, BS, kIndex, BS},
+              j <= i ? T_dt[i][j] : zeros({BS, BS}, dt), in_seq);
+    return kb.finish();
+  }
+  if (cfg.store_t)
     for (int i = 0; i < NS; ++i)
       for (int j = 0; j < NS; ++j)
         store(t_mat, {b, t0 + i * BS, i_h, j * BS}, {kIndex, BS, kIndex, BS},
               j <= i ? T[i][j].to(dt) : zeros({BS, BS}, dt), in_seq);
-  if (!wy) return kb.finish();
   // Two groups, the halves 1 and 2 of the chunk: with each half's T and decays from its own first row,
   // the chunk's T is [[T_1, 0], [-T_2 A_21 T_1, T_2]], so its W and U are
   //   W = [W_1; exp(b_1) W_2 - M W_1],   U = [U_1; U_2 - M U_1],

@@ -49,8 +49,8 @@ TuningKey scores_key() {
 TuningKey tform_key() {
   return {"tform", {0, 1},
           "1: the UT kernel stores each chunk's T alone and the walk forms V_new = T (beta .* (V - decays .* K S)) "
-          "from it and v (no W, U written and read); 0: the UT kernel forms W and U. Not with ut, split, "
-          "segment or saved_* outputs. Default 0 (untimed)"};
+          "from it and v (no W, U written and read); 0: the UT kernel forms W and U. Not with split, segment "
+          "or saved_* outputs. Default 0 (untimed)"};
 }
 
 /// The forward's configuration (fwd.h): chunk, bv, warps, stages, split, segment, ut and scores are tuned.
@@ -133,7 +133,7 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   cfg.final_state = call.final_state;
   cfg.varlen = call.varlen;
   delta_rule_schema().apply(opts, cfg);
-  if (!ut_key().asked(opts)) cfg.ut_chunk = composes && cfg.chunk == 64 && !cfg.tform ? 32 : 0;
+  if (!ut_key().asked(opts)) cfg.ut_chunk = composes && cfg.chunk == 64 ? 32 : 0;
   //  - each chunk's scores formed once, by a kernel over all chunks, where the gated walk takes value
   //    blocks narrower than V (few heads) on chunks of 64 composed: its value blocks each formed them,
   //    decays included. Not ungated (its walk saves less than the scores kernel costs) nor where one
@@ -151,9 +151,9 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   if (cfg.ut_chunk > 0 && (2 * cfg.ut_chunk != cfg.chunk || cfg.store_t))
     throw UserError(fmt::format("{}: --config ut={} needs chunks of {} rows and no saved_* outputs (those keep the "
                                 "chunk's T)", op, cfg.ut_chunk, 2 * cfg.ut_chunk));
-  if (cfg.tform && (cfg.ut_chunk > 0 || cfg.split || cfg.segment > 0 || cfg.store_t || opts.recurrent))
-    throw UserError(fmt::format("{}: --config tform=1 is for the fused chunked walk with the chunk's own T: not "
-                                "with ut, split, segment, --recurrent or saved_* outputs", op));
+  if (cfg.tform && (cfg.split || cfg.segment > 0 || cfg.store_t || opts.recurrent))
+    throw UserError(fmt::format("{}: --config tform=1 is for the fused chunked walk: not with split, segment, "
+                                "--recurrent or saved_* outputs", op));
   if (cfg.segment > 0 && (cfg.split || opts.recurrent))
     throw UserError(fmt::format("{}: --config segment is a schedule of the chunked walk: not with {}", op,
                                 cfg.split ? "split=1" : "--recurrent"));

@@ -320,10 +320,12 @@ def test_walk_reads_chunk_scores(linac, op, config):
 
 
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("config", ["tform=1", "tform=1,chunk=32,bv=32", "tform=1,chunk=16", "tform=1,scores=1"])
+@pytest.mark.parametrize("config", ["tform=1", "tform=1,chunk=64,ut=32", "tform=1,chunk=64,ut=0",
+                                    "tform=1,chunk=32,ut=16,bv=32", "tform=1,chunk=16", "tform=1,scores=1"])
 def test_walk_forms_v_new_from_t(linac, op, config):
     # --config tform=1: the UT kernel stores each chunk's T alone and the walk forms
-    # V_new = T (beta .* (V - r_k exp(b) .* K S)) from it and v, no W or U: the reference's results on
+    # V_new = T (beta .* (V - r_k exp(b) .* K S)) from it and v, no W or U; with ut, T's blocks across
+    # the two halves from 16-bit products (-T_2 A_21 T_1): the reference's results on
     # dense inputs with both states, a partial last chunk and V = 40 padded; bf16; --l2norm-qk (the
     # key norms on K S); varlen sequences that start and end inside chunks; gates of -inf (a decay
     # spanning one is 0 in K S's factor too).
@@ -344,8 +346,7 @@ def test_walk_forms_v_new_from_t(linac, op, config):
         run_and_check(linac, op, inputs, options=["--config", config])
 
 
-@pytest.mark.parametrize("options, mentions", [(["--config", "tform=1,ut=32"], "tform=1"),
-                                               (["--config", "tform=1,split=1"], "tform=1"),
+@pytest.mark.parametrize("options, mentions", [(["--config", "tform=1,split=1"], "tform=1"),
                                                (["--config", "tform=1,segment=64"], "tform=1"),
                                                (["--config", "tform=1", "--recurrent"], "tform=1")])
 def test_error_tform_configs(linac, options, mentions):

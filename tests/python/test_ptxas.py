@@ -231,15 +231,17 @@ def test_l2norm_calls_at_measured_shapes_assemble_without_spills(op, shape, tmp_
     assert_no_spills(op, ["--shape", shape, "--l2norm-qk"], "bf16", "sm_90a", tmp_path)
 
 
-# The walk forming V_new from the chunk's T and v (--config tform=1, untimed on a GPU): its UT kernel
-# inverts 64 rows alone (at 96 registers it spilled 16-24 bytes; 128 since).
+# The walk forming V_new from the chunk's T and v (--config tform=1, untimed on a GPU), its UT kernel
+# composing T from two halves (the default at these shapes) or inverting 64 rows alone (ut=0: at 96
+# registers it spilled 16-24 bytes; 128 since).
 @pytest.mark.parametrize("form", [[], ["--l2norm-qk"]], ids=["plain", "l2norm"])
+@pytest.mark.parametrize("config", ["tform=1", "tform=1,ut=0"])
 @pytest.mark.parametrize("shape", CALL_SHAPES)
 @pytest.mark.parametrize("op", ["delta_rule", "gated_delta_rule"])
-def test_tform_calls_at_measured_shapes_assemble_without_spills(op, shape, form, tmp_path):
+def test_tform_calls_at_measured_shapes_assemble_without_spills(op, shape, config, form, tmp_path):
     if PTXAS_ERROR:
         pytest.fail(PTXAS_ERROR, pytrace=False)
-    assert_no_spills(op, ["--shape", shape, "--config", "tform=1", *form], "bf16", "sm_90a", tmp_path)
+    assert_no_spills(op, ["--shape", shape, "--config", config, *form], "bf16", "sm_90a", tmp_path)
 
 
 # Products waited for an iteration late (three or four pipeline stages: compiler/passes/wgmma_waits.h):

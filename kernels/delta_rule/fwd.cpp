@@ -66,7 +66,8 @@ void configure_delta_walk(KernelBuilder& kb, const DeltaRuleConfig& cfg) {
 // The decays are differences of b read from chunk_gate_sums' tables, with the gates below
 // kLogDecayFloor (-inf included) set apart as the walk has them (log_decay.h: a decay spanning one is
 // 0, every other as precise as without it). W and U are products on the tensor cores in the input
-// dtype (each T_ij rounded to it once, as the state products use it).
+// dtype (each T_ij rounded to it once, as the state products use it). With tform, T alone, rounded to
+// the input dtype, for the walk to form V_new from (no v read, no W or U).
 std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.wy_block_v;
   const int64_t BS = std::min<int64_t>(BT, 16);

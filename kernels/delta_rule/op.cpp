@@ -439,6 +439,9 @@ OpDef delta_rule_op_def(bool gated) {
     // Three pipeline stages (one slack; products waited for an iteration late on sm_90a): faster for
     // delta_rule's forward at the bar shape, slower for gated_delta_rule's (docs/hopper.md, "Measured").
     if (opts.dtype != DType::f32) space.push_back({{"stages", 3}});
+    // The walk forming V_new from T and v (fwd.h, tform): untimed as a default; the tuner times it beside
+    // the rest on the caller's GPU.
+    if (opts.dtype != DType::f32) space.push_back({{"tform", 1}});
     return space;
   };
   return op;

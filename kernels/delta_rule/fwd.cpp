@@ -168,10 +168,11 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   for (int i = 0; i < NS; ++i)
     for (int j = i / G * G; j <= i; ++j) A[i][j] = a_block(i, j);
   const std::vector<std::vector<Tile>> T = blocks::unit_lower_inverse_blocks(A);
-  if (!wy) {
-    // T alone (tform), each block rounded to the input dtype. With two halves, the blocks across them,
-    // X = -T_2 A_21 T_1, from products of 16-bit operands, as the W and U composition below forms
-    // M = T_2 A_21: the within-half blocks' fp32 substitution is what the halves save.
+  if (stores_t) {
+    // T for the backward (store_t) or for the walk (tform), each block rounded to the input dtype. With
+    // two halves (tform alone: saving refuses them), the blocks across them, X = -T_2 A_21 T_1, from
+    // products of 16-bit operands, as the W and U composition below forms M = T_2 A_21: the within-half
+    // blocks' fp32 substitution is what the halves save.
     std::vector<std::vector<Tile>> T_dt(NS, std::vector<Tile>(NS));
     for (int i = 0; i < NS; ++i)
       for (int j = i / G * G; j <= i; ++j) T_dt[i][j] = T[i][j].to(dt);
@@ -197,13 +198,8 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
       for (int j = 0; j < NS; ++j)
         store(t_mat, {b, t0 + i * BS, i_h, j * BS}, {kIndex, BS, kIndex, BS},
               j <= i ? T_dt[i][j] : zeros({BS, BS}, dt), in_seq);
-    return kb.finish();
   }
-  if (cfg.store_t)
-    for (int i = 0; i < NS; ++i)
-      for (int j = 0; j < NS; ++j)
-        store(t_mat, {b, t0 + i * BS, i_h, j * BS}, {kIndex, BS, kIndex, BS},
-              j <= i ? T[i][j].to(dt) : zeros({BS, BS}, dt), in_seq);
+  if (!wy) return kb.finish();
   // Two groups, the halves 1 and 2 of the chunk: with each half's T and decays from its own first row,
   // the chunk's T is [[T_1, 0], [-T_2 A_21 T_1, T_2]], so its W and U are
   //   W = [W_1; exp(b_1) W_2 - M W_1],   U = [U_1; U_2 - M U_1],
@@ -403,7 +399,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
       if (!cfg.scores) gam = dec.between(causal);  // exp(b_r - b_c) for r >= c, 1 above the diagonal
       q_factor = q_factor.valid() ? q_factor * e_b : e_b;
       k_factor = k_factor.valid() ? k_factor * decay : decay;
-      ks_factor = k_norm.valid() ? k_norm * e_b : e_b;
+      if (cfg.tform) ks_factor = k_norm.valid() ? k_norm * e_b : e_b;
     } else {
       ks_factor = k_norm;
     }

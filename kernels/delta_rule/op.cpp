@@ -53,7 +53,8 @@ TuningKey tform_key() {
           "or saved_* outputs. Default 0 (untimed)"};
 }
 
-/// The forward's configuration (fwd.h): chunk, bv, warps, stages, split, segment, ut and scores are tuned.
+/// The forward's configuration (fwd.h): chunk, bv, warps, stages, split, segment, ut, scores and tform are
+/// tuned.
 const ConfigSchema<DeltaRuleConfig>& delta_rule_schema() {
   using C = DeltaRuleConfig;
   static const ConfigSchema<C> schema(
@@ -331,12 +332,16 @@ std::vector<std::shared_ptr<ir::Kernel>> delta_rule_kernels(bool gated, const Op
       out.push_back(cached_delta_kernel(DeltaKernel::out, split));
       split.varlen = true;
       out.push_back(cached_delta_kernel(DeltaKernel::out, split));
-      // The walk reading the chunks' scores, and their kernel, plain and with every option.
+      // The walk reading the chunks' scores, and their kernel; the UT kernel storing T alone and the walk
+      // forming V_new from it (tform); plain and with every option.
       for (const auto* c : {&plain, &full}) {
-        DeltaRuleConfig with_scores = *c;
+        DeltaRuleConfig with_scores = *c, with_t = *c;
         with_scores.scores = true;
         out.push_back(cached_delta_kernel(DeltaKernel::scores, with_scores));
         out.push_back(cached_delta_kernel(DeltaKernel::fwd, with_scores));
+        with_t.tform = true;
+        out.push_back(cached_delta_kernel(DeltaKernel::wy, with_t));
+        out.push_back(cached_delta_kernel(DeltaKernel::fwd, with_t));
       }
     }
   }

@@ -112,24 +112,26 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   // the sequence end load zeros (k, beta; the tables hold the chunk's totals there): their rows of A
   // vanish. Every load is issued before the first use of any: beta's strided rows stay in registers,
   // and each was waited for before the next block's loads went out.
-  std::vector<Tile> K(NS), beta_s(NS), gate_b(NS), gate_cuts(NS), a_row(NS), a_col(NS), w_col(NS);
+  std::vector<Tile> K(NS), Q(NS), beta_s(NS), gate_b(NS), gate_cuts(NS), a_row(NS), a_col(NS), w_col(NS);
+  // --l2norm-qk: Q's rows, for their norms alone, prefetched (copied to shared memory with the other
+  // loads, read from there at their use): loaded to registers, all four blocks stood there at once
+  // (ptxas: 164 bytes spilled at 96), and loaded block by block at their use each was waited for.
+  const AccessOptions prefetched = in_seq.prefetched();
   for (int s = 0; s < NS; ++s) {
     Tile ts = t0 + s * BS;
     K[s] = load(k, {b, ts, i_h, 0}, {kIndex, BS, kIndex, BK}, in_seq);
+    if (cfg.l2norm_qk) Q[s] = load(q, {b, ts, i_h, 0}, {kIndex, BS, kIndex, BK}, prefetched);
     beta_s[s] = load(beta, {b, ts, i_h}, {kIndex, BS, kIndex}, in_seq);
     if (cfg.gated) {
       gate_b[s] = load(gates.b, {cb.global_chunk, i_h, s * BS}, {kIndex, kIndex, BS});
       gate_cuts[s] = load(gates.cuts, {cb.global_chunk, i_h, s * BS}, {kIndex, kIndex, BS});
     }
   }
-  // --l2norm-qk: the rows' inverse norms, kept in tables for the forward's later kernels
-  // (norm_tables.h). Q's rows are loaded for them alone, each block's just before its use: loaded with
-  // the others, all four blocks' rows stood in registers at once (ptxas: 164 bytes spilled at 96).
+  // --l2norm-qk: the rows' inverse norms, kept in tables for the forward's later kernels (norm_tables.h).
   if (cfg.l2norm_qk)
     for (int s = 0; s < NS; ++s) {
       a_col[s] = InverseNormTables::store_inverse_norms(norms.k, K[s], cb.global_chunk, i_h, s * BS);
-      Tile Q = load(q, {b, t0 + s * BS, i_h, 0}, {kIndex, BS, kIndex, BK}, in_seq);
-      InverseNormTables::store_inverse_norms(norms.q, Q, cb.global_chunk, i_h, s * BS);
+      InverseNormTables::store_inverse_norms(norms.q, Q[s], cb.global_chunk, i_h, s * BS);
     }
   // The sums at one row (or before the chunk: zeros), and the decay from an earlier row to a later:
   // exp(b_later - b_earlier) where no set-apart gate lies between (their counts equal), else 0. The

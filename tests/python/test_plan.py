@@ -239,6 +239,10 @@ def test_compile_l2norm_qk_selects_that_call(linac):
         assert "%q_norms: tensor" in kernels[name] and "%k_norms: tensor" in kernels[name], name
     assert "rsqrt" in kernels["gated_delta_rule_wy"] and "store %q_norms" in kernels["gated_delta_rule_wy"]
     assert "rsqrt" not in kernels["gated_delta_rule_fwd"]
+    # q's rows, read by the UT kernel for their norms alone, are copied asynchronously with its other
+    # loads (waited for one block at a time they cost 0.04 ms of 0.72 at the bar shape, docs/ops/delta_rule.md).
+    q_loads = [line for line in kernels["gated_delta_rule_wy"].splitlines() if "= load %q[" in line]
+    assert q_loads and all("prefetch = true" in line for line in q_loads), q_loads
     proc = linac.run(*args)
     assert proc.returncode == 0 and "rsqrt" not in proc.stdout and "norms" not in proc.stdout, proc.stderr
     proc = linac.run("compile", "linear_attn", "--shape", "B=2,T=200,H=2,K=64", "--l2norm-qk")

@@ -50,7 +50,7 @@ TuningKey tform_key() {
   return {"tform", {0, 1},
           "1: the UT kernel stores each chunk's T alone and the walk forms V_new = T (beta .* (V - decays .* K S)) "
           "from it and v (no W, U written and read); 0: the UT kernel forms W and U. Not with split, segment "
-          "or saved_* outputs. Default 0 (untimed)"};
+          "or saved_* outputs. Default 1 where the UT kernel composes chunks of 64 (ut), else 0"};
 }
 
 /// The forward's configuration (fwd.h): chunk, bv, warps, stages, split, segment, ut, scores and tform are
@@ -141,6 +141,12 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   //    block holds V (docs/ops/delta_rule.md, "Measured", session 30).
   if (!scores_key().asked(opts))
     cfg.scores = gated && cfg.ut_chunk > 0 && !cfg.split && !opts.recurrent && cfg.block_v < padded_head_dim(V);
+  //  - the walk forming V_new from each chunk's T and v (tform) where the UT kernel composes chunks of 64:
+  //    the UT kernel then writes T alone, no W and U, and the walk's longer chain costs less than that
+  //    saves, both ops at the bar shape and at few heads, with and without --l2norm-qk
+  //    (docs/ops/delta_rule.md, "Measured", session 31). Not with the schedules that read W and U.
+  if (!tform_key().asked(opts))
+    cfg.tform = cfg.ut_chunk > 0 && !cfg.split && cfg.segment == 0 && !opts.recurrent && !cfg.store_t;
   cfg.wy_block_v = delta_wy_block_v(cfg.dtype, cfg.block_v, padded_head_dim(V), cfg.ut_chunk > 0);
   cfg.v_blocks = static_cast<int>((padded_head_dim(V) + cfg.wy_block_v - 1) / cfg.wy_block_v);
   if (cfg.split && opts.l2norm_qk) throw UserError(fmt::format("{}: --config split=1 does not take --l2norm-qk", op));
@@ -444,9 +450,9 @@ OpDef delta_rule_op_def(bool gated) {
     // Three pipeline stages (one slack; products waited for an iteration late on sm_90a): faster for
     // delta_rule's forward at the bar shape, slower for gated_delta_rule's (docs/hopper.md, "Measured").
     if (opts.dtype != DType::f32) space.push_back({{"stages", 3}});
-    // The walk forming V_new from T and v (fwd.h, tform): untimed as a default; the tuner times it beside
-    // the rest on the caller's GPU.
-    if (opts.dtype != DType::f32) space.push_back({{"tform", 1}});
+    // The UT kernel forming W and U where the walk takes T by default (tform; the two tied at few heads,
+    // gated).
+    if (opts.dtype != DType::f32) space.push_back({{"tform", 0}});
     return space;
   };
   return op;

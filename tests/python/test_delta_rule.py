@@ -423,13 +423,16 @@ def test_gated_walks_read_the_gate_sums_an_iteration_ahead(linac, backward):
         header = loop.split("\n", 1)[0]
         args = re.search(r"iter_args\((.*?)\) : \((.*?)\)", header)
         assert args, header
-        names = [a.split(" = ")[0].strip() for a in args.group(1).split(",")]
+        pairs = [a.strip().split(" = ") for a in args.group(1).split(",")]
         types = [t.strip() for t in args.group(2).split(", ")]
-        assert types.count(sums) == 2, f"{name}: b and cuts not carried: {header}"
+        # Each table's sums carried: a loop value of that type whose initial value is their load.
+        for table in ("gate_b", "gate_cuts"):
+            carried = [arg for (arg, init), t in zip(pairs, types)
+                       if t == sums and re.search(rf"{init} = load %{table}\[", before)]
+            assert len(carried) == 1, f"{name}: {table} not carried: {header}"
+            assert re.search(rf"= \w+ [^\n]*{carried[0]}\b", loop), f"{name}: carried {table} unused"
         assert re.search(rf"= load %gate_b\[.*: {sums}", loop), f"{name}: no gate sums loaded in the loop"
         assert "= scan " not in loop, f"{name}: the loop still scans"
-        carried = names[types.index(sums)]
-        assert re.search(rf"= \w+ [^\n]*{carried}\b", loop), f"{name}: carried sums unused"
 
 
 @pytest.mark.parametrize("shape", ["B=1,T=64,H=1,K=128", "B=1,T=64,H=1,K=256"], ids=["one-kernel", "key-blocks"])
@@ -590,14 +593,21 @@ def test_few_heads_narrow_the_walks_value_blocks_not_the_ut_kernels(linac, shape
     # of 64 (two unrolled blocks of 64 spilled at its registers), and writes u as [B, T, H, V], from
     # which the walk reads its own columns (chunks of 64 at head dim 128 in 16 bits, but 32 where the
     # walk takes 64 columns on 4 warps: kernels/delta_rule/op.cpp). The SM count is the reference GPU's
-    # without one (132).
-    r = linac.run("compile", "delta_rule", "--shape", shape, "--dtype", "bf16", "--emit", "tir")
+    # without one (132). On chunks of 64 the walk forms V_new from T and v by default (tform; W and U
+    # asked with tform=0): it reads its own columns of v.
+    chunk = 32 if walk_columns == 64 else 64
+    if chunk == 64:
+        r = linac.run("compile", "delta_rule", "--shape", shape, "--dtype", "bf16", "--emit", "tir")
+        assert r.returncode == 0, r.stderr
+        walk = r.stdout.split("kernel @delta_rule_fwd(")[1].split("\nkernel @")[0]
+        assert "store %u[" not in r.stdout and re.search(rf"= load %v\[.*: tile<64x{walk_columns}xbf16>", walk), walk
+        assert f"num_warps = {warps}," in walk.split("\n", 1)[0]
+    r = linac.run("compile", "delta_rule", "--shape", shape, "--dtype", "bf16", "--emit", "tir", "--config", "tform=0")
     assert r.returncode == 0, r.stderr
     wy = r.stdout.split("kernel @delta_rule_wy(")[1].split("\nkernel @")[0]
     walk = r.stdout.split("kernel @delta_rule_fwd(")[1].split("\nkernel @")[0]
     stored = re.findall(r"store %u\[.*\], (%\d+) ", wy)
     assert stored, wy
-    chunk = 32 if walk_columns == 64 else 64
     for value in stored:
         assert re.search(rf"{value} = .*: tile<16x{128 if chunk == 64 else max(walk_columns, 64)}xbf16>", wy), value
     assert re.search(rf"= load %u\[.*: tile<{chunk}x{walk_columns}xbf16>", walk), walk

@@ -52,5 +52,7 @@ void eval_shape(const ir::Op& op, Frame& f);
 void eval_reduction(const ir::Op& op, Frame& f);
 /// Load, Store.
 void eval_memory(const ir::Op& op, Frame& f);
+/// Signal, Wait.
+void eval_flag(const ir::Op& op, Frame& f);
 
 }  // namespace linac::interp

@@ -80,7 +80,7 @@ class ProgramRunner {
   }
 
   void exec_op(const ir::Op& op) {
-    const size_t expected_results = op.code == OpCode::Store ? 0 : 1;
+    const size_t expected_results = op.code == OpCode::Store || op.code == OpCode::Signal || op.code == OpCode::Wait ? 0 : 1;
     if (op.code != OpCode::For && op.code != OpCode::If && op.results.size() != expected_results)
       malformed(op, "wrong number of results");
     switch (op.code) {
@@ -107,6 +107,9 @@ class ProgramRunner {
       case OpCode::Load:
       case OpCode::Store:
         return eval_memory(op, f_);
+      case OpCode::Signal:
+      case OpCode::Wait:
+        return eval_flag(op, f_);
       case OpCode::For:
         return exec_for(op);
       case OpCode::If:

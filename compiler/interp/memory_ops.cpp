@@ -5,7 +5,10 @@
 // Masking is therefore a box: along each tile axis the in-bounds positions form one interval, and a
 // tensor dim outside the tile masks the whole block. Only in-bounds elements are ever addressed.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+
+#include <fmt/ranges.h>
 
 #include "compiler/interp/frame.h"
 #include "compiler/interp/number_formats.h"
@@ -186,6 +189,33 @@ void eval_memory(const ir::Op& op, Frame& f) {
     return;
   }
   malformed(op, "not a memory op");
+}
+
+void eval_flag(const ir::Op& op, Frame& f) {
+  const TensorArg& t = f.tensor_operand(op, 0);
+  const size_t rank = t.shape.size();
+  if (t.dtype != DType::i32 || op.operands.size() != 1 + rank + (op.code == ir::OpCode::Wait ? 1 : 0))
+    malformed(op, "signal/wait needs an i32 tensor and one offset per dim (and wait a count)");
+  int64_t at = 0;
+  for (size_t d = 0; d < rank; ++d) {
+    const int64_t i = static_cast<int64_t>(f.scalar_operand(op, 1 + d));
+    if (i < 0 || i >= t.shape[d])
+      throw UserError(op.loc, fmt::format("{}: offset {} of dim {} is outside the flags tensor [{}] ({})",
+                                          ir::opcode_name(op.code), i, d, fmt::join(t.shape, ", "), program_context(f)));
+    at += i * t.strides[d];
+  }
+  // Programs of one launch run on several host threads: the flag is an atomic counter.
+  std::atomic_ref<int32_t> flag(static_cast<int32_t*>(t.data)[at]);
+  if (op.code == ir::OpCode::Signal) {
+    flag.fetch_add(1);
+    return;
+  }
+  // The CPU runs launches one after another: a producer's signals all precede this launch, so a flag
+  // short of its count would never be reached (on the GPU, a wait for ever).
+  const int64_t count = static_cast<int64_t>(f.scalar_operand(op, 1 + rank)), now = flag.load();
+  if (now < count)
+    throw UserError(op.loc, fmt::format("wait: the flag is {} but {} is waited for, and no launch before this one "
+                                        "signalled it that often ({})", now, count, program_context(f)));
 }
 
 }  // namespace linac::interp

@@ -66,7 +66,7 @@ Op* append_op(Kernel& k, Block& block, OpCode code, std::vector<Value*> operands
 }
 
 namespace {
-constexpr std::array<std::pair<OpCode, std::string_view>, 44> kOpNames = {{
+constexpr std::array<std::pair<OpCode, std::string_view>, 46> kOpNames = {{
     {OpCode::Constant, "constant"},   {OpCode::ProgramId, "program_id"},
     {OpCode::NumPrograms, "num_programs"}, {OpCode::Dim, "dim"},
     {OpCode::Iota, "iota"},           {OpCode::Add, "add"},
@@ -89,6 +89,7 @@ constexpr std::array<std::pair<OpCode, std::string_view>, 44> kOpNames = {{
     {OpCode::Place, "place"},
     {OpCode::Dot, "dot"},
     {OpCode::Load, "load"},           {OpCode::Store, "store"},
+    {OpCode::Signal, "signal"},       {OpCode::Wait, "wait"},
     {OpCode::For, "for"},             {OpCode::If, "if"},
 }};
 }  // namespace
@@ -197,7 +198,7 @@ bool is_elementwise(OpCode c) {
 std::set<std::string> stored_params(const Kernel& k) {
   std::set<const Value*> stored;
   walk(const_cast<Block&>(k.body), [&](Op& op) {
-    if (op.code == OpCode::Store && !op.operands.empty()) stored.insert(op.operands[0]);
+    if ((op.code == OpCode::Store || op.code == OpCode::Signal) && !op.operands.empty()) stored.insert(op.operands[0]);
   });
   std::set<std::string> names;
   for (const auto& p : k.params)

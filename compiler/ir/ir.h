@@ -79,6 +79,16 @@ enum class OpCode : uint8_t {
   // Memory.
   Load,    // (tensor, offsets[rank], limits[rank]) attrs.dims, attrs.shape -> tile (or scalar if dims empty)
   Store,   // (tensor, offsets[rank], limits[rank], value) attrs.dims
+  // Flags between launches that run at once (a producer's programs signal, a consumer's wait: see
+  // KernelLaunch::overlaps in kernels/op.h). Each holds a barrier of the program's threads, so neither
+  // stands in an if; an element outside the tensor is an error (interpreter) / skipped (GPU).
+  Signal,  // (tensor i32, offsets[rank]) once every thread of the program is past its stores before it,
+           // adds 1 to the element (release at GPU scope: those stores are seen by whoever sees the add)
+  Wait,    // (tensor i32, offsets[rank], count i32) until the element is at least count (acquire: every
+           // thread past it sees the stores the counted signals released). In a for body: done at the
+           // head of each iteration, before the copies the pipeline issues there for later iterations, so
+           // its operands come from the induction variable and values from outside the loop. On the CPU
+           // (launches one after another) the element must be at least count already
   // Control flow.
   For,     // (lo, hi, step, inits...) -> results; one region, block args (iv, carried...), ends in Yield
   If,      // (cond, ) -> results; two regions (then, else), each ends in Yield

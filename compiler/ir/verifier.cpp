@@ -147,6 +147,9 @@ class OpChecker {
         return check_load();
       case OpCode::Store:
         return check_store();
+      case OpCode::Signal:
+      case OpCode::Wait:
+        return check_flag_op();
       case OpCode::For:
         return check_for();
       case OpCode::If:
@@ -561,6 +564,26 @@ class OpChecker {
       fail("dims {} has {} entries, but the stored value {} has rank {}", int_list(op_.attrs.dims),
            op_.attrs.dims.size(), v.str(), v.rank());
     expect_results(0);
+  }
+
+  // signal (tensor, offsets) / wait (tensor, offsets, count) on an i32 tensor's element. Both hold a
+  // barrier of the program's threads: none in an if, where not every thread may reach it.
+  void check_flag_op() {
+    if (op_.operands.empty()) fail("expects an i32 tensor operand");
+    const Type& t = tensor_operand();
+    if (t.dtype != DType::i32) fail("the flags tensor {} must be i32", t.str());
+    const size_t rank = t.shape.size(), extra = op_.code == OpCode::Wait ? 1 : 0;
+    if (op_.operands.size() != 1 + rank + extra)
+      fail("expects {} operands for {} (the tensor, {} offsets{}), got {}", 1 + rank + extra, t.str(), rank,
+           extra ? " and the count" : "", op_.operands.size());
+    for (size_t i = 0; i < rank + extra; ++i) {
+      const Type& x = op_.operands[1 + i]->type;
+      if (!is_index_scalar(x))
+        fail("{} must be an i32 or i64 scalar, got {}", i < rank ? fmt::format("offset #{}", i) : "the count", x.str());
+    }
+    expect_results(0);
+    for (const Block* b = op_.parent; b && b->parent; b = b->parent->parent)
+      if (b->parent->code == OpCode::If) fail("stands in an if: it holds a barrier every thread must reach");
   }
 
   // The region's terminator, or a failure naming what it should yield.

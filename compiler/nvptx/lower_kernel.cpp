@@ -271,6 +271,10 @@ void KernelLowering::lower_op(const ir::Op& op) {
     case OpCode::If: lower_if(op); return;
     case OpCode::Load: lower_load(op); return;
     case OpCode::Store: lower_store(op); return;
+    case OpCode::Signal:
+    case OpCode::Wait:
+      if (!waits_at_loop_heads_.count(&op)) lower_flag(op, [&](const ir::Value* v) { return scalar(v); });
+      return;
     case OpCode::Dot: lower_dot(op); return;
     case OpCode::Reduce: lower_reduce(op); return;
     case OpCode::Scan: lower_scan(op); return;
@@ -636,6 +640,17 @@ void KernelLowering::lower_for(const ir::Op& op) {
                                         "=r", /*hasSideEffects=*/true);
   tid_ = b_.CreateCall(read_tid, {});
   for (const ir::Op* dot : pipe.zero_start_dots) first_step_adds_[dot] = b_.CreateZExt(b_.CreateICmpNE(iv, lo), b_.getInt32Ty());
+  // The body's waits before the copies ring_head issues for later iterations (ir.h, Wait).
+  for (const auto& inner : body.ops)
+    if (inner->code == OpCode::Wait) {
+      for (const ir::Value* v : inner->operands)
+        if (!v->type.is_tensor() && !passes::is_predictable_scalar(v, body))
+          throw UserError(inner->loc, "wait_for in a loop body is done at the iteration's head: its offsets and count "
+                                      "must come from the loop index and values from outside the loop");
+      set_location(inner->loc);
+      lower_flag(*inner, [&](const ir::Value* v) { return scalar_at_iteration(v, body, iv); });
+      waits_at_loop_heads_.insert(inner.get());
+    }
   ring_head(pipe, body, iv, lo, hi, step);
   for (size_t i = 0; i < op.results.size(); ++i)
     if (smem_.buffers.count(body.args[i + 1])) spill(body.args[i + 1]);

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <set>
 #include <vector>
 
@@ -121,6 +122,11 @@ class KernelLowering {
   bool in_smem(const ir::Value* v) const;
   /// The address of element c of v (in_smem(v)); the buffers it may read are appended to `reads`.
   llvm::Value* smem_element_addr(const ir::Value* v, const Coords& c, std::vector<ByteRange>* reads);
+
+  // lower_flags.cpp: signal and wait, their scalar operands evaluated by `scalar_of` (a wait in a loop
+  // body is lowered at the iteration's head, lower_for).
+  void lower_flag(const ir::Op& op, const std::function<llvm::Value*(const ir::Value*)>& scalar_of);
+  std::set<const ir::Op*> waits_at_loop_heads_;  // lowered there, skipped where they stand
 
   // lower_memory.cpp
   void lower_load(const ir::Op& op);

@@ -456,4 +456,35 @@ void store(const Tensor& t, std::vector<Operand> offsets, std::vector<int64_t> b
   detail::emit(OpCode::Store, acc.operands, {}, acc.attrs, loc);
 }
 
+// ---- flags ---------------------------------------------------------------------------------------
+
+namespace {
+
+std::vector<ir::Value*> flag_operands(const Tensor& flags, const std::vector<Operand>& offsets, const Loc& loc,
+                                      const char* what) {
+  const ir::Type& t = use(flags, loc, "the flags")->type;
+  if (t.dtype != DType::i32) throw UserError(sl(loc), fmt::format("{}: the flags tensor must be i32, got {}", what, t.str()));
+  if (static_cast<int>(offsets.size()) != t.rank())
+    throw UserError(sl(loc), fmt::format("{}: the flags tensor has rank {} but {} offsets were given", what, t.rank(),
+                                         offsets.size()));
+  std::vector<ir::Value*> operands{flags.value()};
+  for (auto& o : offsets) operands.push_back(use(materialize(o, DType::i32), o.loc, "an offset"));
+  return operands;
+}
+
+}  // namespace
+
+// The deepest pipeline (a slack stage: compiler/passes/pipeline.h) copies this many iterations ahead.
+static_assert(kPipelineLookahead >= ir::kMaxNumStages - 2, "wait_for's lookahead must cover the deepest pipeline");
+
+void signal(const Tensor& flags, std::vector<Operand> offsets, Loc loc) {
+  detail::emit(OpCode::Signal, flag_operands(flags, offsets, loc, "signal"), {}, {}, loc);
+}
+
+void wait_for(const Tensor& flags, std::vector<Operand> offsets, Operand count, Loc loc) {
+  std::vector<ir::Value*> operands = flag_operands(flags, offsets, loc, "wait_for");
+  operands.push_back(use(materialize(count, DType::i32), count.loc, "the count"));
+  detail::emit(OpCode::Wait, operands, {}, {}, loc);
+}
+
 }  // namespace linac::dsl

@@ -262,6 +262,24 @@ Tile load(const Tensor& t, std::vector<Operand> offsets, std::vector<int64_t> bl
 void store(const Tensor& t, std::vector<Operand> offsets, std::vector<int64_t> block, const Tile& value,
            AccessOptions opts = {}, Loc loc = Loc::current());
 
+// ---- flags between launches that run at once ---------------------------------------------------
+// A producer launch's programs signal that their part is stored; a consumer running at the same time
+// (KernelLaunch::overlaps, kernels/op.h) waits for each part before reading it. Flags are i32 tensors
+// the plan clears before every run (OpPlan::cleared). Neither call may stand in an if_then.
+
+/// Adds 1 to the element of `flags` at `offsets` (one per dim) once every thread of the program is past
+/// its stores before this call, releasing them: a program that waits for the flag then sees them.
+void signal(const Tensor& flags, std::vector<Operand> offsets, Loc loc = Loc::current());
+/// Waits until the element of `flags` at `offsets` is at least `count`; then every thread sees the
+/// stores the counted signals released. In a for_range body it is done at the head of each iteration,
+/// before the loads the pipeline issues there for later iterations: wait there for the data of the
+/// iterations ahead (kPipelineLookahead) too, with offsets computed from the loop index and values from
+/// outside the loop.
+void wait_for(const Tensor& flags, std::vector<Operand> offsets, Operand count, Loc loc = Loc::current());
+/// How many iterations ahead of the current one a for_range body's pipelined loads may read (the
+/// deepest pipeline, compiler/passes/pipeline.h): a wait_for in the body covers that many more.
+constexpr int kPipelineLookahead = 2;
+
 // ---- control flow --------------------------------------------------------------------------------
 
 namespace detail {

@@ -182,6 +182,7 @@ std::shared_ptr<Kernel> every_opcode() {
   Value* y = k.add_param("y", Type::tensor(kBF16, 3));
   Value* s = k.add_param("s", scalar(kF32));
   Value* n = k.add_param("n", scalar(kI32));
+  Value* flags = k.add_param("flags", Type::tensor(kI32, 1));
   Type v64 = tile(kF32, {64});
   Value* pid = b.op(OpCode::ProgramId, {}, scalar(kI32), A().axis(0));
   Value* np = b.op(OpCode::NumPrograms, {}, scalar(kI32), A().axis(2));
@@ -252,6 +253,8 @@ std::shared_ptr<Kernel> every_opcode() {
   b.block = &k.body;
   b.raw(OpCode::Store, {x, pid, c0, d1, d1, loop->results[0]}, {}, A().dims({0, 1}));
   b.raw(OpCode::Store, {x, pid, c0, d1, d1, loop->results[1]}, {}, {});
+  b.raw(OpCode::Signal, {flags, pid}, {}, {});
+  b.raw(OpCode::Wait, {flags, c0, c32}, {}, {});
   return b.k;
 }
 
@@ -293,14 +296,14 @@ TEST_CASE("ir text: every opcode prints, parses and prints the same") {
   CHECK(print(*parsed) == text);
   CHECK(parsed->num_warps == 8);
   CHECK(parsed->num_stages == 3);
-  CHECK(parsed->params.size() == 4);
+  CHECK(parsed->params.size() == 5);
   // Every opcode appears, and a few lines have their exact form (values numbered by appearance).
   for (int c = 0; c <= static_cast<int>(OpCode::Yield); ++c)
     CHECK_MESSAGE(text.find(fmt::format(" {} ", opcode_name(static_cast<OpCode>(c)))) != std::string::npos,
                   opcode_name(static_cast<OpCode>(c)));
   CHECK(
-      text.starts_with("kernel @every_op(%x: tensor<?x?xf32>, %y: tensor<?x?x?xbf16>, %s: f32, %n: i32) "
-                       "attributes {num_warps = 8, num_stages = 3} loc(\"every.cpp\":1:1) {\n"));
+      text.starts_with("kernel @every_op(%x: tensor<?x?xf32>, %y: tensor<?x?x?xbf16>, %s: f32, %n: i32, "
+                       "%flags: tensor<?xi32>) attributes {num_warps = 8, num_stages = 3} loc(\"every.cpp\":1:1) {\n"));
   CHECK(text.find("  %0 = program_id {axis = 0} : i32 loc(\"k.cpp\":100:5)\n") != std::string::npos);
   CHECK(text.find("  %5 = constant -9223372036854775808 : i64 loc(") != std::string::npos);
   CHECK(text.find(" = scan %") != std::string::npos);
@@ -311,7 +314,9 @@ TEST_CASE("ir text: every opcode prints, parses and prints the same") {
   CHECK(text.find("{perm = [1, 0]} : tile<32x64xf32>") != std::string::npos);
   CHECK(text.find("      } else {\n        yield loc(") != std::string::npos);  // the nested if
   CHECK(text.find("store %x[%0, %3] limits[%2, %2], ") != std::string::npos);
-  CHECK(text.ends_with(fmt::format(" {{dims = []}} loc(\"k.cpp\":{}:5)\n}}\n", k->body.ops.back()->loc.line)));
+  CHECK(text.find(" {dims = []} loc(\"k.cpp\"") != std::string::npos);
+  CHECK(text.find("  signal %flags, %0 loc(") != std::string::npos);
+  CHECK(text.ends_with(fmt::format("  wait %flags, %3, %4 loc(\"k.cpp\":{}:5)\n}}\n", k->body.ops.back()->loc.line)));
 }
 
 TEST_CASE("ir text: float constants round-trip bit for bit") {

@@ -78,6 +78,13 @@ struct KernelLaunch {
   std::array<int64_t, 3> grid = {1, 1, 1};
   std::map<std::string, std::string> tensors;  // parameter -> name in OpPlan::tensors
   std::map<std::string, double> scalars;       // parameter -> value
+  /// How many of the launches right before this one it runs at the same time as, on the GPU: its
+  /// producers, whose parts it waits for through flags (dsl.h, wait_for) instead of for their end. It
+  /// still follows every launch before those, and the launches after it follow it. On the GPU it is
+  /// queued before its producers, which start once its programs have (programmatic dependent launch,
+  /// sm_90 on), so its programs must fit the GPU at once and leave SMs to theirs
+  /// (kernels/common/overlap.h). On the CPU launches run in order, so the flags are all set when it waits.
+  int overlaps = 0;
 };
 
 /// What an op does for given inputs, independent of the device: the tensors it needs (inputs cast to
@@ -86,6 +93,8 @@ struct OpPlan {
   TensorMap tensors;
   std::vector<KernelLaunch> launches;
   std::map<std::string, std::string> outputs;  // output name -> name in tensors
+  /// Tensors zeroed at the start of every run: the flags of overlapping launches (KernelLaunch::overlaps).
+  std::vector<std::string> cleared;
   std::vector<std::string> output_tensors() const;
 };
 

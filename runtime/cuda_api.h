@@ -52,6 +52,7 @@ namespace linac::cuda::detail {
   X(cuEventElapsedTime_v2)         \
   X(cuEventDestroy_v2)             \
   X(cuStreamSynchronize)           \
+  X(cuLaunchKernelEx)              \
   X(cuTensorMapEncodeTiled)
 
 /// Function pointers into libcuda, typed from cuda.h's prototypes so a wrong signature fails to

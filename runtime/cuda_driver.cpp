@@ -429,6 +429,13 @@ void set_max_dynamic_shared(Function f, int bytes) {
                  CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes);
 }
 
+void prefer_max_shared_memory(Function f) {
+  LINAC_INTERNAL_CHECK(f != Function::none, "prefer_max_shared_memory on a null function");
+  const Api& a = detail::api();
+  LINAC_CU_CHECK(a, cuFuncSetAttribute, "preferring shared memory over L1", detail::to_cu(f),
+                 CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, CU_SHAREDMEM_CARVEOUT_MAX_SHARED);
+}
+
 void copy_to_host(void* dst, DevicePtr src, std::size_t n) {
   if (n == 0) return;
   LINAC_INTERNAL_CHECK(dst != nullptr && src != 0, "copy between null pointers");
@@ -457,7 +464,8 @@ bool is_device_pointer(const void* p, int* device_ordinal) {
   return true;
 }
 
-void launch(Function f, Dim3 grid, Dim3 block, unsigned shared_bytes, std::span<void*> params, Stream stream) {
+void launch(Function f, Dim3 grid, Dim3 block, unsigned shared_bytes, std::span<void*> params, Stream stream,
+            bool early) {
   LINAC_INTERNAL_CHECK(f != Function::none, "launch of a null function");
   Driver& d = Driver::get();
   const DeviceInfo& dev = d.device();
@@ -476,6 +484,24 @@ void launch(Function f, Dim3 grid, Dim3 block, unsigned shared_bytes, std::span<
                     "({}, {}, {}) blocks",
                     grid.x, grid.y, grid.z, dev.name, dev.max_grid_x, dev.max_grid_y, dev.max_grid_z));
   const Api& a = d.api();
+  if (early) {
+    if (dev.cc_major < 9)
+      throw InternalError(fmt::format("a launch overlapping the one before it needs sm_90 or later; {} is sm_{}{}",
+                                      dev.name, dev.cc_major, dev.cc_minor));
+    CUlaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig config{};
+    config.gridDimX = grid.x, config.gridDimY = grid.y, config.gridDimZ = grid.z;
+    config.blockDimX = block.x, config.blockDimY = block.y, config.blockDimZ = block.z;
+    config.sharedMemBytes = shared_bytes;
+    config.hStream = reinterpret_cast<CUstream>(stream);
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    LINAC_CU_CHECK(a, cuLaunchKernelEx, "launching a kernel early", &config, detail::to_cu(f),
+                   params.empty() ? nullptr : params.data(), nullptr);
+    return;
+  }
   LINAC_CU_CHECK(a, cuLaunchKernel, "launching a kernel", detail::to_cu(f), grid.x, grid.y, grid.z, block.x, block.y,
                  block.z, shared_bytes, reinterpret_cast<CUstream>(stream), params.empty() ? nullptr : params.data(),
                  nullptr);

@@ -153,11 +153,19 @@ struct Dim3 {
 /// (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES). UserError when the device has less shared
 /// memory per block than the function needs.
 void set_max_dynamic_shared(Function f, int bytes);
+/// Asks for the SMs running `f` to keep the most shared memory (least L1): a launch overlapping another
+/// fits beside its programs only where the SM's carveout leaves room (the driver sizes it to the first
+/// kernel's need otherwise).
+void prefer_max_shared_memory(Function f);
 
 /// Queues `f` on `stream` (cuLaunchKernel; 0: the legacy default stream). `params` holds one pointer per kernel
 /// parameter, each pointing at the argument's value. Asynchronous: faults in the kernel surface at
 /// the next synchronize() or copy_to_host(). A grid larger than the device allows is a UserError.
-void launch(Function f, Dim3 grid, Dim3 block, unsigned shared_bytes, std::span<void*> params, Stream stream = 0);
+/// `early` (sm_90 on): the launch may start once every program of the launch before it on the stream
+/// has started and said so (griddepcontrol.launch_dependents), not only once that launch has ended
+/// (programmatic dependent launch); the launches after it wait for both as usual.
+void launch(Function f, Dim3 grid, Dim3 block, unsigned shared_bytes, std::span<void*> params, Stream stream = 0,
+            bool early = false);
 
 /// A TMA tensor map (CUtensorMap: 128 opaque bytes, 128-byte aligned), which a kernel takes by value.
 /// Not zeroed unless value-initialised (`TensorMap{}`): a launch's array of them is filled per map.

@@ -31,8 +31,11 @@ struct ResolvedPlan {
     std::vector<uint64_t> values;
     std::vector<std::pair<size_t, int>> address_slots;
     std::vector<GpuKernel::MapArg> maps;  // encoded per call from the patched addresses
+    int overlaps = 0;                     // KernelLaunch::overlaps
   };
   std::vector<Launch> launches;
+  /// OpPlan::cleared: (slot, bytes) of each tensor zeroed at the start of every run.
+  std::vector<std::pair<int, int64_t>> cleared;
 
   /// Compiles (or fetches from the caches) every kernel for the GPU; a compile error leaves the plan
   /// without GPU kernels.
@@ -44,7 +47,8 @@ ResolvedPlan resolve_plan(const OpPlan& plan, const std::map<std::string, int>& 
 
 /// Runs every launch in order on the CPU interpreter; slots[i] is the host address of slot i.
 void run_on_cpu(const ResolvedPlan& plan, std::span<void* const> slots);
-/// Queues every launch in order on `stream`; slots[i] is the device address of slot i.
+/// Queues every launch in order on `stream`, but a launch that overlaps its producers before them, which
+/// start early beside it (programmatic dependent launch); slots[i] is the device address of slot i.
 void launch_on_gpu(const ResolvedPlan& plan, std::span<const cuda::DevicePtr> slots, cuda::Stream stream);
 
 /// Executes every launch of `plan` in order on `device`, on copies of its tensors that it owns (uploaded

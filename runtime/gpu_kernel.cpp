@@ -316,7 +316,7 @@ GpuKernel::ParamValues GpuKernel::encode(std::span<const GpuArg> args) const {
 }
 
 void GpuKernel::launch_values(const std::array<int64_t, 3>& grid, std::span<const uint64_t> values,
-                              std::span<const MapArg> maps, cuda::Stream stream) const {
+                              std::span<const MapArg> maps, cuda::Stream stream, bool early) const {
   for (int64_t g : grid)
     if (g <= 0) return;  // an empty grid launches nothing
   // The driver reads each value through its own pointer; fixed arrays keep the hot path off the heap.
@@ -339,7 +339,7 @@ void GpuKernel::launch_values(const std::array<int64_t, 3>& grid, std::span<cons
   cuda::launch(module_->function(),
                cuda::Dim3{static_cast<unsigned>(grid[0]), static_cast<unsigned>(grid[1]), static_cast<unsigned>(grid[2])},
                cuda::Dim3{static_cast<unsigned>(compiled_.num_threads), 1, 1}, static_cast<unsigned>(compiled_.smem_bytes),
-               std::span<void*>(params.data(), values.size() + maps.size()), stream);
+               std::span<void*>(params.data(), values.size() + maps.size()), stream, early);
 }
 
 }  // namespace linac

@@ -75,7 +75,7 @@ class GpuKernel {
   /// Queues the kernel over `grid` with encoded parameter values (no checks: encode() made them), its
   /// tensor maps encoded from the addresses in `values`.
   void launch_values(const std::array<int64_t, 3>& grid, std::span<const uint64_t> values,
-                     std::span<const MapArg> maps, cuda::Stream stream = 0) const;
+                     std::span<const MapArg> maps, cuda::Stream stream = 0, bool early = false) const;
 
   const nvptx::CompiledKernel& compiled() const { return compiled_; }
   const cuda::LinkedModule& module() const { return *module_; }

@@ -734,9 +734,11 @@ int cmd_plan(const std::vector<std::string>& args) {
   std::string tensors_json, launches_json;
   fmt::print("{} {}{}: {} launch(es)\n", op.name, ps.str(), opts.backward ? " backward" : "", plan.launches.size());
   for (const auto& l : plan.launches) {
-    fmt::print("  launch {:<28} grid [{}, {}, {}]\n", l.kernel->name, l.grid[0], l.grid[1], l.grid[2]);
-    launches_json += fmt::format("{}{{\"kernel\": \"{}\", \"grid\": [{}, {}, {}]}}", launches_json.empty() ? "" : ", ",
-                                 l.kernel->name, l.grid[0], l.grid[1], l.grid[2]);
+    fmt::print("  launch {:<28} grid [{}, {}, {}]{}\n", l.kernel->name, l.grid[0], l.grid[1], l.grid[2],
+               l.overlaps > 0 ? fmt::format(", beside the {} before it (waits for their flags)", l.overlaps) : "");
+    launches_json += fmt::format("{}{{\"kernel\": \"{}\", \"grid\": [{}, {}, {}], \"overlaps\": {}}}",
+                                 launches_json.empty() ? "" : ", ", l.kernel->name, l.grid[0], l.grid[1], l.grid[2],
+                                 l.overlaps);
   }
   for (const auto& [name, t] : plan.tensors) {
     const auto bytes = t.nbytes();

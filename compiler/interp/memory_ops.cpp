@@ -212,7 +212,9 @@ void eval_flag(const ir::Op& op, Frame& f) {
   }
   // The CPU runs launches one after another: a producer's signals all precede this launch, so a flag
   // short of its count would never be reached (on the GPU, a wait for ever).
-  const int64_t count = static_cast<int64_t>(f.scalar_operand(op, 1 + rank)), now = flag.load();
+  const int64_t count = static_cast<int64_t>(f.scalar_operand(op, 1 + rank));
+  if (count <= 0) return;  // waits for nothing
+  const int64_t now = flag.load();
   if (now < count)
     throw UserError(op.loc, fmt::format("wait: the flag is {} but {} is waited for, and no launch before this one "
                                         "signalled it that often ({})", now, count, program_context(f)));

@@ -85,7 +85,8 @@ enum class OpCode : uint8_t {
   Signal,  // (tensor i32, offsets[rank]) once every thread of the program is past its stores before it,
            // adds 1 to the element (release at GPU scope: those stores are seen by whoever sees the add)
   Wait,    // (tensor i32, offsets[rank], count i32) until the element is at least count (acquire: every
-           // thread past it sees the stores the counted signals released). In a for body: done at the
+           // thread past it sees the stores the counted signals released); a count of 0 or less waits for
+           // nothing, the barrier included (a uniform branch: scalars are the program's). In a for body: done at the
            // head of each iteration, before the copies the pipeline issues there for later iterations, so
            // its operands come from the induction variable and values from outside the loop. On the CPU
            // (launches one after another) the element must be at least count already

@@ -185,7 +185,7 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
   m->setTargetTriple(triple);
   m->addModuleFlag(llvm::Module::Warning, "Debug Info Version", llvm::DEBUG_METADATA_VERSION);
   // The lowering runs even under an override: its parameter list is the launch ABI.
-  KernelLowering(k, layouts, accumulators, plan, *m, &out.params, &out.tensor_maps).run();
+  KernelLowering(k, layouts, accumulators, plan, *m, &out.params, &out.tensor_maps, target.sm).run();
   std::string err;
   llvm::raw_string_ostream es(err);
   if (llvm::verifyModule(*m, &es))

@@ -5,6 +5,7 @@
 // release and the acquire cover the other threads' stores and loads (PTX memory model: bar.sync
 // synchronizes the program's threads, and release/acquire are cumulative over what they observed).
 #include <llvm/IR/InlineAsm.h>
+#include <llvm/IR/IntrinsicsNVPTX.h>
 
 #include "compiler/nvptx/lowering.h"
 
@@ -33,6 +34,14 @@ void KernelLowering::lower_flag(const ir::Op& op, const std::function<llvm::Valu
   llvm::Value* addr = b_.CreatePtrToInt(b_.CreateGEP(b_.getInt32Ty(), tv.ptr, offset), b_.getInt64Ty());
   llvm::Value* count = op.code == OpCode::Wait ? b_.CreateSExtOrTrunc(scalar_of(op.operands[1 + rank]), b_.getInt32Ty())
                                                : nullptr;
+  // A count of 0 or less: nothing, the barrier included (the count is uniform: every thread branches alike).
+  llvm::BasicBlock* skip = nullptr;
+  if (count) {
+    auto* waits = llvm::BasicBlock::Create(ctx_, "wait.some", fn_);
+    skip = llvm::BasicBlock::Create(ctx_, "wait.none", fn_);
+    b_.CreateCondBr(b_.CreateICmpSGT(count, b_.getInt32(0)), waits, skip);
+    b_.SetInsertPoint(waits);
+  }
   // Every thread past its stores (signal) before thread 0 acts for the program.
   if (op.code == OpCode::Signal) barrier();
   auto* act = llvm::BasicBlock::Create(ctx_, op.code == OpCode::Signal ? "signal" : "wait", fn_);
@@ -56,13 +65,29 @@ void KernelLowering::lower_flag(const ir::Op& op, const std::function<llvm::Valu
     b_.CreateCall(asm_of(b_.getVoidTy(), {}, "nanosleep.u32 100;", "~{memory}"), {});
     b_.CreateBr(spin);
     // The producer's stores, now visible to this thread, ordered before the TMA copies it issues next
-    // (the async proxy).
+    // (the async proxy, sm_90 on).
     b_.SetInsertPoint(ready);
-    b_.CreateCall(asm_of(b_.getVoidTy(), {}, "fence.proxy.async.global;", "~{memory}"), {});
+    if (sm_ >= 90) b_.CreateCall(asm_of(b_.getVoidTy(), {}, "fence.proxy.async.global;", "~{memory}"), {});
     b_.CreateBr(done);
   }
   b_.SetInsertPoint(done);
-  if (op.code == OpCode::Wait) barrier();  // every thread on after thread 0's acquire
+  if (op.code == OpCode::Wait) {
+    // Every thread on after thread 0's acquire. Not on every path (a count of 0 skips it), so it is not
+    // recorded as one that orders shared-memory accesses (barrier()).
+    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_all, {b_.getInt32(0)});
+    b_.CreateBr(skip);
+    b_.SetInsertPoint(skip);
+  }
+}
+
+void KernelLowering::let_dependents_start() {
+  if (sm_ < 90) return;
+  bool flags = false;
+  ir::walk(const_cast<ir::Block&>(k_.body),
+           [&](ir::Op& op) { flags = flags || op.code == OpCode::Signal || op.code == OpCode::Wait; });
+  // A consumer lets its producers start once all its programs have (they wait for the producers, who
+  // never wait); a producer lets the next producer start beside it.
+  if (flags) b_.CreateCall(asm_of(b_.getVoidTy(), {}, "griddepcontrol.launch_dependents;", "~{memory}"), {});
 }
 
 }  // namespace linac::nvptx

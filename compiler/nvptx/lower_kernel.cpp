@@ -15,9 +15,9 @@ using passes::ValueClass;
 
 KernelLowering::KernelLowering(const ir::Kernel& k, const passes::LayoutMap& layouts,
                                const passes::DotAccumulators& accumulators, const passes::SmemPlan& smem, llvm::Module& m,
-                               std::vector<KernelParamInfo>* abi, std::vector<TensorMapParamInfo>* maps_abi)
-    : k_(k), layouts_(layouts), accumulators_(accumulators), smem_(smem), m_(m), ctx_(m.getContext()), b_(m.getContext()),
-      abi_(abi), maps_abi_(maps_abi) {}
+                               std::vector<KernelParamInfo>* abi, std::vector<TensorMapParamInfo>* maps_abi, int sm)
+    : k_(k), layouts_(layouts), accumulators_(accumulators), smem_(smem), m_(m), sm_(sm), ctx_(m.getContext()),
+      b_(m.getContext()), abi_(abi), maps_abi_(maps_abi) {}
 
 llvm::Type* KernelLowering::llvm_type(DType t) {
   switch (t) {
@@ -150,6 +150,7 @@ void KernelLowering::run() {
   for (const ir::Value* t : stored)
     if (loaded.count(t)) read_write_tensors_.insert(t);
   create_function();
+  let_dependents_start();
   lower_block(k_.body);
   b_.CreateRetVoid();
   di_->finalize();

@@ -40,9 +40,10 @@ struct TensorView {
 
 class KernelLowering {
  public:
+  /// `sm`: the target's compute capability x 10.
   KernelLowering(const ir::Kernel& k, const passes::LayoutMap& layouts, const passes::DotAccumulators& accumulators,
                  const passes::SmemPlan& smem, llvm::Module& m, std::vector<KernelParamInfo>* abi,
-                 std::vector<TensorMapParamInfo>* maps_abi);
+                 std::vector<TensorMapParamInfo>* maps_abi, int sm);
   void run();
 
  private:
@@ -126,6 +127,9 @@ class KernelLowering {
   // lower_flags.cpp: signal and wait, their scalar operands evaluated by `scalar_of` (a wait in a loop
   // body is lowered at the iteration's head, lower_for).
   void lower_flag(const ir::Op& op, const std::function<llvm::Value*(const ir::Value*)>& scalar_of);
+  /// At the kernel's entry, where it has flags and the target has programmatic dependent launch: the
+  /// launch queued after it may start (kernels/op.h, KernelLaunch::overlaps).
+  void let_dependents_start();
   std::set<const ir::Op*> waits_at_loop_heads_;  // lowered there, skipped where they stand
 
   // lower_memory.cpp
@@ -250,6 +254,7 @@ class KernelLowering {
   const passes::DotAccumulators& accumulators_;
   const passes::SmemPlan& smem_;
   llvm::Module& m_;
+  int sm_ = 0;
   llvm::LLVMContext& ctx_;
   llvm::IRBuilder<> b_;
   std::vector<KernelParamInfo>* abi_;

@@ -6,6 +6,7 @@
 #include "kernels/common/chunk_gate_sums.h"
 #include "kernels/common/log_decay.h"
 #include "kernels/common/prologue.h"
+#include "kernels/common/overlap.h"
 #include "kernels/delta_rule/norm_tables.h"
 #include "linac/blocks.h"
 #include "linac/dsl.h"
@@ -68,6 +69,16 @@ void configure_delta_walk(KernelBuilder& kb, const DeltaRuleConfig& cfg) {
 // 0, every other as precise as without it). W and U are products on the tensor cores in the input
 // dtype (each T_ij rounded to it once, as the state products use it). With tform, T alone, rounded to
 // the input dtype, for the walk to form V_new from (no v read, no W or U).
+namespace {
+
+/// The per-chunk kernels' (chunk, sequence x head) program ids: the chunk first, or with overlap the
+/// heads first, so that programs are placed in the chunks' order (overlap.h).
+std::pair<Tile, Tile> chunk_program_ids(const DeltaRuleConfig& cfg) {
+  return cfg.overlap ? std::pair{program_id(1), program_id(0)} : std::pair{program_id(0), program_id(1)};
+}
+
+}  // namespace
+
 std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.wy_block_v;
   const int64_t BS = std::min<int64_t>(BT, 16);
@@ -97,9 +108,14 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   Tensor u = wy ? kb.tensor("u", dt, 4) : Tensor();
   Tensor t_mat = stores_t ? kb.tensor("t_mat", dt, 4) : Tensor();
   const InverseNormTables norms = cfg.l2norm_qk ? InverseNormTables::declare(kb, /*with_q=*/true) : InverseNormTables();
+  const ChunkReadyFlags flags = cfg.overlap ? ChunkReadyFlags::declare(kb) : ChunkReadyFlags();
 
-  Tile i_c = program_id(0), i_nh = program_id(1);
+  const auto [i_c, i_nh] = chunk_program_ids(cfg);
   const ChunkBounds cb = index_tables.bounds(k, i_c, i_nh, BT);
+  auto finish = [&] {  // the chunk's outputs stored: the walk beside may read them
+    if (cfg.overlap) flags.signal(cb.i_n, cb.chunk, cb.i_h);
+    return kb.finish();
+  };
   const Tile b = cb.b, i_h = cb.i_h, t0 = cb.t0;
   const AccessOptions& in_seq = cb.in_seq;
   Tile row = expand_dims(iota(BS), 1), col = expand_dims(iota(BS), 0);
@@ -201,7 +217,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
         store(t_mat, {b, t0 + i * BS, i_h, j * BS}, {kIndex, BS, kIndex, BS},
               j <= i ? T_dt[i][j] : zeros({BS, BS}, dt), in_seq);
   }
-  if (!wy) return kb.finish();
+  if (!wy) return finish();
   // Two groups, the halves 1 and 2 of the chunk: with each half's T and decays from its own first row,
   // the chunk's T is [[T_1, 0], [-T_2 A_21 T_1, T_2]], so its W and U are
   //   W = [W_1; exp(b_1) W_2 - M W_1],   U = [U_1; U_2 - M U_1],
@@ -265,7 +281,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   } else {
     for_range(0, (v.dim(3) + (BV - 1)) / BV, u_block);
   }
-  return kb.finish();
+  return finish();
 }
 
 namespace {
@@ -338,6 +354,12 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
   Tile num_chunks = (eos - bos + (BT - 1)) / BT;
   Tile v0 = i_v * BV;
 
+  // Beside the UT (and scores) kernels (overlap.h): before any load of what they store, the first
+  // groups of chunks counted done by them; in the loop, each next group.
+  const ChunkReadyFlags flags = cfg.overlap ? ChunkReadyFlags::declare(kb) : ChunkReadyFlags();
+  const int producers = cfg.scores ? 2 : 1;
+  if (cfg.overlap) flags.wait_before_walk(i_n, num_chunks, i_h, producers);
+
   Tile S = zeros({BK, BV}, f32);
   if (h0_in) S = load(h0, {i_n, i_h, 0, v0}, {kIndex, kIndex, BK, BV});
   if (segmented) S = load(seg_inputs, {i_n, i_s, i_h, 0, v0}, {kIndex, kIndex, kIndex, BK, BV});
@@ -368,6 +390,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
   if (cfg.tform) load_beta(bos);
 
   auto body = [&](Tile i) {
+    if (cfg.overlap) flags.wait_in_walk(i, i_n, num_chunks, i_h, producers);
     Tile t0 = bos + i * BT;
     Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
     Tile K = load(k, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
@@ -457,8 +480,10 @@ std::shared_ptr<ir::Kernel> build_delta_rule_scores(const DeltaRuleConfig& cfg) 
   const ChunkIndexTables index_tables = ChunkIndexTables::declare(kb, cfg.varlen);
   Tensor scores = kb.tensor("scores", dt, 4);
   Tile scale = kb.scalar("scale", DType::f32);
+  const ChunkReadyFlags flags = cfg.overlap ? ChunkReadyFlags::declare(kb) : ChunkReadyFlags();
 
-  const ChunkBounds cb = index_tables.bounds(q, program_id(0), program_id(1), BT);
+  const auto [i_c, i_x] = chunk_program_ids(cfg);
+  const ChunkBounds cb = index_tables.bounds(q, i_c, i_x, BT);
   const Tile b = cb.b, i_h = cb.i_h, t0 = cb.t0;
   Tile causal = expand_dims(iota(BT), 1) >= expand_dims(iota(BT), 0);
   Tile Q = load(q, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, cb.in_seq);
@@ -471,6 +496,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_scores(const DeltaRuleConfig& cfg) 
   if (cfg.gated) gam = gates.load(cb.global_chunk, i_h, BT).decays().between(causal);
   store(scores, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BT},
         chunk_scores(Q, K, scale, q_norm, k_norm, gam, causal).to(dt), cb.in_seq);
+  if (cfg.overlap) flags.signal(cb.i_n, cb.chunk, i_h);
   return kb.finish();
 }
 

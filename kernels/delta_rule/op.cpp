@@ -15,6 +15,7 @@
 #include "kernels/common/device_limits.h"
 #include "kernels/common/fitting.h"
 #include "kernels/common/op_support.h"
+#include "kernels/common/overlap.h"
 #include "kernels/common/segments.h"
 #include "kernels/delta_rule/bwd.h"
 #include "kernels/delta_rule/fwd.h"
@@ -53,8 +54,16 @@ TuningKey tform_key() {
           "or saved_* outputs. Default 1 where the UT kernel composes chunks of 64 (ut), else 0"};
 }
 
-/// The forward's configuration (fwd.h): chunk, bv, warps, stages, split, segment, ut, scores and tform are
-/// tuned.
+/// Whether the walk runs beside the UT and scores kernels (fwd.h, overlap).
+TuningKey overlap_key() {
+  return {"overlap", {0, 1},
+          "1: the walk runs beside the UT (and scores) kernels, waiting for each group of chunks' flag instead of "
+          "for their end; sm_90 on, fewer walk programs than SMs, dense inputs, the fused chunked walk. Default 0 "
+          "(measured no faster: the SMs' issue slots are shared); the tuner tries it at few heads"};
+}
+
+/// The forward's configuration (fwd.h): chunk, bv, warps, stages, split, segment, ut, scores, tform and
+/// overlap are tuned.
 const ConfigSchema<DeltaRuleConfig>& delta_rule_schema() {
   using C = DeltaRuleConfig;
   static const ConfigSchema<C> schema(
@@ -67,7 +76,8 @@ const ConfigSchema<DeltaRuleConfig>& delta_rule_schema() {
                         "1: a state pass storing the state before every chunk, then every chunk's outputs in "
                         "parallel (not with --l2norm-qk); 0: the fused walk"}),
       field<&C::wy_block_v>(), field<&C::v_blocks>(), tuned<&C::segment>(segment_key()),
-      tuned<&C::ut_chunk>(ut_key()), tuned<&C::scores>(scores_key()), tuned<&C::tform>(tform_key()));
+      tuned<&C::ut_chunk>(ut_key()), tuned<&C::scores>(scores_key()), tuned<&C::tform>(tform_key()),
+      tuned<&C::overlap>(overlap_key()));
   return schema;
 }
 
@@ -147,6 +157,17 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   //    (docs/ops/delta_rule.md, "Measured", session 31). Not with the schedules that read W and U.
   if (!tform_key().asked(opts))
     cfg.tform = cfg.ut_chunk > 0 && !cfg.split && cfg.segment == 0 && !opts.recurrent && !cfg.store_t;
+  //  - the walk after the UT (and scores) kernels, not beside them (overlap): at few heads, where its
+  //    programs leave SMs to theirs, beside measured no faster (docs/ops/delta_rule.md, "Measured",
+  //    session 31). Asked for, only where it cannot wait for ever (overlap.h).
+  const int64_t walk_programs = heads * ((padded_head_dim(V) + cfg.block_v - 1) / cfg.block_v);
+  const bool walk_beside_fits = heads > 0 && !call.varlen && !cfg.split && cfg.segment == 0 && !opts.recurrent &&
+                                !cfg.store_t && walk_may_overlap(walk_programs, opts);
+  if (cfg.overlap && !walk_beside_fits)
+    throw UserError(fmt::format("{}: --config overlap=1 runs the walk beside the UT kernel: only for dense inputs, "
+                                "the fused chunked walk (not split, segment, --recurrent or saved_* outputs), on sm_90 "
+                                "or later with fewer walk programs ({}) than the GPU's SMs ({})",
+                                op, walk_programs, device_limits(opts).sms));
   cfg.wy_block_v = delta_wy_block_v(cfg.dtype, cfg.block_v, padded_head_dim(V), cfg.ut_chunk > 0);
   cfg.v_blocks = static_cast<int>((padded_head_dim(V) + cfg.wy_block_v - 1) / cfg.wy_block_v);
   if (cfg.split && opts.l2norm_qk) throw UserError(fmt::format("{}: --config split=1 does not take --l2norm-qk", op));
@@ -260,7 +281,12 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
     DeltaRuleConfig wy = cfg;
     wy.segment = 0;  // the UT kernel is the same for every schedule
     wy.scores = false;
-    const std::array<int64_t, 3> per_chunk{chunks, seq.varlen ? seq.H : seq.B * seq.H, 1};
+    // With overlap the heads are the grid's first axis (programs placed in the chunks' order) and each
+    // chunk's flag counts the producers done with it.
+    const int64_t heads_axis = seq.varlen ? seq.H : seq.B * seq.H;
+    const std::array<int64_t, 3> per_chunk =
+        cfg.overlap ? std::array<int64_t, 3>{heads_axis, chunks, 1} : std::array<int64_t, 3>{chunks, heads_axis, 1};
+    if (cfg.overlap) add_chunk_ready_flags(plan, seq.N, chunks, seq.H);
     if (chunks > 0) plan.launches.push_back(plan_launch(plan, cached_delta_kernel(DeltaKernel::wy, wy), per_chunk, {}));
     if (cfg.scores) {
       plan.tensors["scores"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, cfg.chunk});
@@ -297,6 +323,7 @@ OpPlan plan_delta_rule(bool gated, const TensorMap& inputs, const OpOptions& opt
     } else {
       plan.launches.push_back(
           plan_launch(plan, cached_delta_kernel(DeltaKernel::fwd, cfg), walk_grid, {{"scale", scale}}));
+      if (cfg.overlap && chunks > 0) plan.launches.back().overlaps = cfg.scores ? 2 : 1;
     }
   }
   if (wants(wanted, "o")) plan.outputs["o"] = "o";
@@ -349,6 +376,11 @@ std::vector<std::shared_ptr<ir::Kernel>> delta_rule_kernels(bool gated, const Op
         out.push_back(cached_delta_kernel(DeltaKernel::wy, with_t));
         out.push_back(cached_delta_kernel(DeltaKernel::fwd, with_t));
       }
+      // The walk beside its producers, flags signalled and waited for (overlap; dense inputs only).
+      DeltaRuleConfig beside = plain;
+      beside.scores = beside.overlap = true;
+      for (DeltaKernel which : {DeltaKernel::wy, DeltaKernel::scores, DeltaKernel::fwd})
+        out.push_back(cached_delta_kernel(which, beside));
     }
   }
   for (auto& k : delta_rule_bwd_kernels(gated, opts)) out.push_back(k);
@@ -453,6 +485,8 @@ OpDef delta_rule_op_def(bool gated) {
     // The UT kernel forming W and U where the walk takes T by default (tform; the two tied at few heads,
     // gated).
     if (opts.dtype != DType::f32) space.push_back({{"tform", 0}});
+    // The walk beside the UT kernel (overlap.h) where its programs leave SMs idle.
+    if (few_walks(s.B * s.H, opts) && opts.dtype != DType::f32) space.push_back({{"overlap", 1}});
     return space;
   };
   return op;

@@ -346,6 +346,92 @@ def test_walk_forms_v_new_from_t(linac, op, config):
         run_and_check(linac, op, inputs, options=["--config", config])
 
 
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("config", ["overlap=1", "overlap=1,scores=1", "overlap=1,tform=0,chunk=64,ut=32",
+                                    "overlap=1,stages=3", "overlap=1,chunk=16"])
+def test_walk_beside_the_ut_kernel(linac, op, config):
+    # --config overlap=1: the walk runs beside the UT (and scores) kernels, waiting for each chunk's flag
+    # (kernels/common/overlap.h); their grids take the heads first. The same results as after them
+    # (bit for bit on the CPU, where launches run in order and the waits find their flags set) and the
+    # reference's: dense inputs with both states, a partial last chunk and V = 40 padded; bf16;
+    # --l2norm-qk; gates of -inf.
+    without = config.replace("overlap=1", "overlap=0")
+
+    def both(inputs, tol=FP32_TOL, options=(), **kw):
+        got = run_and_check(linac, op, inputs, options=["--config", config, *options], tol=tol, **kw)
+        if DEVICE == "cpu":
+            ref = linac.run_op(op, inputs, outputs=tuple(got), options=["--config", without, *options,
+                               *(["--l2norm-qk"] if kw.get("l2norm") else [])], device=DEVICE)
+            for name in got:
+                assert np.array_equal(got[name], ref[name]), name
+
+    both(make_inputs(1080 + OPS.index(op), op, B=2, T=150, H=2, K=32, V=40, gate_bias=4.0, init=True))
+    both(make_inputs(1082 + OPS.index(op), op, B=1, T=100, H=2, K=32, V=32, gate_bias=4.0, init=True),
+         tol=BF16_TOL, options=["--dtype", "bf16"])
+    both(make_inputs(1084 + OPS.index(op), op, B=1, T=90, H=2, K=32, V=32, l2norm=True, gate_bias=4.0),
+         l2norm=True)
+    if op == "gated_delta_rule":
+        inputs = make_inputs(1086, op, B=1, T=130, H=2, K=32, V=32, gate_bias=4.0, init=True)
+        inputs["g"][:, 40:45] = -np.inf
+        both(inputs)
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="a race between launches needs the GPU (and the shape is large)")
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("l2norm", [False, True])
+def test_walk_beside_the_ut_kernel_races_nothing(linac, op, l2norm):
+    # At few heads, with --config overlap=1, the walk runs beside the UT (and scores) kernels, reading
+    # each group of chunks once its flag counts them stored. Every kernel is deterministic, so the
+    # outputs must equal, bit for bit, those of the walk run after them: a chunk read before its producer
+    # stored it would differ. Sequences of 64 chunks (8 flags), 128 walk programs on 132 SMs. (It caught
+    # the walk loading the first chunk's norms before its first wait.)
+    inputs = make_inputs(1090 + OPS.index(op), op, B=2, T=4096, H=16, K=128, V=128, l2norm=l2norm, gate_bias=4.0)
+    options = ["--dtype", "bf16", *(["--l2norm-qk"] if l2norm else [])]
+    plan = linac.run("plan", op, "--shape", "B=2,T=4096,H=16,K=128", *options[2:], "--config", "overlap=1")
+    assert "beside the" in plan.stdout, plan.stdout
+    beside = linac.run_op(op, inputs, outputs=("o", "final_state"), options=[*options, "--config", "overlap=1"],
+                          device=DEVICE)
+    after = linac.run_op(op, inputs, outputs=("o", "final_state"), options=options, device=DEVICE)
+    for name in beside:
+        assert np.array_equal(beside[name], after[name]), name
+
+
+def test_plan_shows_the_walk_beside_its_producers(linac):
+    # overlap is not the default (measured no faster, docs/ops/delta_rule.md); asked for, the plan queues
+    # the walk beside its producers (whose grids take the heads first) and clears the flags; the tuner
+    # offers it at few heads.
+    shape = ["--shape", "B=2,T=16384,H=16,K=128"]
+    r = linac.run("plan", "gated_delta_rule", *shape)
+    assert r.returncode == 0 and "beside" not in r.stdout and "chunk_ready" not in r.stdout, r.stdout + r.stderr
+    r = linac.run("plan", "gated_delta_rule", *shape, "--config", "overlap=1")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"launch gated_delta_rule_wy +grid \[32, 256, 1\]", r.stdout), r.stdout
+    assert re.search(r"launch gated_delta_rule_fwd +grid \[4, 32, 1\], beside the 2 before it", r.stdout), r.stdout
+    assert re.search(r"tensor chunk_ready +i32 +\[2, 32, 16\]", r.stdout), r.stdout
+    r = linac.run("tune", "delta_rule", *shape, "--list")
+    assert r.returncode == 0 and "overlap=1" in r.stdout.split(), r.stdout
+    r = linac.run("tune", "delta_rule", "--shape", "B=8,T=4096,H=16,K=128", "--list")
+    assert r.returncode == 0 and "overlap=1" not in r.stdout.split(), r.stdout
+
+
+@pytest.mark.parametrize("options, mentions", [(["--config", "overlap=1,split=1"], "overlap=1"),
+                                               (["--config", "overlap=1,segment=64"], "overlap=1"),
+                                               (["--config", "overlap=1", "--recurrent"], "overlap=1")])
+def test_error_overlap_configs(linac, options, mentions):
+    inputs = make_inputs(1088, "delta_rule", B=1, T=100, H=2, K=16, V=16)
+    with pytest.raises(Exception, match=mentions):
+        run_and_check(linac, "delta_rule", inputs, options=options)
+    # As many walk programs as SMs (the reference GPU's 132 without one) could leave the UT kernel none.
+    inputs = make_inputs(1087, "delta_rule", B=1, T=16, H=140, K=16, V=16)
+    with pytest.raises(Exception, match="fewer walk programs"):
+        run_and_check(linac, "delta_rule", inputs, options=["--config", "overlap=1"])
+    cu = np.array([0, 30, 100], dtype=np.int32)
+    inputs = make_inputs(1089, "delta_rule", B=1, T=100, H=2, K=16, V=16, N=2)
+    inputs["cu_seqlens"] = cu
+    with pytest.raises(Exception, match="dense inputs"):
+        run_and_check(linac, "delta_rule", inputs, options=["--config", "overlap=1"])
+
+
 @pytest.mark.parametrize("options, mentions", [(["--config", "tform=1,split=1"], "tform=1"),
                                                (["--config", "tform=1,segment=64"], "tform=1"),
                                                (["--config", "tform=1", "--recurrent"], "tform=1")])

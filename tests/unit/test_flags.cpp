@@ -41,7 +41,7 @@ std::shared_ptr<ir::Kernel> consumer() {
 
 }  // namespace
 
-TEST_CASE("flags: signals count per program; waits pass once their count is reached, else name the flag") {
+TEST_CASE("flags: signals count per program; waits pass once their count is reached (0: always), else name the flag") {
   std::vector<int32_t> flags(4, 0);
   std::vector<interp::Arg> args{i32_view(flags)};
   interp::run(*producer(), {4, 1, 1}, args);
@@ -57,6 +57,9 @@ TEST_CASE("flags: signals count per program; waits pass once their count is reac
   } catch (const UserError& e) {
     CHECK(std::string(e.what()).find("the flag is 1 but 2 is waited for") != std::string::npos);
   }
+  std::vector<int32_t> none(4, 0);  // a count of 0 waits for nothing
+  std::vector<interp::Arg> no_wait{i32_view(none), 4.0, 0.0};
+  interp::run(*consumer(), {1, 1, 1}, no_wait);
   std::vector<int32_t> few(2, 0);
   std::vector<interp::Arg> out_of_range{i32_view(few)};
   CHECK_THROWS_WITH_AS(interp::run(*producer(), {3, 1, 1}, out_of_range),

@@ -187,8 +187,13 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
                                 cfg.split ? "split=1" : "--recurrent"));
   //  - the walk's Q, K and W blocks pipelined (cp.async one chunk ahead) where two stages fit the call's
   //    GPU (K = 256 included), but fp32 at BK >= 128 proposes one: there its two-stage walk measured
-  //    slower (a block per SM instead of three; docs/ops/delta_rule.md, "Measured", session 18).
-  std::vector<int> proposals = fp32 && cfg.block_k >= 128 ? std::vector<int>{1} : std::vector<int>{2, 1};
+  //    slower (a block per SM instead of three; docs/ops/delta_rule.md, "Measured", session 18). Three
+  //    (one slack) first for the few-heads walk on composed chunks of 64, where it measured faster for
+  //    both ops (session 31); at the bar shape gated's does not fit and delta_rule's measured the same.
+  const bool few_heads_walk = cfg.ut_chunk > 0 && cfg.block_v < padded_head_dim(V);
+  std::vector<int> proposals = fp32 && cfg.block_k >= 128 ? std::vector<int>{1}
+                               : few_heads_walk         ? std::vector<int>{3, 2, 1}
+                                                        : std::vector<int>{2, 1};
   if (stages_key().asked(opts)) proposals = {cfg.num_stages};
   const bool walks = !cfg.split && !opts.recurrent;  // delta_rule_fwd is the only kernel with stages
   auto walk_of = [&](const int& stages) {

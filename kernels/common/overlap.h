@@ -1,9 +1,11 @@
 // Launches that overlap: per-chunk producers (one program per chunk: the delta rules' UT and scores
 // kernels) and a walk over the chunks that runs beside them, waiting for flags instead of for the
 // producers' end (KernelLaunch::overlaps, kernels/op.h; dsl.h, signal / wait_for). Where the walk's
-// programs leave most of the GPU idle (few heads), the producers' work then hides under the walk's
-// chain. The producers take the heads as their grid's first axis, so that their programs run in the
-// chunks' order, as the walks need them.
+// programs leave SMs idle (few heads) the producers' work was to hide under the walk's chain; measured,
+// the walk slows by as much as they run beside it (docs/ops/delta_rule.md, "The walk beside its
+// producers"), so the delta rules take it only when asked (--config overlap=1). The producers take the
+// heads as their grid's first axis, so that their programs run in the chunks' order, as the walks need
+// them.
 //
 // A flag counts the producers' programs done with a group of kChunksPerFlag chunks of one sequence and
 // head: the walk waits once per group (for the next one, at the head of a group's first iteration),

@@ -74,6 +74,30 @@ def run_and_check(linac, op, inputs, options=(), scale=None, l2norm=False, final
     return got
 
 
+def check_config_against(linac, op, config, without, inputs, tol=FP32_TOL, options=(), **kw):
+    """run_and_check with --config `config`, and on the CPU the same outputs bit for bit as with `without`
+    (a schedule of the same products: the interpreter runs either the same way)."""
+    got = run_and_check(linac, op, inputs, options=["--config", config, *options], tol=tol, **kw)
+    if DEVICE == "cpu":
+        ref = linac.run_op(op, inputs, outputs=tuple(got), options=["--config", without, *options,
+                           *(["--l2norm-qk"] if kw.get("l2norm") else [])], device=DEVICE)
+        for name in got:
+            assert np.array_equal(got[name], ref[name]), name
+
+
+def check_schedule_cases(linac, op, config, without, seed):
+    """check_config_against on dense inputs with both states, a partial last chunk and V = 40 padded; in
+    bf16; with --l2norm-qk (seeds seed .. seed + 4)."""
+    def both(inputs, **kw):
+        check_config_against(linac, op, config, without, inputs, **kw)
+
+    both(make_inputs(seed + OPS.index(op), op, B=2, T=150, H=2, K=32, V=40, gate_bias=4.0, init=True))
+    both(make_inputs(seed + 2 + OPS.index(op), op, B=1, T=100, H=2, K=32, V=32, gate_bias=4.0, init=True),
+         tol=BF16_TOL, options=["--dtype", "bf16"])
+    both(make_inputs(seed + 4 + OPS.index(op), op, B=1, T=90, H=2, K=32, V=32, l2norm=True, gate_bias=4.0),
+         l2norm=True)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Numerics
 
@@ -296,27 +320,14 @@ def test_walk_reads_chunk_scores(linac, op, config):
     # with both states, a partial last chunk and V = 40 padded; bf16; --l2norm-qk; varlen sequences
     # that start and end inside chunks (the table's rows are the sequences' own).
     without = config.replace("scores=1", "scores=0")
-
-    def both(inputs, tol=FP32_TOL, options=(), **kw):
-        got = run_and_check(linac, op, inputs, options=["--config", config, *options], tol=tol, **kw)
-        if DEVICE == "cpu":
-            ref = linac.run_op(op, inputs, outputs=tuple(got), options=["--config", without, *options,
-                               *(["--l2norm-qk"] if kw.get("l2norm") else [])], device=DEVICE)
-            for name in got:
-                assert np.array_equal(got[name], ref[name]), name
-
-    both(make_inputs(1040 + OPS.index(op), op, B=2, T=150, H=2, K=32, V=40, gate_bias=4.0, init=True))
-    both(make_inputs(1042 + OPS.index(op), op, B=1, T=100, H=2, K=32, V=32, gate_bias=4.0, init=True),
-         tol=BF16_TOL, options=["--dtype", "bf16"])
-    both(make_inputs(1044 + OPS.index(op), op, B=1, T=90, H=2, K=32, V=32, l2norm=True, gate_bias=4.0),
-         l2norm=True)
+    check_schedule_cases(linac, op, config, without, 1040)
     if "segment" in config:
         return  # dense inputs only
     cu = np.array([0, 1, 17, 80, 81, 150, 151], dtype=np.int32)
     inputs = make_inputs(1046 + OPS.index(op), op, B=1, T=151, H=2, K=16, V=16, gate_bias=4.0, init=True,
                          N=len(cu) - 1)
     inputs["cu_seqlens"] = cu
-    both(inputs)
+    check_config_against(linac, op, config, without, inputs)
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -350,30 +361,17 @@ def test_walk_forms_v_new_from_t(linac, op, config):
 @pytest.mark.parametrize("config", ["overlap=1", "overlap=1,scores=1", "overlap=1,tform=0,chunk=64,ut=32",
                                     "overlap=1,stages=3", "overlap=1,chunk=16"])
 def test_walk_beside_the_ut_kernel(linac, op, config):
-    # --config overlap=1: the walk runs beside the UT (and scores) kernels, waiting for each chunk's flag
-    # (kernels/common/overlap.h); their grids take the heads first. The same results as after them
-    # (bit for bit on the CPU, where launches run in order and the waits find their flags set) and the
-    # reference's: dense inputs with both states, a partial last chunk and V = 40 padded; bf16;
-    # --l2norm-qk; gates of -inf.
+    # --config overlap=1: the walk runs beside the UT (and scores) kernels, waiting for each group of
+    # chunks' flag (kernels/common/overlap.h); their grids take the heads first. The same results as
+    # after them (bit for bit on the CPU, where launches run in order and the waits find their flags
+    # set) and the reference's: dense inputs with both states, a partial last chunk and V = 40 padded;
+    # bf16; --l2norm-qk; gates of -inf.
     without = config.replace("overlap=1", "overlap=0")
-
-    def both(inputs, tol=FP32_TOL, options=(), **kw):
-        got = run_and_check(linac, op, inputs, options=["--config", config, *options], tol=tol, **kw)
-        if DEVICE == "cpu":
-            ref = linac.run_op(op, inputs, outputs=tuple(got), options=["--config", without, *options,
-                               *(["--l2norm-qk"] if kw.get("l2norm") else [])], device=DEVICE)
-            for name in got:
-                assert np.array_equal(got[name], ref[name]), name
-
-    both(make_inputs(1080 + OPS.index(op), op, B=2, T=150, H=2, K=32, V=40, gate_bias=4.0, init=True))
-    both(make_inputs(1082 + OPS.index(op), op, B=1, T=100, H=2, K=32, V=32, gate_bias=4.0, init=True),
-         tol=BF16_TOL, options=["--dtype", "bf16"])
-    both(make_inputs(1084 + OPS.index(op), op, B=1, T=90, H=2, K=32, V=32, l2norm=True, gate_bias=4.0),
-         l2norm=True)
+    check_schedule_cases(linac, op, config, without, 1080)
     if op == "gated_delta_rule":
         inputs = make_inputs(1086, op, B=1, T=130, H=2, K=32, V=32, gate_bias=4.0, init=True)
         inputs["g"][:, 40:45] = -np.inf
-        both(inputs)
+        check_config_against(linac, op, config, without, inputs)
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="a race between launches needs the GPU (and the shape is large)")
@@ -414,14 +412,9 @@ def test_plan_shows_the_walk_beside_its_producers(linac):
     assert r.returncode == 0 and "overlap=1" not in r.stdout.split(), r.stdout
 
 
-@pytest.mark.parametrize("options, mentions", [(["--config", "overlap=1,split=1"], "overlap=1"),
-                                               (["--config", "overlap=1,segment=64"], "overlap=1"),
-                                               (["--config", "overlap=1", "--recurrent"], "overlap=1")])
-def test_error_overlap_configs(linac, options, mentions):
-    inputs = make_inputs(1088, "delta_rule", B=1, T=100, H=2, K=16, V=16)
-    with pytest.raises(Exception, match=mentions):
-        run_and_check(linac, "delta_rule", inputs, options=options)
-    # As many walk programs as SMs (the reference GPU's 132 without one) could leave the UT kernel none.
+def test_error_overlap_limits(linac):
+    # As many walk programs as SMs (the reference GPU's 132 without one) could leave the UT kernel none;
+    # packed sequences are not dense.
     inputs = make_inputs(1087, "delta_rule", B=1, T=16, H=140, K=16, V=16)
     with pytest.raises(Exception, match="fewer walk programs"):
         run_and_check(linac, "delta_rule", inputs, options=["--config", "overlap=1"])
@@ -432,13 +425,15 @@ def test_error_overlap_configs(linac, options, mentions):
         run_and_check(linac, "delta_rule", inputs, options=["--config", "overlap=1"])
 
 
-@pytest.mark.parametrize("options, mentions", [(["--config", "tform=1,split=1"], "tform=1"),
-                                               (["--config", "tform=1,segment=64"], "tform=1"),
-                                               (["--config", "tform=1", "--recurrent"], "tform=1")])
-def test_error_tform_configs(linac, options, mentions):
-    inputs = make_inputs(1070, "delta_rule", B=1, T=100, H=1, K=16, V=16)
-    with pytest.raises(Exception, match=mentions):
-        run_and_check(linac, "delta_rule", inputs, options=options)
+@pytest.mark.parametrize("key", ["tform=1", "overlap=1"])
+@pytest.mark.parametrize("options", [["--config", "{},split=1"], ["--config", "{},segment=64"],
+                                     ["--config", "{}", "--recurrent"]])
+def test_error_fused_walk_configs(linac, key, options):
+    # tform and overlap are options of the fused chunked walk: refused, naming themselves, with the
+    # other schedules.
+    inputs = make_inputs(1070, "delta_rule", B=1, T=100, H=2, K=16, V=16)
+    with pytest.raises(Exception, match=key):
+        run_and_check(linac, "delta_rule", inputs, options=[o.format(key) for o in options])
 
 
 @pytest.mark.parametrize("op, target, shape, extra, scores", [

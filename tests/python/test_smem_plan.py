@@ -77,12 +77,14 @@ def test_delta_rule_wy_prefetches_its_key_and_value_blocks(linac_bin):
     # that their latency overlaps T's inverse. With U's value blocks in a loop, V waited in it (ncu: the
     # gated wy's hottest stall); the plan then shows four prefetched buffers instead of eight. (128 heads:
     # where the walks are few the value blocks are 64 columns: few_walks, kernels/common/device_limits.h.)
-    r = subprocess.run([str(linac_bin), "compile", "delta_rule", "--shape", "B=8,T=256,H=16,K=128", "--dtype", "bf16",
-                        "--emit", "smem"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    wy = r.stdout.split("smem total")[0]  # the first kernel of the call: delta_rule_wy
-    prefetched = re.findall(r"tile<16x128xbf16>.* prefetched", wy)
-    assert len(prefetched) == 8, wy
+    # That is the W and U form (tform=0); by default (tform) the UT kernel reads no V: K's four alone.
+    for config, blocks in (("tform=0", 8), ("tform=1", 4)):
+        r = subprocess.run([str(linac_bin), "compile", "delta_rule", "--shape", "B=8,T=256,H=16,K=128", "--dtype",
+                            "bf16", "--emit", "smem", "--config", config], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        wy = r.stdout.split("smem total")[0]  # the first kernel of the call: delta_rule_wy
+        prefetched = re.findall(r"tile<16x128xbf16>.* prefetched", wy)
+        assert len(prefetched) == blocks, (config, wy)
 
 
 @pytest.mark.parametrize("tma", ["1", "0"])

@@ -54,6 +54,16 @@ void configure_delta_walk(KernelBuilder& kb, const DeltaRuleConfig& cfg) {
   if (cfg.gated && cfg.block_v <= 64) kb.set_min_ctas_per_sm(2);
 }
 
+namespace {
+
+/// The per-chunk kernels' (chunk, sequence x head) program ids: the chunk first, or with overlap the
+/// heads first, so that programs are placed in the chunks' order (overlap.h).
+std::pair<Tile, Tile> chunk_program_ids(const DeltaRuleConfig& cfg) {
+  return cfg.overlap ? std::pair{program_id(1), program_id(0)} : std::pair{program_id(0), program_id(1)};
+}
+
+}  // namespace
+
 // One program per chunk. With b the chunk-local cumulative log-decay (zero without a gate) and
 // r = 1/||k|| with --l2norm-qk (else 1):
 //   A = strictly_lower(diag(beta r) (K K^T) diag(r) .* exp(b_r - b_c))
@@ -69,16 +79,6 @@ void configure_delta_walk(KernelBuilder& kb, const DeltaRuleConfig& cfg) {
 // 0, every other as precise as without it). W and U are products on the tensor cores in the input
 // dtype (each T_ij rounded to it once, as the state products use it). With tform, T alone, rounded to
 // the input dtype, for the walk to form V_new from (no v read, no W or U).
-namespace {
-
-/// The per-chunk kernels' (chunk, sequence x head) program ids: the chunk first, or with overlap the
-/// heads first, so that programs are placed in the chunks' order (overlap.h).
-std::pair<Tile, Tile> chunk_program_ids(const DeltaRuleConfig& cfg) {
-  return cfg.overlap ? std::pair{program_id(1), program_id(0)} : std::pair{program_id(0), program_id(1)};
-}
-
-}  // namespace
-
 std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   const int64_t BT = cfg.chunk, BK = cfg.block_k, BV = cfg.wy_block_v;
   const int64_t BS = std::min<int64_t>(BT, 16);

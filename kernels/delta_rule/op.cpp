@@ -59,7 +59,7 @@ TuningKey overlap_key() {
   return {"overlap", {0, 1},
           "1: the walk runs beside the UT (and scores) kernels, waiting for each group of chunks' flag instead of "
           "for their end; sm_90 on, fewer walk programs than SMs, dense inputs, the fused chunked walk. Default 0 "
-          "(measured no faster: the SMs' issue slots are shared); the tuner tries it at few heads"};
+          "(measured no faster: docs/ops/delta_rule.md); the tuner tries it at few heads"};
 }
 
 /// The forward's configuration (fwd.h): chunk, bv, warps, stages, split, segment, ut, scores, tform and
@@ -159,7 +159,7 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
     cfg.tform = cfg.ut_chunk > 0 && !cfg.split && cfg.segment == 0 && !opts.recurrent && !cfg.store_t;
   //  - the walk after the UT (and scores) kernels, not beside them (overlap): at few heads, where its
   //    programs leave SMs to theirs, beside measured no faster (docs/ops/delta_rule.md, "Measured",
-  //    session 31). Asked for, only where it cannot wait for ever (overlap.h).
+  //    session 31). Asked for, only where it cannot wait for ever (overlap.h): the call's heads known.
   const int64_t walk_programs = heads * ((padded_head_dim(V) + cfg.block_v - 1) / cfg.block_v);
   const bool walk_beside_fits = heads > 0 && !call.varlen && !cfg.split && cfg.segment == 0 && !opts.recurrent &&
                                 !cfg.store_t && walk_may_overlap(walk_programs, opts);

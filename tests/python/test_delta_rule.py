@@ -408,6 +408,9 @@ def test_plan_shows_the_walk_beside_its_producers(linac):
     assert re.search(r"tensor chunk_ready +i32 +\[2, 32, 16\]", r.stdout), r.stdout
     r = linac.run("tune", "delta_rule", *shape, "--list")
     assert r.returncode == 0 and "overlap=1" in r.stdout.split(), r.stdout
+    # The call's kernels: the producers signal, the walk waits.
+    r = linac.run("compile", "delta_rule", *shape, "--config", "overlap=1", "--emit", "tir")
+    assert r.returncode == 0 and "wait %chunk_ready" in r.stdout and "signal %chunk_ready" in r.stdout, r.stderr
     r = linac.run("tune", "delta_rule", "--shape", "B=8,T=4096,H=16,K=128", "--list")
     assert r.returncode == 0 and "overlap=1" not in r.stdout.split(), r.stdout
 

@@ -271,10 +271,11 @@ void store(const Tensor& t, std::vector<Operand> offsets, std::vector<int64_t> b
 /// its stores before this call, releasing them: a program that waits for the flag then sees them.
 void signal(const Tensor& flags, std::vector<Operand> offsets, Loc loc = Loc::current());
 /// Waits until the element of `flags` at `offsets` is at least `count`; then every thread sees the
-/// stores the counted signals released. A count of 0 or less waits for nothing (no barrier either). In a for_range body it is done at the head of each iteration,
-/// before the loads the pipeline issues there for later iterations: wait there for the data of the
-/// iterations ahead (kPipelineLookahead) too, with offsets computed from the loop index and values from
-/// outside the loop.
+/// stores the counted signals released. A count of 0 or less waits for nothing (no barrier either). In
+/// a for_range body it is done at the head of each iteration, before the loads the pipeline issues there
+/// for later iterations: wait there for the data of the iterations ahead (kPipelineLookahead) too, with
+/// offsets and count computed from the loop index and values from outside the loop by arithmetic (no
+/// comparisons or selects).
 void wait_for(const Tensor& flags, std::vector<Operand> offsets, Operand count, Loc loc = Loc::current());
 /// How many iterations ahead of the current one a for_range body's pipelined loads may read (the
 /// deepest pipeline, compiler/passes/pipeline.h): a wait_for in the body covers that many more.

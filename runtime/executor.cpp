@@ -65,9 +65,11 @@ void ResolvedPlan::prepare_gpu() {
     for (size_t j = 0; j < tensor_slots.size(); ++j) l.address_slots.emplace_back(encoded.addresses[j], tensor_slots[j]);
   }
   // Overlapping launches share SMs: each asks for the carveout that leaves the others room.
-  for (size_t i = 0; i < launches.size(); ++i)
-    for (int j = 0; j <= launches[i].overlaps && launches[i].overlaps > 0; ++j)
+  for (size_t i = 0; i < launches.size(); ++i) {
+    if (launches[i].overlaps == 0) continue;
+    for (int j = 0; j <= launches[i].overlaps; ++j)  // the launch and its producers
       cuda::prefer_max_shared_memory(launches[i - j].gpu->module().function());
+  }
 }
 
 void run_on_cpu(const ResolvedPlan& plan, std::span<void* const> slots) {

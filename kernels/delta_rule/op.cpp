@@ -145,24 +145,26 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   cfg.varlen = call.varlen;
   delta_rule_schema().apply(opts, cfg);
   if (!ut_key().asked(opts)) cfg.ut_chunk = composes && cfg.chunk == 64 ? 32 : 0;
-  //  - each chunk's scores formed once, by a kernel over all chunks, where the gated walk takes value
-  //    blocks narrower than V (few heads) on chunks of 64 composed: its value blocks each formed them,
-  //    decays included. Not ungated (its walk saves less than the scores kernel costs) nor where one
-  //    block holds V (docs/ops/delta_rule.md, "Measured", session 30).
-  if (!scores_key().asked(opts))
-    cfg.scores = gated && cfg.ut_chunk > 0 && !cfg.split && !opts.recurrent && cfg.block_v < padded_head_dim(V);
+  if (cfg.ut_chunk == cfg.chunk) cfg.ut_chunk = 0;  // a transform of the whole chunk: its own
+  // The schedules the rules below name, each stated once: the fused chunked walk (one program per value
+  // block walks every chunk of its sequence: not split, segmented, token by token or saving for the
+  // backward), and the few-heads walk (value blocks narrower than V on composed chunks of 64).
+  const bool fused_walk = !cfg.split && cfg.segment == 0 && !opts.recurrent && !cfg.store_t;
+  const bool few_heads_walk = cfg.ut_chunk > 0 && cfg.block_v < padded_head_dim(V);
+  //  - each chunk's scores formed once, by a kernel over all chunks, for the gated few-heads walk: its
+  //    value blocks each formed them, decays included. Not ungated (its walk saves less than the scores
+  //    kernel costs) nor where one block holds V (docs/ops/delta_rule.md, "Measured", session 30).
+  if (!scores_key().asked(opts)) cfg.scores = gated && few_heads_walk && !cfg.split && !opts.recurrent;
   //  - the walk forming V_new from each chunk's T and v (tform) where the UT kernel composes chunks of 64:
   //    the UT kernel then writes T alone, no W and U, and the walk's longer chain costs less than that
   //    saves, both ops at the bar shape and at few heads, with and without --l2norm-qk
   //    (docs/ops/delta_rule.md, "Measured", session 31). Not with the schedules that read W and U.
-  if (!tform_key().asked(opts))
-    cfg.tform = cfg.ut_chunk > 0 && !cfg.split && cfg.segment == 0 && !opts.recurrent && !cfg.store_t;
+  if (!tform_key().asked(opts)) cfg.tform = cfg.ut_chunk > 0 && fused_walk;
   //  - the walk after the UT (and scores) kernels, not beside them (overlap): at few heads, where its
   //    programs leave SMs to theirs, beside measured no faster (docs/ops/delta_rule.md, "Measured",
   //    session 31). Asked for, only where it cannot wait for ever (overlap.h): the call's heads known.
   const int64_t walk_programs = heads * ((padded_head_dim(V) + cfg.block_v - 1) / cfg.block_v);
-  const bool walk_beside_fits = heads > 0 && !call.varlen && !cfg.split && cfg.segment == 0 && !opts.recurrent &&
-                                !cfg.store_t && walk_may_overlap(walk_programs, opts);
+  const bool walk_beside_fits = heads > 0 && !call.varlen && fused_walk && walk_may_overlap(walk_programs, opts);
   if (cfg.overlap && !walk_beside_fits)
     throw UserError(fmt::format("{}: --config overlap=1 runs the walk beside the UT kernel: only for dense inputs, "
                                 "the fused chunked walk (not split, segment, --recurrent or saved_* outputs), on sm_90 "
@@ -175,11 +177,10 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   if (cfg.scores && (cfg.split || opts.recurrent))
     throw UserError(fmt::format("{}: --config scores=1 is for the chunked walk, not {}", op,
                                 cfg.split ? "split=1" : "--recurrent"));
-  if (cfg.ut_chunk == cfg.chunk) cfg.ut_chunk = 0;
   if (cfg.ut_chunk > 0 && (2 * cfg.ut_chunk != cfg.chunk || cfg.store_t))
     throw UserError(fmt::format("{}: --config ut={} needs chunks of {} rows and no saved_* outputs (those keep the "
                                 "chunk's T)", op, cfg.ut_chunk, 2 * cfg.ut_chunk));
-  if (cfg.tform && (cfg.split || cfg.segment > 0 || cfg.store_t || opts.recurrent))
+  if (cfg.tform && !fused_walk)
     throw UserError(fmt::format("{}: --config tform=1 is for the fused chunked walk: not with split, segment, "
                                 "--recurrent or saved_* outputs", op));
   if (cfg.segment > 0 && (cfg.split || opts.recurrent))
@@ -190,7 +191,6 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   //    slower (a block per SM instead of three; docs/ops/delta_rule.md, "Measured", session 18). Three
   //    (one slack) first for the few-heads walk on composed chunks of 64, where it measured faster for
   //    both ops (session 31); at the bar shape gated's does not fit and delta_rule's measured the same.
-  const bool few_heads_walk = cfg.ut_chunk > 0 && cfg.block_v < padded_head_dim(V);
   std::vector<int> proposals = fp32 && cfg.block_k >= 128 ? std::vector<int>{1}
                                : few_heads_walk         ? std::vector<int>{3, 2, 1}
                                                         : std::vector<int>{2, 1};

@@ -24,12 +24,16 @@ namespace {
 /// of 32 up to head dim 128 (7 blocks of 4 warps), else 96 (5 blocks; 72 spills there); fp32 two
 /// blocks (96 registers spill at head dims 64 and 256). Measured faster at each step
 /// (docs/ops/delta_rule.md, "Measured"). tform's T of 64 rows alone without halves (ut = 0): 128 (96
-/// spilled 16-24 bytes; untimed).
+/// spilled 16-24 bytes; untimed). tform's halves on 2 warps: gated 128 (8 blocks; at 96 the blocks of
+/// A across the halves, held through the inverse, spilled 4 bytes); with --l2norm-qk 160 (6 blocks, as
+/// many as its shared memory fits: at 128 it spilled 4 bytes with varlen).
 int wy_blocks_per_sm(const DeltaRuleConfig& cfg) {
   if (dtype_bytes(cfg.dtype) == 4) return 2;
   int registers = 96;
   if (cfg.chunk == 32 && cfg.block_k <= 128) registers = 72;
   if (cfg.tform && cfg.chunk == 64 && cfg.ut_chunk == 0) registers = 128;
+  if (cfg.tform && cfg.ut_chunk > 0 && cfg.wy_warps == 2 && cfg.gated) registers = 128;
+  if (cfg.tform && cfg.ut_chunk > 0 && cfg.wy_warps == 2 && cfg.l2norm_qk) registers = 160;
   return std::max(2, 65536 / (registers * 32 * cfg.wy_warps));
 }
 
@@ -185,6 +189,12 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
   std::vector<std::vector<Tile>> A(NS, std::vector<Tile>(NS));
   for (int i = 0; i < NS; ++i)
     for (int j = i / G * G; j <= i; ++j) A[i][j] = a_block(i, j);
+  // tform's blocks of A across the halves (for X below), formed with the others: K is then dead before
+  // the inverse, whose blocks take its shared memory (more of the kernel's programs fit an SM).
+  std::vector<std::vector<Tile>> A_21(NS, std::vector<Tile>(G));
+  if (stores_t && halves)
+    for (int m = G; m < NS; ++m)
+      for (int j = 0; j < G; ++j) A_21[m][j] = a_block(m, j).to(dt);
   const std::vector<std::vector<Tile>> T = blocks::unit_lower_inverse_blocks(A);
   if (stores_t) {
     // T for the backward (store_t) or for the walk (tform), each block rounded to the input dtype. With
@@ -195,9 +205,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
     for (int i = 0; i < NS; ++i)
       for (int j = i / G * G; j <= i; ++j) T_dt[i][j] = T[i][j].to(dt);
     if (halves) {
-      std::vector<std::vector<Tile>> A_21(NS, std::vector<Tile>(G)), M_21(NS, std::vector<Tile>(G));
-      for (int m = G; m < NS; ++m)
-        for (int j = 0; j < G; ++j) A_21[m][j] = a_block(m, j).to(dt);
+      std::vector<std::vector<Tile>> M_21(NS, std::vector<Tile>(G));
       auto sum_of = [](Tile acc, const Tile& term) { return acc.valid() ? acc + term : term; };
       for (int i = G; i < NS; ++i)
         for (int j = 0; j < G; ++j) {

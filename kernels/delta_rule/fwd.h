@@ -35,7 +35,7 @@ struct DeltaRuleConfig {
   bool final_state = false;
   bool varlen = false;       // cu_seqlens [N+1] present, B == 1
   int num_warps = 4;         // of the walk (delta_rule_fwd, the recurrent kernel)
-  int wy_warps = 4;          // of delta_rule_wy: 4 faster than 8 (docs/ops/delta_rule.md, "Measured")
+  int wy_warps = 4;          // of delta_rule_wy (config ut_warps): 2 where it forms T alone from halves, else 4
   int num_stages = 2;        // chunk loads of delta_rule_fwd pipelined one iteration ahead
   bool store_t = false;      // delta_rule_wy also stores T (t_mat [B,T,H,BT], rows, input dtype) for the backward
   bool save_states = false;  // delta_rule_fwd also stores S before each chunk (h) and V_new (v_new) for the backward

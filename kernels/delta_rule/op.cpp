@@ -38,6 +38,14 @@ TuningKey ut_key() {
           "on sm_90a, else 0"};
 }
 
+/// The UT kernel's warps (fwd.h, wy_warps).
+TuningKey ut_warps_key() {
+  return {"ut_warps", {2, 4, 8},
+          "warps of the UT kernel (delta_rule_wy): with tform its products are of [16, 16] blocks, which span two "
+          "warps (more hold copies), so two leave room for more of its programs per SM. Default 2 where the UT "
+          "kernel composes T from halves (tform, ut), else 4 (W and U's products span more)"};
+}
+
 /// Whether the chunks' scores are formed once by a kernel of their own (fwd.h, scores).
 TuningKey scores_key() {
   return {"scores", {0, 1},
@@ -69,7 +77,7 @@ const ConfigSchema<DeltaRuleConfig>& delta_rule_schema() {
   static const ConfigSchema<C> schema(
       field<&C::dtype>(), tuned<&C::chunk>(fwd_chunk_key()), field<&C::block_k>(), tuned<&C::block_v>(bv_key()),
       field<&C::gated>(), field<&C::l2norm_qk>(), field<&C::initial_state>(), field<&C::final_state>(),
-      field<&C::varlen>(), tuned<&C::num_warps>(warps_key()), field<&C::wy_warps>(),
+      field<&C::varlen>(), tuned<&C::num_warps>(warps_key()), tuned<&C::wy_warps>(ut_warps_key()),
       tuned<&C::num_stages>(stages_key()), field<&C::store_t>(), field<&C::save_states>(),
       tuned<&C::split>({"split",
                         {0, 1},
@@ -160,6 +168,10 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   //    saves, both ops at the bar shape and at few heads, with and without --l2norm-qk
   //    (docs/ops/delta_rule.md, "Measured", session 31). Not with the schedules that read W and U.
   if (!tform_key().asked(opts)) cfg.tform = cfg.ut_chunk > 0 && fused_walk;
+  //  - the UT kernel on 2 warps where it forms T alone from halves: its [16, 16] blocks' products span
+  //    two warps, and fewer warps and less shared memory per program fit more programs per SM; with W
+  //    and U (products across V) 4 (docs/ops/delta_rule.md, "Measured", session 32).
+  if (!ut_warps_key().asked(opts)) cfg.wy_warps = cfg.tform && cfg.ut_chunk > 0 ? 2 : 4;
   //  - the walk after the UT (and scores) kernels, not beside them (overlap): at few heads, where its
   //    programs leave SMs to theirs, beside measured no faster (docs/ops/delta_rule.md, "Measured",
   //    session 31). Asked for, only where it cannot wait for ever (overlap.h): the call's heads known.

@@ -85,3 +85,19 @@ def linac_bin():
 @pytest.fixture
 def linac(linac_bin, tmp_path):
     return Linac(linac_bin, tmp_path)
+
+
+def pytest_collection_modifyitems(config, items):
+    """LINAC_TEST_SHARD=i/n keeps every n-th collected test from the i-th (0-based): the GPU machine runs
+    a long file as n processes side by side (node ids with spaces do not pass through a shell)."""
+    shard = os.environ.get("LINAC_TEST_SHARD")
+    if not shard:
+        return
+    try:
+        index, count = (int(x) for x in shard.split("/"))
+        assert 0 <= index < count
+    except (ValueError, AssertionError):
+        raise pytest.UsageError(f"LINAC_TEST_SHARD={shard!r}: expected i/n with 0 <= i < n")
+    kept = [item for j, item in enumerate(items) if j % count == index]
+    config.hook.pytest_deselected(items=[item for j, item in enumerate(items) if j % count != index])
+    items[:] = kept

@@ -87,6 +87,31 @@ def test_delta_rule_wy_prefetches_its_key_and_value_blocks(linac_bin):
         assert len(prefetched) == blocks, (config, wy)
 
 
+def test_ut_kernel_forming_t_alone_frees_k_for_the_inverse(linac_bin):
+    # The gated UT kernel forming T alone from two halves (tform, the default at chunks of 64) forms A's
+    # blocks across the halves with the others, before the inverse: K's blocks are dead by then and the
+    # inverse's fp32 blocks take their bytes (shared memory 31.0 -> 21.5 KB, more programs per SM:
+    # docs/ops/delta_rule.md, "Measured", session 32). It runs on 2 warps ([16, 16] products span two);
+    # the W and U form on 4.
+    for config, warps in (("tform=1", 2), ("tform=0", 4)):
+        r = subprocess.run([str(linac_bin), "compile", "gated_delta_rule", "--shape", "B=8,T=256,H=16,K=128",
+                            "--dtype", "bf16", "--emit", "smem", "--config", config], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        wy = r.stdout.split("smem total")[1]  # the call's second kernel: gated_delta_rule_wy
+        spans = lambda kind: [(int(a), int(a) + int(n)) for a, n in re.findall(rf"smem +(\d+) \+(\d+) +%\d+ {kind}", wy)]
+        if config == "tform=1":
+            keys, inverse = spans(r"tile<16x128xbf16>.* prefetched"), spans(r"tile<16x16xf32>")
+            assert len(keys) == 4 and inverse, wy
+            assert any(a < d and c < b for a, b in keys for c, d in inverse), wy
+        r = subprocess.run([str(linac_bin), "compile", "gated_delta_rule", "--shape", "B=8,T=256,H=16,K=128",
+                            "--dtype", "bf16", "--emit", "tir", "--config", config], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        header = r.stdout.split("kernel @gated_delta_rule_wy(")[1].split("\n", 1)[0]
+        assert f"num_warps = {warps}," in header, (config, header)
+
+
 @pytest.mark.parametrize("tma", ["1", "0"])
 def test_barrier_between_reads_before_a_loop_and_its_first_copies(linac_bin, tma, monkeypatch):
     monkeypatch.setenv("LINAC_TMA", tma)  # the loop's load by TMA (sm_90a's default) or cp.async

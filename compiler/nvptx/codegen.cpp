@@ -34,11 +34,18 @@ GpuTarget GpuTarget::for_sm(int sm) {
   GpuTarget t{sm >= 90 ? 90 : 80};
   t.sm90_dots = passes::dot_unit_for_sm(90);
   t.sm90_tma = passes::tma_for_sm(90);
+  if (const char* w = std::getenv("LINAC_WGMMA_WAIT"); w && *w) {
+    const std::string s(w);
+    if (s != "first-use" && s != "at-once")
+      throw UserError(fmt::format("LINAC_WGMMA_WAIT={}: expected first-use or at-once", s));
+    t.sm90_first_use_waits = s == "first-use";
+  }
   return t;
 }
 
 std::string GpuTarget::key() const {
-  const std::string loads = sm >= 90 && !tma() ? "-no-tma" : "";
+  const std::string loads = std::string(sm >= 90 && !tma() ? "-no-tma" : "") +
+                            (uses_wgmma() && !sm90_first_use_waits ? "-waits-at-once" : "");
   switch (dots()) {
     case passes::DotUnit::wgmma: return name() + loads;
     case passes::DotUnit::wgmma_a_shared: return name() + "-wgmma-a-shared" + loads;
@@ -173,6 +180,7 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
   passes::SmemPlan plan = passes::plan_shared_memory(k, layouts, passes::plan_pipelining(k, target.tma()), target.max_smem_bytes(),
                                                      target.dots());
   plan.deferred_waits = passes::deferred_wgmma_waits(k, plan, accumulators);
+  if (target.sm90_first_use_waits) plan.first_use_waits = passes::first_use_wgmma_waits(plan);
   out.smem_plan = passes::print_smem_plan(k, plan);
   out.smem_bytes = plan.total_bytes;
   if (last == Stage::smem) return out;

@@ -19,6 +19,8 @@ struct GpuTarget {
   int sm = 90;
   passes::DotUnit sm90_dots = passes::DotUnit::wgmma;
   bool sm90_tma = true;  // pipelined loads through TMA on sm_90a (passes::tma_for_sm)
+  /// wgmma products waited for at their result's first use (passes::first_use_wgmma_waits), not at once
+  bool sm90_first_use_waits = true;
   bool tma() const { return sm >= 90 && sm90_tma; }
   passes::DotUnit dots() const { return sm >= 90 ? sm90_dots : passes::DotUnit::mma_sync; }
   bool uses_wgmma() const { return dots() != passes::DotUnit::mma_sync; }
@@ -27,7 +29,8 @@ struct GpuTarget {
   std::string key() const;
   /// The target for compute capability `sm` (sm_90a from 90 on, else sm_80), its sm_90a dots as
   /// LINAC_WGMMA asks: 0 mma.sync, 1 wgmma (the default), a-shared wgmma with A from shared memory (to
-  /// compare them in one run); its loads through TMA unless LINAC_TMA=0; UserError for other values.
+  /// compare them in one run); its loads through TMA unless LINAC_TMA=0; its products waited for at
+  /// their first use unless LINAC_WGMMA_WAIT=at-once (first-use: the default); UserError for other values.
   static GpuTarget for_sm(int sm);
   std::string name() const;  // "sm_80", "sm_90a"
   /// The most dynamic shared memory one block may have there (227 KB on sm_90, 163 KB on sm_80).

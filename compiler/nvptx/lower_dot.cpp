@@ -246,8 +246,9 @@ void KernelLowering::lower_dot(const ir::Op& op) {
     llvm::Value* wg_base = b_.CreateMul(b_.CreateUDiv(w.m, i32(4)), i32(64));
     auto wg_row = [&](int64_t tm) { return b_.CreateAdd(wg_base, i32(tm * 16 * l.wm)); };
     regs_[op.result()] = lower_wgmma(wgmma->second, in, K, N / l.wn, mt, n_base, wg_row, acc, accumulate, a_fragments,
-                                     /*wait=*/!smem_.deferred_waits.count(&op),
+                                     /*wait=*/!smem_.deferred_waits.count(&op) && !smem_.first_use_waits.count(&op),
                                      first_step_adds_.count(&op) ? first_step_adds_.at(&op) : nullptr);
+    if (smem_.first_use_waits.count(&op)) pending_products_.push_back({{op.result()}, wgmma_groups_ - 1});
     return;
   }
   const auto mma_id = in == DType::bf16 ? llvm::Intrinsic::nvvm_mma_m16n8k16_row_col_bf16
@@ -394,6 +395,7 @@ std::vector<llvm::Value*> KernelLowering::lower_wgmma(
     }
   }
   b_.CreateIntrinsic(llvm::Intrinsic::nvvm_wgmma_commit_group_sync_aligned, {});
+  ++wgmma_groups_;
   if (wait) b_.CreateIntrinsic(llvm::Intrinsic::nvvm_wgmma_wait_group_sync_aligned, {b_.getInt64(0)});
   return acc;
 }

@@ -157,6 +157,8 @@ void KernelLowering::run() {
 }
 
 void KernelLowering::barrier() {
+  // Behind a barrier other threads may write any bytes, an operand's of a product in flight included.
+  await_products();
   b_.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_all, {i32(0)});
   hazards_ = {};
   for (LoopHead& head : loop_heads_)
@@ -253,10 +255,16 @@ void KernelLowering::lower_block(const ir::Block& blk) {
     // run that access on every path, so they are waited for before it.
     if (!op->regions.empty() && !prefetch_in_flight_.empty()) wait_prefetched_loads();
     set_location(op->loc);
+    await_products_before(*op);
     lower_op(*op);
+    track_absorbed_add(*op);
     for (const ir::Value* v : op->results)
-      if (smem_.buffers.count(v) && !pipelined(v)) spill(v);
+      if (smem_.buffers.count(v) && !pipelined(v)) {
+        await_products(products_read_by_value(v));
+        spill(v);
+      }
   }
+  await_products();  // nothing stays in flight past the block: its end is a join or the kernel's
 }
 
 llvm::Value* KernelLowering::scalar(const ir::Value* v) {

@@ -8,6 +8,7 @@
 //   lower_reduce.cpp   reductions and scans
 //   lower_pipeline.cpp a chunk loop's ring of pipelined loads and its products waited for an iteration late
 //   lower_tma.cpp      the ring's TMA copies and mbarriers (sm_90a)
+//   lower_product_waits.cpp  wgmma products waited for at their result's first use
 #pragma once
 #include <llvm/IR/DIBuilder.h>
 #include <llvm/IR/IRBuilder.h>
@@ -208,6 +209,26 @@ class KernelLowering {
                  llvm::Value* step);
   /// At the end of the body: the previous iteration's deferred products waited for.
   void deferred_products_done(const LoopPipeline& p);
+
+  // lower_product_waits.cpp: wgmma products waited for at their result's first use
+  // (passes::first_use_wgmma_waits, SmemPlan::first_use_waits).
+  /// Waits for the `n` oldest pending products (all by default); later ones stay in flight. Their
+  /// accumulators pass through opaque copies after the wait, so that no read of them moves ahead of it.
+  void await_products(size_t n = SIZE_MAX);
+  /// How many of the oldest pending products `op` must wait for: up to the newest whose result it reads,
+  /// directly or through the rematerialized values and views it evaluates (0: none).
+  size_t products_read_by(const ir::Op& op) const;
+  size_t products_read_by_value(const ir::Value* v) const;
+  /// Before `op` (lower_block): what it reads waited for, and everything before control flow and flags.
+  void await_products_before(const ir::Op& op);
+  /// After `op`: an add it absorbed (dot_accumulate.h) holds the pending product's accumulators too.
+  void track_absorbed_add(const ir::Op& op);
+  struct PendingProduct {
+    std::vector<const ir::Value*> values;  // holding its accumulators: its result, an add it absorbed
+    int64_t group;                         // its commit group (wgmma_groups_ when issued, from 0)
+  };
+  std::vector<PendingProduct> pending_products_;  // oldest first
+  int64_t wgmma_groups_ = 0;  // commit groups issued so far (lower_wgmma)
   /// After the loop: every product waited for, the copies drained.
   void pipeline_exit(const LoopPipeline& p);
   /// Accumulators of a loop that may not have run (`runs` false): zero then, chosen after the wait.

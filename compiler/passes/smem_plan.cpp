@@ -481,7 +481,9 @@ std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
   for (const auto& [op, d] : plan.wgmma_dots)
     dots.push_back({op->result()->id, fmt::format("wgmma {} = dot: A {}, B {}{}\n", names.at(op->result()),
                                                   d.a.buf ? where(d.a) : a_registers(op), where(d.b),
-                                                  plan.deferred_waits.count(op) ? ", waited for an iteration later" : "")});
+                                                  plan.deferred_waits.count(op)    ? ", waited for an iteration later"
+                                                  : plan.first_use_waits.count(op) ? ", waited for at its first use"
+                                                                                   : "")});
   for (const ir::Op* op : plan.dots_a_in_registers)  // the mma.sync dots'
     if (!plan.wgmma_dots.count(op))
       dots.push_back({op->result()->id, fmt::format("dot {}: A in its registers\n", names.at(op->result()))});

@@ -94,6 +94,7 @@ struct SmemPlan {
   // registers: each is waited for at its first use, before the loads after it are issued.
   std::vector<const ir::Op*> register_loads;
   std::map<const ir::Op*, DeferredWait> deferred_waits;  // wgmma dots waited for an iteration late (wgmma_waits.h fills it)
+  std::set<const ir::Op*> first_use_waits;  // the other wgmma dots, where waited for at their result's first use (wgmma_waits.h)
 };
 
 /// The scratch bytes of a scan of a 2-D tile (f16, bf16, f32 or i32: 32-bit sums) along an axis of at

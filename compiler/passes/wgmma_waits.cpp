@@ -57,4 +57,11 @@ std::map<const ir::Op*, DeferredWait> deferred_wgmma_waits(const ir::Kernel& k, 
   return deferred;
 }
 
+std::set<const ir::Op*> first_use_wgmma_waits(const SmemPlan& plan) {
+  std::set<const ir::Op*> out;
+  for (const auto& [dot, operands] : plan.wgmma_dots)
+    if (!plan.deferred_waits.count(dot)) out.insert(dot);
+  return out;
+}
+
 }  // namespace linac::passes

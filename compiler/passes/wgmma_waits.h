@@ -24,6 +24,7 @@
 // iteration ran.
 #pragma once
 #include <map>
+#include <set>
 
 #include "compiler/ir/ir.h"
 #include "compiler/passes/dot_accumulate.h"
@@ -35,5 +36,13 @@ namespace linac::passes {
 /// whether its accumulator enters the loop as zeros.
 std::map<const ir::Op*, DeferredWait> deferred_wgmma_waits(const ir::Kernel& k, const SmemPlan& plan,
                                                            const DotAccumulators& accumulators);
+
+/// The other wgmma dots (plan.wgmma_dots not in plan.deferred_waits), each waited for where its result is
+/// first read rather than at once: products issued back to back run together, and the code between a
+/// product and the first read of its result (elementwise math on other values, shared-memory writes that
+/// need no barrier) overlaps it. The lowering waits before an op that reads a pending result (through
+/// rematerialized values and views too), before any barrier (a later write into an operand's bytes is
+/// always behind one: smem hazards), before control flow and flags, and at the end of each block.
+std::set<const ir::Op*> first_use_wgmma_waits(const SmemPlan& plan);
 
 }  // namespace linac::passes

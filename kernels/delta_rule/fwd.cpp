@@ -294,27 +294,25 @@ std::shared_ptr<ir::Kernel> build_delta_rule_wy(const DeltaRuleConfig& cfg) {
 
 namespace {
 
-/// A chunk's scores, in fp32: scale (Q K^T) .* (q_norm k_norm^T) .* gam masked to `causal`, with q_norm
-/// and k_norm the inverse row norms (--l2norm-qk), gam the decays exp(b_r - b_c); invalid tiles stand
-/// for ones. The row factors go on the fp32 product, so that Q and K feed the tensor cores as loaded.
-/// The walk, delta_rule_scores and the split schedule's outputs form them alike.
-Tile chunk_scores(const Tile& Q, const Tile& K, const Tile& scale, const Tile& q_norm, const Tile& k_norm,
-                  const Tile& gam, const Tile& causal) {
-  Tile A = dot(Q, K.T()) * scale;
+/// A chunk's scores, in fp32, from QK = Q K^T: scale QK .* (q_norm k_norm^T) .* gam masked to `causal`,
+/// with q_norm and k_norm the inverse row norms (--l2norm-qk), gam the decays exp(b_r - b_c); invalid
+/// tiles stand for ones. The row factors go on the fp32 product, so that Q and K feed the tensor cores
+/// as loaded. The walk, delta_rule_scores and the split schedule's outputs form them alike (the walk
+/// issues the product early: compiler/passes/wgmma_waits.h, first use).
+Tile chunk_scores(const Tile& QK, const Tile& scale, const Tile& q_norm, const Tile& k_norm, const Tile& gam,
+                  const Tile& causal) {
+  Tile A = QK * scale;
   if (q_norm.valid()) A = A * expand_dims(q_norm, 1) * expand_dims(k_norm, 0);
   if (gam.valid()) A = A * gam;
   return where(causal, A, 0.0f);
 }
 
-/// A chunk's output, in fp32, from the state before it (S_dt, in the input dtype), V_new and the
-/// chunk's scores P (chunk_scores, in the input dtype):
-///   scale (q_factor .* Q) S + P V_new
-/// with q_factor the state term's row factor (invalid: ones), applied to the fp32 product.
-Tile chunk_output(const Tile& Q, const Tile& S_dt, const Tile& V_new, const Tile& P, const Tile& scale,
-                  const Tile& q_factor) {
-  Tile O = dot(Q, S_dt);
-  O = q_factor.valid() ? O * expand_dims(q_factor * scale, 1) : O * scale;
-  return O + dot(P, V_new);
+/// The state's share of a chunk's output, in fp32, from QS = Q S (S the state before the chunk, in the
+/// input dtype): scale (q_factor .* Q) S, with q_factor its row factor (invalid: ones) applied to the
+/// fp32 product. The output is it + P V_new (P the chunk's scores, chunk_scores, in the input dtype).
+/// The products are the callers', so that the walk can issue them early (early_products).
+Tile output_state_share(const Tile& QS, const Tile& scale, const Tile& q_factor) {
+  return q_factor.valid() ? QS * expand_dims(q_factor * scale, 1) : QS * scale;
 }
 
 }  // namespace
@@ -437,15 +435,27 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
       ks_factor = k_norm;
     }
     Tile S_dt = S.to(dt);
+    // The products off the chain: Q S, and Q K^T where the walk forms the scores. With early_products
+    // (fwd.h) they are issued beside the chain's first (K S or W S), and P V_new before the state's
+    // product, each waited for at its first use (wgmma: compiler/passes/wgmma_waits.h), so that they
+    // run beside the chain's products; else each where its result is needed.
+    Tile QS, QK;
+    auto off_chain_products = [&] {
+      QS = dot(Q, S_dt);
+      if (!cfg.scores) QK = dot(Q, K.T());
+    };
     Tile V_new32;
     if (cfg.tform) {
       // W S = T diag(beta) diag(r_k exp(b)) K S (delta_rule_wy's W), so
       // V_new = U - W S = T (beta .* (V - r_k exp(b) .* (K S))): no W or U to read, one product more.
       Tile KS = dot(K, S_dt);
+      if (cfg.early_products) off_chain_products();
       Tile V_minus = V.to(f32) - (ks_factor.valid() ? KS * expand_dims(ks_factor, 1) : KS);
       V_new32 = dot(T, (V_minus * expand_dims(beta_c, 1)).to(dt));
     } else {
-      V_new32 = U.to(f32) - dot(W, S_dt);
+      Tile WS = dot(W, S_dt);
+      if (cfg.early_products) off_chain_products();
+      V_new32 = U.to(f32) - WS;
     }
     Tile V_new = V_new32.to(dt);
     if (cfg.save_states) {
@@ -457,11 +467,20 @@ std::shared_ptr<ir::Kernel> build_delta_rule_fwd(const DeltaRuleConfig& cfg) {
     // 255 -> 212 registers).
     Tile V_state = k_factor.valid() ? (V_new32 * expand_dims(k_factor, 1)).to(dt) : V_new;
 
-    if (!cfg.scores) P = chunk_scores(Q, K, scale, q_norm, k_norm, gam, causal).to(dt);
-    Tile O = chunk_output(Q, S_dt, V_new, P, scale, q_factor);
+    auto update_state = [&] { S = blocks::state_update(S, K, V_state, b_last, /*in_place=*/true); };
+    Tile O;
+    if (cfg.early_products) {
+      if (!cfg.scores) P = chunk_scores(QK, scale, q_norm, k_norm, gam, causal).to(dt);
+      Tile PV = dot(P, V_new);
+      update_state();  // its product in flight while O is summed
+      O = output_state_share(QS, scale, q_factor) + PV;
+    } else {
+      if (!cfg.scores) P = chunk_scores(dot(Q, K.T()), scale, q_norm, k_norm, gam, causal).to(dt);
+      O = output_state_share(dot(Q, S_dt), scale, q_factor);
+      O = O + dot(P, V_new);
+    }
     store(o, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), in_seq);
-
-    S = blocks::state_update(S, K, V_state, b_last, /*in_place=*/true);
+    if (!cfg.early_products) update_state();
   };
   std::vector<Tile*> carried = next.carried_with(S);
   if (cfg.l2norm_qk) carried.insert(carried.end(), {&next_q_norm, &next_k_norm});
@@ -503,7 +522,7 @@ std::shared_ptr<ir::Kernel> build_delta_rule_scores(const DeltaRuleConfig& cfg) 
   }
   if (cfg.gated) gam = gates.load(cb.global_chunk, i_h, BT).decays().between(causal);
   store(scores, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BT},
-        chunk_scores(Q, K, scale, q_norm, k_norm, gam, causal).to(dt), cb.in_seq);
+        chunk_scores(dot(Q, K.T()), scale, q_norm, k_norm, gam, causal).to(dt), cb.in_seq);
   if (cfg.overlap) flags.signal(cb.i_n, cb.chunk, i_h);
   return kb.finish();
 }
@@ -546,8 +565,9 @@ std::shared_ptr<ir::Kernel> build_delta_rule_out(const DeltaRuleConfig& cfg) {
     e_b = exp(cumsum(gc, 0));
     gam = exp(blocks::decays_between_rows(gc));
   }
-  Tile P = chunk_scores(Q, K, scale, Tile(), Tile(), gam, row >= col).to(dt);
-  Tile O = chunk_output(Q, S, V_new, P, scale, e_b);
+  Tile P = chunk_scores(dot(Q, K.T()), scale, Tile(), Tile(), gam, row >= col).to(dt);
+  Tile O = output_state_share(dot(Q, S), scale, e_b);
+  O = O + dot(P, V_new);
   store(o, {b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), in_seq);
   return kb.finish();
 }

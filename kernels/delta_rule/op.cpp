@@ -85,7 +85,7 @@ const ConfigSchema<DeltaRuleConfig>& delta_rule_schema() {
                         "parallel (not with --l2norm-qk); 0: the fused walk"}),
       field<&C::wy_block_v>(), field<&C::v_blocks>(), tuned<&C::segment>(segment_key()),
       tuned<&C::ut_chunk>(ut_key()), tuned<&C::scores>(scores_key()), tuned<&C::tform>(tform_key()),
-      tuned<&C::overlap>(overlap_key()));
+      tuned<&C::overlap>(overlap_key()), field<&C::early_products>());
   return schema;
 }
 
@@ -172,11 +172,24 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   //    two warps, and fewer warps and less shared memory per program fit more programs per SM; with W
   //    and U (products across V) 4 (docs/ops/delta_rule.md, "Measured", session 32).
   if (!ut_warps_key().asked(opts)) cfg.wy_warps = cfg.tform && cfg.ut_chunk > 0 ? 2 : 4;
+  //  - the few-heads walk's products off the chain (Q S, Q K^T, P V_new) issued beside the chain's, each
+  //    waited for at its first use: faster there for both ops; the wide walk then holds their
+  //    accumulators through the chain, spills and runs slower (docs/ops/delta_rule.md, "Measured",
+  //    session 32).
+  cfg.early_products = few_heads_walk;
   //  - the walk after the UT (and scores) kernels, not beside them (overlap): at few heads, where its
   //    programs leave SMs to theirs, beside measured no faster (docs/ops/delta_rule.md, "Measured",
   //    session 31). Asked for, only where it cannot wait for ever (overlap.h): the call's heads known.
   const int64_t walk_programs = heads * ((padded_head_dim(V) + cfg.block_v - 1) / cfg.block_v);
   const bool walk_beside_fits = heads > 0 && !call.varlen && fused_walk && walk_may_overlap(walk_programs, opts);
+  // With --l2norm-qk the scores kernel reads the norms' tables that the UT kernel writes: in stream order
+  // it runs after it, but beside the walk both start early and run at once (a GPU test read zero norms,
+  // session 32): refused rather than racing.
+  if (cfg.overlap && cfg.scores && opts.l2norm_qk)
+    throw UserError(fmt::format("{}: --config overlap=1 does not take scores=1 with --l2norm-qk (the scores kernel "
+                                "reads the norms the UT kernel writes, and beside the walk the two run at once); "
+                                "add scores=0",
+                                op));
   if (cfg.overlap && !walk_beside_fits)
     throw UserError(fmt::format("{}: --config overlap=1 runs the walk beside the UT kernel: only for dense inputs, "
                                 "the fused chunked walk (not split, segment, --recurrent or saved_* outputs), on sm_90 "
@@ -502,8 +515,10 @@ OpDef delta_rule_op_def(bool gated) {
     // The UT kernel forming W and U where the walk takes T by default (tform; the two tied at few heads,
     // gated).
     if (opts.dtype != DType::f32) space.push_back({{"tform", 0}});
-    // The walk beside the UT kernel (overlap.h) where its programs leave SMs idle.
-    if (few_walks(s.B * s.H, opts) && opts.dtype != DType::f32) space.push_back({{"overlap", 1}});
+    // The walk beside the UT kernel (overlap.h) where its programs leave SMs idle (with --l2norm-qk
+    // without the scores kernel: delta_rule_config).
+    if (few_walks(s.B * s.H, opts) && opts.dtype != DType::f32)
+      space.push_back(opts.l2norm_qk ? Config{{"overlap", 1}, {"scores", 0}} : Config{{"overlap", 1}});
     return space;
   };
   return op;

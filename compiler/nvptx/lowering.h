@@ -209,6 +209,10 @@ class KernelLowering {
                  llvm::Value* step);
   /// At the end of the body: the previous iteration's deferred products waited for.
   void deferred_products_done(const LoopPipeline& p);
+  /// After the loop: every product waited for, the copies drained.
+  void pipeline_exit(const LoopPipeline& p);
+  /// Accumulators of a loop that may not have run (`runs` false): zero then, chosen after the wait.
+  Regs zero_where_no_iteration(Regs rs, llvm::Value* runs);
 
   // lower_product_waits.cpp: wgmma products waited for at their result's first use
   // (passes::first_use_wgmma_waits, SmemPlan::first_use_waits).
@@ -229,10 +233,6 @@ class KernelLowering {
   };
   std::vector<PendingProduct> pending_products_;  // oldest first
   int64_t wgmma_groups_ = 0;  // commit groups issued so far (lower_wgmma)
-  /// After the loop: every product waited for, the copies drained.
-  void pipeline_exit(const LoopPipeline& p);
-  /// Accumulators of a loop that may not have run (`runs` false): zero then, chosen after the wait.
-  Regs zero_where_no_iteration(Regs rs, llvm::Value* runs);
 
   // lower_tma.cpp
   /// Before the ring's first copies: thread 0 initialises a barrier per stage (one arrival: its own,

@@ -178,7 +178,10 @@ std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg) {
     if (!states_only) {
       Tile Qg = load(qg, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, in_seq);
       Tile A = load(a, {seq.b, t0, i_h, 0}, {kIndex, BT, kIndex, BT}, in_seq);
-      Tile O = dot(Qg, S.to(dt)) * scale + dot(A, V);
+      // Q S first (its operand, the carried state, converted before any product is in flight: after
+      // A V was issued, ptxas waited for it there, C7517), then A V, each waited for at its first use.
+      Tile O = dot(Qg, S.to(dt)) * scale;
+      O = O + dot(A, V);
       store(o, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, O.to(dt), in_seq);
     }
     S = blocks::state_update(S, Kg, V, d, /*in_place=*/true);

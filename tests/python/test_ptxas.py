@@ -145,10 +145,10 @@ def parse_ptxas_report(text):
 SERIALIZED = "C7515"
 # ptxas's note that it waits for the products in flight itself, before a read of registers an earlier
 # product defined (compiler/passes/wgmma_waits.h, first use: the overlap the lowering meant is lost
-# there, docs/hopper.md session 32). Kernels known to have it, by entry and dtype: gla_fwd's
-# representative configurations convert the carried state for Q S after P V's product was issued.
+# there, docs/hopper.md session 32). Kernels known to have it, by entry and dtype: none since gla_fwd
+# converts its carried state for Q S before A V's product is issued (it did after, in session 32).
 INJECTED_WAIT = "C7517"
-KNOWN_INJECTED_WAITS = {"gla_fwd": {"bf16", "fp16"}}
+KNOWN_INJECTED_WAITS = {}
 
 
 def assemble(ptx_file, target):

@@ -83,7 +83,9 @@ struct KernelLaunch {
   /// still follows every launch before those, and the launches after it follow it. On the GPU it is
   /// queued before its producers, which start once its programs have (programmatic dependent launch,
   /// sm_90 on), so its programs must fit the GPU at once and leave SMs to theirs
-  /// (kernels/common/overlap.h). On the CPU launches run in order, so the flags are all set when it waits.
+  /// (kernels/common/overlap.h). The producers then run at once with each other too: none may read
+  /// what another writes (a plan where one does is refused by its op). On the CPU launches run in
+  /// order, so the flags are all set when it waits.
   int overlaps = 0;
 };
 

@@ -32,8 +32,10 @@ int wy_blocks_per_sm(const DeltaRuleConfig& cfg) {
   int registers = 96;
   if (cfg.chunk == 32 && cfg.block_k <= 128) registers = 72;
   if (cfg.tform && cfg.chunk == 64 && cfg.ut_chunk == 0) registers = 128;
-  if (cfg.tform && cfg.ut_chunk > 0 && cfg.wy_warps == 2 && cfg.gated) registers = 128;
-  if (cfg.tform && cfg.ut_chunk > 0 && cfg.wy_warps == 2 && cfg.l2norm_qk) registers = 160;
+  if (cfg.tform && cfg.ut_chunk > 0 && cfg.wy_warps == 2) {  // T alone from halves, on 2 warps
+    if (cfg.gated) registers = 128;
+    if (cfg.l2norm_qk) registers = 160;
+  }
   return std::max(2, 65536 / (registers * 32 * cfg.wy_warps));
 }
 

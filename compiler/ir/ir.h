@@ -172,6 +172,11 @@ struct Kernel {
   /// compiler/nvptx/lower_dot.cpp), rather than FMA loops. Off by default: the split fragments cost
   /// registers that kernels with large fp32 products do not have.
   bool tensor_core_f32 = false;
+  /// Warps added to the num_warps that compute (0 or 4: one warpgroup) which do nothing but copy the
+  /// chunk loop's pipelined tiles with TMA, each stage handed over through a pair of mbarriers (warp
+  /// specialisation: compiler/passes/warp_roles.h). A schedule: results are the same. On targets
+  /// without TMA it is ignored.
+  int producer_warps = 0;
 
   Kernel() = default;
   Kernel(const Kernel&) = delete;

@@ -758,9 +758,9 @@ class Parser {
       take();
       for (const RawAttr& a : parse_attr_dict()) {
         if (a.key.text != "num_warps" && a.key.text != "num_stages" && a.key.text != "min_ctas_per_sm" &&
-            a.key.text != "tensor_core_f32")
-          fail(a.key, fmt::format("unknown kernel attribute '{}' (expected num_warps, num_stages, min_ctas_per_sm or "
-                                  "tensor_core_f32)",
+            a.key.text != "tensor_core_f32" && a.key.text != "producer_warps")
+          fail(a.key, fmt::format("unknown kernel attribute '{}' (expected num_warps, num_stages, min_ctas_per_sm, "
+                                  "tensor_core_f32 or producer_warps)",
                                   a.key.text));
         if (a.kind != RawAttr::Kind::Int || a.i < INT_MIN || a.i > INT_MAX)
           fail(a.key, fmt::format("kernel attribute '{}' must be an integer", a.key.text));
@@ -769,9 +769,10 @@ class Parser {
           k_->tensor_core_f32 = a.i == 1;
           continue;
         }
-        (a.key.text == "num_warps"    ? k_->num_warps
-         : a.key.text == "num_stages" ? k_->num_stages
-                                      : k_->min_ctas_per_sm) = static_cast<int>(a.i);
+        (a.key.text == "num_warps"        ? k_->num_warps
+         : a.key.text == "num_stages"     ? k_->num_stages
+         : a.key.text == "producer_warps" ? k_->producer_warps
+                                          : k_->min_ctas_per_sm) = static_cast<int>(a.i);
       }
     }
     k_->loc = parse_optional_loc();

@@ -102,10 +102,12 @@ class Printer {
       Type t = p.value ? p.value->type : Type{};
       out_ += fmt::format("{}%{}: {}", i ? ", " : "", p.name, t.str());
     }
-    // min_ctas_per_sm and tensor_core_f32 only when set: most kernels leave them.
-    out_ += fmt::format(") attributes {{num_warps = {}, num_stages = {}{}{}}}{} {{\n", k.num_warps, k.num_stages,
+    // min_ctas_per_sm, tensor_core_f32 and producer_warps only when set: most kernels leave them.
+    out_ += fmt::format(") attributes {{num_warps = {}, num_stages = {}{}{}{}}}{} {{\n", k.num_warps, k.num_stages,
                         k.min_ctas_per_sm ? fmt::format(", min_ctas_per_sm = {}", k.min_ctas_per_sm) : "",
-                        k.tensor_core_f32 ? ", tensor_core_f32 = 1" : "", loc_suffix(k.loc));
+                        k.tensor_core_f32 ? ", tensor_core_f32 = 1" : "",
+                        k.producer_warps ? fmt::format(", producer_warps = {}", k.producer_warps) : "",
+                        loc_suffix(k.loc));
     print_block(k.body, 2);
     out_ += "}\n";
     return std::move(out_);

@@ -706,6 +706,11 @@ void check_header(const Kernel& k) {
     fail_header(k, fmt::format("num_warps must be a power of two from 1 to 32, got {}", k.num_warps));
   if (k.num_stages < 1 || k.num_stages > kMaxNumStages)
     fail_header(k, fmt::format("num_stages must be from 1 to {}, got {}", kMaxNumStages, k.num_stages));
+  if (k.producer_warps != 0 && k.producer_warps != 4)
+    fail_header(k, fmt::format("producer_warps must be 0 or 4 (one warpgroup), got {}", k.producer_warps));
+  if (k.producer_warps && k.num_warps % 4 != 0)
+    fail_header(k, fmt::format("producer_warps needs whole warpgroups computing (num_warps a multiple of 4), got {}",
+                               k.num_warps));
   if (k.min_ctas_per_sm < 0 || k.min_ctas_per_sm > 32)
     fail_header(k, fmt::format("min_ctas_per_sm must be from 0 (unset) to 32, got {}", k.min_ctas_per_sm));
   if (k.body.args.size() != k.params.size())

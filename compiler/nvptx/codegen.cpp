@@ -172,7 +172,7 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
   CompiledKernel out;
   out.entry = k.name;
   out.tir = ir::print(k);
-  out.num_threads = k.num_warps * 32;
+  out.num_threads = k.num_warps * 32;  // with the producer warps once the pipeline is planned
   passes::LayoutMap layouts = passes::assign_layouts(k, target.uses_wgmma());
   const passes::DotAccumulators accumulators = passes::find_dot_accumulators(k, layouts);
   out.tir_layouts = passes::print_with_layouts(k, layouts, &accumulators);
@@ -183,6 +183,7 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
   if (target.sm90_first_use_waits) plan.first_use_waits = passes::first_use_wgmma_waits(plan);
   out.smem_plan = passes::print_smem_plan(k, plan);
   out.smem_bytes = plan.total_bytes;
+  out.num_threads = passes::block_threads(k, plan.pipeline.producer);
   if (last == Stage::smem) return out;
   check_tile_sizes(k);  // what the lowering can hold (the earlier stages are for any size)
   check_shared_memory_fits(plan, k, target);  // (--emit smem still shows a plan that does not fit)

@@ -74,7 +74,7 @@ void KernelLowering::lower_flag(const ir::Op& op, const std::function<llvm::Valu
   if (op.code == OpCode::Wait) {
     // Every thread on after thread 0's acquire. Not on every path (a count of 0 skips it), so it is not
     // recorded as one that orders shared-memory accesses (barrier()).
-    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_all, {b_.getInt32(0)});
+    emit_block_barrier(b_);
     b_.CreateBr(skip);
     b_.SetInsertPoint(skip);
   }

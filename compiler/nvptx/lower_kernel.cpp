@@ -17,7 +17,9 @@ KernelLowering::KernelLowering(const ir::Kernel& k, const passes::LayoutMap& lay
                                const passes::DotAccumulators& accumulators, const passes::SmemPlan& smem, llvm::Module& m,
                                std::vector<KernelParamInfo>* abi, std::vector<TensorMapParamInfo>* maps_abi, int sm)
     : k_(k), layouts_(layouts), accumulators_(accumulators), smem_(smem), m_(m), sm_(sm), ctx_(m.getContext()),
-      b_(m.getContext()), abi_(abi), maps_abi_(maps_abi) {}
+      b_(m.getContext()), abi_(abi), maps_abi_(maps_abi) {
+  producer_loop_ = smem.pipeline.producer.loop;
+}
 
 llvm::Type* KernelLowering::llvm_type(DType t) {
   switch (t) {
@@ -68,9 +70,11 @@ void KernelLowering::create_function() {
     fn_->addParamAttr(a, llvm::Attribute::get(ctx_, "nvvm.grid_constant"));
   }
   fn_->setCallingConv(llvm::CallingConv::PTX_Kernel);
-  int nthreads = k_.num_warps * 32;
-  fn_->addFnAttr("nvvm.maxntid", std::to_string(nthreads));
+  fn_->addFnAttr("nvvm.maxntid", std::to_string(passes::block_threads(k_, smem_.pipeline.producer)));
   if (k_.min_ctas_per_sm) fn_->addFnAttr("nvvm.minctasm", std::to_string(k_.min_ctas_per_sm));
+  // With producer warps, the registers each thread starts with, which setmaxnreg moves between the roles
+  // (their pool is the block's: lower_warp_roles.cpp).
+  if (producer_loop_) fn_->addFnAttr("nvvm.maxnreg", std::to_string(passes::role_registers(k_).launch));
   fn_->addFnAttr(llvm::Attribute::NoUnwind);
 
   // Debug directives only (.loc/.file, no DWARF sections): PTX lines point at the DSL source, and
@@ -151,6 +155,7 @@ void KernelLowering::run() {
     if (loaded.count(t)) read_write_tensors_.insert(t);
   create_function();
   let_dependents_start();
+  if (producer_loop_) part_warps();
   lower_block(k_.body);
   b_.CreateRetVoid();
   di_->finalize();
@@ -159,10 +164,15 @@ void KernelLowering::run() {
 void KernelLowering::barrier() {
   // Behind a barrier other threads may write any bytes, an operand's of a product in flight included.
   await_products();
-  b_.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_all, {i32(0)});
+  emit_block_barrier(b_);
   hazards_ = {};
   for (LoopHead& head : loop_heads_)
     if (head.depth == region_depth_) head.open = false;
+}
+
+void KernelLowering::emit_block_barrier(llvm::IRBuilder<>& b) {
+  if (consumer_threads_) b.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_count, {i32(1), i32(consumer_threads_)});
+  else b.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_all, {i32(0)});
 }
 
 void KernelLowering::fenced_barrier() {
@@ -567,7 +577,8 @@ llvm::Value* KernelLowering::element_op(const ir::Op& op, const std::vector<llvm
 
 std::vector<llvm::Value*> KernelLowering::emit_counted_loop(
     llvm::Value* lo, llvm::Value* hi, std::vector<llvm::Value*> init,
-    const std::function<std::vector<llvm::Value*>(llvm::Value*, const std::vector<llvm::Value*>&)>& body) {
+    const std::function<std::vector<llvm::Value*>(llvm::Value*, const std::vector<llvm::Value*>&)>& body,
+    bool rolled) {
   llvm::BasicBlock* pre = b_.GetInsertBlock();
   auto* header = llvm::BasicBlock::Create(ctx_, "loop", fn_);
   auto* body_bb = llvm::BasicBlock::Create(ctx_, "loop.body", fn_);
@@ -590,7 +601,13 @@ std::vector<llvm::Value*> KernelLowering::emit_counted_loop(
   llvm::BasicBlock* latch = b_.GetInsertBlock();
   j->addIncoming(b_.CreateAdd(j, i32(1)), latch);
   for (size_t i = 0; i < phis.size(); ++i) phis[i]->addIncoming(next[i], latch);
-  b_.CreateBr(header);
+  llvm::BranchInst* back = b_.CreateBr(header);
+  if (rolled) {
+    llvm::MDNode* disable = llvm::MDNode::get(ctx_, {llvm::MDString::get(ctx_, "llvm.loop.unroll.disable")});
+    llvm::MDNode* self = llvm::MDNode::getDistinct(ctx_, {nullptr, disable});
+    self->replaceOperandWith(0, self);
+    back->setMetadata(llvm::LLVMContext::MD_loop, self);
+  }
   b_.SetInsertPoint(exit);
   return cur;
 }
@@ -675,7 +692,7 @@ void KernelLowering::lower_for(const ir::Op& op) {
   --region_depth_;
   if (at_entry.conflicts(head.reads, head.writes)) {
     llvm::IRBuilder<> before_loop(enter);
-    before_loop.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_all, {i32(0)});
+    emit_block_barrier(before_loop);
     at_entry = {};
   }
   llvm::BasicBlock* latch = b_.GetInsertBlock();

@@ -63,8 +63,11 @@ void KernelLowering::ring_prologue(const LoopPipeline& p, const ir::Block& body,
   // attributed the initialisation to a thread of another warp, racing thread 0's first arrive (the
   // gated forward at chunks of 128 with a state, docs/ops/linear_attn.md).
   const bool tma = !p.tma_loads.empty();
-  if (tma) init_ring_barriers(p);
+  if (tma && !producer_loop_) init_ring_barriers(p);  // (with producer warps, before the warps part)
   before_smem_access({}, stages, /*barrier_anyway=*/tma);
+  // With producer warps (the kernel's one ring, passes/warp_roles.h) the producer copies; the computing
+  // warps, done with the stages' bytes behind that barrier, let it fill every stage.
+  if (producer_loop_) return release_all_stages(p);
   // Two stages: the first iteration's copies. A slack stage: the first `distance` iterations', none past
   // the last. A TMA copy is never issued for an iteration that does not run: each one issued is waited
   // for, so none is in flight when the loop is left (or its barriers initialised again).
@@ -93,7 +96,8 @@ void KernelLowering::ring_head(const LoopPipeline& p, const ir::Block& body, llv
     // copies are waited for on their stage's barrier, and need no second block barrier.
     if (tma) fenced_barrier();
     else barrier();
-    issue_ring_copies(p, body, b_.CreateAdd(iv, step), b_.CreateXor(cur, i32(1)), tma ? hi : nullptr);
+    if (producer_loop_) release_stage_ahead(p, iter);
+    else issue_ring_copies(p, body, b_.CreateAdd(iv, step), b_.CreateXor(cur, i32(1)), tma ? hi : nullptr);
     if (cp_async) {
       b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, {});
       b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(1)});
@@ -107,8 +111,9 @@ void KernelLowering::ring_head(const LoopPipeline& p, const ir::Block& body, llv
     if (cp_async) b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {i32(distance - 1)});
     if (p.async_reads || tma) fenced_barrier();
     else barrier();
-    issue_ring_copies(p, body, b_.CreateAdd(iv, b_.CreateMul(step, i32(distance))),
-                      b_.CreateURem(b_.CreateAdd(iter, i32(distance)), i32(stages)), hi);
+    if (producer_loop_) release_stage_ahead(p, iter);
+    else issue_ring_copies(p, body, b_.CreateAdd(iv, b_.CreateMul(step, i32(distance))),
+                           b_.CreateURem(b_.CreateAdd(iter, i32(distance)), i32(stages)), hi);
     if (cp_async) b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, {});
   }
   if (tma) wait_tma_stage(p, cur, iter);

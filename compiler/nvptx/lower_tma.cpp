@@ -33,9 +33,15 @@ void KernelLowering::init_ring_barriers(const LoopPipeline& p) {
   b_.CreateCondBr(b_.CreateICmpEQ(thread_id(), i32(0)), init, done);
   b_.SetInsertPoint(init);
   llvm::Type* i32t = b_.getInt32Ty();
-  for (int s = 0; s < smem_.pipeline.stages; ++s)
+  // One arrival each: thread 0's (a producer's with producer warps) with the stage's bytes on a full
+  // barrier; thread 0's, once every computing thread is past the ring's barrier, on an empty one.
+  for (int s = 0; s < smem_.pipeline.stages; ++s) {
     b_.CreateCall(asm_of(b_.getVoidTy(), {i32t}, "mbarrier.init.shared::cta.b64 [$0], 1;", "r,~{memory}"),
                   {ring_barrier(p, i32(s))});
+    if (producer_loop_)
+      b_.CreateCall(asm_of(b_.getVoidTy(), {i32t}, "mbarrier.init.shared::cta.b64 [$0], 1;", "r,~{memory}"),
+                    {empty_barrier(p, i32(s))});
+  }
   // The initialisation visible to the async proxy (the copies complete on these barriers).
   b_.CreateCall(asm_of(b_.getVoidTy(), {}, "fence.mbarrier_init.release.cluster;", "~{memory}"), {});
   b_.CreateBr(done);
@@ -44,12 +50,21 @@ void KernelLowering::init_ring_barriers(const LoopPipeline& p) {
 
 void KernelLowering::issue_tma_copies(const LoopPipeline& p, const ir::Block& body, llvm::Value* at,
                                       llvm::Value* stage) {
+  const TmaCopies c = tma_copies(p, body, at);
+  warp_sync();
+  arm_and_issue(p, c, stage, b_.CreateICmpEQ(thread_id(), i32(0)));
+  // Every thread: the tiles TMA does not copy, synchronously (visible behind the ring's next barrier).
+  copy_fallbacks(p, c, stage, thread_id(), k_.num_warps * 32);
+}
+
+KernelLowering::TmaCopies KernelLowering::tma_copies(const LoopPipeline& p, const ir::Block& body, llvm::Value* at) {
   auto scalar_of = [&](const ir::Value* v) { return scalar_at_iteration(v, body, at); };
-  llvm::Type* i32t = b_.getInt32Ty();
   // Per load: whether TMA copies it this time (uniform over the block: scalars and parameters only).
-  std::vector<llvm::Value*> by_tma;
-  std::vector<AccessBounds> where;
-  llvm::Value* tx = i32(0);
+  TmaCopies c;
+  std::vector<llvm::Value*>& by_tma = c.by_tma;
+  std::vector<AccessBounds>& where = c.where;
+  llvm::Value*& tx = c.tx;
+  tx = i32(0);
   for (const ir::Op* load : p.tma_loads) {
     const passes::TmaLoad& t = smem_.pipeline.tma.at(load);
     const TensorView& tv = tensors_.at(load->operands[0]);
@@ -78,18 +93,23 @@ void KernelLowering::issue_tma_copies(const LoopPipeline& p, const ir::Block& bo
     where.push_back(std::move(a));
     tx = b_.CreateAdd(tx, b_.CreateSelect(ok, i32(t.bytes), i32(0)));
   }
+  return c;
+}
 
-  // Thread 0: arm the stage's barrier with the bytes of the tiles TMA copies (0: a plain arrival), then
+void KernelLowering::arm_and_issue(const LoopPipeline& p, const TmaCopies& c, llvm::Value* stage, llvm::Value* issuer) {
+  const std::vector<llvm::Value*>& by_tma = c.by_tma;
+  const std::vector<AccessBounds>& where = c.where;
+  llvm::Type* i32t = b_.getInt32Ty();
+  // The issuer: arm the stage's barrier with the bytes of the tiles TMA copies (0: a plain arrival), then
   // issue their boxes, each completing on that barrier.
   llvm::Value* bar = ring_barrier(p, stage);
   auto* issue = llvm::BasicBlock::Create(ctx_, "tma.issue", fn_);
   auto* issued = llvm::BasicBlock::Create(ctx_, "tma.issued", fn_);
-  warp_sync();
-  b_.CreateCondBr(b_.CreateICmpEQ(thread_id(), i32(0)), issue, issued);
+  b_.CreateCondBr(issuer, issue, issued);
   b_.SetInsertPoint(issue);
   b_.CreateCall(asm_of(b_.getVoidTy(), {i32t, i32t},
                        "{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [$0], $1; }", "r,r,~{memory}"),
-                {bar, tx});
+                {bar, c.tx});
   for (size_t i = 0; i < p.tma_loads.size(); ++i) {
     const ir::Op* load = p.tma_loads[i];
     const passes::TmaLoad& t = smem_.pipeline.tma.at(load);
@@ -131,30 +151,32 @@ void KernelLowering::issue_tma_copies(const LoopPipeline& p, const ir::Block& bo
   }
   b_.CreateBr(issued);
   b_.SetInsertPoint(issued);
+}
 
-  // Every thread: the tiles TMA does not copy, synchronously (visible behind the ring's next barrier).
+void KernelLowering::copy_fallbacks(const LoopPipeline& p, const TmaCopies& c, llvm::Value* stage, llvm::Value* first,
+                                    int threads) {
   for (size_t i = 0; i < p.tma_loads.size(); ++i) {
     auto* copy = llvm::BasicBlock::Create(ctx_, "tma.fallback", fn_);
     auto* next = llvm::BasicBlock::Create(ctx_, "tma.fallback.done", fn_);
-    b_.CreateCondBr(by_tma[i], next, copy);
+    b_.CreateCondBr(c.by_tma[i], next, copy);
     b_.SetInsertPoint(copy);
-    copy_tile_by_threads(*p.tma_loads[i], where[i], stage);
+    copy_tile_by_threads(*p.tma_loads[i], c.where[i], stage, first, threads);
     b_.CreateBr(next);
     b_.SetInsertPoint(next);
   }
 }
 
-void KernelLowering::copy_tile_by_threads(const ir::Op& load, const AccessBounds& at, llvm::Value* stage) {
-  // A loop over the tile's elements, thread t taking t, t + threads, ...: a rare path, kept small. (The
-  // copy unrolled per element, as cp.async's fallback is, held enough values through poly_fwd_out's loop
-  // to make it spill.)
+void KernelLowering::copy_tile_by_threads(const ir::Op& load, const AccessBounds& at, llvm::Value* stage,
+                                          llvm::Value* first, int threads) {
+  // A loop over the tile's elements, thread t taking t, t + threads, ...: a rare path, kept small and
+  // rolled. (The copy unrolled per element, as cp.async's fallback is, held enough values through
+  // poly_fwd_out's loop to make it spill; in a producer warpgroup of 40 registers LLVM's unrolling of
+  // this loop made ptxas spill.)
   const ir::Value* res = load.result();
   const TensorView& tv = tensors_.at(load.operands[0]);
   const int64_t rows = res->type.shape[0], cols = res->type.shape[1];
-  const int threads = k_.num_warps * 32;
   llvm::Type* ety = llvm_type(tv.dtype);
   llvm::Value* stage_off = b_.CreateMul(stage, i32(smem_.buffers.at(res).stage_bytes));
-  llvm::Value* first = thread_id();
   const int64_t per_thread = (rows * cols + threads - 1) / threads;
   emit_counted_loop(i32(0), i32(per_thread), {}, [&](llvm::Value* j, const std::vector<llvm::Value*>&) {
     llvm::Value* e = b_.CreateAdd(first, b_.CreateMul(j, i32(threads)));
@@ -170,15 +192,17 @@ void KernelLowering::copy_tile_by_threads(const ir::Op& load, const AccessBounds
     b_.CreateBr(done);
     b_.SetInsertPoint(done);
     return std::vector<llvm::Value*>{};
-  });
+  }, /*rolled=*/true);
 }
 
 void KernelLowering::wait_tma_stage(const LoopPipeline& p, llvm::Value* stage, llvm::Value* iter) {
   // Stage s completes once per use; its use by iteration i is its (i / stages)-th since the barriers
   // were initialised, so the phase to wait for has parity (i / stages) & 1.
+  wait_barrier_phase(ring_barrier(p, stage), b_.CreateAnd(b_.CreateUDiv(iter, i32(smem_.pipeline.stages)), i32(1)));
+}
+
+void KernelLowering::wait_barrier_phase(llvm::Value* bar, llvm::Value* parity) {
   llvm::Type* i32t = b_.getInt32Ty();
-  llvm::Value* bar = ring_barrier(p, stage);
-  llvm::Value* parity = b_.CreateAnd(b_.CreateUDiv(iter, i32(smem_.pipeline.stages)), i32(1));
   auto* wait = llvm::BasicBlock::Create(ctx_, "tma.wait", fn_);
   auto* landed = llvm::BasicBlock::Create(ctx_, "tma.landed", fn_);
   b_.CreateBr(wait);
@@ -207,6 +231,18 @@ void KernelLowering::warp_sync() {
 llvm::Value* KernelLowering::ring_barrier(const LoopPipeline& p, llvm::Value* stage) {
   return shared_u32(b_, b_.CreateGEP(b_.getInt8Ty(), b_.CreateConstGEP1_64(b_.getInt8Ty(), smem_ptr_, p.barriers),
                                      b_.CreateMul(stage, i32(8))));
+}
+
+llvm::Value* KernelLowering::empty_barrier(const LoopPipeline& p, llvm::Value* stage) {
+  return shared_u32(b_, b_.CreateGEP(b_.getInt8Ty(),
+                                     b_.CreateConstGEP1_64(b_.getInt8Ty(), smem_ptr_, p.barriers + 8 * smem_.pipeline.stages),
+                                     b_.CreateMul(stage, i32(8))));
+}
+
+void KernelLowering::arrive(llvm::Value* bar) {
+  b_.CreateCall(asm_of(b_.getVoidTy(), {b_.getInt32Ty()},
+                       "{ .reg .b64 state; mbarrier.arrive.shared::cta.b64 state, [$0]; }", "r,~{memory}"),
+                {bar});
 }
 
 }  // namespace linac::nvptx

@@ -9,6 +9,7 @@
 //   lower_pipeline.cpp a chunk loop's ring of pipelined loads and its products waited for an iteration late
 //   lower_tma.cpp      the ring's TMA copies and mbarriers (sm_90a)
 //   lower_product_waits.cpp  wgmma products waited for at their result's first use
+//   lower_warp_roles.cpp     producer warps filling a chunk loop's TMA ring (passes/warp_roles.h)
 #pragma once
 #include <llvm/IR/DIBuilder.h>
 #include <llvm/IR/IRBuilder.h>
@@ -74,10 +75,13 @@ class KernelLowering {
   llvm::Type* llvm_type(DType t);
   llvm::Value* i32(int64_t v) { return b_.getInt32(static_cast<int32_t>(v)); }
   llvm::Value* thread_id() { return tid_; }
-  /// bar.sync 0. Shared-memory accesses decide whether they need one: a write to v's buffer waits
+  /// A block barrier (emit_block_barrier). Shared-memory accesses decide whether they need one: a write to v's buffer waits
   /// if bytes it covers were read or written since the last barrier (WAR, WAW), a read waits if they
   /// were written (RAW). Runs of spills to distinct buffers so share one barrier.
   void barrier();
+  /// The block barrier itself, at `b`'s insertion point: bar.sync 0 over every thread, or with producer
+  /// warps, once the warps have parted, bar.sync 1 over the computing warps' threads.
+  void emit_block_barrier(llvm::IRBuilder<>& b);
   /// A proxy fence, then a barrier: every thread's shared-memory writes so far are visible to the
   /// async proxy (wgmma's operand reads) once it has passed.
   void fenced_barrier();
@@ -100,8 +104,10 @@ class KernelLowering {
     async_proxy_fenced_ = false;
   }
   /// Emits `for (j = lo; j < hi; ++j) accs = body(j, accs)` as an LLVM loop; returns the final accs.
+  /// `rolled`: LLVM may not unroll it (code size and registers matter more than its speed).
   std::vector<llvm::Value*> emit_counted_loop(llvm::Value* lo, llvm::Value* hi, std::vector<llvm::Value*> init,
-                                              const std::function<std::vector<llvm::Value*>(llvm::Value*, const std::vector<llvm::Value*>&)>& body);
+                                              const std::function<std::vector<llvm::Value*>(llvm::Value*, const std::vector<llvm::Value*>&)>& body,
+                                              bool rolled = false);
 
   // lower_views.cpp
   /// Element c of a view op's result (expand_dims, broadcast, reshape, transpose, take, slice, concat,
@@ -244,15 +250,49 @@ class KernelLowering {
   /// box crosses a limit short of the tensor's end, or whose map the launcher could not encode, is
   /// copied by every thread synchronously instead.
   void issue_tma_copies(const LoopPipeline& p, const ir::Block& body, llvm::Value* at, llvm::Value* stage);
-  /// The threads copy TMA load `load`'s tile (its offsets and bounds `at`) into `stage` with plain loads
-  /// and stores, zeros outside the bounds: where TMA cannot.
-  void copy_tile_by_threads(const ir::Op& load, const AccessBounds& at, llvm::Value* stage);
+  /// The parts of issue_tma_copies. Per TMA load of the ring, at the iteration with induction variable
+  /// `at`: whether TMA copies it (i1), its offsets and bounds; and the bytes TMA copies (i32).
+  struct TmaCopies {
+    std::vector<llvm::Value*> by_tma;
+    std::vector<AccessBounds> where;
+    llvm::Value* tx = nullptr;
+  };
+  TmaCopies tma_copies(const LoopPipeline& p, const ir::Block& body, llvm::Value* at);
+  /// The thread where `issuer` holds arms the stage's full barrier with c.tx bytes and issues the boxes.
+  void arm_and_issue(const LoopPipeline& p, const TmaCopies& c, llvm::Value* stage, llvm::Value* issuer);
+  /// `threads` threads, this one `first` among them, copy the tiles TMA does not (copy_tile_by_threads).
+  void copy_fallbacks(const LoopPipeline& p, const TmaCopies& c, llvm::Value* stage, llvm::Value* first, int threads);
+  /// `threads` threads (this one `first` among them) copy TMA load `load`'s tile (its offsets and bounds
+  /// `at`) into `stage` with plain loads and stores, zeros outside the bounds: where TMA cannot.
+  void copy_tile_by_threads(const ir::Op& load, const AccessBounds& at, llvm::Value* stage, llvm::Value* first,
+                            int threads);
   /// Every thread waits until the copies into `stage` (i32) of the iteration `iter` (i32, from 0) landed.
   void wait_tma_stage(const LoopPipeline& p, llvm::Value* stage, llvm::Value* iter);
+  /// Every thread of the warp waits until mbarrier `bar` completed the phase of `parity` (i32).
+  void wait_barrier_phase(llvm::Value* bar, llvm::Value* parity);
+  /// The shared-space address (u32) of stage `stage`'s empty barrier (producer warps).
+  llvm::Value* empty_barrier(const LoopPipeline& p, llvm::Value* stage);
+  /// This thread's arrival on mbarrier `bar`.
+  void arrive(llvm::Value* bar);
   /// bar.warp.sync: the warp's threads reconverge (before and after the ring's barrier operations).
   void warp_sync();
   /// The shared-space address (u32) of the mbarrier of the ring's stage `stage` (i32).
   llvm::Value* ring_barrier(const LoopPipeline& p, llvm::Value* stage);
+
+  // lower_warp_roles.cpp (passes::ProducerPlan)
+  /// With producer warps, at the kernel's entry: the producer plan's prologue for every thread, the ring's
+  /// barriers initialised, then the warps part; the producer warpgroup runs produce() and exits, the
+  /// computing warps go on (consumer_threads_ set).
+  void part_warps();
+  /// The producer's loop: each iteration's copies, once the computing warps released their stage.
+  void produce(const LoopPipeline& p, const ir::Op& loop);
+  /// The computing warps' side of the ring where the producer fills it: before the loop every stage
+  /// released once (ring_prologue); at the head of iteration `iter` the stage of iteration iter + distance
+  /// released where an earlier iteration used it (ring_head).
+  void release_all_stages(const LoopPipeline& p);
+  void release_stage_ahead(const LoopPipeline& p, llvm::Value* iter);
+  const ir::Op* producer_loop_ = nullptr;  // the loop whose ring the producer warps fill (none: null)
+  int consumer_threads_ = 0;               // after the warps parted: the computing warps' threads
 
   // lower_reduce.cpp
   void lower_reduce(const ir::Op& op);

@@ -124,6 +124,7 @@ PipelinePlan plan_pipelining(const ir::Kernel& k, bool tma) {
     if (!plan.loads.count(&op)) return;
     if (auto l = tma_load(op, plan)) plan.tma[&op] = *l;
   });
+  plan.producer = plan_producer(k, plan);
   return plan;
 }
 

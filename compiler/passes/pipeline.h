@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "compiler/ir/ir.h"
+#include "compiler/passes/warp_roles.h"
 
 namespace linac::passes {
 
@@ -63,6 +64,7 @@ struct PipelinePlan {
   std::set<const ir::Op*> prefetched;  // top-level loads copied asynchronously (one stage)
   std::map<const ir::Op*, TmaLoad> tma;     // the pipelined loads copied by TMA (sm_90a)
   std::vector<TensorMapSpec> tensor_maps;   // the maps those copies read, in kernel-parameter order
+  ProducerPlan producer;  // with producer warps (warp_roles.h): the loop whose ring they fill
   /// Whether v lives in shared memory only, copied there by cp.async (pipelined or prefetched).
   bool contains(const ir::Value* v) const { return v->def && (loads.count(v->def) || prefetched.count(v->def)); }
   bool is_prefetched(const ir::Value* v) const { return v->def && prefetched.count(v->def); }
@@ -70,6 +72,9 @@ struct PipelinePlan {
   bool slack() const { return stages >= 3; }
   /// How many iterations ahead the copies go: stages - 1, or stages - 2 with a slack stage.
   int distance() const { return stages - (slack() ? 2 : 1); }
+  /// The mbarriers of a TMA ring per stage: "full" (the copies landed), and with producer warps "empty"
+  /// (the computing warps are done with the stage) after all the full ones.
+  int barriers_per_stage() const { return producer.loop ? 2 : 1; }
 };
 
 /// The tensors `k` stores to anywhere: loading one of them early (a pipelined iteration ahead, or

@@ -380,7 +380,7 @@ class Planner {
         if (plan_.pipeline.tma.count(inner.get())) {
           plan_.total_bytes = (plan_.total_bytes + 7) / 8 * 8;
           plan_.ring_barriers[&op] = plan_.total_bytes;
-          plan_.total_bytes += 8 * plan_.pipeline.stages;
+          plan_.total_bytes += 8 * plan_.pipeline.stages * plan_.pipeline.barriers_per_stage();
           return;
         }
     });
@@ -463,8 +463,11 @@ std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
     out += fmt::format("smem {:>6} +{:<6} scratch (reductions and scans{})\n", plan.scratch_offset, plan.scratch_bytes,
                        plan.line_scans ? ", 2-D scans line by line" : "");
   for (const auto& [loop, offset] : plan.ring_barriers)
-    out += fmt::format("smem {:>6} +{:<6} mbarriers of the TMA ring of {}, one per stage\n", offset,
-                       8 * plan.pipeline.stages, names.at(loop->regions[0]->args[0]));
+    out += fmt::format("smem {:>6} +{:<6} mbarriers of the TMA ring of {}, {}\n", offset,
+                       8 * plan.pipeline.stages * plan.pipeline.barriers_per_stage(), names.at(loop->regions[0]->args[0]),
+                       plan.pipeline.producer.loop == loop
+                           ? fmt::format("full and empty per stage: filled by {} producer warps", k.producer_warps)
+                           : std::string("one per stage"));
   for (size_t i = 0; i < plan.pipeline.tensor_maps.size(); ++i) {
     const TensorMapSpec& m = plan.pipeline.tensor_maps[i];
     out += fmt::format("tensor map {}: {} box [{}] swizzle={}B\n", i, names.at(m.tensor), fmt::join(m.box, ", "),

@@ -226,6 +226,7 @@ void KernelBuilder::set_num_warps(int n) { impl_->kernel->num_warps = n; }
 void KernelBuilder::set_num_stages(int n) { impl_->kernel->num_stages = n; }
 void KernelBuilder::set_min_ctas_per_sm(int n) { impl_->kernel->min_ctas_per_sm = n; }
 void KernelBuilder::set_tensor_core_f32(bool on) { impl_->kernel->tensor_core_f32 = on; }
+void KernelBuilder::set_producer_warps(int n) { impl_->kernel->producer_warps = n; }
 
 std::shared_ptr<ir::Kernel> KernelBuilder::finish() {
   if (impl_->finished) throw UserError(impl_->kernel->loc, "KernelBuilder::finish called twice");

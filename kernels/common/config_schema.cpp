@@ -67,6 +67,11 @@ TuningKey warps_key() {
 TuningKey stages_key() {
   return {"stages", {1, 2, 3, 4}, "pipeline stages of the chunk loads (3 and 4: one stage slack, products waited for an iteration late)"};
 }
+TuningKey producer_key() {
+  return {"producer", {0, 4},
+          "4: a warpgroup of its own copies the chunk loads with TMA, the others compute (sm_90a; warp "
+          "specialisation)"};
+}
 TuningKey tokenwise_key(std::string help) {
   return {"tokenwise", {0, 1}, std::move(help)};
 }

@@ -105,6 +105,8 @@ TuningKey chunk_key(std::vector<int64_t> allowed = {16, 32, 64, 128});
 TuningKey bv_key(std::vector<int64_t> allowed = {16, 32, 64, 128, 256});
 TuningKey warps_key();
 TuningKey stages_key();
+/// Warps of their own that copy the chunk loads with TMA (Kernel::producer_warps: 0 or 4).
+TuningKey producer_key();
 /// A backward's switch to its token-by-token reference form (take_tokenwise reads it); `help` as the
 /// family words it.
 TuningKey tokenwise_key(std::string help = "--backward: 1 = the token-by-token form (the reference)");

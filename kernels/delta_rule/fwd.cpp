@@ -53,6 +53,7 @@ int delta_walk_warps(int64_t block_v, int64_t padded_v, int wide_warps) {
 void configure_delta_walk(KernelBuilder& kb, const DeltaRuleConfig& cfg) {
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
+  kb.set_producer_warps(cfg.producer_warps);
   // The gated walk at two blocks per SM (ptxas: 128 registers, 8 bytes spilled at K = V = 128, chunk 32,
   // 8 warps) rather than one (156 registers): faster (docs/ops/delta_rule.md, "Measured"). The
   // ungated walk gets there by itself (127 registers). Not for value blocks of 128 (one program per

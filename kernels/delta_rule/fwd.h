@@ -47,6 +47,7 @@ struct DeltaRuleConfig {
   bool scores = false;       // the walk reads each chunk's scores from delta_rule_scores' table (scores [B,T,H,BT])
   bool tform = false;        // the walk forms V_new from T and v (t_mat, v, beta); delta_rule_wy stores T alone
   bool early_products = false;  // the walk issues its products off the chain beside the chain's (fwd.cpp)
+  int producer_warps = 0;    // 4: a warpgroup of its own fills the walk's TMA ring (sm_90a)
   bool overlap = false;      // the walk runs beside delta_rule_wy and delta_rule_scores, waiting for each group of
                              // chunks' flag (chunk_ready: kernels/common/overlap.h); they take the heads as their
                              // grid's first axis and signal the flags

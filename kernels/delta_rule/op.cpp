@@ -85,7 +85,7 @@ const ConfigSchema<DeltaRuleConfig>& delta_rule_schema() {
                         "parallel (not with --l2norm-qk); 0: the fused walk"}),
       field<&C::wy_block_v>(), field<&C::v_blocks>(), tuned<&C::segment>(segment_key()),
       tuned<&C::ut_chunk>(ut_key()), tuned<&C::scores>(scores_key()), tuned<&C::tform>(tform_key()),
-      tuned<&C::overlap>(overlap_key()), field<&C::early_products>());
+      tuned<&C::overlap>(overlap_key()), field<&C::early_products>(), tuned<&C::producer_warps>(producer_key()));
   return schema;
 }
 

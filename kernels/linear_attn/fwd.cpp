@@ -23,6 +23,7 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
   KernelBuilder kb(states_only ? "linear_attn_segment_states" : "linear_attn_fwd");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
+  kb.set_producer_warps(cfg.producer_warps);
   // One block per SM is enough for ptxas: left to choose, it held the sm_80 form to 128 registers
   // (four blocks) and spilled once its products accumulated in place.
   kb.set_min_ctas_per_sm(1);

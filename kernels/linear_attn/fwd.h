@@ -30,6 +30,7 @@ struct LinearAttnConfig {
   int num_stages = 2;        // 2: chunk loads are pipelined one iteration ahead (cp.async)
   LinearAttnWalk walk = LinearAttnWalk::sequence;
   int segment = 0;           // rows per segment (a multiple of chunk) when walking segments
+  int producer_warps = 0;    // 4: a warpgroup of its own fills the chunk loads' TMA ring (sm_90a)
 };
 
 /// Records the forward kernel for `cfg`. Parameters: q k v [g] [h0] [ht] [cu_seqlens] o scale; a

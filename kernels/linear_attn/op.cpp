@@ -179,7 +179,7 @@ const ConfigSchema<LinearAttnConfig>& linear_attn_schema() {
       field<&C::dtype>(), tuned<&C::chunk>(chunk_key()), field<&C::block_k>(), tuned<&C::block_v>(bv_key()),
       field<&C::gated>(), field<&C::initial_state>(), field<&C::final_state>(), field<&C::varlen>(),
       tuned<&C::num_warps>(warps_key()), tuned<&C::num_stages>(stages_key()), field<&C::walk>(),
-      tuned<&C::segment>(segment_key()));
+      tuned<&C::segment>(segment_key()), tuned<&C::producer_warps>(producer_key()));
   return schema;
 }
 

@@ -124,6 +124,9 @@ class KernelBuilder {
   /// Dots of f32 tiles on the tensor cores as three tf32 products each (about fp32 accuracy; much
   /// faster than the default FMA loops, but with more registers per dot).
   void set_tensor_core_f32(bool on);
+  /// 4: a warpgroup of its own copies the chunk loop's pipelined tiles with TMA (sm_90a; warp
+  /// specialisation, docs/hopper.md); 0 (default): the computing warps issue the copies themselves.
+  void set_producer_warps(int n);
   /// Ends recording, verifies the kernel and returns it. Throws UserError on a malformed program.
   std::shared_ptr<ir::Kernel> finish();
 

@@ -54,7 +54,7 @@ void KernelLowering::issue_tma_copies(const LoopPipeline& p, const ir::Block& bo
   warp_sync();
   arm_and_issue(p, c, stage, b_.CreateICmpEQ(thread_id(), i32(0)));
   // Every thread: the tiles TMA does not copy, synchronously (visible behind the ring's next barrier).
-  copy_fallbacks(p, c, stage, thread_id(), k_.num_warps * 32);
+  copy_fallbacks(p, c, stage, thread_id(), k_.num_warps * 32, /*rolled=*/false);
 }
 
 KernelLowering::TmaCopies KernelLowering::tma_copies(const LoopPipeline& p, const ir::Block& body, llvm::Value* at) {
@@ -154,24 +154,24 @@ void KernelLowering::arm_and_issue(const LoopPipeline& p, const TmaCopies& c, ll
 }
 
 void KernelLowering::copy_fallbacks(const LoopPipeline& p, const TmaCopies& c, llvm::Value* stage, llvm::Value* first,
-                                    int threads) {
+                                    int threads, bool rolled) {
   for (size_t i = 0; i < p.tma_loads.size(); ++i) {
     auto* copy = llvm::BasicBlock::Create(ctx_, "tma.fallback", fn_);
     auto* next = llvm::BasicBlock::Create(ctx_, "tma.fallback.done", fn_);
     b_.CreateCondBr(c.by_tma[i], next, copy);
     b_.SetInsertPoint(copy);
-    copy_tile_by_threads(*p.tma_loads[i], c.where[i], stage, first, threads);
+    copy_tile_by_threads(*p.tma_loads[i], c.where[i], stage, first, threads, rolled);
     b_.CreateBr(next);
     b_.SetInsertPoint(next);
   }
 }
 
 void KernelLowering::copy_tile_by_threads(const ir::Op& load, const AccessBounds& at, llvm::Value* stage,
-                                          llvm::Value* first, int threads) {
-  // A loop over the tile's elements, thread t taking t, t + threads, ...: a rare path, kept small and
-  // rolled. (The copy unrolled per element, as cp.async's fallback is, held enough values through
-  // poly_fwd_out's loop to make it spill; in a producer warpgroup of 40 registers LLVM's unrolling of
-  // this loop made ptxas spill.)
+                                          llvm::Value* first, int threads, bool rolled) {
+  // A loop over the tile's elements, thread t taking t, t + threads, ...: a rare path, kept small. (The
+  // copy unrolled per element, as cp.async's fallback is, held enough values through poly_fwd_out's loop
+  // to make it spill. In a producer warp of 40 registers LLVM's unrolling of this loop made ptxas spill:
+  // rolled there. Rolled everywhere, linear_attn_normalized_fwd spilled 8 bytes instead.)
   const ir::Value* res = load.result();
   const TensorView& tv = tensors_.at(load.operands[0]);
   const int64_t rows = res->type.shape[0], cols = res->type.shape[1];
@@ -192,7 +192,7 @@ void KernelLowering::copy_tile_by_threads(const ir::Op& load, const AccessBounds
     b_.CreateBr(done);
     b_.SetInsertPoint(done);
     return std::vector<llvm::Value*>{};
-  }, /*rolled=*/true);
+  }, rolled);
 }
 
 void KernelLowering::wait_tma_stage(const LoopPipeline& p, llvm::Value* stage, llvm::Value* iter) {

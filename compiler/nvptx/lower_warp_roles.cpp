@@ -85,7 +85,7 @@ void KernelLowering::produce(const LoopPipeline& p, const ir::Op& loop) {
     // The tiles TMA cannot copy, by the warp's threads; visible to the async proxy (wgmma reads them)
     // and, through the warp's barrier, ordered before lane 0's arrival on the full barrier, which
     // releases them to the computing warps.
-    copy_fallbacks(p, c, stage, me, 32);
+    copy_fallbacks(p, c, stage, me, 32, /*rolled=*/true);
     b_.CreateIntrinsic(llvm::Intrinsic::nvvm_fence_proxy_async_shared_cta, {});
     warp_sync();
     arm_and_issue(p, c, stage, b_.CreateICmpEQ(me, i32(0)));

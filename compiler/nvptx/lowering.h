@@ -261,11 +261,13 @@ class KernelLowering {
   /// The thread where `issuer` holds arms the stage's full barrier with c.tx bytes and issues the boxes.
   void arm_and_issue(const LoopPipeline& p, const TmaCopies& c, llvm::Value* stage, llvm::Value* issuer);
   /// `threads` threads, this one `first` among them, copy the tiles TMA does not (copy_tile_by_threads).
-  void copy_fallbacks(const LoopPipeline& p, const TmaCopies& c, llvm::Value* stage, llvm::Value* first, int threads);
+  void copy_fallbacks(const LoopPipeline& p, const TmaCopies& c, llvm::Value* stage, llvm::Value* first, int threads,
+                      bool rolled);
   /// `threads` threads (this one `first` among them) copy TMA load `load`'s tile (its offsets and bounds
-  /// `at`) into `stage` with plain loads and stores, zeros outside the bounds: where TMA cannot.
+  /// `at`) into `stage` with plain loads and stores, zeros outside the bounds: where TMA cannot. `rolled`:
+  /// the element loop stays a loop (a producer warp's few registers), else LLVM may unroll it.
   void copy_tile_by_threads(const ir::Op& load, const AccessBounds& at, llvm::Value* stage, llvm::Value* first,
-                            int threads);
+                            int threads, bool rolled);
   /// Every thread waits until the copies into `stage` (i32) of the iteration `iter` (i32, from 0) landed.
   void wait_tma_stage(const LoopPipeline& p, llvm::Value* stage, llvm::Value* iter);
   /// Every thread of the warp waits until mbarrier `bar` completed the phase of `parity` (i32).

@@ -41,6 +41,7 @@ namespace linac::cuda::detail {
   X(cuLinkComplete)                \
   X(cuLinkDestroy)                 \
   X(cuModuleLoadData)              \
+  X(cuModuleLoadDataEx)            \
   X(cuModuleUnload)                \
   X(cuModuleGetFunction)           \
   X(cuFuncGetAttribute)            \

@@ -150,32 +150,38 @@ void* option_value(std::uintptr_t v) {
   return reinterpret_cast<void*>(v);
 }
 
+// The options linac compiles PTX with (the linker's and the JIT's alike): verbose info and error logs
+// into buffers of its own, ptxas's -O, and line info, which maps the SASS back to the PTX's .loc lines
+// (the DSL source) so that Nsight Compute's source page charges stalls to DSL lines without changing
+// the code ptxas generates. Scalar options travel in the pointer slots themselves, as the driver API
+// specifies. The buffers must outlive whatever writes into them (a link state until it is destroyed).
+struct JitOptions {
+  std::vector<char> info = std::vector<char>(kLogBytes, '\0');
+  std::vector<char> errors = std::vector<char>(kLogBytes, '\0');
+  std::vector<CUjit_option> options = {CU_JIT_INFO_LOG_BUFFER,  CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                                       CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                                       CU_JIT_LOG_VERBOSE,      CU_JIT_OPTIMIZATION_LEVEL,
+                                       CU_JIT_GENERATE_LINE_INFO};
+  std::vector<void*> values;
+  explicit JitOptions(int opt_level) {
+    LINAC_INTERNAL_CHECK(opt_level >= 0 && opt_level <= 4, fmt::format("ptxas optimization level {}", opt_level));
+    values = {info.data(),     option_value(kLogBytes),
+              errors.data(),   option_value(kLogBytes),
+              option_value(1), option_value(static_cast<std::uintptr_t>(opt_level)),
+              option_value(1)};
+  }
+  unsigned count() const { return static_cast<unsigned>(options.size()); }
+};
+
 }  // namespace
 
 CubinResult compile_ptx(const std::string& ptx, int opt_level, std::string_view what) {
-  LINAC_INTERNAL_CHECK(opt_level >= 0 && opt_level <= 4, fmt::format("ptxas optimization level {}", opt_level));
   const Api& a = detail::api();
-
-  // The log buffers must outlive the link state, which writes into them until it is destroyed:
-  // declared before the guard, they are destroyed after it.
-  std::vector<char> info(kLogBytes, '\0');
-  std::vector<char> errors(kLogBytes, '\0');
-  CUjit_option options[] = {CU_JIT_INFO_LOG_BUFFER,  CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
-                            CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-                            CU_JIT_LOG_VERBOSE,      CU_JIT_OPTIMIZATION_LEVEL,
-                            CU_JIT_GENERATE_LINE_INFO};
-  // Scalar options travel in the pointer slots themselves, as the driver API specifies. Line info maps
-  // the SASS back to the PTX's .loc lines (the DSL source), so that Nsight Compute's source page charges
-  // stalls to DSL lines; it does not change the code ptxas generates.
-  void* values[] = {info.data(),     option_value(kLogBytes),
-                    errors.data(),   option_value(kLogBytes),
-                    option_value(1), option_value(static_cast<std::uintptr_t>(opt_level)),
-                    option_value(1)};
-  constexpr unsigned kNumOptions = sizeof(options) / sizeof(options[0]);
-  static_assert(kNumOptions == sizeof(values) / sizeof(values[0]));
-
+  // Declared before the guard: destroyed after the link state that writes into its buffers.
+  JitOptions jit(opt_level);
   LinkStateGuard guard{a};
-  LINAC_CU_CHECK(a, cuLinkCreate_v2, "creating a PTX linker", kNumOptions, options, values, &guard.state);
+  LINAC_CU_CHECK(a, cuLinkCreate_v2, "creating a PTX linker", jit.count(), jit.options.data(), jit.values.data(),
+                 &guard.state);
 
   // Failures from here on are about the PTX, and the error log says what ptxas disliked.
   std::string input_name(what);
@@ -189,7 +195,7 @@ CubinResult compile_ptx(const std::string& ptx, int opt_level, std::string_view 
     r = a.cuLinkComplete(guard.state, &cubin, &cubin_size);
   }
   if (r != CUDA_SUCCESS) {
-    std::string error_log = log_text(errors);
+    std::string error_log = log_text(jit.errors);
     throw UserError(fmt::format("ptxas rejected the PTX of {} ({} failed: {}):\n{}", what, failed_entry,
                                 detail::describe(a, r),
                                 error_log.empty() ? "(the linker wrote no error log)" : error_log));
@@ -199,8 +205,8 @@ CubinResult compile_ptx(const std::string& ptx, int opt_level, std::string_view 
   CubinResult out;
   const auto* bytes = static_cast<const std::uint8_t*>(cubin);
   out.cubin.assign(bytes, bytes + cubin_size);  // owned by the link state, freed with it
-  out.info_log = log_text(info);
-  out.error_log = log_text(errors);
+  out.info_log = log_text(jit.info);
+  out.error_log = log_text(jit.errors);
   return out;
 }
 
@@ -262,12 +268,19 @@ LinkedModule load_cubin(std::vector<std::uint8_t> cubin, const std::string& kern
                     kernel_name, device_info().summary(), detail::describe(a, r)));
   if (r != CUDA_SUCCESS)
     detail::throw_cu_error(a, r, "cuModuleLoadData", fmt::format("loading kernel '{}'", kernel_name));
+  LinkedModule m = LinkedModule::adopt(module, kernel_name, std::move(info_log));
+  m.cubin_ = std::move(cubin);
+  return m;
+}
 
+LinkedModule LinkedModule::adopt(void* loaded, const std::string& kernel_name, std::string info_log) {
+  const Api& a = detail::api();
+  CUmodule module = static_cast<CUmodule>(loaded);
   LinkedModule m;
   m.module_ = reinterpret_cast<std::uintptr_t>(module);  // unloaded by m from here on
   m.kernel_name_ = kernel_name;
   CUfunction fn = nullptr;
-  r = a.cuModuleGetFunction(&fn, module, kernel_name.c_str());
+  CUresult r = a.cuModuleGetFunction(&fn, module, kernel_name.c_str());
   if (r == CUDA_ERROR_NOT_FOUND)
     throw InternalError(fmt::format("kernel '{}' is not an entry of its own module", kernel_name));
   if (r != CUDA_SUCCESS)
@@ -279,7 +292,6 @@ LinkedModule load_cubin(std::vector<std::uint8_t> cubin, const std::string& kern
     m.spill_store_bytes_ = f.spill_store_bytes;
     m.spill_load_bytes_ = f.spill_load_bytes;
   }
-  m.cubin_ = std::move(cubin);
   m.info_log_ = std::move(info_log);
   return m;
 }
@@ -288,6 +300,22 @@ LinkedModule link_ptx(const std::string& ptx, const std::string& kernel_name, in
   CubinResult c = compile_ptx(ptx, opt_level, fmt::format("kernel '{}'", kernel_name));
   LinkedModule m = load_cubin(std::move(c.cubin), kernel_name, std::move(c.info_log));
   m.error_log_ = std::move(c.error_log);
+  return m;
+}
+
+LinkedModule jit_ptx(const std::string& ptx, const std::string& kernel_name, int opt_level) {
+  const Api& a = detail::api();
+  JitOptions jit(opt_level);
+  CUmodule module = nullptr;
+  CUresult r = a.cuModuleLoadDataEx(&module, ptx.c_str(), jit.count(), jit.options.data(), jit.values.data());
+  if (r != CUDA_SUCCESS) {
+    std::string error_log = log_text(jit.errors);
+    throw UserError(fmt::format("ptxas rejected the PTX of kernel '{}' (cuModuleLoadDataEx failed: {}):\n{}",
+                                kernel_name, detail::describe(a, r),
+                                error_log.empty() ? "(the JIT wrote no error log)" : error_log));
+  }
+  LinkedModule m = LinkedModule::adopt(module, kernel_name, log_text(jit.info));
+  m.error_log_ = log_text(jit.errors);
   return m;
 }
 

@@ -71,6 +71,12 @@ class LinkedModule;
 /// compile_ptx then load_cubin: the PTX's entry `kernel_name`, ready to launch.
 LinkedModule link_ptx(const std::string& ptx, const std::string& kernel_name, int opt_level = 3);
 
+/// The PTX compiled and loaded by the driver's JIT as a whole program (cuModuleLoadDataEx), for kernels
+/// the linker's separate compilation would compile worse: it ignores setmaxnreg (C7504, "to maintain
+/// compatibility across compilation units"; producer warps). No cubin comes back (cubin() is empty):
+/// the driver's own JIT cache (~/.nv/ComputeCache) keeps the result between processes.
+LinkedModule jit_ptx(const std::string& ptx, const std::string& kernel_name, int opt_level = 3);
+
 /// Loads a cubin (e.g. from the kernel cache) and finds its entry `kernel_name`. `info_log` is the
 /// log saved with the cubin, if any, so spill counts survive the cache. A cubin the device cannot
 /// load (built for another GPU, truncated) is a UserError; a missing entry is an InternalError.
@@ -105,6 +111,9 @@ class LinkedModule {
  private:
   friend LinkedModule load_cubin(std::vector<std::uint8_t> cubin, const std::string& kernel_name, std::string info_log);
   friend LinkedModule link_ptx(const std::string& ptx, const std::string& kernel_name, int opt_level);
+  friend LinkedModule jit_ptx(const std::string& ptx, const std::string& kernel_name, int opt_level);
+  /// Takes ownership of a loaded module and finds its entry, with what the log says of it.
+  static LinkedModule adopt(void* module, const std::string& kernel_name, std::string info_log);
   void release() noexcept;
 
   std::uintptr_t module_ = 0;  // CUmodule

@@ -106,7 +106,7 @@ void dump_stages(const nvptx::CompiledKernel& c, const std::string& key, const c
   write(nvptx::kLoweredLlFile, c.llvm_ir);
   write(nvptx::kOptimizedLlFile, c.llvm_ir_opt);
   write(nvptx::kPtxFile, c.ptx);
-  write("7-kernel.cubin", std::string(m.cubin().begin(), m.cubin().end()));
+  if (!m.cubin().empty()) write("7-kernel.cubin", std::string(m.cubin().begin(), m.cubin().end()));
   write("8-link.log", m.info_log());
   write("meta.json", meta_json(c));
 }
@@ -160,16 +160,21 @@ std::shared_ptr<GpuKernel> GpuKernel::get(const ir::Kernel& k) {
   const bool dumping = dump && *dump;  // dumping needs every stage: compile even on a hit
   std::optional<CacheEntry> hit = dumping ? std::nullopt : cache.get(hex);
   nvptx::CompiledKernel meta;
-  if (hit && hit->files.count("kernel.cubin") && hit->files.count("launch.meta") &&
+  // An entry holds the cubin, or for a kernel the driver's JIT compiles (jit_ptx) the PTX alone.
+  if (hit && (hit->files.count("kernel.cubin") || hit->files.count("kernel.ptx")) && hit->files.count("launch.meta") &&
       parse_launch_meta(hit->files.at("launch.meta"), &meta)) {
     // A hit compiles nothing: the cubin is loaded, and what a launch needs comes from launch.meta.
     gk->compiled_ = std::move(meta);
     gk->compiled_.tir = tir;
     if (hit->files.count("kernel.ptx")) gk->compiled_.ptx = hit->files.at("kernel.ptx");
-    const std::string& cubin = hit->files.at("kernel.cubin");
-    gk->module_ = std::make_unique<cuda::LinkedModule>(cuda::load_cubin(
-        std::vector<uint8_t>(cubin.begin(), cubin.end()), gk->compiled_.entry,
-        hit->files.count("link.log") ? hit->files.at("link.log") : std::string()));
+    if (hit->files.count("kernel.cubin")) {
+      const std::string& cubin = hit->files.at("kernel.cubin");
+      gk->module_ = std::make_unique<cuda::LinkedModule>(cuda::load_cubin(
+          std::vector<uint8_t>(cubin.begin(), cubin.end()), gk->compiled_.entry,
+          hit->files.count("link.log") ? hit->files.at("link.log") : std::string()));
+    } else {
+      gk->module_ = std::make_unique<cuda::LinkedModule>(cuda::jit_ptx(gk->compiled_.ptx, gk->compiled_.entry));
+    }
   } else {
     // LINAC_PRINT_COMPILE_TIMES=1: where a cold start's compile time goes, per kernel (the tuner
     // compiles candidates on several threads: overlapping intervals show whether they run in parallel).
@@ -178,7 +183,9 @@ std::shared_ptr<GpuKernel> GpuKernel::get(const ir::Kernel& k) {
     gk->compiled_ = nvptx::compile_kernel(k, target, replaced);
     check_shared_memory(k, gk->compiled_, dev);
     const auto t1 = clock::now();
-    gk->module_ = std::make_unique<cuda::LinkedModule>(cuda::link_ptx(gk->compiled_.ptx, gk->compiled_.entry));
+    gk->module_ = std::make_unique<cuda::LinkedModule>(gk->compiled_.reallocates_registers
+                                                           ? cuda::jit_ptx(gk->compiled_.ptx, gk->compiled_.entry)
+                                                           : cuda::link_ptx(gk->compiled_.ptx, gk->compiled_.entry));
     const auto t2 = clock::now();
     gk->compiled_here_ = true;
     ++g_compiles;
@@ -188,7 +195,7 @@ std::shared_ptr<GpuKernel> GpuKernel::get(const ir::Kernel& k) {
     e.files["kernel.ll"] = gk->compiled_.llvm_ir_opt;
     e.files["kernel.ptx"] = gk->compiled_.ptx;
     const auto& cubin = gk->module_->cubin();
-    e.files["kernel.cubin"] = std::string(cubin.begin(), cubin.end());
+    if (!cubin.empty()) e.files["kernel.cubin"] = std::string(cubin.begin(), cubin.end());
     e.files["link.log"] = gk->module_->info_log();
     e.files["meta.json"] = meta_json(gk->compiled_);
     e.files["launch.meta"] = launch_meta(gk->compiled_);

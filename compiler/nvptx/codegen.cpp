@@ -184,6 +184,7 @@ CompiledKernel compile_kernel(const ir::Kernel& k, const GpuTarget& target,
   out.smem_plan = passes::print_smem_plan(k, plan);
   out.smem_bytes = plan.total_bytes;
   out.num_threads = passes::block_threads(k, plan.pipeline.producer);
+  out.reallocates_registers = plan.pipeline.producer.loop != nullptr;
   if (last == Stage::smem) return out;
   check_tile_sizes(k);  // what the lowering can hold (the earlier stages are for any size)
   check_shared_memory_fits(plan, k, target);  // (--emit smem still shows a plan that does not fit)

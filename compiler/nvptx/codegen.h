@@ -69,6 +69,9 @@ struct CompiledKernel {
   std::vector<TensorMapParamInfo> tensor_maps;
   int num_threads = 128;
   int64_t smem_bytes = 0;      // dynamic shared memory per program
+  /// The PTX reallocates registers between warp roles (setmaxnreg: producer warps), which the driver's
+  /// linker ignores: the runtime has the driver's JIT compile it whole (cuda::jit_ptx).
+  bool reallocates_registers = false;
 };
 
 /// The stages of compile_kernel, in order: it can stop after any (`linac compile --emit smem` needs no LLVM).

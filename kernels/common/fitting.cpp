@@ -8,6 +8,7 @@
 #include "compiler/passes/pipeline.h"
 #include "compiler/passes/smem_plan.h"
 #include "kernels/common/device_limits.h"
+#include "linac/error.h"
 
 namespace linac {
 
@@ -38,6 +39,19 @@ int64_t planned_smem_bytes(const std::shared_ptr<ir::Kernel>& k, const OpOptions
 bool fits_gpu(const std::vector<std::shared_ptr<ir::Kernel>>& kernels, const OpOptions& opts) {
   for (const auto& k : kernels)
     if (planned_smem_bytes(k, opts) > device_limits(opts).max_smem_per_block) return false;
+  return true;
+}
+
+bool producer_warps_apply(const std::vector<std::shared_ptr<ir::Kernel>>& kernels, const OpOptions& opts) {
+  const bool tma = passes::tma_for_sm(device_limits(opts).sm);
+  for (const auto& k : kernels) {
+    if (!k->producer_warps) continue;
+    try {
+      if (!passes::plan_pipelining(*k, tma).producer.loop) return false;
+    } catch (const UserError&) {
+      return false;
+    }
+  }
   return true;
 }
 

@@ -23,6 +23,11 @@ int64_t planned_smem_bytes(const std::shared_ptr<ir::Kernel>& k, const OpOptions
 /// Whether every one of `kernels` fits a block of the call's GPU.
 bool fits_gpu(const std::vector<std::shared_ptr<ir::Kernel>>& kernels, const OpOptions& opts);
 
+/// Whether every kernel of `kernels` that asks for producer warps (Kernel::producer_warps) gets them on
+/// the call's GPU: it copies with TMA and passes::plan_producer accepts the kernel's ring (elsewhere a
+/// UserError). Families default to producer warps only where this holds.
+bool producer_warps_apply(const std::vector<std::shared_ptr<ir::Kernel>>& kernels, const OpOptions& opts);
+
 /// The first of `proposals` (non-empty) whose kernels fit (`kernels_of`: the kernels the plan launches
 /// with that configuration); the last when none does, whose compile then says what does not fit.
 template <class C>

@@ -53,6 +53,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_states(const DeltaChunkedBwdConfig& 
   const DType dt = cfg.dtype, f32 = DType::f32;
   KernelBuilder kb(cfg.gated ? "gated_delta_rule_bwd_states" : "delta_rule_bwd_states");
   kb.set_num_warps(cfg.walk_warps);
+  kb.set_producer_warps(cfg.walk_producer_warps);
   kb.set_min_ctas_per_sm(1);
   Tensor q = kb.tensor("q", dt, 4);  // for the sequence bounds (B, T, H)
   Tensor k = kb.tensor("k", dt, 4);
@@ -107,6 +108,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
   const DType dt = cfg.dtype, f32 = DType::f32;
   KernelBuilder kb(cfg.gated ? "gated_delta_rule_bwd_dstates" : "delta_rule_bwd_dstates");
   kb.set_num_warps(cfg.walk_warps);
+  kb.set_producer_warps(cfg.walk_producer_warps);
   kb.set_min_ctas_per_sm(1);
   Tensor q = kb.tensor("q", dt, 4);
   Tensor k = kb.tensor("k", dt, 4);

@@ -25,6 +25,7 @@ struct DeltaChunkedBwdConfig {
   int keys_warps = 8;    // warps of build_delta_bwd_chunk_keys (its dots are [chunk, chunk_k])
   int walk_warps = 8;    // warps of the state walks (build_delta_bwd_states, build_delta_bwd_dstates)
   int keys_stages = 1;   // pipeline stages of its value-step loads (2: the next step's are prefetched)
+  int walk_producer_warps = 0;  // 4: a warpgroup of its own fills the state walks' TMA rings (sm_90a)
   bool gated = false;    // gated_delta_rule: g [B,T,H] in, dg out
   bool initial_state = false;
   bool final_state = false;  // the state pass also stores S after the last chunk (the forward's split schedule)

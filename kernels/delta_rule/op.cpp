@@ -227,6 +227,14 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
     return std::vector<std::shared_ptr<ir::Kernel>>{cached_delta_kernel(DeltaKernel::fwd, c)};
   };
   cfg.num_stages = walks ? first_fitting<int>(proposals, walk_of, opts) : proposals.front();
+  //  - a warpgroup of its own filling the walk's TMA ring (producer warps) in 16 bits, where the walk's
+  //    ring takes them: faster for both ops at the bar shape and at few heads (H200: walks 6-21%,
+  //    docs/hopper.md, "Session 33"), and for the walk saving the backward's tensors. Not beside the
+  //    walk's producers (overlap: it waits for flags).
+  if (!producer_key().asked(opts) && walks && !cfg.overlap && !fp32) {
+    cfg.producer_warps = 4;
+    if (!producer_warps_apply(walk_of(cfg.num_stages), opts)) cfg.producer_warps = 0;
+  }
   return cfg;
 }
 
@@ -409,6 +417,7 @@ std::vector<std::shared_ptr<ir::Kernel>> delta_rule_kernels(bool gated, const Op
       // The walk beside its producers, flags signalled and waited for (overlap; dense inputs only).
       DeltaRuleConfig beside = plain;
       beside.scores = beside.overlap = true;
+      beside.producer_warps = 0;  // a producer running ahead would not wait for the flags
       for (DeltaKernel which : {DeltaKernel::wy, DeltaKernel::scores, DeltaKernel::fwd})
         out.push_back(cached_delta_kernel(which, beside));
     }

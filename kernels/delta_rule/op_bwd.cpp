@@ -83,7 +83,8 @@ const ConfigSchema<DeltaChunkedBwdConfig>& chunked_schema() {
                               "--backward: 2 = the key-block kernel prefetches its next value step's loads "
                               "(default 2 where it fits)"}),
       field<&C::gated>(), field<&C::initial_state>(), field<&C::final_state>(), field<&C::final_state_grad>(),
-      field<&C::initial_state_grad>(), field<&C::varlen>(), tuned<&C::num_warps>(warps_key()));
+      field<&C::initial_state_grad>(), field<&C::varlen>(), tuned<&C::num_warps>(warps_key()),
+      tuned<&C::walk_producer_warps>(producer_key()));
   return schema;
 }
 
@@ -281,6 +282,13 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   cfg.final_state_grad = has_dht;
   cfg.initial_state_grad = wants(wanted, "dinitial_state");
   cfg.varlen = seq.varlen;
+  // A warpgroup of its own filling the state walks' TMA rings (producer warps) in 16 bits, where their
+  // rings take them, as the forward's walk (docs/hopper.md, "Session 33").
+  if (!producer_key().asked(opts) && cfg.dtype != DType::f32) {
+    cfg.walk_producer_warps = 4;
+    if (!producer_warps_apply({cached(cfg, DeltaBwdKernel::states), cached(cfg, DeltaBwdKernel::dstates)}, opts))
+      cfg.walk_producer_warps = 0;
+  }
   const int64_t BT = cfg.chunk;
   const int64_t v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
 

@@ -35,10 +35,9 @@ void KernelLowering::part_warps() {
   const passes::RoleRegisters regs = passes::role_registers(k_);
   auto* producer = llvm::BasicBlock::Create(ctx_, "producer", fn_);
   auto* consumer = llvm::BasicBlock::Create(ctx_, "consumer", fn_);
-  // The role by warpgroup, made warp-uniform through a shuffle of lane 0's: ptxas allocates registers
-  // per role (the setmaxnreg after the branch) only where it can tell the branch is uniform; on the
-  // thread id itself it compiled the computing warps within the launch's registers (C7512: products
-  // serialized).
+  // The role by warpgroup, made visibly warp-uniform through a shuffle of lane 0's (as CUTLASS does):
+  // setmaxnreg is .sync.aligned, every thread of a warp executes it together. (Whether ptxas needs it
+  // was not isolated: the spills first blamed on the branch were the linker's, C7504: docs/hopper.md.)
   llvm::Value* group = b_.CreateCall(
       llvm::InlineAsm::get(llvm::FunctionType::get(b_.getInt32Ty(), {b_.getInt32Ty()}, false),
                            "shfl.sync.idx.b32 $0, $1, 0, 31, -1;", "=r,r", /*hasSideEffects=*/false),

@@ -75,3 +75,15 @@ def test_producer_warps_refused_beside_flags(linac):
                      "producer=4,overlap=1,scores=0", "--emit", "ptx", "--target", "sm_90a")
     assert proc.returncode != 0
     assert "producer warps (producer_warps = 4) need a kernel without wait_for" in proc.stderr
+
+
+def test_producer_warps_default_only_where_the_ring_takes_them(linac):
+    # Chunks of 16 rows are copied by cp.async, not TMA (compiler/passes/pipeline.h: kMinTmaRows): the
+    # walk's default leaves producer warps out (kernels/common/fitting.h, producer_warps_apply) rather
+    # than asking for what the plan would ignore or refuse.
+    def walk_header(config):
+        proc = linac.run("compile", "delta_rule", "--shape", "B=2,T=256,H=2,K=64", "--config", config, "--emit", "tir")
+        assert proc.returncode == 0, proc.stderr
+        return [line for line in proc.stdout.splitlines() if line.startswith("kernel @delta_rule_fwd(")][0]
+    assert "producer_warps = 4" in walk_header("chunk=64")
+    assert "producer_warps" not in walk_header("chunk=16")

@@ -28,6 +28,13 @@ bool fits_gpu(const std::vector<std::shared_ptr<ir::Kernel>>& kernels, const OpO
 /// UserError). Families default to producer warps only where this holds.
 bool producer_warps_apply(const std::vector<std::shared_ptr<ir::Kernel>>& kernels, const OpOptions& opts);
 
+/// The producer warps a family's kernels take unless asked (the rule for every family that offers them):
+/// 4 in 16 bits where they apply to `kernels_of(4)` (producer_warps_apply), else 0. Where a family
+/// offers them is its own rule (measured: docs/hopper.md, "Session 33").
+int default_producer_warps(DType dtype,
+                           const std::function<std::vector<std::shared_ptr<ir::Kernel>>(int)>& kernels_of,
+                           const OpOptions& opts);
+
 /// The first of `proposals` (non-empty) whose kernels fit (`kernels_of`: the kernels the plan launches
 /// with that configuration); the last when none does, whose compile then says what does not fit.
 template <class C>

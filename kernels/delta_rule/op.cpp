@@ -221,19 +221,23 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
                                                         : std::vector<int>{2, 1};
   if (stages_key().asked(opts)) proposals = {cfg.num_stages};
   const bool walks = !cfg.split && !opts.recurrent;  // delta_rule_fwd is the only kernel with stages
-  auto walk_of = [&](const int& stages) {
-    DeltaRuleConfig c = cfg;
+  auto walk_of = [&](int stages, DeltaRuleConfig c) {
     c.num_stages = stages;
     return std::vector<std::shared_ptr<ir::Kernel>>{cached_delta_kernel(DeltaKernel::fwd, c)};
   };
-  cfg.num_stages = walks ? first_fitting<int>(proposals, walk_of, opts) : proposals.front();
+  cfg.num_stages =
+      walks ? first_fitting<int>(proposals, [&](const int& stages) { return walk_of(stages, cfg); }, opts)
+            : proposals.front();
   //  - a warpgroup of its own filling the walk's TMA ring (producer warps) in 16 bits, where the walk's
   //    ring takes them: faster for both ops at the bar shape and at few heads (H200: walks 6-21%,
   //    docs/hopper.md, "Session 33"), and for the walk saving the backward's tensors. Not beside the
   //    walk's producers (overlap: it waits for flags).
-  if (!producer_key().asked(opts) && walks && !cfg.overlap && !fp32) {
-    cfg.producer_warps = 4;
-    if (!producer_warps_apply(walk_of(cfg.num_stages), opts)) cfg.producer_warps = 0;
+  if (!producer_key().asked(opts) && walks && !cfg.overlap) {
+    cfg.producer_warps = default_producer_warps(cfg.dtype, [&](int warps) {
+      DeltaRuleConfig c = cfg;
+      c.producer_warps = warps;
+      return walk_of(c.num_stages, c);
+    }, opts);
   }
   return cfg;
 }

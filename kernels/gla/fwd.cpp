@@ -137,6 +137,7 @@ std::shared_ptr<ir::Kernel> build_gla_fwd(const GlaConfig& cfg) {
   KernelBuilder kb(states_only ? "gla_segment_states" : "gla_fwd");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.num_stages);
+  kb.set_producer_warps(cfg.producer_warps);
   // About one program per SM (the walks are few): ptxas need not keep registers for more.
   kb.set_min_ctas_per_sm(1);
   Tensor qg = states_only ? Tensor() : kb.tensor("qg", dt, 4);

@@ -46,6 +46,7 @@ struct GlaConfig {
   int state_block_k = 0;  // the split schedule's state pass: key columns per program (0: block_k)
   GlaWalk walk = GlaWalk::sequence;
   int segment = 0;        // rows per segment (a multiple of chunk) when walking segments
+  int producer_warps = 0;  // 4: a warpgroup of its own fills the walk's TMA ring (sm_90a)
 };
 
 /// Records the kernel that prepares every chunk, one program per (chunk, sequence x head): grid (chunks,

@@ -36,7 +36,7 @@ const ConfigSchema<GlaConfig>& gla_schema() {
       tuned<&C::state_block_k>({"sbk",
                                 {16, 32, 64, 128},
                                 "split=1: key columns per program of the state pass (default all; --backward 32)"}),
-      field<&C::walk>(), tuned<&C::segment>(segment_key()));
+      field<&C::walk>(), tuned<&C::segment>(segment_key()), tuned<&C::producer_warps>(producer_key()));
   return schema;
 }
 
@@ -164,6 +164,16 @@ GlaConfig gla_config(const OpOptions& opts, int64_t K, int64_t V, const Sequence
         return forward_walk_kernels(c, segments);
       },
       opts);
+  // A warpgroup of its own filling the walks' TMA ring (producer warps) in 16 bits, where their rings
+  // take them: faster at the bar shape and in segments (H200, walk 0.235 -> 0.200 ms at B8 T4096 H16
+  // D128; docs/ops/gla.md, "Measured", session 34).
+  if (!producer_key().asked(opts)) {
+    cfg.producer_warps = default_producer_warps(cfg.dtype, [&](int warps) {
+      GlaConfig c = cfg;
+      c.producer_warps = warps;
+      return forward_walk_kernels(c, segments);
+    }, opts);
+  }
   return cfg;
 }
 

@@ -64,8 +64,7 @@ struct BwdProgram {
   /// with w_m the block's weight; the rolls are products with the roll by one, carried from block to block.
   void for_degree2(const Tile& X, const std::function<void(Tile, Tile, Tile, Tile)>& body, std::vector<Tile*> carried) {
     if (deg2 == 0) return;
-    const int64_t BK = cfg.block_k;
-    Tile left1 = roll_matrix(BK, Kdim, constant(1, DType::i32), cfg.dtype);
+    Tile left1 = roll_by_one_matrix();
     Tile right1 = left1.T();  // the inverse permutation
     Tile Xl = X, Xr = X;
     carried.push_back(&Xl);
@@ -77,6 +76,21 @@ struct BwdProgram {
       Xr = dot(Xr, right1).to(cfg.dtype);
     }, carried);
   }
+  /// for_degree2 with one of the rolls: body(m, w_m, X rolled left (or right) by m). Two such loops
+  /// carry one rolled copy each, where one loop with both holds two copies and two rolls' products at
+  /// once (poly_bwd_dkv spilled so at chunks of 128 rows).
+  void for_degree2_rolled(const Tile& X, bool left, const std::function<void(Tile, Tile, Tile)>& body,
+                          std::vector<Tile*> carried) {
+    if (deg2 == 0) return;
+    Tile roll = left ? roll_by_one_matrix() : roll_by_one_matrix().T();
+    Tile Xm = X;
+    carried.push_back(&Xm);
+    for_range_carrying(0, Kdim / 2 + 1, [&](Tile m) {
+      body(m, degree2_weight(m, Kdim) * c2, Xm);
+      Xm = dot(Xm, roll).to(cfg.dtype);
+    }, carried);
+  }
+  Tile roll_by_one_matrix() const { return roll_matrix(cfg.block_k, Kdim, constant(1, DType::i32), cfg.dtype); }
 
   /// Block m's state with its rows rolled right by m, S': u' = dn S'^T is u = dn S^T rolled right by
   /// m, so the Jacobian's J_m(x)^T u = u .* roll(x, m) + roll(u .* x, -m) is u .* Xl + u' .* Xr
@@ -230,16 +244,16 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_dkv(const PolyConfig& cfg) {
   Tile dV = zeros({BT, BV}, f32);  // the degree-2 blocks' share without c scale^2, taken once after them
   // None after a sequence's last segment (has_segments).
   auto from_states = [&] {
-    p.for_degree2(Kc, [&](Tile m, Tile w, Tile K_left, Tile K_right) {
-      Tile Kl = K_left.to(f32), Kr = K_right.to(f32);
+    p.for_degree2_rolled(Kc, /*left=*/true, [&](Tile m, Tile w, Tile K_left) {
       Tile R = p.state(m);
       // phi_m(k) in the input dtype (two 16-bit values multiplied and rounded once), the weight 1 or 2
       // exact: no fp32 copy of the chunk stays live through the loop for it.
       dV = dV + dot(Kc * K_left * degree2_weight(m, p.Kdim).to(dt), R);
-      Tile u = dot(V, R.T());
-      Tile u_rolled = dot(V, p.rolled_rows_state(m).T());
-      dK = dK + (u * Kl + u_rolled * Kr) * w;
+      dK = dK + dot(V, R.T()) * K_left.to(f32) * w;
     }, {&dK, &dV});
+    p.for_degree2_rolled(Kc, /*left=*/false, [&](Tile m, Tile w, Tile K_right) {
+      dK = dK + dot(V, p.rolled_rows_state(m).T()) * K_right.to(f32) * w;
+    }, {&dK});
     if (p.deg2 > 0) dV = dV * p.c2;
     const ZTables r = cfg.normalize ? p.z_tables() : ZTables{};
     if (cfg.normalize && cfg.quadratic)

@@ -88,6 +88,9 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_kv(const PolyBwdConfig& cfg) {
   KernelBuilder kb("poly_bwd_kv");
   kb.set_num_warps(4);
   kb.set_num_stages(1);
+  // One program per (sequence, head): blocks per SM buy nothing here, and ptxas, left to size the
+  // registers for as many as fit, spilled a few bytes (4 at 40 registers on sm_90a).
+  kb.set_min_ctas_per_sm(4);
   auto [q, k, v] = declare_qkv(kb, dt);
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor dn = kb.tensor("dn", f32, 4), dd = kb.tensor("dd", f32, 3);

@@ -11,11 +11,13 @@ import pytest
 DEVICE = os.environ.get("LINAC_TEST_DEVICE", "cpu")
 on_gpu = pytest.mark.skipif(DEVICE != "cuda", reason="producer warps run on the GPU only (LINAC_TEST_DEVICE=cuda)")
 
-CASES = [  # op, options, extra inputs
-    ("linear_attn", [], {}),
-    ("linear_attn", [], {"g": "gate"}),  # gated by its input g
-    ("delta_rule", [], {"beta": "beta"}),
-    ("gated_delta_rule", [], {"g": "gate", "beta": "beta"}),
+CASES = [  # op, --config beside producer, extra inputs
+    ("linear_attn", "", {}),
+    ("linear_attn", "", {"g": "gate"}),  # gated by its input g
+    ("delta_rule", "", {"beta": "beta"}),
+    ("gated_delta_rule", "", {"g": "gate", "beta": "beta"}),
+    ("gla", "", {"g": "channel_gate"}),  # a gate per key channel
+    ("gla", "segment=256", {"g": "channel_gate"}),  # its segments' two walks
 ]
 
 
@@ -24,25 +26,29 @@ def make_inputs(seed, extra, B, T, H, K):
     inputs = {name: (rng.standard_normal((B, T, H, K)) * 0.5).astype(np.float32) for name in ("q", "k", "v")}
     inputs["k"] /= np.linalg.norm(inputs["k"], axis=-1, keepdims=True)
     for name, kind in extra.items():
+        per_channel = (K,) if kind == "channel_gate" else ()
         inputs[name] = rng.random((B, T, H)).astype(np.float32) if kind == "beta" else \
-            (-rng.random((B, T, H)) * 0.1).astype(np.float32)
+            (-rng.random((B, T, H) + per_channel) * 0.1).astype(np.float32)
     return inputs
 
 
 @on_gpu
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 @pytest.mark.parametrize("shape", [(2, 300, 2, 64), (1, 1000, 4, 128)], ids=["K64", "K128"])
-@pytest.mark.parametrize("op,options,extra", CASES, ids=["linear_attn", "gated_linear_attn", "delta_rule",
-                                                         "gated_delta_rule"])
-def test_producer_warps_compute_the_same(linac, op, options, extra, shape, packed):
+@pytest.mark.parametrize("op,config,extra", CASES, ids=["linear_attn", "gated_linear_attn", "delta_rule",
+                                                        "gated_delta_rule", "gla", "gla_segments"])
+def test_producer_warps_compute_the_same(linac, op, config, extra, shape, packed):
+    if packed and "segment" in config:
+        pytest.skip("the segment-parallel forward takes dense inputs only")
     B, T, H, K = shape
     inputs = make_inputs(23, extra, B, T, H, K)
     if packed:  # one row of sequences: boxes cross their ends
         inputs = {name: a.reshape((1, B * T) + a.shape[2:]) for name, a in inputs.items()}
         inputs["cu_seqlens"] = np.array([0, 70, 71, B * T - 129, B * T], dtype=np.int32)
-    base = ["--dtype", "bf16", *options]
-    plain = linac.run_op(op, inputs, options=base, device=DEVICE)["o"]
-    produced = linac.run_op(op, inputs, options=base + ["--config", "producer=4"], device=DEVICE)["o"]
+    def run(producer):
+        configs = ",".join(c for c in (config, f"producer={producer}") if c)
+        return linac.run_op(op, inputs, options=["--dtype", "bf16", "--config", configs], device=DEVICE)["o"]
+    plain, produced = run(0), run(4)
     assert np.array_equal(plain, produced)
 
 

@@ -74,7 +74,7 @@ void KernelLowering::create_function() {
   if (k_.min_ctas_per_sm) fn_->addFnAttr("nvvm.minctasm", std::to_string(k_.min_ctas_per_sm));
   // With producer warps, the registers each thread starts with, which setmaxnreg moves between the roles
   // (their pool is the block's: lower_warp_roles.cpp).
-  if (producer_loop_) fn_->addFnAttr("nvvm.maxnreg", std::to_string(passes::role_registers(k_).launch));
+  if (producer_loop_) fn_->addFnAttr("nvvm.maxnreg", std::to_string(passes::role_registers(k_, smem_.pipeline).launch));
   fn_->addFnAttr(llvm::Attribute::NoUnwind);
 
   // Debug directives only (.loc/.file, no DWARF sections): PTX lines point at the DSL source, and

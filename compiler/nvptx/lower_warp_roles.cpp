@@ -32,7 +32,7 @@ void KernelLowering::part_warps() {
   // Every thread past the initialisation before any waits on or arrives at a barrier.
   b_.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier_cta_sync_aligned_all, {i32(0)});
   const int consumers = k_.num_warps * 32;
-  const passes::RoleRegisters regs = passes::role_registers(k_);
+  const passes::RoleRegisters regs = passes::role_registers(k_, smem_.pipeline);
   auto* producer = llvm::BasicBlock::Create(ctx_, "producer", fn_);
   auto* consumer = llvm::BasicBlock::Create(ctx_, "consumer", fn_);
   // The role by warpgroup, made visibly warp-uniform through a shuffle of lane 0's (as CUTLASS does):

@@ -34,20 +34,21 @@ void collect(const ir::Kernel& k, const ir::Block& b, const std::set<const ir::V
   }
 }
 
-/// Tiles of fewer rows stay on cp.async: gla's backward walks (chunks of 16, 5 to 7 tiles per step)
-/// ran 7% slower with TMA (docs/hopper.md, "TMA").
-constexpr int64_t kMinTmaRows = 32;
+/// Tiles of fewer rows stay on cp.async where the kernel's own warps issue the copies: gla's backward
+/// walks (chunks of 16, 5 to 7 tiles per step) ran 7% slower with TMA (docs/hopper.md, "TMA"). Producer
+/// warps take every ring load through TMA (warp_roles.h), so there the least is a swizzle's 8 rows.
+int64_t min_tma_rows(const ir::Kernel& k) { return k.producer_warps ? 8 : 32; }
 
 /// The TMA form of pipelined load `op`, its map added to plan.tensor_maps; nullopt where the tile is
 /// not a box of its tensor that a swizzled buffer can hold (plan_pipelining).
-std::optional<TmaLoad> tma_load(const ir::Op& op, PipelinePlan& plan) {
+std::optional<TmaLoad> tma_load(const ir::Op& op, int64_t min_rows, PipelinePlan& plan) {
   const ir::Type& t = op.result()->type;
   const ir::Value* tensor = op.operands[0];
   const int rank = tensor->type.rank();
   const std::vector<int64_t>& dims = op.attrs.dims;
   if (t.rank() != 2 || dims.size() != 2 || rank > 5 || dims[0] >= dims[1] || dims[1] != rank - 1) return std::nullopt;
   const int width = swizzle_width(t);
-  if (width == 0 || t.shape[0] < kMinTmaRows || t.shape[0] > 256) return std::nullopt;
+  if (width == 0 || t.shape[0] < min_rows || t.shape[0] > 256) return std::nullopt;
   TensorMapSpec spec{tensor, std::vector<int64_t>(rank, 1), width};
   const int64_t elem = dtype_bytes(t.dtype);
   spec.box[dims[0]] = t.shape[0];
@@ -122,7 +123,7 @@ PipelinePlan plan_pipelining(const ir::Kernel& k, bool tma) {
   // In program order, so that the maps' parameter order does not depend on addresses.
   ir::walk(const_cast<ir::Block&>(k.body), [&](ir::Op& op) {
     if (!plan.loads.count(&op)) return;
-    if (auto l = tma_load(op, plan)) plan.tma[&op] = *l;
+    if (auto l = tma_load(op, min_tma_rows(k), plan)) plan.tma[&op] = *l;
   });
   plan.producer = plan_producer(k, plan);
   return plan;

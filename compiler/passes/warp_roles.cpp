@@ -104,15 +104,17 @@ int block_threads(const ir::Kernel& k, const ProducerPlan& producer) {
   return (k.num_warps + (producer.loop ? k.producer_warps : 0)) * 32;
 }
 
-RoleRegisters role_registers(const ir::Kernel& k) {
+RoleRegisters role_registers(const ir::Kernel& k, const PipelinePlan& pipeline) {
   constexpr int kRegisterFile = 64 * 1024, kMaxRegisters = 248;
   const int producer = k.producer_warps * 32, consumer = k.num_warps * 32;
   const int blocks = std::max(1, k.min_ctas_per_sm);
   RoleRegisters r;
   r.launch = std::min(kMaxRegisters, kRegisterFile / ((producer + consumer) * blocks) / 8 * 8);
   // The producer computes addresses and bounds of one iteration's copies: 40 registers (CUTLASS's
-  // Hopper kernels keep 24 to 40).
-  r.producer = std::min(40, r.launch);
+  // Hopper kernels keep 24 to 40) for up to 7 loads per iteration; 48 above, where what each load keeps
+  // live across the producer's loop no longer fits 40 (gla_bwd_dkdv, 8 loads: 8 bytes spilled at 40).
+  constexpr size_t kLoadsAt40 = 7;
+  r.producer = std::min(pipeline.tma.size() > kLoadsAt40 ? 48 : 40, r.launch);
   r.consumer = std::min(kMaxRegisters, (r.launch * (producer + consumer) - r.producer * producer) / consumer / 8 * 8);
   return r;
 }

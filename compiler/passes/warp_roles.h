@@ -42,11 +42,11 @@ int block_threads(const ir::Kernel& k, const ProducerPlan& producer);
 
 /// Registers per thread with producer warps (multiples of 8, as setmaxnreg takes them): what every
 /// thread starts with (.maxnreg: the register file over the block's threads and min_ctas_per_sm
-/// blocks), what the producer keeps, and what the computing warps take from the block's pool once the
-/// producer released the rest (at most 248).
+/// blocks), what the producer keeps (more where `pipeline` copies many loads per iteration), and what
+/// the computing warps take from the block's pool once the producer released the rest (at most 248).
 struct RoleRegisters {
   int launch = 0, producer = 0, consumer = 0;
 };
-RoleRegisters role_registers(const ir::Kernel& k);
+RoleRegisters role_registers(const ir::Kernel& k, const PipelinePlan& pipeline);
 
 }  // namespace linac::passes

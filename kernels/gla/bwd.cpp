@@ -176,6 +176,7 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, G
   KernelBuilder kb(is_dq ? "gla_bwd_dq" : is_dk ? "gla_bwd_dk" : is_dv ? "gla_bwd_dv" : "gla_bwd_dkdv");
   kb.set_num_warps(cfg.num_warps);
   kb.set_num_stages(cfg.walk_stages);
+  kb.set_producer_warps(cfg.walk_producer_warps);
   kb.set_min_ctas_per_sm(1);
   auto [q, k, v] = declare_qkv(kb, dt);
   Tensor g = kb.tensor("g", f32, 4);

@@ -28,6 +28,7 @@ struct GlaChunkedBwdConfig {
   bool varlen = false;
   int num_warps = 4;     // of the walks
   int walk_stages = 2;   // the walks' chunk loads pipelined one chunk ahead (2) or not (1)
+  int walk_producer_warps = 0;  // 4: a warpgroup of its own fills the walks' TMA ring (sm_90a)
   int intra_warps = 4;   // of gla_bwd_intra
   bool take = true;      // gla_bwd_intra picks dA's entries with take (false: masked row sums)
   bool fuse_dkdv = true; // one walk for dk and dv where both blocks are whole (false: two walks)

@@ -63,7 +63,7 @@ const ConfigSchema<GlaChunkedBwdConfig>& chunked_schema() {
       tuned<&C::state_block_v>({"sbv",
                                 {16, 32, 64, 128, 256},
                                 "--backward split=1: value columns per program of the state passes (default 32)"}),
-      field<&C::state_stages>());
+      field<&C::state_stages>(), tuned<&C::walk_producer_warps>(producer_key()));
   return schema;
 }
 
@@ -208,6 +208,15 @@ void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts, const SequenceLa
   cfg.split_v = std::min(cfg.split_v, cfg.block_v);
   cfg.state_block_k = std::min(cfg.state_block_k, cfg.block_k);
   cfg.state_block_v = std::min(cfg.state_block_v, cfg.block_v);
+  // A warpgroup of its own filling the walks' TMA ring (producer warps) in 16 bits, where their rings
+  // take them (docs/ops/gla.md, "Measured", session 34).
+  if (!producer_key().asked(opts) && !cfg.split) {
+    cfg.walk_producer_warps = default_producer_warps(cfg.dtype, [&](int warps) {
+      GlaChunkedBwdConfig c = cfg;
+      c.walk_producer_warps = warps;
+      return bwd_kernels(c);
+    }, opts);
+  }
 }
 
 }  // namespace

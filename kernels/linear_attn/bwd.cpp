@@ -70,6 +70,7 @@ std::shared_ptr<ir::Kernel> build_walk(const LinearAttnBwdConfig& cfg, LinearAtt
   const bool state_term = cfg.gated && cfg.final_state_grad;  // dg's <dfinal_state, S_T>
   KernelBuilder kb(r.name);
   kb.set_num_warps(cfg.num_warps);
+  kb.set_producer_warps(cfg.producer_warps);
   // One program per SM holds a head's column block for the whole walk: registers over a second block
   // (at 8 warps and 64-row chunks ptxas otherwise caps at 128 registers and spills 12-40 bytes).
   kb.set_min_ctas_per_sm(1);

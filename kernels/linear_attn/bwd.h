@@ -31,6 +31,7 @@ struct LinearAttnBwdConfig {
   // gradient to the numerator's with one state column more (dv needs none: 1 has no gradient).
   bool denominator = false;
   int num_warps = 8;
+  int producer_warps = 0;  // 4: a warpgroup of its own fills the walks' TMA ring (sm_90a)
 };
 
 enum class LinearAttnBwdKernel {

@@ -52,6 +52,34 @@ def test_producer_warps_compute_the_same(linac, op, config, extra, shape, packed
     assert np.array_equal(plain, produced)
 
 
+BWD_CASES = [  # op, options, extra inputs, gradients
+    ("linear_attn", [], {}, ("dq", "dk", "dv")),
+    ("linear_attn", [], {"g": "gate"}, ("dq", "dk", "dv", "dg")),
+    ("linear_attn", ["--normalize"], {}, ("dq", "dk", "dv")),
+    ("gla", [], {"g": "channel_gate"}, ("dq", "dk", "dv", "dg")),
+]
+
+
+@on_gpu
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("op,options,extra,grads", BWD_CASES,
+                         ids=["linear_attn", "gated_linear_attn", "normalized_linear_attn", "gla"])
+def test_producer_warps_compute_the_same_gradients(linac, op, options, extra, grads, packed):
+    # The backward's walks (--bwd-config producer); the forward's are the test above's.
+    B, T, H, K = 2, 300, 4, 128
+    inputs = make_inputs(29, extra, B, T, H, K)
+    inputs["do"] = make_inputs(31, {}, B, T, H, K)["q"]
+    if packed:
+        inputs = {name: a.reshape((1, B * T) + a.shape[2:]) for name, a in inputs.items()}
+        inputs["cu_seqlens"] = np.array([0, 70, 71, B * T - 129, B * T], dtype=np.int32)
+    def run(producer):
+        return linac.run_op(op, inputs, outputs=grads, device=DEVICE,
+                            options=["--backward", "--dtype", "bf16", *options, "--config", f"producer={producer}"])
+    plain, produced = run(0), run(4)
+    for name in grads:
+        assert np.array_equal(plain[name], produced[name]), name
+
+
 def test_producer_warps_in_the_printed_stages(linac):
     shape = "B=8,T=4096,H=16,K=128"
     tir = linac.run("compile", "gated_delta_rule", "--shape", shape, "--config", "producer=4", "--emit", "tir")
@@ -84,12 +112,19 @@ def test_producer_warps_refused_beside_flags(linac):
 
 
 def test_producer_warps_default_only_where_the_ring_takes_them(linac):
-    # Chunks of 16 rows are copied by cp.async, not TMA (compiler/passes/pipeline.h: kMinTmaRows): the
-    # walk's default leaves producer warps out (kernels/common/fitting.h, producer_warps_apply) rather
-    # than asking for what the plan would ignore or refuse.
-    def walk_header(config):
-        proc = linac.run("compile", "delta_rule", "--shape", "B=2,T=256,H=2,K=64", "--config", config, "--emit", "tir")
+    # The walk's default asks for producer warps only where its ring is copied by TMA (kernels/common/
+    # fitting.h, producer_warps_apply): on sm_90a, chunks of 16 rows too (with producer warps every ring
+    # load goes through TMA: compiler/passes/pipeline.cpp, min_tma_rows); on sm_80, which has no TMA,
+    # not at all, rather than asking for what the plan would ignore.
+    def walk_header(config, target):
+        proc = linac.run("compile", "delta_rule", "--shape", "B=2,T=256,H=2,K=64", "--config", config, "--emit", "tir",
+                         "--target", target)
         assert proc.returncode == 0, proc.stderr
         return [line for line in proc.stdout.splitlines() if line.startswith("kernel @delta_rule_fwd(")][0]
-    assert "producer_warps = 4" in walk_header("chunk=64")
-    assert "producer_warps" not in walk_header("chunk=16")
+    assert "producer_warps = 4" in walk_header("chunk=64", "sm_90a")
+    assert "producer_warps = 4" in walk_header("chunk=16", "sm_90a")
+    assert "producer_warps" not in walk_header("chunk=64", "sm_80")
+    smem = linac.run("compile", "delta_rule", "--shape", "B=2,T=256,H=2,K=64", "--config", "chunk=16", "--emit", "smem",
+                     "--target", "sm_90a")
+    assert smem.returncode == 0, smem.stderr
+    assert "full and empty per stage: filled by 4 producer warps" in smem.stdout

@@ -29,7 +29,8 @@ using namespace dsl;
 // forward — dq forward in time over X = S^T [V, K] (key columns split in blocks), dk backward over
 // X = dS^T [V, K], dv backward over X = dS [K, V] (value columns split), or where one program holds
 // the whole state, dk and dv in one backward walk over X = dS (gla_bwd_dkdv: dS is built once) — and
-// gla_bwd_dg, a reverse walk taking the suffix sums. No state is stored: memory O(T*D).
+// dg's suffix sums of q.dq - k.dk: in gla_bwd_dkdv, a reverse walk already, where it still fits with
+// them (dg_in_walk), else in gla_bwd_dg, a reverse walk of its own. No state is stored: memory O(T*D).
 
 namespace {
 
@@ -190,8 +191,15 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, G
   Tensor dq_out = is_dq ? kb.tensor("dq", dt, 4) : Tensor();
   Tensor dk_out = writes_dk ? kb.tensor("dk", dt, 4) : Tensor();
   Tensor dv_out = writes_dv ? kb.tensor("dv", dt, 4) : Tensor();
-  Tensor part = is_dv ? Tensor() : kb.tensor(is_dq ? "qdq" : "kdk", f32, 4);  // q .* dq, k .* dk in fp32
-  Tensor dg_s = is_dq && cfg.final_state_grad ? kb.tensor("dg_state", f32, 3) : Tensor();
+  // q .* dq and k .* dk in fp32, dg's terms: the dq walk writes the first; the fused dkdv walk with
+  // dg_in_walk reads it and forms dg itself (its walk is dg's reverse order), else the walk writing dk
+  // writes the second and gla_bwd_dg forms dg from both.
+  const bool dg_here = is_dkdv && cfg.dg_in_walk;
+  Tensor part = is_dq ? kb.tensor("qdq", f32, 4) : writes_dk && !dg_here ? kb.tensor("kdk", f32, 4) : Tensor();
+  Tensor qdq_in = dg_here ? kb.tensor("qdq", f32, 4) : Tensor();
+  // dg's share of the final state: the dq walk writes it, the walk forming dg starts its sums there.
+  Tensor dg_s = (is_dq || dg_here) && cfg.final_state_grad ? kb.tensor("dg_state", f32, 3) : Tensor();
+  Tensor dg_out = dg_here ? kb.tensor("dg", f32, 4) : Tensor();
   Tensor dh0 = value_columns && cfg.initial_state_grad ? kb.tensor("dinitial_state", f32, 4) : Tensor();
   Tile scale = kb.scalar("scale", f32);
 
@@ -206,6 +214,9 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, G
   const AccessOptions transposed{.limits = {}, .transpose = true};
 
   Tile X = zeros({W, BC}, f32);
+  // Forming dg: its sum over the chunks after this one, dg_t = sum_{s >= t} (q_s .* dq_s - k_s .* dk_s).
+  Tile dg_after = dg_here ? zeros({W}, f32) : Tile();
+  if (dg_here && dg_s.value()) dg_after = load(dg_s, {i_n, i_h, 0}, {kIndex, kIndex, W});
   if (h0.value()) X = load(h0, {i_n, i_h, c0, 0}, {kIndex, kIndex, BC, W}, transposed);
   if (!is_dq && dht.value())
     X = value_columns ? load(dht, {i_n, i_h, 0, c0}, {kIndex, kIndex, W, BC})
@@ -217,7 +228,9 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, G
   auto store_rows = [&](const Tensor& t, const Tile& t0, const Operand& col0, int64_t width, const Tile& x) {
     store(t, {b, t0, i_h, col0}, {kIndex, BT, kIndex, width}, x, in_seq);
   };
-  for_range(0, num_chunks, [&](Tile j) {
+  std::vector<Tile*> carried = {&X};
+  if (dg_here) carried.push_back(&dg_after);
+  for_range_carrying(0, num_chunks, [&](Tile j) {
     Tile i = reverse ? num_chunks - 1 - j : j;
     Tile t0 = seq.bos + i * BT;
     ChunkGates gt = chunk_gates(g, b, t0, i_h, k0, BT, GK, seq.eos);
@@ -246,11 +259,17 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_walk(const GlaChunkedBwdConfig& cfg, G
         Tile V = rows_of(v, t0, 0, BC);
         Tile dK = dot(V, Xd.T()) * eR + rows_of(dk_in, t0, 0, W);
         store_rows(dk_out, t0, 0, W, dK.to(dt));
-        store_rows(part, t0, 0, W, K.to(f32) * dK);
+        if (dg_here) {
+          Tile x = rows_of(qdq_in, t0, 0, W) - K.to(f32) * dK;
+          store_rows(dg_out, t0, 0, W, cumsum(x, 0, true) + expand_dims(dg_after, 0));
+          dg_after = dg_after + sum(x, 0);
+        } else {
+          store_rows(part, t0, 0, W, K.to(f32) * dK);
+        }
       }
       X = X * expand_dims(etot, 1) + dot((Q.to(f32) * eL).to(dt).T(), dOc) * scale;
     }
-  }, X);
+  }, carried);
 
   if (dg_s.value()) {
     // rowsum(dfinal_state .* S_T) for this program's key columns: X is S_T^T.

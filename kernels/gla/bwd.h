@@ -32,6 +32,7 @@ struct GlaChunkedBwdConfig {
   int intra_warps = 4;   // of gla_bwd_intra
   bool take = true;      // gla_bwd_intra picks dA's entries with take (false: masked row sums)
   bool fuse_dkdv = true; // one walk for dk and dv where both blocks are whole (false: two walks)
+  bool dg_in_walk = true; // the fused dk/dv walk forms dg from the dq walk's q .* dq (false: gla_bwd_dg)
   // The split schedule (split_bwd.h; dense inputs): state passes in blocks of state_block_k x
   // state_block_v, then every chunk's gradients in parallel.
   bool split = false;
@@ -41,7 +42,7 @@ struct GlaChunkedBwdConfig {
 };
 
 /// The walks: dq forward in time; dk and dv backward, separately or (dkdv) in one walk over the whole
-/// state.
+/// state, which with dg_in_walk also forms dg from the dq walk's q .* dq.
 enum class GlaBwdWalk { dq, dk, dv, dkdv };
 
 std::shared_ptr<ir::Kernel> build_gla_bwd_intra(const GlaChunkedBwdConfig& cfg);

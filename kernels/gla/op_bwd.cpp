@@ -63,7 +63,7 @@ const ConfigSchema<GlaChunkedBwdConfig>& chunked_schema() {
       tuned<&C::state_block_v>({"sbv",
                                 {16, 32, 64, 128, 256},
                                 "--backward split=1: value columns per program of the state passes (default 32)"}),
-      field<&C::state_stages>(), tuned<&C::walk_producer_warps>(producer_key()));
+      field<&C::state_stages>(), tuned<&C::walk_producer_warps>(producer_key()), field<&C::dg_in_walk>());
   return schema;
 }
 
@@ -136,7 +136,7 @@ bool fused_dkdv(const GlaChunkedBwdConfig& cfg) {
 std::vector<GlaBwdKernel> bwd_launch_order(const GlaChunkedBwdConfig& cfg) {
   using K = GlaBwdKernel;
   if (cfg.split) return {K::intra, K::gates, K::states, K::dstates, K::inter, K::dg_offsets, K::dg_add};
-  if (fused_dkdv(cfg)) return {K::intra, K::dq, K::dkdv, K::dg};
+  if (fused_dkdv(cfg)) return cfg.dg_in_walk ? std::vector<K>{K::intra, K::dq, K::dkdv} : std::vector<K>{K::intra, K::dq, K::dkdv, K::dg};
   return {K::intra, K::dq, K::dk, K::dv, K::dg};
 }
 
@@ -189,13 +189,17 @@ void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts, const SequenceLa
         proposals.push_back(c);
       }
     } else {
+      // dg formed in the fused dk/dv walk where that walk still fits, else by gla_bwd_dg beside it (fp32
+      // at K = V = 128: with dg the fused walk did not fit and split in two, 1.4x slower).
       for (int stages : {2, 1})
-        for (auto [bk, bv] : kWalkColumnProposals) {
-          c.walk_stages = stages;
-          c.split_k = std::min(bk, cfg.block_k);
-          c.split_v = std::min(bv, cfg.block_v);
-          proposals.push_back(c);
-        }
+        for (auto [bk, bv] : kWalkColumnProposals)
+          for (bool dg_in_walk : {true, false}) {
+            c.walk_stages = stages;
+            c.split_k = std::min(bk, cfg.block_k);
+            c.split_v = std::min(bv, cfg.block_v);
+            c.dg_in_walk = dg_in_walk;
+            proposals.push_back(c);
+          }
     }
   }
   cfg = first_fitting<GlaChunkedBwdConfig>(proposals, bwd_kernels, opts);
@@ -252,8 +256,8 @@ OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   // O(T*D) scratch: the intra-chunk parts of the gradients and (the walks) the fp32 products for dg.
   for (const char* name : {"dq_intra", "dk_intra"})
     plan.tensors[name] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
-  if (!cfg.split)
-    for (const char* name : {"qdq", "kdk"}) plan.tensors[name] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
+  if (!cfg.split) plan.tensors["qdq"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
+  if (!cfg.split && !(fused_dkdv(cfg) && cfg.dg_in_walk)) plan.tensors["kdk"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
   plan.tensors["dv_intra"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.V});
   for (const char* name : {"dq", "dk"}) plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
   plan.tensors["dv"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});
@@ -314,6 +318,8 @@ std::vector<std::shared_ptr<ir::Kernel>> gla_chunked_bwd_kernels(const OpOptions
   GlaChunkedBwdConfig whole = cfg;
   whole.split_k = whole.block_k;
   whole.split_v = whole.block_v;
+  out.push_back(cached(whole, GlaBwdKernel::dkdv));
+  whole.dg_in_walk = false;  // as it runs where the walk forming dg does not fit (fp32 at head dim 128)
   out.push_back(cached(whole, GlaBwdKernel::dkdv));
   // The split schedule at its defaults, with both states.
   GlaChunkedBwdConfig split = full;

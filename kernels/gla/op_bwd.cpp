@@ -136,7 +136,8 @@ bool fused_dkdv(const GlaChunkedBwdConfig& cfg) {
 std::vector<GlaBwdKernel> bwd_launch_order(const GlaChunkedBwdConfig& cfg) {
   using K = GlaBwdKernel;
   if (cfg.split) return {K::intra, K::gates, K::states, K::dstates, K::inter, K::dg_offsets, K::dg_add};
-  if (fused_dkdv(cfg)) return cfg.dg_in_walk ? std::vector<K>{K::intra, K::dq, K::dkdv} : std::vector<K>{K::intra, K::dq, K::dkdv, K::dg};
+  if (fused_dkdv(cfg) && cfg.dg_in_walk) return {K::intra, K::dq, K::dkdv};  // dkdv forms dg
+  if (fused_dkdv(cfg)) return {K::intra, K::dq, K::dkdv, K::dg};
   return {K::intra, K::dq, K::dk, K::dv, K::dg};
 }
 
@@ -257,7 +258,8 @@ OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   for (const char* name : {"dq_intra", "dk_intra"})
     plan.tensors[name] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
   if (!cfg.split) plan.tensors["qdq"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
-  if (!cfg.split && !(fused_dkdv(cfg) && cfg.dg_in_walk)) plan.tensors["kdk"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
+  if (!cfg.split && !(fused_dkdv(cfg) && cfg.dg_in_walk))
+    plan.tensors["kdk"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
   plan.tensors["dv_intra"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.V});
   for (const char* name : {"dq", "dk"}) plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});
   plan.tensors["dv"] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.V});

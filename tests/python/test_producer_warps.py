@@ -65,7 +65,8 @@ BWD_CASES = [  # op, options, extra inputs, gradients
 @pytest.mark.parametrize("op,options,extra,grads", BWD_CASES,
                          ids=["linear_attn", "gated_linear_attn", "normalized_linear_attn", "gla"])
 def test_producer_warps_compute_the_same_gradients(linac, op, options, extra, grads, packed):
-    # The backward's walks (--bwd-config producer); the forward's are the test above's.
+    # The backward's walks (`--config producer` with --backward; at these 8 heads every form runs its walks,
+    # not a split schedule); the forward's are the test above's.
     B, T, H, K = 2, 300, 4, 128
     inputs = make_inputs(29, extra, B, T, H, K)
     inputs["do"] = make_inputs(31, {}, B, T, H, K)["q"]

@@ -37,7 +37,8 @@ KNOWN_SPILLS = {
     # T and products) on top of the ungated kernel's. It spilled 416-516 bytes at head dim 64 (1.7 KB in
     # fp32) until the reductions in registers (session 23) and the factors on dT's products (session 25);
     # now only its fp32 form, in value steps, at 255 registers: 4 bytes on sm_90a, 8 on sm_80 (ptxas
-    # 13.0; at the chunks of 16 a gated fp32 call over V = 64 takes, 8 on both). (The ungated kernel
+    # 13.0; listed at chunks of 16, as a gated fp32 call over V = 64 runs it, 8 on sm_90a and 4 on
+    # sm_80: not listed so). (The ungated kernel
     # split in two, output terms then the UT adjoint, was slower on an H200: 0.90 + 1.03 ms against 1.41
     # fused; removed.) Its key-block half (gated_delta_rule_bwd_chunk_ut) no longer spills.
     "gated_delta_rule_bwd_chunk": {"fp32": 8},

@@ -55,10 +55,4 @@ bool producer_warps_apply(const std::vector<std::shared_ptr<ir::Kernel>>& kernel
   return true;
 }
 
-int default_producer_warps(DType dtype,
-                           const std::function<std::vector<std::shared_ptr<ir::Kernel>>(int)>& kernels_of,
-                           const OpOptions& opts) {
-  return dtype != DType::f32 && producer_warps_apply(kernels_of(4), opts) ? 4 : 0;
-}
-
 }  // namespace linac

@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/common/config_schema.h"
 #include "kernels/op.h"
 
 namespace linac {
@@ -28,12 +29,17 @@ bool fits_gpu(const std::vector<std::shared_ptr<ir::Kernel>>& kernels, const OpO
 /// UserError). Families default to producer warps only where this holds.
 bool producer_warps_apply(const std::vector<std::shared_ptr<ir::Kernel>>& kernels, const OpOptions& opts);
 
-/// The producer warps a family's kernels take unless asked (the rule for every family that offers them):
-/// 4 in 16 bits where they apply to `kernels_of(4)` (producer_warps_apply), else 0. Where a family
-/// offers them is its own rule (measured: docs/hopper.md, "Session 33").
-int default_producer_warps(DType dtype,
-                           const std::function<std::vector<std::shared_ptr<ir::Kernel>>(int)>& kernels_of,
-                           const OpOptions& opts);
+/// The producer warps a family's kernels take unless asked (`--config producer`), the rule for every
+/// family that offers them: cfg.*warps becomes 4 in 16 bits where they apply (producer_warps_apply) to
+/// `kernels_of(c)`, the kernels the plan launches at c = cfg with 4, else 0. Where a family offers them is
+/// its own rule (measured: docs/hopper.md, "Session 33" and "Session 34").
+template <class C, class KernelsOf>
+void default_producer_warps(C& cfg, int C::*warps, const KernelsOf& kernels_of, const OpOptions& opts) {
+  if (producer_key().asked(opts)) return;
+  C with = cfg;
+  with.*warps = 4;
+  cfg.*warps = cfg.dtype != DType::f32 && producer_warps_apply(kernels_of(with), opts) ? 4 : 0;
+}
 
 /// The first of `proposals` (non-empty) whose kernels fit (`kernels_of`: the kernels the plan launches
 /// with that configuration); the last when none does, whose compile then says what does not fit.

@@ -232,12 +232,9 @@ DeltaRuleConfig delta_rule_config(const char* op, bool gated, int64_t K, int64_t
   //    ring takes them: faster for both ops at the bar shape and at few heads (H200: walks 6-21%,
   //    docs/hopper.md, "Session 33"), and for the walk saving the backward's tensors. Not beside the
   //    walk's producers (overlap: it waits for flags).
-  if (!producer_key().asked(opts) && walks && !cfg.overlap) {
-    cfg.producer_warps = default_producer_warps(cfg.dtype, [&](int warps) {
-      DeltaRuleConfig c = cfg;
-      c.producer_warps = warps;
-      return walk_of(c.num_stages, c);
-    }, opts);
+  if (walks && !cfg.overlap) {
+    auto walk = [&](const DeltaRuleConfig& c) { return walk_of(c.num_stages, c); };
+    default_producer_warps(cfg, &DeltaRuleConfig::producer_warps, walk, opts);
   }
   return cfg;
 }

@@ -284,13 +284,10 @@ OpPlan plan_delta_rule_chunked_bwd(bool gated, const TensorMap& inputs, const Op
   cfg.varlen = seq.varlen;
   // A warpgroup of its own filling the state walks' TMA rings (producer warps) in 16 bits, where their
   // rings take them, as the forward's walk (docs/hopper.md, "Session 33").
-  if (!producer_key().asked(opts)) {
-    cfg.walk_producer_warps = default_producer_warps(cfg.dtype, [&](int warps) {
-      DeltaChunkedBwdConfig c = cfg;
-      c.walk_producer_warps = warps;
-      return std::vector<std::shared_ptr<ir::Kernel>>{cached(c, DeltaBwdKernel::states), cached(c, DeltaBwdKernel::dstates)};
-    }, opts);
-  }
+  default_producer_warps(cfg, &DeltaChunkedBwdConfig::walk_producer_warps, [](const DeltaChunkedBwdConfig& c) {
+    return std::vector<std::shared_ptr<ir::Kernel>>{cached(c, DeltaBwdKernel::states),
+                                                    cached(c, DeltaBwdKernel::dstates)};
+  }, opts);
   const int64_t BT = cfg.chunk;
   const int64_t v_blocks = (seq.V + cfg.block_v - 1) / cfg.block_v;
 

@@ -167,13 +167,8 @@ GlaConfig gla_config(const OpOptions& opts, int64_t K, int64_t V, const Sequence
   // A warpgroup of its own filling the walks' TMA ring (producer warps) in 16 bits, where their rings
   // take them: faster at the bar shape and in segments (H200, walk 0.235 -> 0.200 ms at B8 T4096 H16
   // D128; docs/ops/gla.md, "Measured", session 34).
-  if (!producer_key().asked(opts)) {
-    cfg.producer_warps = default_producer_warps(cfg.dtype, [&](int warps) {
-      GlaConfig c = cfg;
-      c.producer_warps = warps;
-      return forward_walk_kernels(c, segments);
-    }, opts);
-  }
+  default_producer_warps(
+      cfg, &GlaConfig::producer_warps, [&](const GlaConfig& c) { return forward_walk_kernels(c, segments); }, opts);
   return cfg;
 }
 

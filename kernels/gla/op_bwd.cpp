@@ -215,13 +215,7 @@ void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts, const SequenceLa
   cfg.state_block_v = std::min(cfg.state_block_v, cfg.block_v);
   // A warpgroup of its own filling the walks' TMA ring (producer warps) in 16 bits, where their rings
   // take them (docs/ops/gla.md, "Measured", session 34).
-  if (!producer_key().asked(opts) && !cfg.split) {
-    cfg.walk_producer_warps = default_producer_warps(cfg.dtype, [&](int warps) {
-      GlaChunkedBwdConfig c = cfg;
-      c.walk_producer_warps = warps;
-      return bwd_kernels(c);
-    }, opts);
-  }
+  if (!cfg.split) default_producer_warps(cfg, &GlaChunkedBwdConfig::walk_producer_warps, bwd_kernels, opts);
 }
 
 }  // namespace

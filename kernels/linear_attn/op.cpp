@@ -280,12 +280,10 @@ OpPlan plan_linear_attn_form(const TensorMap& inputs, const OpOptions& opts, con
   // A warpgroup of its own filling the gated walks' TMA ring (producer warps) in 16 bits, where their
   // rings take them: faster at the bar shape and at few heads (H200, gated walk 0.334 -> 0.273 ms at B8
   // T4096 H16 D128); not ungated, whose walk needs all 255 registers there (docs/hopper.md, "Session 33").
-  if (!producer_key().asked(opts) && gated) {
-    cfg.producer_warps = default_producer_warps(cfg.dtype, [&](int warps) {
-      LinearAttnConfig c = cfg;
-      c.producer_warps = warps;
-      return forward_kernels(c, seq);
-    }, opts);
+  if (gated) {
+    default_producer_warps(
+        cfg, &LinearAttnConfig::producer_warps, [&](const LinearAttnConfig& c) { return forward_kernels(c, seq); },
+        opts);
   }
   const int64_t segments = segments_per_sequence("linear_attn", seq, cfg.segment, cfg.chunk);
 

@@ -136,13 +136,7 @@ void configure(LinearAttnBwdConfig& cfg, const OpOptions& opts, int64_t heads = 
   // A warpgroup of its own filling the walks' TMA ring (producer warps) in 16 bits, where their rings
   // take them: faster for every form measured (H200, B8 T4096 H16 D128: plain 0.563 -> 0.527 ms, gated
   // 1.083 -> 0.951, normalized 1.427 -> 1.365; docs/ops/linear_attn.md, "Measured", session 34).
-  if (!producer_key().asked(opts)) {
-    cfg.producer_warps = default_producer_warps(cfg.dtype, [&](int warps) {
-      LinearAttnBwdConfig c = cfg;
-      c.producer_warps = warps;
-      return walk_kernels(c);
-    }, opts);
-  }
+  default_producer_warps(cfg, &LinearAttnBwdConfig::producer_warps, walk_kernels, opts);
 }
 
 }  // namespace

@@ -67,6 +67,22 @@ bool registers_are_a_fragments(const Layout& a, const Layout& result) {
          a.wm == result.wm && a.warpgroups == result.warpgroups;
 }
 
+int row_run(const Layout& l) {
+  if (l.shape.size() != 2) return 1;
+  switch (l.kind) {
+    case Layout::Kind::Mma: return 2;  // columns tn * 8 + 2 (lane % 4), and the next
+    case Layout::Kind::Blocked: {
+      // The thread's first column is a multiple of vec where vec divides the row and a pass covers whole
+      // rows or divides one (the lowering's coords_of adds the register's part per axis then).
+      const int64_t n = l.shape[1], per_pass = int64_t{l.num_threads} * l.vec;
+      const int64_t covered = per_pass * ((l.regs_per_thread() + l.vec - 1) / l.vec);
+      const bool rows_split_exactly = covered <= l.numel() && (per_pass % n == 0 || n % per_pass == 0);
+      return rows_split_exactly && n % l.vec == 0 ? l.vec : 1;
+    }
+    default: return 1;
+  }
+}
+
 namespace {
 
 bool power_of_two(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }

@@ -70,6 +70,11 @@ Layout store_layout(const ir::Value* v, const Layout& own, bool is_data, int num
 /// arrangement, so both cover the same 16-row tiles per warp (smem_plan.h dot_a_in_registers).
 bool registers_are_a_fragments(const Layout& a, const Layout& result);
 
+/// How many consecutive registers of `l`, from each multiple of that count, hold consecutive elements of
+/// one row, the first at a column that is a multiple of the count: 2 in the mma layout (a lane's column
+/// pairs), vec in a blocked layout whose passes split rows exactly; 1 where the layout promises no run.
+int row_run(const Layout& l);
+
 /// How a reduction of a 2-D tile along one axis runs from registers (register_reduction): each thread
 /// folds its registers that share a kept coordinate (`groups`, each in ascending register order), then the
 /// lanes that differ only along the reduced axis with butterfly shuffles (`lane_xors`), then the warps

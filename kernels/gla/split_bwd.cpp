@@ -169,6 +169,9 @@ std::shared_ptr<ir::Kernel> build_gla_bwd_dg_offsets(const GlaSplitBwdConfig& cf
   const DType f32 = DType::f32;
   KernelBuilder kb("gla_bwd_dg_offsets");
   kb.set_num_warps(4);
+  // One program per (sequence, head), too few to share SMs: left to choose, ptxas held it to 96 registers
+  // (blocks per SM it never gets) and spilled 4 bytes.
+  kb.set_min_ctas_per_sm(1);
   Tensor dg_chunk = kb.tensor("dg_chunk", f32, 4);  // [B, NT, H, K]
   Tensor dht = cfg.final_state_grad ? kb.tensor("dfinal_state", f32, 4) : Tensor();
   Tensor ht = cfg.final_state_grad ? kb.tensor("final_state", f32, 4) : Tensor();  // S_T, from gla_bwd_states

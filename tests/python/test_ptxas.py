@@ -66,6 +66,12 @@ KNOWN_SPILLS = {
     # against 3.52-3.89 before (H200, B1 T64K H8, docs/ops/poly.md). Query rows in blocks of 64 in the
     # loop over the segment's chunks took sm_80 to 8 bytes but ran 3.83 ms: not kept.
     "poly_bwd_dkv": {"bf16/sm_80": 48, "fp16/sm_80": 32},
+    # poly's outputs run three blocks of 4 warps per SM in 16 bits (kernels/poly/op.cpp: 168 registers, a
+    # trade measured faster than fewer blocks without spills, docs/ops/poly.md session 17). Since the
+    # shared-memory accesses of swizzled buffers went in 16-byte runs (session 35, KernelLowering::
+    # swizzled_run), ptxas spills 4 bytes there in fp16 (none in bf16; at `--config ctas=2` none in the
+    # representative form at 213 registers, 8 bytes in another at 128); the trade was not measured again.
+    "poly_fwd_out": {"fp16/sm_90a": 4},
 }
 
 

@@ -15,10 +15,6 @@ DeviceLimits device_limits(const OpOptions& opts) {
           opts.sm > 0 ? opts.sm : kReferenceGpu.sm};
 }
 
-// 9 in 10: one program per head at 128 (sequences x heads) fills an H100's 132 SMs; a wave of 119 or
-// more leaves too few idle for a schedule with more programs to win back its extra work.
-bool fills_gpu(int64_t programs, const OpOptions& opts) { return 10 * programs >= 9 * device_limits(opts).sms; }
-
 bool few_walks(int64_t walks, const OpOptions& opts) { return 2 * walks <= device_limits(opts).sms; }
 
 int64_t columns_for_walks(int64_t columns, int64_t padded, int64_t heads, int64_t narrowest, const OpOptions& opts) {

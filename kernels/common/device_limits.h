@@ -1,9 +1,9 @@
-// What a plan's defaults know of the GPU the call runs on, and the one rule each for "these programs
-// fill the GPU" and "these walks leave it idle". The runtime sets OpOptions::num_sms, max_smem_per_block
-// and sm for CUDA calls; where no GPU is known (`linac plan`, `linac compile --shape`, CPU runs) the
-// reference GPU stands in: an H100 (132 SMs, sm_90, 227 KB of shared memory per block), the card the
-// defaults were measured on (docs/ops/*.md, "Measured"), so a plan made without a GPU is the one an H100
-// runs. No default reads OpOptions::max_smem_per_block itself: what fits is kernels/common/fitting.h's.
+// What a plan's defaults know of the GPU the call runs on, and the one rule for "these walks leave it
+// idle". The runtime sets OpOptions::num_sms, max_smem_per_block and sm for CUDA calls; where no GPU is
+// known (`linac plan`, `linac compile --shape`, CPU runs) the reference GPU stands in: an H100 (132 SMs,
+// sm_90, 227 KB of shared memory per block), the card the defaults were measured on (docs/ops/*.md,
+// "Measured"), so a plan made without a GPU is the one an H100 runs. No default reads
+// OpOptions::max_smem_per_block itself: what fits is kernels/common/fitting.h's.
 #pragma once
 #include <cstdint>
 
@@ -20,9 +20,6 @@ struct DeviceLimits {
 
 /// The limits of the call's GPU (each field from `opts` where set, else the reference GPU's).
 DeviceLimits device_limits(const OpOptions& opts);
-
-/// Whether one launch of `programs` programs keeps (nearly) every SM busy: at least 9 in 10 of them.
-bool fills_gpu(int64_t programs, const OpOptions& opts);
 
 /// Whether `walks` (programs that each carry a state through a whole sequence) leave at least half of
 /// the SMs idle: where a schedule with more, shorter programs (narrower column blocks, segments, the

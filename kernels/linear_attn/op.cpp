@@ -26,6 +26,21 @@ namespace {
 
 std::shared_ptr<ir::Kernel> cached_linear_attn_fwd(const LinearAttnConfig& cfg);
 
+/// Whether the walks take 128 value columns per program rather than 64, given `wide_walks`, their count
+/// at 128 columns: unless the 64-column programs (twice as many) all run at once on the GPU (few_walks)
+/// and no segments give the programs, 128. Between half the SMs and all of them the 64-column programs
+/// take two waves where the 128-column ones take one (B1 T8192 H96 D128, 96 walks on an H200: 0.406 ->
+/// 0.299 ms, gated 0.912 -> 0.533; docs/ops/linear_attn.md, "Measured").
+bool wide_value_blocks(int64_t wide_walks, bool segmented, const OpOptions& opts) {
+  return !few_walks(wide_walks, opts) || segmented;
+}
+
+/// Whether a walk's fp32 state of [K, 128] fits its registers beside the rest: up to K = 128. At 256 the
+/// gated walk spills 1308 bytes (sm_90a), the plain one 8 (255 registers; it ran 0.846 -> 0.614 ms at
+/// B8 T2048 H32 on an H200 before the shared-memory runs of session 35, when it spilled none:
+/// docs/ops/linear_attn.md, "Measured").
+bool wide_state_fits(int64_t K) { return K <= 128; }
+
 /// The normalized kernel's configuration (it takes the same tuning keys as the plain one).
 const ConfigSchema<LinearAttnNormalizedConfig>& normalized_schema() {
   using C = LinearAttnNormalizedConfig;
@@ -94,11 +109,12 @@ LinearAttnNormalizedConfig normalized_config(const OpOptions& opts, const Sequen
   // warps: faster, although ptxas spills 64 bytes at 255 registers there (sm_90a). Where even the walks
   // in 64-column blocks are few, the sequences are cut in segments (default_segment) and the 128-column
   // blocks are first too: the segments give the programs (at 64 sequences x heads the 64-column walks
-  // without segments ran as fast, gated faster). Timings: docs/ops/linear_attn.md, "Measured".
+  // without segments ran as fast, gated faster). The rule is the forward's (wide_value_blocks).
+  // Timings: docs/ops/linear_attn.md, "Measured".
   const int64_t wide_walks = heads * ((V + 127) / 128);
   const bool segmented = seq && default_segment(*seq, heads * ((V + 63) / 64), 64, opts) > 0;
   const bool wide =
-      opts.dtype != DType::f32 && K <= 128 && V > 64 && heads > 0 && (fills_gpu(wide_walks, opts) || segmented);
+      opts.dtype != DType::f32 && wide_state_fits(K) && V > 64 && heads > 0 && wide_value_blocks(wide_walks, segmented, opts);
   std::vector<std::pair<int, int>> chunk_and_bv;  // in order of preference
   if (wide) chunk_and_bv.push_back({64, 128});
   for (int chunk : {32, 16}) chunk_and_bv.push_back({chunk, std::min(64, padded_head_dim(V))});
@@ -203,9 +219,8 @@ SegmentCombineConfig combine_config(const LinearAttnConfig& cfg) {
 /// (fp32 tiles are twice as large); fp32 above head dim 64 from 32 on: chunk 64 fits there but measured slower than 32
 /// (docs/ops/linear_attn.md, "Measured"). For each, the defaults the tuner starts from (and what runs
 /// without it), chosen by measurement (docs/ops/linear_attn.md, "Measured" and "Segments"): one program
-/// per head and 128 value columns when that fills the GPU or the sequences are cut in segments (the
-/// segments then give the programs, and each walk forms its scores once for all 128 columns), else 64
-/// columns (more programs), 8 warps for wide heads.
+/// per head and 128 value columns (wide_value_blocks) unless the 64-column programs all run in one
+/// wave (few walks) without segments, else 64 columns (more programs), 8 warps for wide heads.
 std::vector<LinearAttnConfig> forward_proposals(const SequenceLayout& seq, const OpOptions& opts, bool gated,
                                                 bool initial_state, bool final_state) {
   std::vector<LinearAttnConfig> proposals;
@@ -223,7 +238,8 @@ std::vector<LinearAttnConfig> forward_proposals(const SequenceLayout& seq, const
     const int64_t wide_walks = seq.N * seq.H * ((seq.V + 127) / 128);
     if (seq.V <= 64) {
       cfg.block_v = padded_head_dim(seq.V), cfg.num_warps = 4;
-    } else if (seq.K <= 128 && (fills_gpu(wide_walks, opts) || default_segment(seq, wide_walks, cfg.chunk, opts) > 0)) {
+    } else if (wide_state_fits(seq.K) &&
+               wide_value_blocks(wide_walks, default_segment(seq, wide_walks, cfg.chunk, opts) > 0, opts)) {
       cfg.block_v = 128;
     }
     cfg.num_stages = 2;

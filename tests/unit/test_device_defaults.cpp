@@ -35,11 +35,8 @@ std::shared_ptr<ir::Kernel> gated_fp32_forward(const OpOptions& gpu) {
 
 }  // namespace
 
-TEST_CASE("fills_gpu and few_walks read the call's SM count, else the reference GPU's 132") {
+TEST_CASE("few_walks reads the call's SM count, else the reference GPU's 132") {
   const OpOptions unknown, small = on_gpu(16, 0, 0);
-  CHECK(fills_gpu(128, unknown));
-  CHECK_FALSE(fills_gpu(64, unknown));
-  CHECK(fills_gpu(16, small));
   CHECK(few_walks(66, unknown));
   CHECK_FALSE(few_walks(67, unknown));
   CHECK_FALSE(few_walks(9, small));
@@ -56,4 +53,29 @@ TEST_CASE("a default bounded by shared memory is the first proposal that fits th
   CHECK(planned_smem_bytes(on_sm90, sm80) > 166912);  // what sm_80 would have been given without the planner
   CHECK(planned_smem_bytes(on_sm80, sm80) <= 166912);
   CHECK(gated_fp32_forward(OpOptions{}) == on_sm90);  // no GPU known: the reference GPU's
+}
+
+namespace {
+
+/// The value blocks of linear_attn's bf16 forward walk at [B, T, H, D] (its grid's first axis).
+int64_t forward_value_blocks(int64_t B, int64_t T, int64_t H, int64_t D, bool gated) {
+  TensorMap in;
+  for (const char* n : {"q", "k", "v"}) in[n] = HostTensor::zeros(DType::bf16, {B, T, H, D});
+  if (gated) in["g"] = HostTensor::zeros(DType::f32, {B, T, H});
+  OpOptions opts;
+  opts.dtype = DType::bf16;
+  const OpPlan plan = find_op("linear_attn").prepare(in, opts, {"o"});
+  return plan.launches.back().grid[0];
+}
+
+}  // namespace
+
+TEST_CASE("linear_attn's walks take 128 value columns unless 64-column programs all run at once") {
+  // 96 walks on the reference GPU's 132 SMs: 192 programs of 64 columns would take two waves.
+  CHECK(forward_value_blocks(1, 8192, 96, 128, false) == 1);
+  CHECK(forward_value_blocks(1, 8192, 96, 128, true) == 1);
+  // 32 walks, too short for segments: 64 programs of 64 columns run at once.
+  CHECK(forward_value_blocks(1, 256, 32, 128, false) == 2);
+  // Head dim 256: 64 columns (a [256, 128] state spills).
+  CHECK(forward_value_blocks(8, 2048, 32, 256, false) == 4);
 }

@@ -67,8 +67,21 @@ const ConfigSchema<GlaChunkedBwdConfig>& chunked_schema() {
   return schema;
 }
 
-std::shared_ptr<ir::Kernel> cached(const GlaChunkedBwdConfig& cfg, GlaBwdKernel which) {
+/// `cfg` with the fields kernel `which` does not read at their defaults: the memo's key covers every
+/// field, and a call that tries both dg_in_walk proposals (or producer warps and none) would otherwise
+/// record the kernels that ignore them twice.
+GlaChunkedBwdConfig fields_read_by(GlaChunkedBwdConfig cfg, GlaBwdKernel which) {
+  const GlaChunkedBwdConfig defaults;
+  if (which != GlaBwdKernel::dkdv) cfg.dg_in_walk = defaults.dg_in_walk;
+  const bool walk = which == GlaBwdKernel::dq || which == GlaBwdKernel::dk || which == GlaBwdKernel::dv ||
+                    which == GlaBwdKernel::dkdv;
+  if (!walk) cfg.walk_producer_warps = defaults.walk_producer_warps;
+  return cfg;
+}
+
+std::shared_ptr<ir::Kernel> cached(const GlaChunkedBwdConfig& asked, GlaBwdKernel which) {
   static KernelMemo memo;
+  const GlaChunkedBwdConfig cfg = fields_read_by(asked, which);
   return memo.get(chunked_schema().key(cfg, which), [&]() -> std::shared_ptr<ir::Kernel> {
     switch (which) {
       case GlaBwdKernel::intra: return build_gla_bwd_intra(cfg);

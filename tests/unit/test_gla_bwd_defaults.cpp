@@ -86,3 +86,13 @@ TEST_CASE("gla's split schedule: chunk 32 in fp32, the state passes two stages d
   const OpPlan a100 = backward({.dtype = DType::bf16, .B = 2, .T = 2048, .max_smem = kA100Smem, .config = {{"split", 1}}});
   CHECK(fits_gpu(kernels_of(a100), on_gpu(kA100Smem)));
 }
+
+TEST_CASE("gla's backward records a kernel once whatever the options it does not read") {
+  // gla_bwd_intra reads neither the walks' producer warps nor where dg is formed: with and without
+  // producer warps (16 bits, where the walks take them by default) it is the same recorded kernel, the
+  // walks are not.
+  const OpPlan with = backward({.dtype = DType::bf16}), without = backward({.dtype = DType::bf16, .config = {{"producer", 0}}});
+  CHECK(launch(with, "gla_bwd_intra").kernel == launch(without, "gla_bwd_intra").kernel);
+  CHECK(launch(with, "gla_bwd_dq").kernel != launch(without, "gla_bwd_dq").kernel);
+  CHECK(launch(with, "gla_bwd_dq").kernel->producer_warps == 4);
+}

@@ -481,38 +481,6 @@ int KernelLowering::swizzled_run(const ir::Value* v, const Layout& l) {
   return run;
 }
 
-// stmatrix m8n8.x4 writes four 8 x 8 blocks of 16-bit elements from the registers of the mma layout
-// (a lane's register i holds row lane / 4, columns 2 (lane % 4) and the next, of block i), each lane
-// giving the address of one block row (16 bytes): one instruction where a lane's 4-byte pairs took
-// eight stores. The blocks are a warp's two neighbouring 16 x 8 tiles, rows 0-7 and 8-15 of each: its
-// registers r .. r + 7 (r a multiple of 8). Rows must start at 16-byte boundaries: swizzled buffers
-// keep 16-byte units whole, padded rows are multiples of 16 bytes where the row is of 8 elements.
-bool KernelLowering::spill_by_stmatrix(const ir::Value* v, const Layout& l, const Regs& rs) {
-  const DType t = v->type.dtype;
-  if (sm_ < 90 || l.kind != Layout::Kind::Mma || (t != DType::bf16 && t != DType::f16)) return false;
-  if ((l.shape[1] / l.wn / 8) % 2 != 0) return false;
-  const passes::SmemBuffer& buf = smem_.buffers.at(v);
-  if (!buf.swizzle_bytes && buf.row_stride * dtype_bytes(t) % 16 != 0) return false;
-  llvm::Value* lane = b_.CreateURem(tid_, i32(32));
-  llvm::Value* block = b_.CreateUDiv(lane, i32(8));  // which of the four blocks this lane addresses a row of
-  const MmaWarp w = mma_warp(l);
-  llvm::Value* row_t = b_.CreateAdd(w.row0, b_.CreateAdd(b_.CreateURem(lane, i32(8)), b_.CreateMul(b_.CreateURem(block, i32(2)), i32(8))));
-  llvm::Value* col_t = b_.CreateAdd(w.col0, b_.CreateMul(b_.CreateUDiv(block, i32(2)), i32(8)));
-  auto* pair = llvm::FixedVectorType::get(llvm_type(t), 2);
-  auto pack = [&](llvm::Value* lo, llvm::Value* hi) {
-    llvm::Value* p = b_.CreateInsertElement(llvm::PoisonValue::get(pair), lo, uint64_t{0});
-    return b_.CreateBitCast(b_.CreateInsertElement(p, hi, uint64_t{1}), b_.getInt32Ty());
-  };
-  for (int r = 0; r < l.regs_per_thread(); r += 8) {
-    const auto rc = l.register_coords(r);
-    llvm::Value* addr = smem_addr(v, {b_.CreateAdd(row_t, i32(rc[0])), b_.CreateAdd(col_t, i32(rc[1]))});
-    b_.CreateIntrinsic(llvm::Intrinsic::nvvm_stmatrix_sync_aligned_m8n8_x4_b16, {addr->getType()},
-                       {addr, pack(rs[r], rs[r + 1]), pack(rs[r + 2], rs[r + 3]), pack(rs[r + 4], rs[r + 5]),
-                        pack(rs[r + 6], rs[r + 7])});
-  }
-  return true;
-}
-
 void KernelLowering::spill(const ir::Value* v) {
   Layout l = cls(v) == ValueClass::Data
                  ? layout(v)
@@ -523,7 +491,6 @@ void KernelLowering::spill(const ir::Value* v) {
   // The buffer may still be read by other threads (a previous iteration, or a value whose live range
   // ended just before): wait for them if needed; readers wait for the writes (before_smem_read).
   before_smem_write(v);
-  if (!replicated && spill_by_stmatrix(v, l, rs)) return;
   if (const int run = replicated ? 1 : swizzled_run(v, l); run > 1) {
     auto* vty = llvm::FixedVectorType::get(llvm_type(v->type.dtype), run);
     for (int r = 0; r < l.regs_per_thread(); r += run) {

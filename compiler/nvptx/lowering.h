@@ -143,8 +143,6 @@ class KernelLowering {
   void lower_load(const ir::Op& op);
   void lower_store(const ir::Op& op);
   void spill(const ir::Value* v);
-  /// Writes `rs` (v's registers in the mma layout `l`) to v's buffer with stmatrix where it can (sm_90).
-  bool spill_by_stmatrix(const ir::Value* v, const passes::Layout& l, const Regs& rs);
   llvm::Value* smem_read(const ir::Value* v, const Coords& c);
   /// Registers of `l` read or written as one vector in `v`'s buffer where it is swizzled (1 elsewhere).
   int swizzled_run(const ir::Value* v, const passes::Layout& l);

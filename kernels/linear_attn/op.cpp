@@ -35,11 +35,11 @@ bool wide_value_blocks(int64_t wide_walks, bool segmented, const OpOptions& opts
   return !few_walks(wide_walks, opts) || segmented;
 }
 
-/// Whether a walk's fp32 state of [K, 128] fits its registers beside the rest: up to K = 128. At 256 the
-/// gated walk spills 1308 bytes (sm_90a), the plain one 8 (255 registers; it ran 0.846 -> 0.614 ms at
-/// B8 T2048 H32 on an H200 before the shared-memory runs of session 35, when it spilled none:
-/// docs/ops/linear_attn.md, "Measured").
-bool wide_state_fits(int64_t K) { return K <= 128; }
+/// Whether a walk's fp32 state of [K, 128] fits its registers beside the rest: up to K = 128, and
+/// ungated up to 256 (255 registers, no spill on sm_80 and sm_90a; B8 T2048 H32 D256 on an H200: 0.846 ->
+/// 0.614 ms against 64 columns). The gated walk spills at K = 256 (1308 bytes on sm_90a: its decayed K
+/// is another [chunk, K] tile).
+bool wide_state_fits(int64_t K, bool gated) { return K <= (gated ? 128 : 256); }
 
 /// The normalized kernel's configuration (it takes the same tuning keys as the plain one).
 const ConfigSchema<LinearAttnNormalizedConfig>& normalized_schema() {
@@ -114,7 +114,7 @@ LinearAttnNormalizedConfig normalized_config(const OpOptions& opts, const Sequen
   const int64_t wide_walks = heads * ((V + 127) / 128);
   const bool segmented = seq && default_segment(*seq, heads * ((V + 63) / 64), 64, opts) > 0;
   const bool wide =
-      opts.dtype != DType::f32 && wide_state_fits(K) && V > 64 && heads > 0 && wide_value_blocks(wide_walks, segmented, opts);
+      opts.dtype != DType::f32 && K <= 128 && V > 64 && heads > 0 && wide_value_blocks(wide_walks, segmented, opts);
   std::vector<std::pair<int, int>> chunk_and_bv;  // in order of preference
   if (wide) chunk_and_bv.push_back({64, 128});
   for (int chunk : {32, 16}) chunk_and_bv.push_back({chunk, std::min(64, padded_head_dim(V))});
@@ -223,7 +223,7 @@ SegmentCombineConfig combine_config(const LinearAttnConfig& cfg) {
 /// wave (few walks) without segments, else 64 columns (more programs), 8 warps for wide heads.
 std::vector<LinearAttnConfig> forward_proposals(const SequenceLayout& seq, const OpOptions& opts, bool gated,
                                                 bool initial_state, bool final_state) {
-  std::vector<LinearAttnConfig> proposals;
+  std::vector<LinearAttnConfig> proposals, narrower;
   const bool wide_fp32 = opts.dtype == DType::f32 && padded_head_dim(seq.K) > 64;
   // Chunks of 128 were measured with sm_90a's TMA ring only; the gated walk at 128 rows spills (ptxas
   // 13.0: 284 bytes at K = V = 64, 452 at 128), so it keeps 64.
@@ -238,19 +238,30 @@ std::vector<LinearAttnConfig> forward_proposals(const SequenceLayout& seq, const
     const int64_t wide_walks = seq.N * seq.H * ((seq.V + 127) / 128);
     if (seq.V <= 64) {
       cfg.block_v = padded_head_dim(seq.V), cfg.num_warps = 4;
-    } else if (wide_state_fits(seq.K) &&
+    } else if (wide_state_fits(seq.K, gated) &&
                wide_value_blocks(wide_walks, default_segment(seq, wide_walks, cfg.chunk, opts) > 0, opts)) {
       cfg.block_v = 128;
     }
     cfg.num_stages = 2;
-    cfg.segment = default_segment(seq, seq.N * seq.H * ((seq.V + cfg.block_v - 1) / cfg.block_v), cfg.chunk, opts);
-    linear_attn_schema().apply(opts, cfg);
-    cfg.gated = gated;
-    cfg.initial_state = initial_state;
-    cfg.final_state = final_state;
-    cfg.varlen = seq.varlen;
-    proposals.push_back(cfg);
+    auto completed = [&](LinearAttnConfig c) {
+      c.segment = default_segment(seq, seq.N * seq.H * ((seq.V + c.block_v - 1) / c.block_v), c.chunk, opts);
+      linear_attn_schema().apply(opts, c);
+      c.gated = gated;
+      c.initial_state = initial_state;
+      c.final_state = final_state;
+      c.varlen = seq.varlen;
+      return c;
+    };
+    proposals.push_back(completed(cfg));
+    if (cfg.block_v == 128) {
+      cfg.block_v = 64;
+      narrower.push_back(completed(cfg));
+    }
   }
+  // 64 columns after every 128-column proposal: at head dim 256 the segment schedule's output walk stages
+  // its [256, 128] fp32 input state in 128 KB of shared memory, more than an sm_80 block has beside its
+  // chunks.
+  proposals.insert(proposals.end(), narrower.begin(), narrower.end());
   return proposals;
 }
 

@@ -143,13 +143,16 @@ bool fused_dkdv(const GlaChunkedBwdConfig& cfg) {
   return cfg.fuse_dkdv && cfg.split_k == cfg.block_k && cfg.split_v == cfg.block_v;
 }
 
+/// Whether the fused dk/dv walk forms dg (dg_in_walk): then neither gla_bwd_dg nor k .* dk's tensor.
+bool dg_in_dkdv_walk(const GlaChunkedBwdConfig& cfg) { return fused_dkdv(cfg) && cfg.dg_in_walk; }
+
 /// The kernels the chunked backward's plan launches at `cfg`, in order: gla_bwd_intra, then the split
 /// schedule's (the decayed operands, the two state passes, every chunk's gradients, dg's offsets and
 /// sums) or the walks (dq; dk and dv, fused or not; dg).
 std::vector<GlaBwdKernel> bwd_launch_order(const GlaChunkedBwdConfig& cfg) {
   using K = GlaBwdKernel;
   if (cfg.split) return {K::intra, K::gates, K::states, K::dstates, K::inter, K::dg_offsets, K::dg_add};
-  if (fused_dkdv(cfg) && cfg.dg_in_walk) return {K::intra, K::dq, K::dkdv};  // dkdv forms dg
+  if (dg_in_dkdv_walk(cfg)) return {K::intra, K::dq, K::dkdv};
   if (fused_dkdv(cfg)) return {K::intra, K::dq, K::dkdv, K::dg};
   return {K::intra, K::dq, K::dk, K::dv, K::dg};
 }
@@ -265,7 +268,7 @@ OpPlan plan_gla_chunked_bwd(const TensorMap& inputs, const OpOptions& opts, cons
   for (const char* name : {"dq_intra", "dk_intra"})
     plan.tensors[name] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
   if (!cfg.split) plan.tensors["qdq"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
-  if (!cfg.split && !(fused_dkdv(cfg) && cfg.dg_in_walk))
+  if (!cfg.split && !dg_in_dkdv_walk(cfg))
     plan.tensors["kdk"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.K});
   plan.tensors["dv_intra"] = HostTensor::zeros(DType::f32, {seq.B, seq.T, seq.H, seq.V});
   for (const char* name : {"dq", "dk"}) plan.tensors[name] = HostTensor::zeros(cfg.dtype, {seq.B, seq.T, seq.H, seq.K});

@@ -432,6 +432,20 @@ Regs KernelLowering::get_in_layout(const ir::Value* v, const Layout& l) {
     return Regs(l.regs_per_thread(), s);
   }
   if (cls(v) == ValueClass::Data && layout(v) == l && !pipelined(v)) return regs_.at(v);
+  if (auto transposed = transpose_by_ldmatrix(v, l)) return *transposed;
+  if (cls(v) == ValueClass::Remat && reads_transpose_by_ldmatrix(v, l)) {
+    // Math on such a transpose, operand by operand over the layout's registers (element by element,
+    // eval_at would read the transpose one element at a time).
+    std::vector<Regs> in;
+    for (const ir::Value* o : v->def->operands) in.push_back(get_in_layout(o, l));
+    Regs out(l.regs_per_thread());
+    for (int r = 0; r < l.regs_per_thread(); ++r) {
+      std::vector<llvm::Value*> args;
+      for (auto& x : in) args.push_back(x[r]);
+      out[r] = element_op(*v->def, args);
+    }
+    return out;
+  }
   Regs out(l.regs_per_thread());
   if (const int run = cls(v) == ValueClass::Data ? swizzled_run(v, l) : 1; run > 1) {
     // Read from its swizzled buffer (spilled, or a pipelined load's stage) a run at a time.

@@ -146,6 +146,11 @@ class KernelLowering {
   llvm::Value* smem_read(const ir::Value* v, const Coords& c);
   /// Registers of `l` read or written as one vector in `v`'s buffer where it is swizzled (1 elsewhere).
   int swizzled_run(const ir::Value* v, const passes::Layout& l);
+  /// `v`, a transpose of a 16-bit tile in shared memory, read in the mma layout `l` with ldmatrix.trans
+  /// (nullopt where it is not such a read).
+  std::optional<Regs> transpose_by_ldmatrix(const ir::Value* v, const passes::Layout& l);
+  /// Whether `v`, elementwise math on views, reads such a transpose (through more elementwise math) in `l`.
+  bool reads_transpose_by_ldmatrix(const ir::Value* v, const passes::Layout& l);
   /// Address of element `c` of v's shared-memory buffer (the current stage for a pipelined load).
   llvm::Value* smem_addr(const ir::Value* v, const Coords& c);
   /// Whether v lives in shared memory only, copied there by cp.async (a pipelined or prefetched load).

@@ -77,8 +77,12 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
         A = A * dec.between(causal);
         O = dot(Q, S.to(dt)) * (expand_dims(dec.from_start(), 1) * scale);
       }
-      Tile K_decayed = (K.to(f32) * expand_dims(dec.to_end(), 1)).to(dt);
-      S = blocks::state_update(S, K_decayed, V, dec.total);
+      // K's decayed copy formed transposed, [BK, BT]: wgmma's A operand from the registers that hold it,
+      // K read from its ring stage by ldmatrix.trans (KernelLowering::transpose_by_ldmatrix), instead of
+      // scaled in its blocked layout, stored to a padded buffer and read back by ldmatrix.trans.
+      Tile K_decayedT = (K.T().to(f32) * expand_dims(dec.to_end(), 0)).to(dt);
+      Tile P = dot(K_decayedT, V);
+      S = S * exp(dec.total) + P;
       if (states_only) decay_sum = decay_sum + dec.total;
     } else {
       if (!states_only) O = dot(Q, S.to(dt)) * scale;

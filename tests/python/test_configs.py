@@ -78,3 +78,22 @@ def test_more_stages_compute_the_same(linac, op, options, extra, stages):
     more = linac.run_op(op, inputs, options=["--dtype", "bf16", "--config", config + f"stages={stages}"],
                         device=DEVICE)["o"]
     assert np.array_equal(two, more)
+
+
+# Head dim 256 takes 128 value columns by default where the walks fill the GPU (wide_state_fits,
+# kernels/linear_attn/op.cpp: the ungated state [256, 128] fp32 in registers); the small shapes of the
+# tests pick 64, so the wide walk is asked for by name. bf16 (tensor cores) and fp32 (the fp32 path).
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_head_dim_256_at_128_columns(linac, dtype):
+    rng = np.random.default_rng(5)
+    B, T, H, K = 1, 200, 2, 256
+    inputs = {name: (rng.standard_normal((B, T, H, K)) * 0.5).astype(np.float32) for name in ("q", "k", "v")}
+    inputs["initial_state"] = (rng.standard_normal((B, H, K, K)) * 0.1).astype(np.float32)
+    if dtype == "bf16":  # the reference sees the values the kernel reads (states stay fp32 in it)
+        inputs = {name: reference.round_to_bf16(x) for name, x in inputs.items()}
+    out = linac.run_op("linear_attn", inputs, outputs=("o", "final_state"),
+                       options=["--dtype", dtype, "--config", "bv=128"], device=DEVICE)
+    o_ref, s_ref = reference.linear_attn(**inputs)
+    bound = 1e-4 if dtype == "fp32" else 1e-2
+    assert reference.rel_err(out["o"], o_ref) < bound
+    assert reference.rel_err(out["final_state"], s_ref) < bound

@@ -120,19 +120,18 @@ GlaSplitBwdConfig split_config(const GlaChunkedBwdConfig& cfg) {
   return s;
 }
 
-/// The split schedule's rows per chunk in order of preference: its walks carry one product per chunk, so
-/// fewer, longer chunks; 64 in 16-bit at head dims up to 64, else 32 (register bounds, which the
-/// shared-memory plan cannot see: in 16-bit above 64 gla_bwd_intra spills 1.5 KB at 64 and gla_bwd_inter
-/// takes 237 registers, three times slower; fp32 at K = V = 64 ran slower at 64: docs/ops/gla.md,
-/// "Measured"); then 16 where those do not fit the call's GPU (gla_bwd_inter holds a chunk's state and its
-/// gradient whole).
-std::vector<int> split_chunk_proposals(DType dtype, int64_t block_k, int64_t block_v) {
-  if (dtype != DType::f32 && std::max(block_k, block_v) <= 64) return {64, 32, 16};
-  return {32, 16};
-}
+/// The split schedule's rows per chunk in order of preference: 32, then 16 where that does not fit the
+/// call's GPU (gla_bwd_inter holds a chunk's state and its gradient whole). Not 64, though its state
+/// passes carry one product per chunk: a register bound the shared-memory plan cannot see, gla_bwd_intra
+/// spills at 64 (1.5 KB in 16-bit above head dim 64; at head dim 64 252 bytes under ptxas 13.0) and
+/// ran slower (B8 T1024 H8 D64 bf16 on an H200: backward 0.322 ms at 64, 0.255 at 32, session 36; fp32
+/// at K = V = 64 too: docs/ops/gla.md, "Measured").
+std::vector<int> split_chunk_proposals() { return {32, 16}; }
 
 /// Key x value columns per program of the walks in order of preference: whole 128-column blocks (the
-/// fastest measured, docs/ops/gla.md), then narrower where those do not fit the call's GPU.
+/// fastest measured, docs/ops/gla.md), then narrower where those do not fit the call's GPU. At head dim
+/// 256 too, though there the dq, dk and dv walks spill 380-636 bytes (sm_90a): 64 columns, spill-free,
+/// ran slower (B8 T2048 H32 D256 on an H200: backward 12.51 against 10.77 ms, session 36).
 constexpr std::pair<int64_t, int64_t> kWalkColumnProposals[] = {{128, 128}, {64, 64}, {64, 32}, {32, 32}};
 /// Where the walks are few, their column blocks halve down to 64 (columns_for_walks): faster than one
 /// program per head there (docs/ops/gla.md, "Measured", session 19).
@@ -194,7 +193,7 @@ void configure(GlaChunkedBwdConfig& cfg, const OpOptions& opts, const SequenceLa
   if (asked_chunk && *asked_chunk > 64)
     throw UserError(fmt::format("--chunk-size {}: gla --backward takes chunks of 16, 32 or 64 rows", *asked_chunk));
   std::vector<int> chunks =
-      cfg.split ? split_chunk_proposals(cfg.dtype, cfg.block_k, cfg.block_v) : std::vector<int>{16};
+      cfg.split ? split_chunk_proposals() : std::vector<int>{16};
   if (asked_chunk) chunks = {static_cast<int>(*asked_chunk)};
   std::vector<GlaChunkedBwdConfig> proposals;
   for (int chunk : chunks) {

@@ -81,8 +81,12 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
       // K read from its ring stage by ldmatrix.trans (KernelLowering::transpose_by_ldmatrix), instead of
       // scaled in its blocked layout, stored to a padded buffer and read back by ldmatrix.trans.
       Tile K_decayedT = (K.T().to(f32) * expand_dims(dec.to_end(), 0)).to(dt);
-      Tile P = dot(K_decayedT, V);
-      S = S * exp(dec.total) + P;
+      // In place (the decayed state recorded first, the product accumulating into it): one [BK, BV]
+      // accumulator, not two. At head dim 256 and 128 value columns that is what fits the registers
+      // (ptxas spilled 1352 bytes with the product first), and it was no slower elsewhere
+      // (docs/ops/linear_attn.md, "Measured").
+      Tile decayed = S * exp(dec.total);
+      S = decayed + dot(K_decayedT, V);
       if (states_only) decay_sum = decay_sum + dec.total;
     } else {
       if (!states_only) O = dot(Q, S.to(dt)) * scale;

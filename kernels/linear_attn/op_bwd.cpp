@@ -21,23 +21,36 @@ namespace linac {
 
 namespace {
 
+/// Whether the walks spill at `columns` columns per program over padded head dims block_k x block_v: a
+/// bound of registers, not of shared memory. A walk's tiles span the other head dim whole, so a block of
+/// 128 key columns (dq, dk) spills where the value head dim is over 128, and one of 128 value columns
+/// (dv) where the key head dim is (sm_90a, ptxas 13.0: 352-1048 bytes at K = V = 256, 576-1036 in dv at
+/// K = 256, V = 128; none at K = 64, V = 256). gla's walks spill there too but ran faster at 128
+/// (kernels/gla/op_bwd.cpp).
+bool wide_blocks_spill(int64_t columns, int64_t block_k, int64_t block_v) {
+  return (std::min(columns, block_k) >= 128 && block_v > 128) || (std::min(columns, block_v) >= 128 && block_k > 128);
+}
+
 /// The walks' (chunk, columns per program) in order of preference for cfg's dtype, gate and head dims
 /// (docs/ops/linear_attn.md, "Measured"):
 /// - chunk 64 in 16-bit, the sweep's fastest, gated too since session 21 (its walks at 64 spilled 84-96
 ///   bytes until then; now none under ptxas 13.0, and 16-21% faster on an H200); 32 in fp32 (chunk 64
-///   fits there up to head dim 128 but ran slower) and where both head dims are over 128 (16-bit
-///   K = V = 256 ran slower at 64, though it fits; K = 64, V = 256 ran faster at 64);
-/// - wider column blocks before larger chunks (one program per head up to 128 columns, then 64; 32 last):
-///   --normalize at K = V = 256 ran faster at chunk 32 with 128 columns than at 64 with 64;
+///   fits there up to head dim 128 but ran slower);
+/// - wider column blocks before larger chunks (one program per head up to 128 columns, then 64; 32 last),
+///   but none where they spill (wide_blocks_spill: 64 at K = V = 256, where chunks of 64 then ran
+///   fastest: B8 T2048 H32 D256 on an H200, backward 2.30 ms plain, 3.32 gated, against 3.33 and 6.92 at
+///   chunk 32 with 128 columns and 3.17 plain at chunk 32 with 64, session 36);
 /// - chunks of 16 last (fp32 at K = V = 256 ran slower at 16 than at 32 with half the columns);
 /// the first whose walks fit the call's GPU is the default.
 std::vector<std::pair<int, int64_t>> bwd_proposals(const LinearAttnBwdConfig& cfg) {
-  const bool chunk64 = cfg.dtype != DType::f32 && std::min(cfg.block_k, cfg.block_v) <= 128;
-  const std::vector<int> chunks = chunk64 ? std::vector<int>{64, 32} : std::vector<int>{32};
+  const std::vector<int> chunks = cfg.dtype != DType::f32 ? std::vector<int>{64, 32} : std::vector<int>{32};
+  auto fits_registers = [&](int64_t columns) { return !wide_blocks_spill(columns, cfg.block_k, cfg.block_v); };
   std::vector<std::pair<int, int64_t>> out;
   for (int64_t columns : {128, 64})
-    for (int chunk : chunks) out.push_back({chunk, columns});
-  for (int64_t columns : {128, 64, 32}) out.push_back({16, columns});
+    for (int chunk : chunks)
+      if (fits_registers(columns)) out.push_back({chunk, columns});
+  for (int64_t columns : {128, 64, 32})
+    if (fits_registers(columns)) out.push_back({16, columns});
   return out;
 }
 

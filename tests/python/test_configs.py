@@ -81,14 +81,19 @@ def test_more_stages_compute_the_same(linac, op, options, extra, stages):
 
 
 # Head dim 256 takes 128 value columns by default where the walks fill the GPU (wide_state_fits,
-# kernels/linear_attn/op.cpp: the ungated state [256, 128] fp32 in registers); the small shapes of the
-# tests pick 64, so the wide walk is asked for by name. bf16 (tensor cores) and fp32 (the fp32 path).
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_head_dim_256_at_128_columns(linac, dtype):
+# kernels/linear_attn/op.cpp: the state [256, 128] fp32 in registers, the gated one updated in place);
+# the small shapes of the tests pick 64, so the wide walk is asked for by name. bf16 (tensor cores) and
+# fp32 (the fp32 path; gated it needs 240 KB of shared memory at 128 columns, more than a block has, and
+# takes 64).
+@pytest.mark.parametrize("dtype,gated", [("bf16", False), ("bf16", True), ("fp32", False)],
+                         ids=["bf16-plain", "bf16-gated", "fp32-plain"])
+def test_head_dim_256_at_128_columns(linac, dtype, gated):
     rng = np.random.default_rng(5)
     B, T, H, K = 1, 200, 2, 256
     inputs = {name: (rng.standard_normal((B, T, H, K)) * 0.5).astype(np.float32) for name in ("q", "k", "v")}
     inputs["initial_state"] = (rng.standard_normal((B, H, K, K)) * 0.1).astype(np.float32)
+    if gated:
+        inputs["g"] = np.log(1 / (1 + np.exp(-(rng.standard_normal((B, T, H)) + 3)))).astype(np.float32)
     if dtype == "bf16":  # the reference sees the values the kernel reads (states stay fp32 in it)
         inputs = {name: reference.round_to_bf16(x) for name, x in inputs.items()}
     out = linac.run_op("linear_attn", inputs, outputs=("o", "final_state"),

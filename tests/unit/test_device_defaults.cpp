@@ -76,7 +76,7 @@ TEST_CASE("linear_attn's walks take 128 value columns unless 64-column programs 
   CHECK(forward_value_blocks(1, 8192, 96, 128, true) == 1);
   // 32 walks, too short for segments: 64 programs of 64 columns run at once.
   CHECK(forward_value_blocks(1, 256, 32, 128, false) == 2);
-  // Head dim 256: the ungated state [256, 128] fits its registers, the gated walk's does not.
+  // Head dim 256: the state [256, 128] fits its registers, gated (updated in place) or not.
   CHECK(forward_value_blocks(8, 2048, 32, 256, false) == 2);
-  CHECK(forward_value_blocks(8, 2048, 32, 256, true) == 4);
+  CHECK(forward_value_blocks(8, 2048, 32, 256, true) == 2);
 }

@@ -1,9 +1,10 @@
 // linear_attn's backward walks take the first of their (chunk, columns) proposals whose walks fit the
 // call's GPU (kernels/common/fitting.h), then narrow their column blocks where the walks are few
-// (kernels/linear_attn/op_bwd.cpp, bwd_proposals and configure): chunk 64 in 16-bit, 32 where gated, in
-// fp32 and where both head dims are over 128; wider columns before larger chunks; fp32 narrowed walks keep
-// 8 warps. The gated 16-bit walks at K = V = 256 plan 168 KB at chunk 32 with 128 columns, more than an
-// A100 block's 163 KB: an A100 gets another configuration while an H100 keeps that one.
+// (kernels/linear_attn/op_bwd.cpp, bwd_proposals and configure): chunk 64 in 16-bit, 32 in fp32; wider
+// columns before larger chunks, but no block of 128 columns where the other head dim is over 128 (it
+// spills); fp32 narrowed walks keep 8 warps. The gated 16-bit walks at K = V = 256 plan more shared
+// memory at the H100's default (chunk 64, 64 columns) than an A100 block's 163 KB: an A100 gets another
+// configuration while an H100 keeps that one.
 #include <doctest/doctest.h>
 
 #include "compiler/ir/ir.h"
@@ -60,7 +61,7 @@ TEST_CASE("linear_attn's backward at head dim 256 fits the GPU it plans for") {
   CHECK(kernels_of(a) != kernels_of(h));
 }
 
-TEST_CASE("linear_attn's backward chunk: 64 in 16-bit, 32 in fp32 and where both head dims are over 128") {
+TEST_CASE("linear_attn's backward chunk: 64 in 16-bit, 32 in fp32; no 128-column block spanning a head dim over 128") {
   // The default plan's kernels are the memo's kernels of the configuration named (same pointers).
   auto same_as = [](Call c, std::map<std::string, int64_t> config) {
     const OpPlan dflt = backward(c);
@@ -72,9 +73,12 @@ TEST_CASE("linear_attn's backward chunk: 64 in 16-bit, 32 in fp32 and where both
   // fp32 there: chunk 32 (64 fits but ran slower), still one program per head.
   CHECK(same_as({.dtype = DType::f32, .B = 2, .K = 128, .V = 128},
                 {{"chunk", 32}, {"bk", 128}, {"bv", 128}, {"warps", 8}}));
-  // 16-bit at K = V = 256: chunk 32 (64 fits, 226 KB, but ran slower); at K = 64, V = 256: 64.
-  CHECK(same_as({.B = 2}, {{"chunk", 32}, {"bk", 128}, {"bv", 128}, {"warps", 8}}));
+  // 16-bit at K = V = 256: chunk 64 on 64 columns (at 128 the dk and dv walks spill); at K = 64,
+  // V = 256: 128 value columns (the dv walk spans K = 64 only); at K = 256, V = 128: 64 (dv would span
+  // K = 256).
+  CHECK(same_as({.B = 2}, {{"chunk", 64}, {"bk", 64}, {"bv", 64}, {"warps", 8}}));
   CHECK(same_as({.B = 2, .K = 64}, {{"chunk", 64}, {"bk", 64}, {"bv", 128}, {"warps", 8}}));
+  CHECK(same_as({.B = 2, .V = 128}, {{"chunk", 64}, {"bk", 64}, {"bv", 64}, {"warps", 8}}));
 }
 
 TEST_CASE("linear_attn's backward walks narrow their columns where they are few; fp32 keeps 8 warps") {

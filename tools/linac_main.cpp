@@ -77,7 +77,7 @@ Example:
 )";
 
 constexpr const char* kCompileUsage = R"(usage: linac compile OP|FILE.tir [--emit STAGE] [--out DIR] [--dtype D] [--config K=V,...] [--target sm_80|sm_90a]
-       [--shape B=..,T=..,H=..,K=..[,V=..] [--gated] [--normalize] [--l2norm-qk] [--backward] [--states]]
+       [--shape B=..,T=..,H=..,K=..[,V=..] [--gated] [--normalize] [--l2norm-qk] [--backward] [--states] [--saving]]
 
 Prints one stage of OP's kernels at their default configuration, or of a .tir file (parsed and
 verified first). Needs no GPU.
@@ -98,6 +98,9 @@ verified first). Needs no GPU.
                         form / the backward's kernels
   --l2norm-qk           with --shape: the call that L2-normalizes q and k inside the kernels (the delta rules)
   --states              with --shape: the call with an initial state and asking for the final state
+  --saving              with --shape: the forward that also saves the backward's tensors (outputs saved_*:
+                        the delta rules, poly; the training pair's first half, as 'linac bench --backward'
+                        times it)
 With LINAC_OVERRIDE_DIR set, stages come from its files where it has them (see 'linac dump --help').
 )";
 
@@ -331,6 +334,7 @@ struct KernelSelection {
   std::optional<ProblemShape> shape;  // the kernels of a call at this shape instead of the representative ones
   bool gated = false;
   bool states = false;  // with shape: an initial state in, the final state out
+  bool saving = false;  // with shape: the forward that also saves the backward's tensors (saved_*)
   KernelSelection() : target(nvptx::GpuTarget::for_sm(90)) { opts.dtype = DType::bf16; }
 };
 
@@ -340,7 +344,7 @@ TensorMap shape_only_inputs(const OpDef& op, const ProblemShape& ps, bool backwa
 std::vector<std::string> synthetic_outputs(bool backward, bool gated);
 
 /// Consumes args[i] (and its value) if it is --dtype, --config, --target, --shape, --gated, --states,
-/// --normalize, --l2norm-qk or --backward.
+/// --saving, --normalize, --l2norm-qk or --backward.
 bool parse_selection_option(const std::vector<std::string>& args, size_t& i, KernelSelection& sel) {
   if (args[i] == "--shape") {
     sel.shape = parse_shape(value_of(args, i));
@@ -348,6 +352,8 @@ bool parse_selection_option(const std::vector<std::string>& args, size_t& i, Ker
     sel.gated = true;
   } else if (args[i] == "--states") {
     sel.states = true;
+  } else if (args[i] == "--saving") {
+    sel.saving = true;
   } else if (args[i] == "--backward") {
     sel.opts.backward = true;
   } else if (args[i] == "--normalize") {
@@ -379,14 +385,15 @@ OpOptions options_on_target(const KernelSelection& sel) {
 
 /// The kernels of an op (at the selection's dtype and config) or of a .tir file (parsed, verified).
 std::vector<std::shared_ptr<ir::Kernel>> load_kernels(const std::string& what, const KernelSelection& sel) {
-  if (what.ends_with(".tir") && (sel.shape || sel.gated || sel.states || sel.opts.backward))
-    usage_error("--shape, --gated, --states and --backward select an op's kernels, not a .tir file's");
+  if (what.ends_with(".tir") && (sel.shape || sel.gated || sel.states || sel.saving || sel.opts.backward))
+    usage_error("--shape, --gated, --states, --saving and --backward select an op's kernels, not a .tir file's");
   const bool call_form = sel.opts.normalize || sel.opts.l2norm_qk;
   if (what.ends_with(".tir") && call_form)
     usage_error("--normalize and --l2norm-qk select an op's kernels, not a .tir file's");
-  if (!what.ends_with(".tir") && (sel.gated || sel.states || sel.opts.backward || call_form) && !sel.shape)
-    usage_error("--gated, --states, --normalize, --l2norm-qk and --backward need --shape B=..,T=..,H=..,K=.. (the call "
-                "whose kernels to take)");
+  if (!what.ends_with(".tir") && (sel.gated || sel.states || sel.saving || sel.opts.backward || call_form) &&
+      !sel.shape)
+    usage_error("--gated, --states, --saving, --normalize, --l2norm-qk and --backward need --shape B=..,T=..,H=..,K=.. "
+                "(the call whose kernels to take)");
   if (!what.ends_with(".tir") && sel.shape) {
     // Exactly the kernels a call at this shape launches (its plan, made on the host), each once.
     const OpDef& op = find_op(what);
@@ -394,6 +401,12 @@ std::vector<std::shared_ptr<ir::Kernel>> load_kernels(const std::string& what, c
       usage_error(fmt::format("{} has no backward yet", op.name));
     if (sel.states && std::none_of(op.inputs.begin(), op.inputs.end(), [](const OpArgSpec& a) { return a.name == "initial_state"; }))
       usage_error(fmt::format("--states: {} takes no initial state", op.name));
+    std::vector<std::string> saved;
+    for (const auto& o : op.outputs)
+      if (o.name.starts_with("saved_")) saved.push_back(o.name);
+    if (sel.saving && saved.empty()) usage_error(fmt::format("--saving: {}'s forward saves nothing for its backward", op.name));
+    if (sel.saving && sel.opts.backward)
+      usage_error("--saving selects the forward that saves the backward's tensors; --backward the backward's kernels");
     ProblemShape ps = *sel.shape;
     ps.gated = sel.gated;
     OpOptions opts = options_on_target(sel);
@@ -410,6 +423,7 @@ std::vector<std::shared_ptr<ir::Kernel>> load_kernels(const std::string& what, c
         outputs.push_back("final_state");
       }
     }
+    if (sel.saving) outputs.insert(outputs.end(), saved.begin(), saved.end());
     OpPlan plan = op.prepare(inputs, opts, outputs);
     std::vector<std::shared_ptr<ir::Kernel>> kernels;
     for (const auto& l : plan.launches)
@@ -580,7 +594,7 @@ int cmd_tune(const std::vector<std::string>& args) {
 }
 
 constexpr const char* kDumpUsage = R"(usage: linac dump OP|FILE.tir --dir D [--dtype D] [--config K=V,...] [--target sm_80|sm_90a]
-       [--shape B=..,T=..,H=..,K=..[,V=..] [--gated] [--normalize] [--l2norm-qk] [--backward] [--states]]
+       [--shape B=..,T=..,H=..,K=..[,V=..] [--gated] [--normalize] [--l2norm-qk] [--backward] [--states] [--saving]]
 
 Writes, per kernel of OP (or of the .tir file), into D/<n>-<kernel>/: the tile IR as recorded, with
 layouts, the shared-memory plan, LLVM IR before and after O3, the PTX, the PTX annotated with the DSL
@@ -589,7 +603,7 @@ resource report (registers, spills, stack), plus the SASS when cuobjdump is inst
   1-recorded.tir 2-layouts.tir 3-smem-plan.txt 4-lowered.ll 5-optimized.ll 6-kernel.ptx
   7-annotated.txt [8-kernel.cubin 9-resources.txt 10-kernel.sass]
 Options as 'linac compile' (--dtype, --config, --target; --shape S [--gated] [--normalize] [--l2norm-qk]
-[--backward] [--states]: the
+[--backward] [--states] [--saving]: the
 kernels a call at shape S launches, e.g. linac dump linear_attn --shape B=8,T=4096,H=16,K=128 --backward).
 
 Overriding a stage (as Triton's kernel override): edit a file of D, then set LINAC_OVERRIDE_DIR=D

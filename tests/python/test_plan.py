@@ -276,3 +276,21 @@ def test_compile_states_selects_the_stateful_call(linac):
     assert proc.returncode != 0 and "--states: poly takes no initial state" in proc.stderr, proc.stderr
     proc = linac.run("compile", "linear_attn", "--states")
     assert proc.returncode != 0 and "need --shape" in proc.stderr, proc.stderr
+
+
+def test_compile_saving_selects_the_training_pairs_forward(linac):
+    # `compile --shape .. --saving`: the forward that also saves the backward's tensors (the walk storing
+    # the state before each chunk, h, and V_new), the kernel `linac bench --backward` times first in the
+    # training pair, readable without a GPU; ops whose forward saves nothing, and --backward, refuse it.
+    shape = ("--shape", "B=2,T=200,H=2,K=64")
+    proc = linac.run("compile", "gated_delta_rule", *shape, "--saving", "--emit", "tir")
+    assert proc.returncode == 0, proc.stderr
+    assert "%h: tensor<?x?x?x?xbf16>" in proc.stdout and "store %v_new" in proc.stdout
+    proc = linac.run("compile", "gated_delta_rule", *shape, "--emit", "tir")
+    assert proc.returncode == 0 and "%v_new" not in proc.stdout, proc.stderr
+    proc = linac.run("compile", "linear_attn", *shape, "--saving")
+    assert proc.returncode != 0 and "--saving: linear_attn's forward saves nothing" in proc.stderr, proc.stderr
+    proc = linac.run("compile", "delta_rule", *shape, "--saving", "--backward")
+    assert proc.returncode != 0 and "--saving selects the forward" in proc.stderr, proc.stderr
+    proc = linac.run("compile", "delta_rule", "--saving")
+    assert proc.returncode != 0 and "need --shape" in proc.stderr, proc.stderr

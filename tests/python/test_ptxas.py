@@ -229,17 +229,22 @@ def test_calls_at_measured_shapes_assemble_without_spills(op, shape, backward, t
     assert_no_spills(op, ["--shape", shape, *(["--backward"] if backward else [])], "bf16", "sm_90a", tmp_path)
 
 
-# fla's benchmark shapes (tools/bench_vs_fla.py --quick) whose defaults the shapes above do not reach:
-# head dims 256 and 64. A few defaults spill there and stay, each measured faster than the spill-free
-# configuration beside it (one H200, session 36, docs/hopper.md; `linac bench`, ms): linear_attn's gated
-# walk at head dim 256 on 128 value columns (0.678 against 0.979 at 64); gla's backward walks at 128
-# columns (backward 10.77 against 12.51 at 64); the delta rules' backward state walks of 32 columns on
-# 4 warps (backward 7.95 / 11.32 against 9.18 / 11.72 on 8); linear_attn's walk at head dim 64 in chunks
-# of 128 (0.0347 against 0.0364 at 64; 0.0889 against 0.0945 at B8 T4096 H16). The bounds catch growth.
+# fla's other five benchmark shapes (tools/bench_vs_fla.py --quick; its B8 T4096 H16 and B2 T16384 H16
+# are CALL_SHAPES), whose defaults the shapes above do not all reach (head dims 256 and 64, 96 and 1024
+# sequences x heads). A few defaults spill at head dims 256 and 64 and stay, each measured faster than
+# the spill-free configuration beside it (one H200, session 36, docs/hopper.md; `linac bench`, ms):
+# linear_attn's gated walk at head dim 256 on 128 value columns (0.678 against 0.979 at 64); gla's
+# backward walks at 128 columns (backward 10.77 against 12.51 at 64); the delta rules' backward state
+# walks of 32 columns on 4 warps (backward 7.95 / 11.32 against 9.18 / 11.72 on 8); linear_attn's walk
+# at head dim 64 in chunks of 128 (0.0347 against 0.0364 at 64; 0.0889 against 0.0945 at B8 T4096 H16).
+# The bounds catch growth.
 FLA_SHAPE_SPILLS = {
     "B=8,T=2048,H=32,K=256": {"linear_attn_fwd": 4, "gla_bwd_dq": 640, "gla_bwd_dk": 416, "gla_bwd_dv": 380,
                               "delta_rule_bwd_dstates": 136, "gated_delta_rule_bwd_dstates": 164},
     "B=8,T=1024,H=8,K=64": {"linear_attn_fwd": 20},
+    "B=1,T=8192,H=96,K=128": {},
+    "B=4,T=4096,H=64,K=128": {},
+    "B=4,T=2048,H=16,K=128": {},
 }
 
 

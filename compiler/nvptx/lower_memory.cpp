@@ -487,30 +487,34 @@ int KernelLowering::swizzled_run(const ir::Value* v, const Layout& l) {
 // a warp's two neighbouring 16 x 8 tiles of the transpose, rows 0-7 and 8-15 of each (its registers
 // r .. r + 7, r a multiple of 8); each lane gives the address of one stored row of 8 elements, which
 // starts at a 16-byte boundary in a swizzled buffer and in padded rows of a multiple of 16 bytes.
-std::optional<Regs> KernelLowering::transpose_by_ldmatrix(const ir::Value* v, const Layout& l) {
-  if (l.kind != Layout::Kind::Mma || !v->def || v->def->code != OpCode::Transpose || v->type.rank() != 2)
-    return std::nullopt;
+bool KernelLowering::ldmatrix_reads_transpose(const ir::Value* v, const Layout& l) {
+  if (l.kind != Layout::Kind::Mma || !v->def || v->def->code != OpCode::Transpose || v->type.rank() != 2) return false;
   const ir::Value* src = v->def->operands[0];
   const DType t = src->type.dtype;
-  if ((t != DType::bf16 && t != DType::f16) || cls(src) != ValueClass::Data || !smem_.buffers.count(src))
-    return std::nullopt;
+  if ((t != DType::bf16 && t != DType::f16) || cls(src) != ValueClass::Data || !smem_.buffers.count(src)) return false;
   const passes::SmemBuffer& buf = smem_.buffers.at(src);
-  if ((l.shape[1] / l.wn / 8) % 2 != 0 || (!buf.swizzle_bytes && buf.row_stride * dtype_bytes(t) % 16 != 0))
-    return std::nullopt;
+  return (l.shape[1] / l.wn / 8) % 2 == 0 && (buf.swizzle_bytes || buf.row_stride * dtype_bytes(t) % 16 == 0);
+}
+
+std::optional<Regs> KernelLowering::transpose_by_ldmatrix(const ir::Value* v, const Layout& l) {
+  if (!ldmatrix_reads_transpose(v, l)) return std::nullopt;
+  const ir::Value* src = v->def->operands[0];
+  const DType t = src->type.dtype;
   before_smem_read(src);
   llvm::Value* lane = b_.CreateURem(tid_, i32(32));
   llvm::Value* block = b_.CreateUDiv(lane, i32(8));  // which of the four blocks this lane addresses a row of
   const MmaWarp w = mma_warp(l);
   // Block j holds rows (j % 2) * 8 and columns (j / 2) * 8 on of the transpose: stored rows of the source.
-  llvm::Value* stored_row = b_.CreateAdd(w.col0, b_.CreateAdd(b_.CreateURem(lane, i32(8)), b_.CreateMul(b_.CreateUDiv(block, i32(2)), i32(8))));
+  llvm::Value* stored_row = b_.CreateAdd(
+      w.col0, b_.CreateAdd(b_.CreateURem(lane, i32(8)), b_.CreateMul(b_.CreateUDiv(block, i32(2)), i32(8))));
   llvm::Value* stored_col = b_.CreateAdd(w.row0, b_.CreateMul(b_.CreateURem(block, i32(2)), i32(8)));
   auto* pair = llvm::FixedVectorType::get(llvm_type(t), 2);
   Regs out(l.regs_per_thread());
   for (int r = 0; r < l.regs_per_thread(); r += 8) {
     const auto rc = l.register_coords(r);
     llvm::Value* addr = smem_addr(src, {b_.CreateAdd(stored_row, i32(rc[1])), b_.CreateAdd(stored_col, i32(rc[0]))});
-    llvm::Value* blocks = b_.CreateIntrinsic(llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x4_trans_b16,
-                                             {addr->getType()}, {addr});
+    llvm::Value* blocks =
+        b_.CreateIntrinsic(llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x4_trans_b16, {addr->getType()}, {addr});
     for (int q = 0; q < 4; ++q) {
       llvm::Value* p = b_.CreateBitCast(b_.CreateExtractValue(blocks, q), pair);
       out[r + 2 * q] = b_.CreateExtractElement(p, uint64_t{0});
@@ -524,15 +528,8 @@ bool KernelLowering::reads_transpose_by_ldmatrix(const ir::Value* v, const Layou
   if (!v->def || !ir::is_elementwise(v->def->code) || v->type.is_scalar()) return false;
   for (const ir::Value* o : v->def->operands) {
     if (o->type.is_scalar() || o->type.shape != v->type.shape) continue;
-    if (o->def && o->def->code == OpCode::Transpose) {
-      const ir::Value* src = o->def->operands[0];
-      const DType t = src->type.dtype;
-      if (l.kind == Layout::Kind::Mma && (t == DType::bf16 || t == DType::f16) && cls(src) == ValueClass::Data &&
-          smem_.buffers.count(src))
-        return true;
-    } else if (cls(o) == ValueClass::Remat && reads_transpose_by_ldmatrix(o, l)) {
+    if (ldmatrix_reads_transpose(o, l) || (cls(o) == ValueClass::Remat && reads_transpose_by_ldmatrix(o, l)))
       return true;
-    }
   }
   return false;
 }

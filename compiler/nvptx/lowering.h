@@ -146,8 +146,10 @@ class KernelLowering {
   llvm::Value* smem_read(const ir::Value* v, const Coords& c);
   /// Registers of `l` read or written as one vector in `v`'s buffer where it is swizzled (1 elsewhere).
   int swizzled_run(const ir::Value* v, const passes::Layout& l);
-  /// `v`, a transpose of a 16-bit tile in shared memory, read in the mma layout `l` with ldmatrix.trans
-  /// (nullopt where it is not such a read).
+  /// Whether `v` is a transpose of a 16-bit tile in shared memory that ldmatrix.trans reads in the mma
+  /// layout `l` (the rule transpose_by_ldmatrix and reads_transpose_by_ldmatrix share).
+  bool ldmatrix_reads_transpose(const ir::Value* v, const passes::Layout& l);
+  /// `v` read in `l` with ldmatrix.trans where ldmatrix_reads_transpose (nullopt elsewhere).
   std::optional<Regs> transpose_by_ldmatrix(const ir::Value* v, const passes::Layout& l);
   /// Whether `v`, elementwise math on views, reads such a transpose (through more elementwise math) in `l`.
   bool reads_transpose_by_ldmatrix(const ir::Value* v, const passes::Layout& l);

@@ -40,9 +40,13 @@ std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg) {
   const DType dt = cfg.dtype, f32 = DType::f32;
   KernelBuilder kb("gla_chunk");
   // 4 warps, at least two programs per SM: left to choose, ptxas held 4 warps to 128 registers and
-  // spilled; 8 warps were slower (docs/ops/gla.md, "Measured").
-  kb.set_num_warps(4);
-  kb.set_min_ctas_per_sm(2);
+  // spilled; 8 warps were slower (docs/ops/gla.md, "Measured"). Above head dim 128 a program's tiles
+  // take 185 KB of shared memory in 16 bits (chunks of 64): one program per SM, so 8 warps in it (an
+  // older lowering ran gla_chunk at D256 on 8 warps in 0.350 ms against 0.377 on 4: docs/ops/gla.md);
+  // in fp32 (chunks of 16, 101 KB) two programs of 8 warps. ptxas: 123 / 108 registers, no spill.
+  const bool one_per_sm = BK > 128;
+  kb.set_num_warps(one_per_sm ? 8 : 4);
+  kb.set_min_ctas_per_sm(one_per_sm ? 1 : 2);
   kb.set_num_stages(1);
   // The factored diagonal products on the tensor cores as three tf32 products (fp32-level accuracy,
   // compiler/nvptx/lower_dot.cpp) for 16-bit inputs, whose attention is rounded to 16 bits anyway; fp32

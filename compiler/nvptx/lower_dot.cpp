@@ -18,6 +18,11 @@
 // result is not in the mma layout) the slower path: FMA loops over the shared copies. Opt-in, because
 // in kernels full of fp32 state products the split fragments still cost spills (4-byte spills in
 // three kernels under ptxas even with the loop).
+//
+// A result with fewer 16 x 8 tiles than the program has warps (gla's 16 x 16 sub-chunk blocks on 8
+// warps) leaves the warps past wm x wn holding copies; rather than each copy running the whole K loop,
+// the plan splits K among them (passes::dot_split_k) and the partials meet through scratch
+// (sum_split_partials).
 #include <fmt/format.h>
 #include <llvm/IR/InlineAsm.h>
 #include <llvm/IR/IntrinsicsNVPTX.h>
@@ -94,8 +99,19 @@ void KernelLowering::lower_dot(const ir::Op& op) {
   // Where the dot absorbs `acc + dot` (passes::find_dot_accumulators), its accumulators start at acc.
   const auto absorbed = accumulators_.acc_of_dot.find(&op);
   const bool accumulate = absorbed != accumulators_.acc_of_dot.end();
+  // Split along K (passes::dot_split_k): this warp's slice is [k_begin, k_begin + K / slices); the sum
+  // starts from acc in slice 0 only.
+  const auto split = smem_.split_dots.find(&op);
+  const int slices = split == smem_.split_dots.end() ? 1 : split->second;
+  llvm::Value* slice = slices > 1 ? b_.CreateURem(b_.CreateUDiv(tid_, i32(int64_t{l.wm} * l.wn * 32)), i32(slices)) : nullptr;
+  llvm::Value* k_begin = slices > 1 ? b_.CreateMul(slice, i32(K / slices)) : i32(0);
   auto initial_accumulators = [&] {
-    return accumulate ? get_in_layout(absorbed->second, l) : Regs(l.regs_per_thread(), llvm::ConstantFP::get(f32, 0.0));
+    Regs zeros(l.regs_per_thread(), llvm::ConstantFP::get(f32, 0.0));
+    if (!accumulate) return zeros;
+    Regs acc = get_in_layout(absorbed->second, l);
+    if (slices > 1)
+      for (size_t r = 0; r < acc.size(); ++r) acc[r] = b_.CreateSelect(b_.CreateICmpEQ(slice, i32(0)), acc[r], zeros[r]);
+    return acc;
   };
 
   const bool tensor_cores = (in == DType::bf16 || in == DType::f16) && l.kind == Layout::Kind::Mma && K % 16 == 0;
@@ -144,7 +160,8 @@ void KernelLowering::lower_dot(const ir::Op& op) {
     // (three sets spilled in poly's products).
     const int64_t n_acc = mt * nt * 4;
     const int sets = n_acc <= kTf32x3SeparateTermsMaxRegs ? 3 : 1;
-    std::vector<llvm::Value*> init(sets * n_acc, llvm::ConstantFP::get(f32, 0.0));
+    std::vector<llvm::Value*> init = initial_accumulators();
+    init.resize(sets * n_acc, llvm::ConstantFP::get(f32, 0.0));
     auto step = [&](llvm::Value* ks, const std::vector<llvm::Value*>& cur) {
       std::vector<llvm::Value*> acc = cur;
       llvm::Value* k_lo = b_.CreateAdd(b_.CreateMul(ks, i32(8)), t);
@@ -176,12 +193,13 @@ void KernelLowering::lower_dot(const ir::Op& op) {
         }
       return acc;
     };
-    std::vector<llvm::Value*> acc = emit_counted_loop(i32(0), i32(K / 8), init, step);
+    llvm::Value* first_step = b_.CreateUDiv(k_begin, i32(8));
+    std::vector<llvm::Value*> acc = emit_counted_loop(first_step, b_.CreateAdd(first_step, i32(K / 8 / slices)), init, step);
     if (sets == 3) {
       for (int64_t i = 0; i < n_acc; ++i) acc[i] = b_.CreateFAdd(acc[i], b_.CreateFAdd(acc[n_acc + i], acc[2 * n_acc + i]));
       acc.resize(n_acc);
     }
-    regs_[op.result()] = acc;
+    regs_[op.result()] = slices > 1 ? sum_split_partials(l, slices, acc) : acc;
     return;
   }
   llvm::Value* l8 = b_.CreateURem(lane, i32(8));
@@ -206,6 +224,8 @@ void KernelLowering::lower_dot(const ir::Op& op) {
   };
 
   std::vector<llvm::Value*> acc = initial_accumulators();
+  // The depth of the step at k0 of this warp's slice.
+  auto k_at = [&](int64_t k0) { return slices > 1 ? b_.CreateAdd(k_begin, i32(k0)) : i32(k0); };
   // A held in the mma layout: register 4 (tm * K/8 + j) + q is element (row g + 8 (q / 2), column
   // 8 j + 2 t + q % 2) of the warp's 16-row tile tm (passes::Layout::register_coords).
   // (Math on views is evaluated here, at every register's coordinates, before the steps.)
@@ -230,11 +250,11 @@ void KernelLowering::lower_dot(const ir::Op& op) {
       if (!a.transposed) {
         // Stored [m][k]: lane l addresses row m0 + l%16 at column k0 + (l/16)*8.
         llvm::Value* row = b_.CreateAdd(m0, b_.CreateURem(lane, i32(16)));
-        llvm::Value* col = b_.CreateAdd(i32(k0), b_.CreateMul(b_.CreateUDiv(lane, i32(16)), i32(8)));
+        llvm::Value* col = b_.CreateAdd(k_at(k0), b_.CreateMul(b_.CreateUDiv(lane, i32(16)), i32(8)));
         afrag[tm] = ldmatrix(a, row, col, false, 4);
       } else {
         // Stored [k][m]: matrix j covers m0 + (j%2)*8, k0 + (j/2)*8, read transposed.
-        llvm::Value* row = b_.CreateAdd(i32(k0), b_.CreateAdd(l8, b_.CreateMul(j_hi, i32(8))));
+        llvm::Value* row = b_.CreateAdd(k_at(k0), b_.CreateAdd(l8, b_.CreateMul(j_hi, i32(8))));
         llvm::Value* col = b_.CreateAdd(m0, b_.CreateMul(j_lo, i32(8)));
         afrag[tm] = ldmatrix(a, row, col, true, 4);
       }
@@ -257,7 +277,7 @@ void KernelLowering::lower_dot(const ir::Op& op) {
   auto frag = [&](llvm::Value* x) {
     return in == DType::f16 ? b_.CreateBitCast(x, llvm::FixedVectorType::get(b_.getHalfTy(), 2)) : x;
   };
-  for (int64_t k0 = 0; k0 < K; k0 += 16) {
+  for (int64_t k0 = 0; k0 < K / slices; k0 += 16) {
     std::vector<std::vector<llvm::Value*>> afrag = a_fragments(k0);
     // B fragments for pairs of n-tiles: b0 k 0-7, b1 k 8-15 of each.
     std::vector<std::vector<llvm::Value*>> bfrag(nt);
@@ -267,13 +287,13 @@ void KernelLowering::lower_dot(const ir::Op& op) {
       std::vector<llvm::Value*> regs;
       if (!b.transposed) {
         // Stored [k][n]: matrix j covers k0 + (j%2)*8, n0 + (j/2)*8, read transposed.
-        llvm::Value* row = b_.CreateAdd(i32(k0), b_.CreateAdd(l8, b_.CreateMul(j_lo, i32(8))));
+        llvm::Value* row = b_.CreateAdd(k_at(k0), b_.CreateAdd(l8, b_.CreateMul(j_lo, i32(8))));
         llvm::Value* col = b_.CreateAdd(n0, b_.CreateMul(count == 4 ? j_hi : i32(0), i32(8)));
         regs = ldmatrix(b, row, col, true, count);
       } else {
         // Stored [n][k]: matrix j covers n0 + (j/2)*8, k0 + (j%2)*8.
         llvm::Value* row = b_.CreateAdd(n0, b_.CreateAdd(l8, b_.CreateMul(count == 4 ? j_hi : i32(0), i32(8))));
-        llvm::Value* col = b_.CreateAdd(i32(k0), b_.CreateMul(j_lo, i32(8)));
+        llvm::Value* col = b_.CreateAdd(k_at(k0), b_.CreateMul(j_lo, i32(8)));
         regs = ldmatrix(b, row, col, false, count);
       }
       bfrag[tn] = {regs[0], regs[1]};
@@ -290,7 +310,35 @@ void KernelLowering::lower_dot(const ir::Op& op) {
         for (int q = 0; q < 4; ++q) acc[base + q] = b_.CreateExtractValue(d, q);
       }
   }
-  regs_[op.result()] = acc;
+  regs_[op.result()] = slices > 1 ? sum_split_partials(l, slices, acc) : acc;
+}
+
+std::vector<llvm::Value*> KernelLowering::sum_split_partials(const Layout& l, int slices,
+                                                             const std::vector<llvm::Value*>& acc) {
+  // Partial r of slice s at scratch[(s * regs + r) * owners + t], t the thread among the wm x wn warps:
+  // consecutive lanes at consecutive words.
+  const int64_t owners = int64_t{l.wm} * l.wn * 32, regs = static_cast<int64_t>(acc.size());
+  const ByteRange range{smem_.scratch_offset, smem_.scratch_offset + passes::split_dot_scratch_bytes(l, slices)};
+  llvm::Value* t = b_.CreateURem(tid_, i32(owners));
+  llvm::Value* slice = b_.CreateUDiv(tid_, i32(owners));
+  auto addr = [&](llvm::Value* s, int64_t r) {
+    return scratch_addr(b_.CreateMul(b_.CreateAdd(b_.CreateMul(b_.CreateAdd(b_.CreateMul(s, i32(regs)), i32(r)), i32(owners)), t), i32(4)));
+  };
+  before_smem_write(range);
+  llvm::BasicBlock* st = llvm::BasicBlock::Create(ctx_, "split.partial", fn_);
+  llvm::BasicBlock* cont = llvm::BasicBlock::Create(ctx_, "split.cont", fn_);
+  b_.CreateCondBr(b_.CreateICmpULT(slice, i32(slices)), st, cont);  // the other copies' partials repeat these
+  b_.SetInsertPoint(st);
+  for (int64_t r = 0; r < regs; ++r) b_.CreateStore(acc[r], addr(slice, r));
+  b_.CreateBr(cont);
+  b_.SetInsertPoint(cont);
+  before_smem_read(range);
+  std::vector<llvm::Value*> sum(regs);
+  for (int64_t r = 0; r < regs; ++r) {
+    sum[r] = b_.CreateLoad(b_.getFloatTy(), addr(i32(0), r));
+    for (int s = 1; s < slices; ++s) sum[r] = b_.CreateFAdd(sum[r], b_.CreateLoad(b_.getFloatTy(), addr(i32(s), r)));
+  }
+  return sum;
 }
 
 std::vector<llvm::Value*> KernelLowering::lower_wgmma(

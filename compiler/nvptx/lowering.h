@@ -186,6 +186,9 @@ class KernelLowering {
 
   // lower_dot.cpp
   void lower_dot(const ir::Op& op);
+  /// The sum of a split dot's partials (passes::dot_split_k): the first `slices` copies of each warp's
+  /// tiles write `acc` to scratch, then every warp adds the slices' partials in slice order.
+  std::vector<llvm::Value*> sum_split_partials(const passes::Layout& l, int slices, const std::vector<llvm::Value*>& acc);
   /// The accumulators `acc` (mt x N/8 tiles of this warp) after a dot on wgmma (passes::WgmmaDot): K/16
   /// steps of wgmma.mma_async m64nNk16 (N = n_wg, this warpgroup's columns from n_base) per 16-row tile
   /// tm (this warpgroup's 64 rows from wg_row(tm)); A from shared memory, or its fragments from

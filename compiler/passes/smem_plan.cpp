@@ -49,6 +49,11 @@ class Planner {
     for (const auto& [load, tma] : plan_.pipeline.tma) swizzled_[load->result()] = swizzle_width(load->result()->type);
     choose_prefetched_loads();
     if (unit_ != DotUnit::mma_sync) ir::walk(const_cast<ir::Block&>(k_.body), [&](ir::Op& op) { choose_wgmma(op); });
+    ir::walk(const_cast<ir::Block&>(k_.body), [&](ir::Op& op) {
+      if (op.code != OpCode::Dot || plan_.wgmma_dots.count(&op) || plan_.dots_a_in_registers.count(&op)) return;
+      if (const int slices = dot_split_k(op, layout(op.result()), k_.num_warps, k_.tensor_core_f32); slices > 1)
+        plan_.split_dots[&op] = slices;
+    });
     allocate();
     return std::move(plan_);
   }
@@ -357,7 +362,7 @@ class Planner {
       total = std::max(total, off + iv.bytes);
       placed.push_back(iv);
     }
-    int64_t max_1d = 0, register_reductions = 0;  // the latter pass per-warp partials through scratch
+    int64_t max_1d = 0, register_reductions = 0;  // the latter, and split dots, pass per-warp partials through scratch
     ir::walk(const_cast<ir::Block&>(k_.body), [&](ir::Op& op) {
       if ((op.code == OpCode::Reduce || op.code == OpCode::Scan) && op.operands[0]->type.rank() == 1)
         max_1d = std::max(max_1d, op.operands[0]->type.shape[0]);
@@ -368,6 +373,8 @@ class Planner {
     int64_t scan_2d = 0;
     ir::walk(const_cast<ir::Block&>(k_.body), [&](ir::Op& op) { scan_2d = std::max(scan_2d, scan_2d_scratch_bytes(op)); });
     plan_.scratch_offset = (total + 15) / 16 * 16;
+    for (const auto& [dot, slices] : plan_.split_dots)
+      register_reductions = std::max(register_reductions, split_dot_scratch_bytes(layout(dot->result()), slices));
     const int64_t scratch_1d = std::max(max_1d ? 32 * 8 + max_1d * 8 : 0, register_reductions);
     plan_.line_scans = scan_2d > 0 && plan_.scratch_offset + std::max(scratch_1d, scan_2d) <= max_smem_bytes_;
     plan_.scratch_bytes = plan_.line_scans ? std::max(scratch_1d, scan_2d) : scratch_1d;
@@ -490,6 +497,9 @@ std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
   for (const ir::Op* op : plan.dots_a_in_registers)  // the mma.sync dots'
     if (!plan.wgmma_dots.count(op))
       dots.push_back({op->result()->id, fmt::format("dot {}: A in its registers\n", names.at(op->result()))});
+  for (const auto& [op, slices] : plan.split_dots)
+    dots.push_back({op->result()->id, fmt::format("dot {}: K in {} slices over its copies' warps, partials through scratch\n",
+                                                  names.at(op->result()), slices)});
   std::sort(dots.begin(), dots.end());
   for (auto& [id, line] : dots) out += line;
   // (tests/python/test_prefetched_loads.py reads these lines.)
@@ -498,6 +508,25 @@ std::string print_smem_plan(const ir::Kernel& k, const SmemPlan& plan) {
                        op->result()->type.str());
   out += fmt::format("smem total {} bytes\n", plan.total_bytes);
   return out;
+}
+
+int dot_split_k(const ir::Op& op, const Layout& result, int num_warps, bool tensor_core_f32) {
+  if (op.code != OpCode::Dot || result.kind != Layout::Kind::Mma) return 1;
+  const DType in = op.operands[0]->type.dtype;
+  const int64_t K = op.operands[0]->type.shape[1];
+  const int64_t depth = in == DType::bf16 || in == DType::f16 ? 16 : in == DType::f32 && tensor_core_f32 ? 8 : 0;
+  if (depth == 0 || K % depth != 0) return 1;  // the FMA loop: each thread its own elements, no copies to share
+  const int64_t steps = K / depth;
+  const int copies = num_warps / (result.wm * result.wn);
+  int slices = 1;
+  while (slices * 2 <= copies && copies % (slices * 2) == 0 && steps % (slices * 2) == 0 &&
+         steps / (slices * 2) >= kMinSplitSteps)
+    slices *= 2;
+  return slices;
+}
+
+int64_t split_dot_scratch_bytes(const Layout& result, int slices) {
+  return int64_t{slices} * result.wm * result.wn * 32 * result.regs_per_thread() * 4;
 }
 
 DotUnit dot_unit_for_sm(int sm) {

@@ -90,6 +90,7 @@ struct SmemPlan {
   int64_t total_bytes = 0;
   std::map<const ir::Op*, WgmmaDot> wgmma_dots;  // the dots that run on wgmma (empty unless asked for)
   std::set<const ir::Op*> dots_a_in_registers;    // the dots whose A is read from its registers (dot_a_in_registers)
+  std::map<const ir::Op*, int> split_dots;         // mma.sync dots split along K among their copies (dot_split_k): slices
   // Top-level loads that could be asynchronous copies (as pipeline.prefetched's) but whose tiles stay in
   // registers: each is waited for at its first use, before the loads after it are issued.
   std::vector<const ir::Op*> register_loads;
@@ -124,6 +125,19 @@ std::optional<DotOperandInPlace> dot_operand_in_place(const ir::Value* v,
 /// its scores to the second product so). The planner asks it and records the answer
 /// (SmemPlan::dots_a_in_registers), which the lowering reads.
 bool dot_a_in_registers(const ir::Op& op, const LayoutMap& layouts, const std::map<const ir::Value*, ValueClass>& classes);
+
+/// How many slices of its reduction (K) the mma.sync dot `op` splits among the warps of its result
+/// layout `result` (split-K); 1 for none. Where a result has fewer 16 x 8 tiles than the program has
+/// warps, the warps past wm x wn hold copies (a 16 x 16 block on 8 warps: two warps' tiles, four
+/// copies of each), and each copy would run the whole K loop; split, copy c runs the slice c % slices
+/// of it, the partials meet in the scratch area, and every warp adds them in slice order (the copies
+/// stay identical). Slices: the most copies (a power of two) that still leave each at least
+/// kMinSplitSteps tensor-core steps (16 deep in 16 bits, 8 as tf32x3 in fp32: `tensor_core_f32`).
+/// Not where A comes from registers (its fragments are picked per step at compile time).
+int dot_split_k(const ir::Op& op, const Layout& result, int num_warps, bool tensor_core_f32);
+inline constexpr int64_t kMinSplitSteps = 4;
+/// The scratch bytes dot `op` split in `slices` needs for its partials (4 bytes each).
+int64_t split_dot_scratch_bytes(const Layout& result, int slices);
 
 /// Where a target's dots run: mma.sync (sm_80, and sm_90a on request), or wgmma (sm_90a) with A from
 /// registers (ldmatrix) or from shared memory where its buffer can be swizzled.

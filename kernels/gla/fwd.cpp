@@ -72,6 +72,13 @@ std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg) {
   Tile Q_chunk = chunk_rows(q), K_chunk = chunk_rows(k), g_chunk = chunk_rows(g);
   auto sub_chunk = [&](const Tile& x, const Tile& j) { return slice(x, 0, j * BC, BC); };
   auto sub_chunk_gates = [&](const Tile& j) { return floor_log_decay(sub_chunk(g_chunk, j)); };
+  // tot_j, every sub-chunk's total gate per key channel [NC, BK], summed once: the loops below take its
+  // rows (each pair of sub-chunks had summed them again).
+  std::vector<Tile> sub_chunk_totals;
+  for (int64_t j = 0; j < NC; ++j)
+    sub_chunk_totals.push_back(expand_dims(sum(floor_log_decay(slice(g_chunk, 0, j * BC, BC)), 0), 0));
+  const Tile totals = concat(sub_chunk_totals, 0);
+  auto total_of = [&](const Tile& j) { return take(totals, j, 0); };
 
   // `total` enters sub-chunk i's step as P_i and leaves it as P_{i+1} (G_C after the last).
   auto prepare_sub_chunk = [&](const Tile& i, Tile& total) {
@@ -86,7 +93,7 @@ std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg) {
     Tile Kf = sub_chunk(K_chunk, i).to(f32);
     Tile gi = sub_chunk_gates(i);
     Tile L = cumsum(gi, 0);
-    Tile tot = sum(gi, 0);  // the cumsum's last row, summed in the same order
+    Tile tot = total_of(i);
     Tile g0 = floor_log_decay(take(g_chunk, i * BC, 0));  // from the chunk's copy in shared memory
     // The elementwise form's rows of k and g, read from memory one step ahead of use so that their
     // latency overlaps a step (docs/ops/gla.md, "Measured"); row 16, read at the last step, is unused.
@@ -105,9 +112,8 @@ std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg) {
     Tile decay = g0;            // from the end of sub-chunk j to the first row of sub-chunk i
     for_range(0, i, [&](Tile step) {
       Tile j = i - 1 - step;
-      Tile gj = sub_chunk_gates(j);
-      Tile tot_j = sum(gj, 0);
-      Tile Kn = (sub_chunk(K_chunk, j).to(f32) * exp(expand_dims(tot_j + decay, 0) - cumsum(gj, 0))).to(dt);
+      Tile tot_j = total_of(j);
+      Tile Kn = (sub_chunk(K_chunk, j).to(f32) * exp(expand_dims(tot_j + decay, 0) - cumsum(sub_chunk_gates(j), 0))).to(dt);
       store_block(j, dot(Qnd, Kn.T()) * scale);
       decay = decay + tot_j;
     }, decay);
@@ -116,7 +122,7 @@ std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg) {
 
     // K_i .* exp(R_i + tot_{i+1} + ... + tot_{NC-1}).
     Tile after = zeros({BK}, f32);
-    for_range(i + 1, NC, [&](Tile j) { after = after + sum(sub_chunk_gates(j), 0); }, after);
+    for_range(i + 1, NC, [&](Tile j) { after = after + total_of(j); }, after);
     store_rows(kg, Kf * exp(expand_dims(tot + after, 0) - L));
     total = before + tot;
   };

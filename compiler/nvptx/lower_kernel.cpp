@@ -446,17 +446,9 @@ Regs KernelLowering::get_in_layout(const ir::Value* v, const Layout& l) {
     }
     return out;
   }
+  // Read from its swizzled buffer (spilled, or a pipelined load's stage) a run at a time.
+  if (const int run = cls(v) == ValueClass::Data ? swizzled_run(v, l) : 1; run > 1) return read_runs(v, l, run);
   Regs out(l.regs_per_thread());
-  if (const int run = cls(v) == ValueClass::Data ? swizzled_run(v, l) : 1; run > 1) {
-    // Read from its swizzled buffer (spilled, or a pipelined load's stage) a run at a time.
-    before_smem_read(v);
-    auto* vty = llvm::FixedVectorType::get(llvm_type(v->type.dtype), run);
-    for (int r = 0; r < l.regs_per_thread(); r += run) {
-      llvm::Value* x = b_.CreateAlignedLoad(vty, smem_addr(v, coords_of(l, r)), llvm::Align(run * dtype_bytes(v->type.dtype)));
-      for (int j = 0; j < run; ++j) out[r + j] = b_.CreateExtractElement(x, uint64_t(j));
-    }
-    return out;
-  }
   for (int r = 0; r < l.regs_per_thread(); ++r) out[r] = eval_at(v, coords_of(l, r));
   return out;
 }

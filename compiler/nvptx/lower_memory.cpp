@@ -481,6 +481,28 @@ int KernelLowering::swizzled_run(const ir::Value* v, const Layout& l) {
   return run;
 }
 
+// Registers r .. r + run - 1 (r a multiple of run) are one vector of `run` elements at the address of
+// register r, aligned to its size.
+Regs KernelLowering::read_runs(const ir::Value* v, const Layout& l, int run) {
+  before_smem_read(v);
+  auto* vty = llvm::FixedVectorType::get(llvm_type(v->type.dtype), run);
+  Regs out(l.regs_per_thread());
+  for (int r = 0; r < l.regs_per_thread(); r += run) {
+    llvm::Value* x = b_.CreateAlignedLoad(vty, smem_addr(v, coords_of(l, r)), llvm::Align(run * dtype_bytes(v->type.dtype)));
+    for (int j = 0; j < run; ++j) out[r + j] = b_.CreateExtractElement(x, uint64_t(j));
+  }
+  return out;
+}
+
+void KernelLowering::write_runs(const ir::Value* v, const Layout& l, int run, const Regs& rs) {
+  auto* vty = llvm::FixedVectorType::get(llvm_type(v->type.dtype), run);
+  for (int r = 0; r < l.regs_per_thread(); r += run) {
+    llvm::Value* x = llvm::PoisonValue::get(vty);
+    for (int j = 0; j < run; ++j) x = b_.CreateInsertElement(x, rs[r + j], uint64_t(j));
+    b_.CreateAlignedStore(x, smem_addr(v, coords_of(l, r)), llvm::Align(run * dtype_bytes(v->type.dtype)));
+  }
+}
+
 // ldmatrix.trans hands each lane, of four 8 x 8 blocks, the transposed block's row lane / 4 at columns
 // 2 (lane % 4) and the next: the mma layout's pairs (as a dot's B operand takes them), where element by
 // element each took a 2-byte load (and, from a swizzled buffer, its address arithmetic). The blocks are
@@ -544,15 +566,7 @@ void KernelLowering::spill(const ir::Value* v) {
   // The buffer may still be read by other threads (a previous iteration, or a value whose live range
   // ended just before): wait for them if needed; readers wait for the writes (before_smem_read).
   before_smem_write(v);
-  if (const int run = replicated ? 1 : swizzled_run(v, l); run > 1) {
-    auto* vty = llvm::FixedVectorType::get(llvm_type(v->type.dtype), run);
-    for (int r = 0; r < l.regs_per_thread(); r += run) {
-      llvm::Value* x = llvm::PoisonValue::get(vty);
-      for (int j = 0; j < run; ++j) x = b_.CreateInsertElement(x, rs[r + j], uint64_t(j));
-      b_.CreateAlignedStore(x, smem_addr(v, coords_of(l, r)), llvm::Align(run * dtype_bytes(v->type.dtype)));
-    }
-    return;
-  }
+  if (const int run = replicated ? 1 : swizzled_run(v, l); run > 1) return write_runs(v, l, run, rs);
   for (int r = 0; r < l.regs_per_thread(); ++r) {
     llvm::Value* x = rs[r];
     if (v->type.dtype == DType::i1) x = b_.CreateZExt(x, b_.getInt8Ty());

@@ -146,6 +146,9 @@ class KernelLowering {
   llvm::Value* smem_read(const ir::Value* v, const Coords& c);
   /// Registers of `l` read or written as one vector in `v`'s buffer where it is swizzled (1 elsewhere).
   int swizzled_run(const ir::Value* v, const passes::Layout& l);
+  /// `v`'s registers in `l` read from its buffer, and `rs` written to it, `run` (swizzled_run) at a time.
+  Regs read_runs(const ir::Value* v, const passes::Layout& l, int run);
+  void write_runs(const ir::Value* v, const passes::Layout& l, int run, const Regs& rs);
   /// Whether `v` is a transpose of a 16-bit tile in shared memory that ldmatrix.trans reads in the mma
   /// layout `l` (the rule transpose_by_ldmatrix and reads_transpose_by_ldmatrix share).
   bool ldmatrix_reads_transpose(const ir::Value* v, const passes::Layout& l);

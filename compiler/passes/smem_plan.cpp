@@ -362,20 +362,20 @@ class Planner {
       total = std::max(total, off + iv.bytes);
       placed.push_back(iv);
     }
-    int64_t max_1d = 0, register_reductions = 0;  // the latter, and split dots, pass per-warp partials through scratch
+    int64_t max_1d = 0, partials = 0;  // per-warp partials through scratch: register reductions', split dots'
     ir::walk(const_cast<ir::Block&>(k_.body), [&](ir::Op& op) {
       if ((op.code == OpCode::Reduce || op.code == OpCode::Scan) && op.operands[0]->type.rank() == 1)
         max_1d = std::max(max_1d, op.operands[0]->type.shape[0]);
       if (op.code == OpCode::Reduce)
         if (auto rr = register_reduction(op, layout(op.operands[0]), cls(op.operands[0]) == ValueClass::Data))
-          register_reductions = std::max(register_reductions, rr->scratch_bytes());
+          partials = std::max(partials, rr->scratch_bytes());
     });
     int64_t scan_2d = 0;
     ir::walk(const_cast<ir::Block&>(k_.body), [&](ir::Op& op) { scan_2d = std::max(scan_2d, scan_2d_scratch_bytes(op)); });
     plan_.scratch_offset = (total + 15) / 16 * 16;
     for (const auto& [dot, slices] : plan_.split_dots)
-      register_reductions = std::max(register_reductions, split_dot_scratch_bytes(layout(dot->result()), slices));
-    const int64_t scratch_1d = std::max(max_1d ? 32 * 8 + max_1d * 8 : 0, register_reductions);
+      partials = std::max(partials, split_dot_scratch_bytes(layout(dot->result()), slices));
+    const int64_t scratch_1d = std::max(max_1d ? 32 * 8 + max_1d * 8 : 0, partials);
     plan_.line_scans = scan_2d > 0 && plan_.scratch_offset + std::max(scratch_1d, scan_2d) <= max_smem_bytes_;
     plan_.scratch_bytes = plan_.line_scans ? std::max(scratch_1d, scan_2d) : scratch_1d;
     plan_.total_bytes = plan_.scratch_offset + plan_.scratch_bytes;

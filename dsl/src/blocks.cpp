@@ -299,26 +299,42 @@ Tile gated_scores(const Tile& X, const Tile& Y, const Tile& g, bool strictly_low
   return A;
 }
 
-Tile state_update(const Tile& S, const Tile& K, const Tile& V, const Tile& log_decay, bool in_place, Loc loc) {
-  require_f32("state_update", "S", S, 2, loc);
+namespace {
+
+/// state_update's checks and body; `K` is [BT, K] or, `transposed`, [K, BT].
+Tile update_state(const char* what, const Tile& S, const Tile& K, bool transposed, const Tile& V, const Tile& log_decay,
+                  bool in_place, Loc loc) {
+  require_f32(what, "S", S, 2, loc);
   const std::vector<int64_t> s = S.shape(loc);
-  if (K.rank(loc) != 2 || V.rank(loc) != 2 || K.shape(loc)[0] != V.shape(loc)[0] || K.shape(loc)[1] != s[0] ||
+  const int rows = transposed ? 1 : 0;  // K's axis along the chunk's rows
+  if (K.rank(loc) != 2 || V.rank(loc) != 2 || K.shape(loc)[rows] != V.shape(loc)[0] || K.shape(loc)[1 - rows] != s[0] ||
       V.shape(loc)[1] != s[1])
-    throw UserError(sl(loc), fmt::format("state_update: K [BT, K] and V [BT, V] must match S [K, V], got K {}, V {} and "
-                                         "S {}", fmt::join(K.shape(loc), "x"), fmt::join(V.shape(loc), "x"),
-                                         fmt::join(s, "x")));
+    throw UserError(sl(loc), fmt::format("{}: K {} and V [BT, V] must match S [K, V], got K {}, V {} and S {}", what,
+                                         transposed ? "[K, BT]" : "[BT, K]", fmt::join(K.shape(loc), "x"),
+                                         fmt::join(V.shape(loc), "x"), fmt::join(s, "x")));
   const Tile& d = log_decay;
   if (d.valid() && (d.dtype(loc) != DType::f32 || !(d.is_scalar(loc) || (d.rank(loc) == 1 && d.shape(loc)[0] == s[0]))))
-    throw UserError(sl(loc), fmt::format("state_update: log_decay must be an f32 scalar or [{}] (one per key row of S), "
-                                         "got {} {}", s[0], dtype_name(d.dtype(loc)), fmt::join(d.shape(loc), "x")));
+    throw UserError(sl(loc), fmt::format("{}: log_decay must be an f32 scalar or [{}] (one per key row of S), "
+                                         "got {} {}", what, s[0], dtype_name(d.dtype(loc)), fmt::join(d.shape(loc), "x")));
   auto decayed = [&] { return !d.valid() ? S : d.is_scalar() ? S * exp(d) : S * expand_dims(exp(d), 1); };
-  auto product = [&] { return dot(K.to(V.dtype()).T(), V); };
+  auto product = [&] { return dot(transposed ? K.to(V.dtype()) : K.to(V.dtype()).T(), V); };
   if (in_place) {
     Tile D = decayed();
     return D + product();
   }
   Tile P = product();
   return decayed() + P;
+}
+
+}  // namespace
+
+Tile state_update(const Tile& S, const Tile& K, const Tile& V, const Tile& log_decay, bool in_place, Loc loc) {
+  return update_state("state_update", S, K, false, V, log_decay, in_place, loc);
+}
+
+Tile state_update_transposed_keys(const Tile& S, const Tile& KT, const Tile& V, const Tile& log_decay, bool in_place,
+                                  Loc loc) {
+  return update_state("state_update_transposed_keys", S, KT, true, V, log_decay, in_place, loc);
 }
 
 Tile inverse_norms(const Tile& x, int axis, const Operand& eps, Loc loc) {

@@ -41,9 +41,8 @@ std::shared_ptr<ir::Kernel> build_gla_chunk(const GlaConfig& cfg) {
   KernelBuilder kb("gla_chunk");
   // 4 warps, at least two programs per SM: left to choose, ptxas held 4 warps to 128 registers and
   // spilled; 8 warps were slower (docs/ops/gla.md, "Measured"). Above head dim 128 a program's tiles
-  // take 185 KB of shared memory in 16 bits (chunks of 64): one program per SM, so 8 warps in it (an
-  // older lowering ran gla_chunk at D256 on 8 warps in 0.350 ms against 0.377 on 4: docs/ops/gla.md);
-  // in fp32 (chunks of 16, 101 KB) two programs of 8 warps. ptxas: 123 / 108 registers, no spill.
+  // take most of an SM's shared memory in 16 bits (chunks of 64): one program per SM, so 8 warps in it
+  // (faster: docs/ops/gla.md, "Measured", session 37; fp32 follows the rule, not timed).
   const bool one_per_sm = BK > 128;
   kb.set_num_warps(one_per_sm ? 8 : 4);
   kb.set_min_ctas_per_sm(one_per_sm ? 1 : 2);

@@ -85,8 +85,7 @@ std::shared_ptr<ir::Kernel> build_linear_attn_fwd(const LinearAttnConfig& cfg) {
       // accumulator, not two. At head dim 256 and 128 value columns ptxas spilled 1352 bytes with the
       // product first and spills 4 in place (sm_90a); elsewhere in place was no slower
       // (docs/ops/linear_attn.md, "Measured").
-      Tile decayed = S * exp(dec.total);
-      S = decayed + dot(K_decayedT, V);
+      S = blocks::state_update_transposed_keys(S, K_decayedT, V, dec.total, /*in_place=*/true);
       if (states_only) decay_sum = decay_sum + dec.total;
     } else {
       if (!states_only) O = dot(Q, S.to(dt)) * scale;

@@ -425,13 +425,18 @@ TEST_CASE("blocks: state_update, without a decay, per head and per key channel, 
   const int64_t BT = 32, K = 16, V = 24;
   Array S = random_array({K, V}, -1, 1, 41), Kt = random_array({BT, K}, -1, 1, 42), Vt = random_array({BT, V}, -1, 1, 43);
   Array d = random_array({K}, -2.0, 0.0, 44), none({K, V}), head({K, V}), channel({K, V}), in_place({K, V}), half({K, V});
-  run_block({&S, &Kt, &Vt, &d}, {&none, &head, &channel, &in_place, &half}, [](const std::vector<Tile>& t) {
+  Array transposed({K, V}), transposed_in_place({K, V});
+  run_block({&S, &Kt, &Vt, &d}, {&none, &head, &channel, &in_place, &half, &transposed, &transposed_in_place},
+            [](const std::vector<Tile>& t) {
     return std::vector<Tile>{blocks::state_update(t[0], t[1], t[2]),
                              blocks::state_update(t[0], t[1], t[2], take(t[3], 0, 0)),
                              blocks::state_update(t[0], t[1], t[2], t[3]),
                              blocks::state_update(t[0], t[1], t[2], t[3], /*in_place=*/true),
                              // 16-bit values: K (f32) is rounded to V's dtype for the product
-                             blocks::state_update(t[0], t[1], t[2].to(DType::bf16), t[3])};
+                             blocks::state_update(t[0], t[1], t[2].to(DType::bf16), t[3]),
+                             // the keys given as K^T [K, BT]
+                             blocks::state_update_transposed_keys(t[0], t[1].T(), t[2], t[3]),
+                             blocks::state_update_transposed_keys(t[0], t[1].T(), t[2], t[3], /*in_place=*/true)};
   });
   for (int64_t i = 0; i < K; ++i)
     for (int64_t j = 0; j < V; ++j) {
@@ -445,11 +450,15 @@ TEST_CASE("blocks: state_update, without a decay, per head and per key channel, 
       CHECK(std::abs(channel(i, j) - per_channel) <= 1e-5);
       CHECK(std::abs(in_place(i, j) - per_channel) <= 1e-5);
       CHECK(std::abs(half(i, j) - per_channel) <= 0.1);  // bf16 inputs: 8 bits, 32 terms
+      CHECK(std::abs(transposed(i, j) - per_channel) <= 1e-5);
+      CHECK(std::abs(transposed_in_place(i, j) - per_channel) <= 1e-5);
     }
   KernelBuilder kb("state_update_errors");
   Tile S0 = zeros({K, V}, DType::f32), K0 = zeros({BT, K}, DType::f32), V0 = zeros({BT, V}, DType::f32);
   CHECK_THROWS_AS(blocks::state_update(S0, V0, K0), UserError);
   CHECK_THROWS_AS(blocks::state_update(S0, K0, V0, zeros({V}, DType::f32)), UserError);
+  CHECK_THROWS_AS(blocks::state_update_transposed_keys(S0, K0, V0), UserError);  // K [BT, K], not [K, BT]
+  CHECK_NOTHROW(blocks::state_update_transposed_keys(S0, K0.T(), V0));
 }
 
 TEST_CASE("blocks: inverse_norms and l2normalize, of rows and of a vector") {

@@ -184,6 +184,10 @@ Tile gated_scores(const Tile& X, const Tile& Y, const Tile& g, bool strictly_low
 /// were tuned with: in place in delta_rule_fwd and gla_fwd, the product first in the others.
 Tile state_update(const Tile& S, const Tile& K, const Tile& V, const Tile& log_decay = Tile(), bool in_place = false,
                   Loc loc = Loc::current());
+/// state_update with the keys given transposed, KT [K, BT]: for a K^T formed where it is computed (the
+/// gated linear_attn walk decays K^T in the registers wgmma takes its A operand from).
+Tile state_update_transposed_keys(const Tile& S, const Tile& KT, const Tile& V, const Tile& log_decay = Tile(),
+                                  bool in_place = false, Loc loc = Loc::current());
 
 // ---- l2norm ----------------------------------------------------------------------------------------
 

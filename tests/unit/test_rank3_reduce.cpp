@@ -12,6 +12,7 @@
 #include "linac/dsl.h"
 #include "linac/error.h"
 #include "linac/runtime.h"
+#include "tests/unit/gpu_test_support.h"
 
 using namespace linac;
 using namespace linac::dsl;
@@ -65,11 +66,6 @@ double worst_error(rt::Device device) {
   return worst;
 }
 
-bool no_gpu() {
-  static const bool none = !rt::gpu_available();
-  return none;
-}
-
 }  // namespace
 
 TEST_CASE("rank 3: decayed scores as a broadcast product summed over d, on the interpreter") {
@@ -88,7 +84,7 @@ TEST_CASE("rank 3: the product is fused into its sum on both targets, never held
   }
 }
 
-TEST_CASE("gpu: decayed scores as a broadcast product summed over d" * doctest::skip(no_gpu())) {
+TEST_CASE("gpu: decayed scores as a broadcast product summed over d" * doctest::skip(test::no_gpu())) {
   CHECK(worst_error(rt::Device::gpu) < 1e-4);
 }
 

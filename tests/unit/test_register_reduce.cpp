@@ -16,6 +16,7 @@
 
 #include "linac/dsl.h"
 #include "linac/runtime.h"
+#include "tests/unit/gpu_test_support.h"
 
 using namespace linac;
 using namespace linac::dsl;
@@ -118,11 +119,6 @@ bool has_buffer(const std::string& plan, const std::string& type) {
   return false;
 }
 
-bool no_gpu() {
-  static const bool none = !rt::gpu_available();
-  return none;
-}
-
 }  // namespace
 
 TEST_CASE("register reductions: every form on the interpreter") { CHECK(worst_error(rt::Device::cpu) < 1e-5); }
@@ -148,6 +144,6 @@ TEST_CASE("register reductions: no operand goes through shared memory, lanes fol
   }
 }
 
-TEST_CASE("gpu: register reductions, every form" * doctest::skip(no_gpu())) {
+TEST_CASE("gpu: register reductions, every form" * doctest::skip(test::no_gpu())) {
   CHECK(worst_error(rt::Device::gpu) < 1e-5);
 }

@@ -16,6 +16,7 @@
 
 #include "linac/dsl.h"
 #include "linac/runtime.h"
+#include "tests/unit/gpu_test_support.h"
 
 using namespace linac;
 using namespace linac::dsl;
@@ -97,11 +98,6 @@ size_t count(const std::string& text, const std::string& what) {
   return n;
 }
 
-bool no_gpu() {
-  static const bool none = !rt::gpu_available();
-  return none;
-}
-
 }  // namespace
 
 TEST_CASE("split dots: the interpreter computes each product whole") { CHECK(worst_error(rt::Device::cpu) < 1e-6); }
@@ -124,4 +120,4 @@ TEST_CASE("split dots: the plan splits the long products, the PTX runs each copy
   }
 }
 
-TEST_CASE("gpu: split dots sum their slices" * doctest::skip(no_gpu())) { CHECK(worst_error(rt::Device::gpu) < 1e-6); }
+TEST_CASE("gpu: split dots sum their slices" * doctest::skip(test::no_gpu())) { CHECK(worst_error(rt::Device::gpu) < 1e-6); }

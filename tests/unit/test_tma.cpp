@@ -13,6 +13,7 @@
 
 #include "linac/dsl.h"
 #include "linac/runtime.h"
+#include "tests/unit/gpu_test_support.h"
 
 using namespace linac;
 using namespace linac::dsl;
@@ -39,11 +40,6 @@ std::shared_ptr<ir::Kernel> build(int stages) {
   return kb.finish();
 }
 
-bool no_gpu() {
-  static const bool none = !rt::gpu_available();
-  return none;
-}
-
 int count(const std::string& s, const std::string& what) {
   int n = 0;
   for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
@@ -66,7 +62,7 @@ TEST_CASE("tma: the sm_90a plan copies a loop's 64-row box by TMA; sm_80 and LIN
   CHECK(count(off, "TMA") == 0);
 }
 
-TEST_CASE("gpu: TMA ring sums equal the CPU's on every path a tile takes" * doctest::skip(no_gpu())) {
+TEST_CASE("gpu: TMA ring sums equal the CPU's on every path a tile takes" * doctest::skip(test::no_gpu())) {
   struct Shape {
     const char* what;
     int64_t rows, cols, limit;

@@ -16,6 +16,7 @@
 
 #include "linac/dsl.h"
 #include "linac/runtime.h"
+#include "tests/unit/gpu_test_support.h"
 
 using namespace linac;
 using namespace linac::dsl;
@@ -107,11 +108,6 @@ int count(const std::string& s, const std::string& what) {
   int n = 0;
   for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
   return n;
-}
-
-bool no_gpu() {
-  static const bool none = !rt::gpu_available();
-  return none;
 }
 
 /// 16-bit data of `n` values of a smooth pattern (bits in `bits`, their float values in `vals`).
@@ -244,7 +240,7 @@ void check_on_gpu(const Case& c) {
 
 }  // namespace
 
-TEST_CASE("gpu: wgmma products equal float64 products of the same inputs" * doctest::skip(no_gpu())) {
+TEST_CASE("gpu: wgmma products equal float64 products of the same inputs" * doctest::skip(test::no_gpu())) {
   for (const char* dots : {"1", "a-shared"}) {
     const std::string mode = dots;
     CAPTURE(mode);

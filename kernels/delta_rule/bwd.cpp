@@ -287,7 +287,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
   KernelBuilder kb(cfg.gated ? "gated_delta_rule_bwd_chunk" : "delta_rule_bwd_chunk");
   kb.set_num_warps(cfg.num_warps);
   kb.set_min_ctas_per_sm(1);
-  kb.set_num_stages(1);
+  kb.set_num_stages(steps > 1 ? cfg.step_stages : 1);
   auto [q, k, v] = declare_qkv(kb, dt);
   Tensor beta = kb.tensor("beta", f32, 3);
   const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();
@@ -354,8 +354,17 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
   const Tile& Gam = gate.Gam;
 
   const OutputTerms out = output_terms(Q, K, vs, scale, causal, Gam, e_b, to_end, dt);
-  const Tile &dPm = out.dPm, &dQs = out.dQs, &dQ = out.dQ;
+  const Tile &dPm = out.dPm, &dQs = out.dQs;
   Tile dK = out.dK;
+  // dq is final here: stored before the UT adjoint, whose tiles then need not stand beside it; and the
+  // gate's row sums of dQs and VdS ([BT, K] each) taken here, so that neither stands through it either
+  // (the 4-warp form spilled 28 bytes with them held).
+  store(dq, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, out.dQ.to(dt), in_seq);
+  Tile qdq, Y;
+  if (cfg.gated) {
+    qdq = sum(dQs * Q.to(f32), 1);
+    Y = sum(vs.VdS * K.to(f32), 1) * gate.to_end;
+  }
 
   // Through the UT transform (ut_adjoint). A is only needed for the gate's terms; G for dbeta.
   Tile G = dot(K, K.T());
@@ -372,13 +381,11 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk(const DeltaChunkedBwdConfig& c
     // db per row from every place b enters (see the top of this file), then dg = suffix sums + db_C.
     Tile Z1 = dPm * dot(Q, K.T());  // dP .* P
     Tile Z2 = ut.dA * A;
-    Tile Y = sum(vs.VdS * K.to(f32), 1) * gate.to_end;
-    Tile db = sum(Z1, 1) - sum(Z1, 0) + sum(Z2, 1) - sum(Z2, 0) + sum(dQs * Q.to(f32), 1) + ut.dKbK * k_factor - Y;
+    Tile db = sum(Z1, 1) - sum(Z1, 0) + sum(Z2, 1) - sum(Z2, 0) + qdq + ut.dKbK * k_factor - Y;
     Tile db_C = sum(Y, 0) + gate.end_decay * vs.sSdS;
     store(dg, {b, t0, i_h}, {kIndex, BT, kIndex}, cumsum(db, 0, true) + db_C, in_seq);
   }
 
-  store(dq, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dQ.to(dt), in_seq);
   store(dk, {b, t0, i_h, 0}, {kIndex, BT, kIndex, BK}, dK.to(dt), in_seq);
   store(dbeta, {b, t0, i_h}, {kIndex, BT, kIndex}, ut.dBeta, in_seq);
   return kb.finish();
@@ -404,7 +411,7 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_chunk_keys(const DeltaChunkedBwdConf
   KernelBuilder kb(cfg.gated ? "gated_delta_rule_bwd_chunk_keys" : "delta_rule_bwd_chunk_keys");
   kb.set_num_warps(cfg.keys_warps);
   kb.set_min_ctas_per_sm(1);
-  kb.set_num_stages(cfg.keys_stages);
+  kb.set_num_stages(cfg.step_stages);
   Tensor q = kb.tensor("q", dt, 4);
   Tensor k = kb.tensor("k", dt, 4);
   const GateSumTables gates = cfg.gated ? GateSumTables::declare(kb) : GateSumTables();

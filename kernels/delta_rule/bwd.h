@@ -24,7 +24,8 @@ struct DeltaChunkedBwdConfig {
   int64_t chunk_k = 64;  // key columns per program of the per-chunk work: under block_k, in two kernels
   int keys_warps = 8;    // warps of build_delta_bwd_chunk_keys (its dots are [chunk, chunk_k])
   int walk_warps = 8;    // warps of the state walks (build_delta_bwd_states, build_delta_bwd_dstates)
-  int keys_stages = 1;   // pipeline stages of its value-step loads (2: the next step's are prefetched)
+  int step_stages = 1;   // pipeline stages of the per-chunk work's value-step loads (2: the next step's are
+                         // prefetched): the key-block kernel's, or the one per-chunk kernel's where it steps
   int walk_producer_warps = 0;  // 4: a warpgroup of its own fills the state walks' TMA rings (sm_90a)
   bool gated = false;    // gated_delta_rule: g [B,T,H] in, dg out
   bool initial_state = false;
@@ -32,7 +33,7 @@ struct DeltaChunkedBwdConfig {
   bool final_state_grad = false;
   bool initial_state_grad = false;
   bool varlen = false;
-  int num_warps = 4;
+  int num_warps = 4;  // of the per-chunk kernel (build_delta_bwd_chunk), and the default of keys_warps
 };
 
 /// The state pass: one program per (V block, sequence x head) walks the chunks storing the state before

@@ -22,15 +22,27 @@ namespace linac {
 
 namespace {
 
-/// Value columns per step of the per-chunk kernel for V padded to full_v, in order of preference: it
-/// holds S and dS' blocks [K, columns] beside the chunk's tiles, all of V up to 128 (one step,
-/// straight-line code), then steps of 64, then 32 (head dim 256 in one step: 360 KB in bf16; fp32 at
-/// K = V = 128 plans 191 KB in one step at chunk 16, more than an A100 block's 163 KB).
-std::vector<int64_t> chunk_column_proposals(int64_t full_v) {
-  std::vector<int64_t> out;
-  if (full_v <= 128) out.push_back(full_v);
+/// The per-chunk kernel's value columns per step and warps.
+struct ChunkKernelShape {
+  int64_t chunk_v;
+  int warps;
+};
+
+/// The per-chunk kernel's shapes for K, V padded to block_k, full_v, in order of preference. It holds S
+/// and dS' blocks [K, columns] beside the chunk's tiles. In 16 bits up to head dim 128 (one per-chunk
+/// kernel) first steps of 32 columns on 4 warps, the next step's loads prefetched: 255 registers and
+/// 72 KB at K = V = 128, two programs per SM, so that one's loads run under the other's products (one
+/// program of 8 warps per SM left the SM idle while it loaded: DRAM 49% busy in ncu); at B8 T4096 H16
+/// D128 bf16 0.98 -> 0.72 ms, gated 1.30 -> 1.00 (docs/ops/delta_rule.md, "Measured", session 38). Then,
+/// on 8 warps, all of V up to 128 in one step (straight-line code), then steps of 64, then 32 (head dim
+/// 256 in one step: 360 KB in bf16; fp32 at K = V = 128 plans 191 KB in one step at chunk 16, more than
+/// an A100 block's 163 KB). Steps of 16, or of 32 on 8 warps, measured 2-3x slower (not proposed).
+std::vector<ChunkKernelShape> chunk_kernel_shapes(DType dtype, int64_t block_k, int64_t full_v) {
+  std::vector<ChunkKernelShape> out;
+  if (dtype_bytes(dtype) == 2 && block_k <= 128 && full_v >= 64) out.push_back({32, 4});
+  if (full_v <= 128) out.push_back({full_v, 8});
   for (int64_t step : {64, 32})
-    if (step < full_v) out.push_back(step);
+    if (step < full_v) out.push_back({step, 8});
   return out;
 }
 
@@ -53,13 +65,12 @@ TuningKey kwarps_key() {
 
 /// The state walks' warps (read after the others: its default follows bv and warps).
 TuningKey wwarps_key() {
-  return {"wwarps", {2, 4, 8},
-          "--backward: warps of the state walks (default 4 where bv is under 128 and V, else warps)"};
+  return {"wwarps", {2, 4, 8}, "--backward: warps of the state walks (default 4 where bv is under 128 and V, else 8)"};
 }
 
-/// The walks' warps unless asked: delta_walk_warps (fwd.h), from the per-chunk kernels' warps.
+/// The walks' warps unless asked: delta_walk_warps (fwd.h), 8 for the walks of whole value dims.
 int default_walk_warps(const DeltaChunkedBwdConfig& cfg) {
-  return delta_walk_warps(cfg.block_v, cfg.full_v, cfg.num_warps);
+  return delta_walk_warps(cfg.block_v, cfg.full_v, 8);
 }
 
 /// The chunked backward's configuration (bwd.h): chunk, bv, cv, ck, kwarps, kstages, wwarps and warps are
@@ -72,16 +83,17 @@ const ConfigSchema<DeltaChunkedBwdConfig>& chunked_schema() {
       field<&C::full_v>(),
       tuned<&C::chunk_v>({"cv",
                           {16, 32, 64, 128, 256},
-                          "--backward: value columns per step of the per-chunk kernel (default all of V up to 128)"}),
+                          "--backward: value columns per step of the per-chunk kernel (default 32 in 16 bits up to head dim "
+                          "128, else all of V up to 128)"}),
       tuned<&C::chunk_k>({"ck",
                           {16, 32, 64, 128, 256},
                           "--backward: key columns per program of the per-chunk work, in two kernels under the "
                           "padded K (default all of K up to 128, else 128)"}),
       tuned<&C::keys_warps>(kwarps_key()), tuned<&C::walk_warps>(wwarps_key()),
-      tuned<&C::keys_stages>({"kstages",
+      tuned<&C::step_stages>({"kstages",
                               {1, 2},
-                              "--backward: 2 = the key-block kernel prefetches its next value step's loads "
-                              "(default 2 where it fits)"}),
+                              "--backward: 2 = the per-chunk kernel (the key-block kernel where ck splits K) "
+                              "prefetches its next value step's loads (default 2 where it fits)"}),
       field<&C::gated>(), field<&C::initial_state>(), field<&C::final_state>(), field<&C::final_state_grad>(),
       field<&C::initial_state_grad>(), field<&C::varlen>(), tuned<&C::num_warps>(warps_key()),
       tuned<&C::walk_producer_warps>(producer_key()));
@@ -177,23 +189,20 @@ DeltaChunkedBwdConfig bwd_defaults(const OpOptions& opts, bool gated, int64_t K,
                                              : columns_for_walks(std::min<int64_t>(128, cfg.full_v), cfg.full_v,
                                                                  heads, 32, opts);
   cfg.chunk_k = delta_bwd_chunk_key_columns(cfg.block_k, gated);
-  // 8 warps: at 4 the per-chunk kernel (K = V = 128, chunk 32) spills 1004 bytes, at 8 it spills 8
-  // (ptxas, sm_90a); 4 warps were also slower (docs/ops/delta_rule.md, "Measured").
-  cfg.num_warps = 8;
-  cfg.keys_warps = cfg.num_warps;
   // Then what shared memory decides, the first proposal whose kernels fit the call's GPU: the walks'
   // value blocks (128 or narrower where they are few, then halved down to 32), the per-chunk kernel's
-  // value steps (chunk_column_proposals) and the key-block kernel's value steps prefetched (2 stages, much faster:
-  // docs/ops/delta_rule.md, "Measured"), then not.
+  // shape (chunk_kernel_shapes) and its value steps prefetched (2 stages, much faster: docs/ops/
+  // delta_rule.md, "Measured"), then not.
   std::vector<DeltaChunkedBwdConfig> proposals;
   for (int64_t bv = widest_v; bv >= std::min<int64_t>(32, widest_v); bv /= 2)
-    for (int64_t cv : chunk_column_proposals(cfg.full_v))
+    for (const ChunkKernelShape& shape : chunk_kernel_shapes(cfg.dtype, cfg.block_k, cfg.full_v))
       for (int stages : {2, 1}) {
         DeltaChunkedBwdConfig c = cfg;
         c.block_v = bv;
         c.walk_warps = default_walk_warps(c);
-        c.chunk_v = cv;
-        c.keys_stages = stages;
+        c.chunk_v = shape.chunk_v;
+        c.num_warps = shape.warps;
+        c.step_stages = stages;
         proposals.push_back(c);
       }
   return first_fitting<DeltaChunkedBwdConfig>(
@@ -368,10 +377,12 @@ std::vector<std::shared_ptr<ir::Kernel>> delta_chunked_bwd_kernels(bool gated, c
   for (const auto* c : {&cfg, &full})
     for (auto which : {DeltaBwdKernel::states, DeltaBwdKernel::dstates, DeltaBwdKernel::chunk})
       out.push_back(cached(*c, which));
-  // The per-chunk kernel in value-column steps (as head dims over 128 run it).
+  // The per-chunk kernel in value-column steps, prefetched, on 4 warps (its 16-bit default up to head dim 128).
   DeltaChunkedBwdConfig stepped = cfg;
   stepped.full_v = 128;
   stepped.chunk_v = 32;
+  stepped.num_warps = 4;
+  stepped.step_stages = 2;
   out.push_back(cached(stepped, DeltaBwdKernel::chunk));
   // ... and in key blocks (as head dims over 128 run it), with every option.
   DeltaChunkedBwdConfig keyed = full;

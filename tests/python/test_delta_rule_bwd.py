@@ -63,12 +63,13 @@ def test_varlen(linac, op):
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("config", ["chunk=16", "chunk=16,bv=16", "chunk=64,warps=8", "chunk=32,bv=32,warps=2",
-                                    "chunk=16,cv=16", "chunk=32,ck=16", "chunk=16,ck=16,cv=16,kwarps=4,kstages=2",
+                                    "chunk=16,cv=16", "chunk=32,ck=16", "chunk=16,ck=16,cv=16,kwarps=4,kstages=2", "cv=32,warps=4,kstages=2",
                                     "tokenwise=1"])
 def test_chunked_configs(linac, op, config):
     # The chunked backward over many chunks (T=100 at chunk 16: seven, the last partial), with value
     # blocks (V=40 pads to 64: bv=16 gives four walks per head, the last partly masked), K != V, both
-    # states; the per-chunk kernel in value-column steps (cv=16: four, as head dims over 128 run it) and
+    # states; the per-chunk kernel in value-column steps (cv=16: four, as head dims over 128 run it; cv=32
+    # prefetched on 4 warps: two, as 16 bits up to head dim 128 run it) and
     # in key blocks (ck=16: two, K=24 padded to 32; two kernels, as the gated form runs them over 128); and
     # the token-by-token reference form (tokenwise=1).
     x = make_inputs(80 + OPS.index(op), op, B=2, T=100, H=2, K=24, V=40, init=True, dfinal=True)
@@ -197,6 +198,20 @@ def test_very_negative_gates(linac, stop):
 def test_bf16(linac, op):
     x = make_inputs(60 + OPS.index(op), op, B=1, T=30, H=2, K=16, V=16, init=True, dfinal=True)
     outs = ("dq", "dk", "dv", "dbeta")
+    got = linac.run_op(op, x, outputs=outs, options=["--backward", "--dtype", "bf16"])
+    ref = linac.run_op(op, {n: reference.round_to_bf16(a) if n in ("q", "k", "v", "do") else a for n, a in x.items()},
+                       outputs=outs, options=["--backward"])
+    for name in outs:
+        assert reference.rel_err(got[name], ref[name]) < 3e-2, name
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_bf16_head_dim_128(linac, op):
+    # The per-chunk kernel's 16-bit default up to head dim 128: value steps of 32 columns on 4 warps, the
+    # next step's loads prefetched (op_bwd.cpp chunk_kernel_shapes; head dim 16 above takes one step).
+    # Three chunks of 32, the last partial.
+    x = make_inputs(64 + OPS.index(op), op, B=1, T=70, H=1, K=128, V=128, init=True, dfinal=True)
+    outs = ("dq", "dk", "dv", "dbeta") + (("dg",) if "g" in x else ())
     got = linac.run_op(op, x, outputs=outs, options=["--backward", "--dtype", "bf16"])
     ref = linac.run_op(op, {n: reference.round_to_bf16(a) if n in ("q", "k", "v", "do") else a for n, a in x.items()},
                        outputs=outs, options=["--backward"])

@@ -16,28 +16,13 @@ using ir::OpCode;
 
 namespace {
 
-void collect(const ir::Kernel& k, const ir::Block& b, const std::set<const ir::Value*>& stored, PipelinePlan& plan) {
-  for (const auto& op : b.ops) {
-    for (const auto& r : op->regions) collect(k, *r, stored, plan);
-    if (op->code != OpCode::For) continue;
-    const ir::Block& body = *op->regions[0];
-    for (const auto& inner : body.ops) {
-      if (inner->code != OpCode::Load || inner->result()->type.is_scalar()) continue;
-      // A tensor the kernel also writes may be written by this very loop: reading it an iteration
-      // early would read stale data (e.g. a state kept in global memory and updated in place).
-      if (stored.count(inner->operands[0])) continue;
-      if (!splits_into_16_byte_copies(inner->result()->type, k.num_warps * 32)) continue;
-      bool predictable = true;
-      for (size_t i = 1; i < inner->operands.size(); ++i) predictable &= is_predictable_scalar(inner->operands[i], body);
-      if (predictable) plan.loads.insert(inner.get());
-    }
-  }
-}
-
 /// Tiles of fewer rows stay on cp.async where the kernel's own warps issue the copies: gla's backward
 /// walks (chunks of 16, 5 to 7 tiles per step) ran 7% slower with TMA (docs/hopper.md, "TMA"). Producer
 /// warps take every ring load through TMA (warp_roles.h), so there the least is a swizzle's 8 rows.
 int64_t min_tma_rows(const ir::Kernel& k) { return k.producer_warps ? 8 : 32; }
+
+/// The least columns of a pipelined tile that only TMA can copy (collect).
+constexpr int64_t kMinTmaOnlyColumns = 32;
 
 /// The TMA form of pipelined load `op`, its map added to plan.tensor_maps; nullopt where the tile is
 /// not a box of its tensor that a swizzled buffer can hold (plan_pipelining).
@@ -61,6 +46,40 @@ std::optional<TmaLoad> tma_load(const ir::Op& op, int64_t min_rows, PipelinePlan
   l.map = static_cast<int>(it - plan.tensor_maps.begin());
   if (it == plan.tensor_maps.end()) plan.tensor_maps.push_back(spec);
   return l;
+}
+
+/// The loads of every loop's body that a ring can copy an iteration or more ahead, into plan.loads:
+/// tiles of tensors the kernel does not write, at coordinates the loop's head can compute. The kernel's
+/// threads copy a tile in 16-byte runs (cp.async), so it must split into such runs over all of them.
+/// With `tma`, a tile too small for the threads is taken too where TMA copies it, it has at least
+/// kMinTmaOnlyColumns columns and the kernel has no producer warps: the delta backward's per-chunk
+/// kernel on 8 warps loaded four [32, 32] tiles every value step unpipelined and ran 2.1x slower (H200,
+/// docs/hopper.md session 38). Where the launcher cannot describe the tensor to TMA (rows not 16-byte
+/// aligned) the copy falls back to the threads element by element, slower than a direct load: the
+/// normalized backward's walks pad [B, T, H, 1] columns to [64, 16] tiles, and taken so their dq and
+/// dk walks ran 7% slower in fp32 and, with producer warps (one warp copying), 5.6x slower in bf16.
+/// Narrower tiles are where kernels pad such columns: they stay direct loads.
+void collect(const ir::Kernel& k, const ir::Block& b, const std::set<const ir::Value*>& stored, bool tma,
+             PipelinePlan& plan) {
+  for (const auto& op : b.ops) {
+    for (const auto& r : op->regions) collect(k, *r, stored, tma, plan);
+    if (op->code != OpCode::For) continue;
+    const ir::Block& body = *op->regions[0];
+    for (const auto& inner : body.ops) {
+      if (inner->code != OpCode::Load || inner->result()->type.is_scalar()) continue;
+      // A tensor the kernel also writes may be written by this very loop: reading it an iteration
+      // early would read stale data (e.g. a state kept in global memory and updated in place).
+      if (stored.count(inner->operands[0])) continue;
+      bool predictable = true;
+      for (size_t i = 1; i < inner->operands.size(); ++i) predictable &= is_predictable_scalar(inner->operands[i], body);
+      if (!predictable) continue;
+      PipelinePlan unused;  // (the maps are added in program order by plan_pipelining)
+      if (splits_into_16_byte_copies(inner->result()->type, k.num_warps * 32) ||
+          (tma && !k.producer_warps && inner->result()->type.shape.back() >= kMinTmaOnlyColumns &&
+           tma_load(*inner, min_tma_rows(k), unused)))
+        plan.loads.insert(inner.get());
+    }
+  }
 }
 
 }  // namespace
@@ -118,7 +137,7 @@ PipelinePlan plan_pipelining(const ir::Kernel& k, bool tma) {
   PipelinePlan plan;
   plan.stages = std::clamp(k.num_stages, 1, ir::kMaxNumStages);
   if (plan.stages < 2) return plan;
-  collect(k, k.body, stored_tensors(k), plan);
+  collect(k, k.body, stored_tensors(k), tma, plan);
   if (!tma) return plan;
   // In program order, so that the maps' parameter order does not depend on addresses.
   ir::walk(const_cast<ir::Block&>(k.body), [&](ir::Op& op) {

@@ -87,9 +87,10 @@ bool splits_into_16_byte_copies(const ir::Type& t, int num_threads);
 
 /// Chooses the loads to pipeline: loads directly in a for body, with predictable offsets, from a
 /// tensor the kernel never stores to, whose tile splits into 16-byte vectors (cp.async's unit) over
-/// the kernel's threads. With `tma`, those of them that are boxes of their tensor go through TMA: a
-/// 2-D tile along two of the tensor's dims in order, the second its innermost, 32 to 256 rows, whose
-/// rows take a swizzled layout (swizzle_width).
+/// the kernel's threads or, with `tma` and no producer warps, is a box of 32 columns or more that TMA
+/// copies (pipeline.cpp, collect). With `tma` the loads that are boxes of their tensor go through TMA: a
+/// 2-D tile along two of the tensor's dims in order, the second its innermost, 32 to 256 rows (8 with
+/// producer warps), whose rows take a swizzled layout (swizzle_width).
 PipelinePlan plan_pipelining(const ir::Kernel& k, bool tma = false);
 
 /// Whether compute capability `sm` (x 10) copies pipelined loads with TMA: from 90 on, unless LINAC_TMA=0

@@ -36,7 +36,9 @@ struct ChunkKernelShape {
 /// D128 bf16 0.98 -> 0.72 ms, gated 1.30 -> 1.00 (docs/ops/delta_rule.md, "Measured", session 38). Then,
 /// on 8 warps, all of V up to 128 in one step (straight-line code), then steps of 64, then 32 (head dim
 /// 256 in one step: 360 KB in bf16; fp32 at K = V = 128 plans 191 KB in one step at chunk 16, more than
-/// an A100 block's 163 KB). Steps of 16, or of 32 on 8 warps, measured 2-3x slower (not proposed).
+/// an A100 block's 163 KB). Not proposed, measured slower: steps of 16 on 4 warps (1.81 ms; tiles of
+/// 16 columns stay out of the TMA ring: compiler/passes/pipeline.cpp), of 32 on 8 warps (1.14, one
+/// program per SM).
 std::vector<ChunkKernelShape> chunk_kernel_shapes(DType dtype, int64_t block_k, int64_t full_v) {
   std::vector<ChunkKernelShape> out;
   if (dtype_bytes(dtype) == 2 && block_k <= 128 && full_v >= 64) out.push_back({32, 4});

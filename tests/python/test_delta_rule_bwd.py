@@ -63,8 +63,8 @@ def test_varlen(linac, op):
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("config", ["chunk=16", "chunk=16,bv=16", "chunk=64,warps=8", "chunk=32,bv=32,warps=2",
-                                    "chunk=16,cv=16", "chunk=32,ck=16", "chunk=16,ck=16,cv=16,kwarps=4,kstages=2", "cv=32,warps=4,kstages=2",
-                                    "tokenwise=1"])
+                                    "chunk=16,cv=16", "chunk=32,ck=16", "chunk=16,ck=16,cv=16,kwarps=4,kstages=2",
+                                    "cv=32,warps=4,kstages=2", "tokenwise=1"])
 def test_chunked_configs(linac, op, config):
     # The chunked backward over many chunks (T=100 at chunk 16: seven, the last partial), with value
     # blocks (V=40 pads to 64: bv=16 gives four walks per head, the last partly masked), K != V, both

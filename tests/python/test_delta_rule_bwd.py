@@ -205,6 +205,18 @@ def test_bf16(linac, op):
         assert reference.rel_err(got[name], ref[name]) < 3e-2, name
 
 
+@pytest.mark.parametrize("dtype,header", [("bf16", "num_warps = 4, num_stages = 2,"), ("fp16", "num_warps = 4, num_stages = 2,"),
+                                          ("fp32", "num_warps = 8, num_stages = 1,")])
+def test_per_chunk_kernel_shape_by_dtype(linac, dtype, header):
+    # The per-chunk kernel's default shape at K = V = 128 (op_bwd.cpp chunk_kernel_shapes): in 16 bits
+    # value steps of 32 on 4 warps, prefetched (two programs per SM: measured faster on an H200); in fp32,
+    # whose steps were not measured so, all of V in one step on 8 warps.
+    r = linac.run("compile", "delta_rule", "--backward", "--shape", "B=8,T=4096,H=16,K=128", "--dtype", dtype,
+                  "--emit", "tir")
+    assert r.returncode == 0, r.stderr
+    assert header in r.stdout.split("kernel @delta_rule_bwd_chunk(")[1].split("\n", 1)[0]
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_bf16_head_dim_128(linac, op):
     # The per-chunk kernel's 16-bit default up to head dim 128: value steps of 32 columns on 4 warps, the

@@ -24,9 +24,9 @@ int64_t min_tma_rows(const ir::Kernel& k) { return k.producer_warps ? 8 : 32; }
 /// The least columns of a pipelined tile that only TMA can copy (collect).
 constexpr int64_t kMinTmaOnlyColumns = 32;
 
-/// The TMA form of pipelined load `op`, its map added to plan.tensor_maps; nullopt where the tile is
-/// not a box of its tensor that a swizzled buffer can hold (plan_pipelining).
-std::optional<TmaLoad> tma_load(const ir::Op& op, int64_t min_rows, PipelinePlan& plan) {
+/// The TMA form of pipelined load `op` and its tensor map (TmaLoad::map unset); nullopt where the tile
+/// is not a box of its tensor that a swizzled buffer can hold.
+std::optional<std::pair<TmaLoad, TensorMapSpec>> tma_form(const ir::Op& op, int64_t min_rows) {
   const ir::Type& t = op.result()->type;
   const ir::Value* tensor = op.operands[0];
   const int rank = tensor->type.rank();
@@ -42,6 +42,14 @@ std::optional<TmaLoad> tma_load(const ir::Op& op, int64_t min_rows, PipelinePlan
   l.box_cols = width / elem;
   l.boxes = static_cast<int>(t.shape[1] / l.box_cols);
   l.bytes = t.numel() * elem;
+  return std::pair{l, spec};
+}
+
+/// tma_form with its map added to plan.tensor_maps (plan_pipelining).
+std::optional<TmaLoad> tma_load(const ir::Op& op, int64_t min_rows, PipelinePlan& plan) {
+  auto form = tma_form(op, min_rows);
+  if (!form) return std::nullopt;
+  auto& [l, spec] = *form;
   auto it = std::find(plan.tensor_maps.begin(), plan.tensor_maps.end(), spec);
   l.map = static_cast<int>(it - plan.tensor_maps.begin());
   if (it == plan.tensor_maps.end()) plan.tensor_maps.push_back(spec);
@@ -73,10 +81,9 @@ void collect(const ir::Kernel& k, const ir::Block& b, const std::set<const ir::V
       bool predictable = true;
       for (size_t i = 1; i < inner->operands.size(); ++i) predictable &= is_predictable_scalar(inner->operands[i], body);
       if (!predictable) continue;
-      PipelinePlan unused;  // (the maps are added in program order by plan_pipelining)
       if (splits_into_16_byte_copies(inner->result()->type, k.num_warps * 32) ||
           (tma && !k.producer_warps && inner->result()->type.shape.back() >= kMinTmaOnlyColumns &&
-           tma_load(*inner, min_tma_rows(k), unused)))
+           tma_form(*inner, min_tma_rows(k))))
         plan.loads.insert(inner.get());
     }
   }

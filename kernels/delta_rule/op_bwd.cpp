@@ -28,20 +28,21 @@ struct ChunkKernelShape {
   int warps;
 };
 
-/// The per-chunk kernel's shapes for K, V padded to block_k, full_v, in order of preference. It holds S
-/// and dS' blocks [K, columns] beside the chunk's tiles. In 16 bits up to head dim 128 (one per-chunk
-/// kernel) first steps of 32 columns on 4 warps, the next step's loads prefetched: 255 registers and
-/// 72 KB at K = V = 128, two programs per SM, so that one's loads run under the other's products (one
-/// program of 8 warps per SM left the SM idle while it loaded: DRAM 49% busy in ncu); at B8 T4096 H16
+/// The per-chunk kernel's shapes for V padded to full_v, in order of preference; `one_kernel`: the
+/// per-chunk work in one kernel (all of K in a program: delta_bwd_chunk_key_columns). It holds S and
+/// dS' blocks [K, columns] beside the chunk's tiles. In 16 bits, one kernel, first steps of 32 columns
+/// on 4 warps, the next step's loads prefetched: 255 registers and 72 KB at K = V = 128, two programs
+/// per SM, so that one's loads run under the other's products (one program of 8 warps per SM left the
+/// SM idle while it loaded: DRAM 49% busy in ncu); at B8 T4096 H16
 /// D128 bf16 0.98 -> 0.72 ms, gated 1.30 -> 1.00 (docs/ops/delta_rule.md, "Measured", session 38). Then,
 /// on 8 warps, all of V up to 128 in one step (straight-line code), then steps of 64, then 32 (head dim
 /// 256 in one step: 360 KB in bf16; fp32 at K = V = 128 plans 191 KB in one step at chunk 16, more than
 /// an A100 block's 163 KB). Not proposed, measured slower: steps of 16 on 4 warps (1.81 ms; tiles of
 /// 16 columns stay out of the TMA ring: compiler/passes/pipeline.cpp), of 32 on 8 warps (1.14, one
 /// program per SM).
-std::vector<ChunkKernelShape> chunk_kernel_shapes(DType dtype, int64_t block_k, int64_t full_v) {
+std::vector<ChunkKernelShape> chunk_kernel_shapes(DType dtype, bool one_kernel, int64_t full_v) {
   std::vector<ChunkKernelShape> out;
-  if (dtype_bytes(dtype) == 2 && block_k <= 128 && full_v >= 64) out.push_back({32, 4});
+  if (dtype_bytes(dtype) == 2 && one_kernel && full_v >= 64) out.push_back({32, 4});
   if (full_v <= 128) out.push_back({full_v, 8});
   for (int64_t step : {64, 32})
     if (step < full_v) out.push_back({step, 8});
@@ -197,7 +198,7 @@ DeltaChunkedBwdConfig bwd_defaults(const OpOptions& opts, bool gated, int64_t K,
   // delta_rule.md, "Measured"), then not.
   std::vector<DeltaChunkedBwdConfig> proposals;
   for (int64_t bv = widest_v; bv >= std::min<int64_t>(32, widest_v); bv /= 2)
-    for (const ChunkKernelShape& shape : chunk_kernel_shapes(cfg.dtype, cfg.block_k, cfg.full_v))
+    for (const ChunkKernelShape& shape : chunk_kernel_shapes(cfg.dtype, cfg.chunk_k == cfg.block_k, cfg.full_v))
       for (int stages : {2, 1}) {
         DeltaChunkedBwdConfig c = cfg;
         c.block_v = bv;

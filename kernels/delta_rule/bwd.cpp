@@ -156,14 +156,25 @@ std::shared_ptr<ir::Kernel> build_delta_bwd_dstates(const DeltaChunkedBwdConfig&
       // (diag(f) K) dS' = diag(f) (K dS') and (diag(e) Q)^T dO = Q^T (diag(e) dO). Scaling K and Q
       // (converted, multiplied, rounded and stored back for the products) was a third of the gated
       // walk's samples at bv 32 (ncu, docs/ops/delta_rule.md, "Measured").
-      Tile dVn = (dot(Pt.to(dt), dO) + dot(K, dS_dt) * expand_dims(dec.to_end(), 1)).to(dt);
-      store(dvn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, dVn, in_seq);
-      Tile dOe = (dO.to(f32) * expand_dims(dec.from_start(), 1)).to(dt);
-      dS = dS * exp(dec.total) + dot(Q.T(), dOe) * scale - dot(W.T(), dVn);
+      Tile dVn32 = dot(Pt.to(dt), dO) + dot(K, dS_dt) * expand_dims(dec.to_end(), 1);
+      store(dvn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, dVn32.to(dt), in_seq);
+      // dS' exp(total) + Q^T (diag(e) dO) scale - W^T dVn as two products accumulating into the decayed
+      // state (compiler/passes/dot_accumulate.h): the scale goes on e (dOe is rounded either way), dVn
+      // is negated before rounding (exact). One [BK, BV] tile of registers stands through them, not
+      // three (fp32 at K = V = 128 spilled 24 bytes at 255 registers so). One statement per step: in
+      // `dS * exp(total) + dot(..)` the C++ compiler may evaluate the product first, which records it
+      // before its accumulator (a product from zero, then an add).
+      Tile dOe = (dO.to(f32) * expand_dims(dec.from_start() * scale, 1)).to(dt);
+      dS = dS * exp(dec.total);
+      dS = dS + dot(Q.T(), dOe);
+      dS = dS + dot(W.T(), (-dVn32).to(dt));
     } else {
-      Tile dVn = (dot(Pt.to(dt), dO) + dot(K, dS_dt)).to(dt);
-      store(dvn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, dVn, in_seq);
-      dS = dS + dot(Q.T(), dO) * scale - dot(W.T(), dVn);
+      Tile dVn32 = dot(Pt.to(dt), dO) + dot(K, dS_dt);
+      store(dvn, {seq.b, t0, i_h, v0}, {kIndex, BT, kIndex, BV}, dVn32.to(dt), in_seq);
+      // As the gated form's, W^T dVn accumulating into the state; Q^T dO apart, its scale after the
+      // product (on dO it would round dO again).
+      dS = dS + dot(W.T(), (-dVn32).to(dt));
+      dS = dS + dot(Q.T(), dO) * scale;
     }
   };
   for_range_carrying(0, num_chunks, body, next.carried_with(dS));

@@ -39,10 +39,16 @@ struct ChunkKernelShape {
 /// 256 in one step: 360 KB in bf16; fp32 at K = V = 128 plans 191 KB in one step at chunk 16, more than
 /// an A100 block's 163 KB). Not proposed, measured slower: steps of 16 on 4 warps (1.81 ms; tiles of
 /// 16 columns stay out of the TMA ring: compiler/passes/pipeline.cpp), of 32 on 8 warps (1.14, one
-/// program per SM).
+/// program per SM). In fp32 (products by FMA loops, not the tensor cores), one kernel, V = 64: first all
+/// of it in one step on 4 warps, faster than 8 (H200 B8 T1024 H8 K64: 0.273 -> 0.250 ms, gated 0.335 ->
+/// 0.275; steps of 32 prefetched 0.299 / 0.337) and spill-free, where 8 warps spilled 8-16 bytes at 255
+/// registers in the gated kernel with every option (docs/ops/delta_rule.md, "Measured", session 39). At
+/// V = 16 and 32 (ptxas takes 255 registers on 4 warps or 8) 4 warps spilled 8-32 bytes in the gated
+/// kernel, at V = 128 (chunks of 16) 12: 8 warps there.
 std::vector<ChunkKernelShape> chunk_kernel_shapes(DType dtype, bool one_kernel, int64_t full_v) {
   std::vector<ChunkKernelShape> out;
   if (dtype_bytes(dtype) == 2 && one_kernel && full_v >= 64) out.push_back({32, 4});
+  if (dtype_bytes(dtype) == 4 && one_kernel && full_v == 64) out.push_back({64, 4});
   if (full_v <= 128) out.push_back({full_v, 8});
   for (int64_t step : {64, 32})
     if (step < full_v) out.push_back({step, 8});
@@ -372,7 +378,12 @@ std::vector<std::shared_ptr<ir::Kernel>> delta_chunked_bwd_kernels(bool gated, c
   cfg.block_k = cfg.full_v = 64;
   cfg.block_v = 64;
   cfg.chunk = 32;
-  cfg.num_warps = 8;
+  // The per-chunk kernel in one step, on the warps its dtype's defaults give that step.
+  for (const ChunkKernelShape& shape : chunk_kernel_shapes(cfg.dtype, /*one_kernel=*/true, cfg.full_v))
+    if (shape.chunk_v == cfg.full_v) {
+      cfg.num_warps = shape.warps;
+      break;
+    }
   DeltaChunkedBwdConfig full = cfg;
   // (final_state: the state pass as the forward's split schedule runs it.)
   full.initial_state = full.final_state = full.final_state_grad = full.initial_state_grad = full.varlen = true;

@@ -22,6 +22,16 @@ Coefficients declare_coefficients(KernelBuilder& kb) {
           kb.scalar("scale", DType::f32)};
 }
 
+/// Both kernels' launch shape: 4 warps, no pipeline. One program per (sequence, head): blocks per SM buy
+/// nothing here, and ptxas, left to size the registers for as many as fit (.maxntid alone), spilled a
+/// few bytes (poly_bwd_kv 4 at 40 registers, poly_bwd_q in fp32 at K = 128 8 at 80, on sm_90a): asked
+/// for 4 per SM, it has 128.
+void configure_pairwise(KernelBuilder& kb) {
+  kb.set_num_warps(4);
+  kb.set_num_stages(1);
+  kb.set_min_ctas_per_sm(4);
+}
+
 }  // namespace
 
 /// One program per (sequence, head) walks its queries t: N_t and D_t over the keys s <= t (blocks of
@@ -30,8 +40,7 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_q(const PolyBwdConfig& cfg) {
   const int64_t BK = cfg.block_k, BV = cfg.block_v, R = kPairRows;
   const DType dt = cfg.dtype, f32 = DType::f32;
   KernelBuilder kb("poly_bwd_q");
-  kb.set_num_warps(4);
-  kb.set_num_stages(1);
+  configure_pairwise(kb);
   auto [q, k, v] = declare_qkv(kb, dt);
   Tensor d_o = kb.tensor("do", dt, 4);
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
@@ -86,11 +95,7 @@ std::shared_ptr<ir::Kernel> build_poly_bwd_kv(const PolyBwdConfig& cfg) {
   const int64_t BK = cfg.block_k, BV = cfg.block_v, R = kPairRows;
   const DType dt = cfg.dtype, f32 = DType::f32;
   KernelBuilder kb("poly_bwd_kv");
-  kb.set_num_warps(4);
-  kb.set_num_stages(1);
-  // One program per (sequence, head): blocks per SM buy nothing here, and ptxas, left to size the
-  // registers for as many as fit, spilled a few bytes (4 at 40 registers on sm_90a).
-  kb.set_min_ctas_per_sm(4);
+  configure_pairwise(kb);
   auto [q, k, v] = declare_qkv(kb, dt);
   Tensor cu = cfg.varlen ? kb.tensor("cu_seqlens", DType::i32, 1) : Tensor();
   Tensor dn = kb.tensor("dn", f32, 4), dd = kb.tensor("dd", f32, 3);

@@ -39,16 +39,16 @@ KNOWN_SPILLS = {
     # One program computes a chunk's every gradient: [BT, BT] f32 tiles of the gate (Gam, dP, A, dA,
     # T and products) on top of the ungated kernel's. It spilled 416-516 bytes at head dim 64 (1.7 KB in
     # fp32) until the reductions in registers (session 23) and the factors on dT's products (session 25);
-    # now only its fp32 form, in value steps, at 255 registers: 4 bytes on sm_90a, 8 on sm_80 (ptxas
-    # 13.0; listed at chunks of 16, as a gated fp32 call over V = 64 runs it, 8 on sm_90a and 4 on
-    # sm_80: not listed so). (The ungated kernel
+    # now only its fp32 form, in value steps, at 255 registers on sm_80: 8 bytes (ptxas 13.0). On sm_90a
+    # its fp32 form spilled 8 bytes with every option on 8 warps at K = V = 64 until session 39, which
+    # runs that one-step form on 4 warps (kernels/delta_rule/op_bwd.cpp chunk_kernel_shapes, measured
+    # faster). (The ungated kernel
     # split in two, output terms then the UT adjoint, was slower on an H200: 0.90 + 1.03 ms against 1.41
     # fused; removed.) Its key-block half (gated_delta_rule_bwd_chunk_ut) no longer spills. Since session
     # 38 the gate's row sums of dQs and VdS are taken before the UT adjoint (kernels/delta_rule/bwd.cpp),
     # which keeps the 16-bit default at K = V = 128 (value steps of 32 on 4 warps, two programs per SM,
-    # 1.30 -> 1.00 ms on an H200) spill-free on sm_90a, where taken after it spilled 24 bytes; the
-    # representative all-options form in fp32 on sm_80 spills 12 there instead (none the other way).
-    "gated_delta_rule_bwd_chunk": {"fp32": 8, "fp32/sm_80": 12},
+    # 1.30 -> 1.00 ms on an H200) spill-free on sm_90a, where taken after it spilled 24 bytes.
+    "gated_delta_rule_bwd_chunk": {"fp32/sm_80": 8},
     # At K = V = 128 the 16-bit default (value blocks of 128) takes 255 registers and spilled 24 bytes on
     # sm_80 with every option (8 until the gates were loaded an iteration ahead, which took the walk
     # from 0.62 to 0.57 ms on an H200; none on sm_90a: 203 registers); at bv 64 it is held to 128
@@ -76,20 +76,22 @@ KNOWN_SPILLS = {
     # poly's outputs run three blocks of 4 warps per SM in 16 bits (kernels/poly/op.cpp: 168 registers, a
     # trade measured faster than fewer blocks without spills, docs/ops/poly.md session 17). Since the
     # shared-memory accesses of swizzled buffers went in 16-byte runs (session 35, KernelLowering::
-    # swizzled_run), ptxas spills 4 bytes there in fp16 (none in bf16; at `--config ctas=2` none in the
-    # representative form at 213 registers, 8 bytes in another at 128); the trade was not measured again.
+    # swizzled_run), ptxas spills 4 bytes there in fp16 (none in bf16). Both spill-free forms measured
+    # slower (H200, B1 T65536 H8 K64, same runs, session 39): two blocks per SM (`--config ctas=2`, 213
+    # registers) 0.949 -> 1.234 ms; no doubled copy of Q through the degree-2 loop (its weight 2 on the
+    # loop's f32 sum, 153 registers) 0.948 -> 0.977 in fp16 and 0.938 -> 0.976 in bf16. Kept.
     "poly_fwd_out": {"fp16/sm_90a": 4},
-    # linear_attn's gated walk at head dim 256 on 128 value columns: 0.678 against 0.979 at 64. Its walk
-    # at head dim 64 in chunks of 128: 0.0347 against 0.0364 at 64 (0.0889 against 0.0945 at B8 T4096 H16).
+    # linear_attn's gated walk at head dim 256 on 128 value columns: 0.678 against 0.979 at 64 (0.874 in
+    # chunks of 32, spill-free too: session 39). Its walk at head dim 64 in chunks of 128: 0.0347 against
+    # 0.0364 at 64 (0.0889 against 0.0945 at B8 T4096 H16); on 8 warps, spill-free, 0.0876 -> 0.092 at
+    # B8 T4096 H16, 0.133 -> 0.138 at B2 T16384 H16, even at B8 T1024 H8 (docs/ops/linear_attn.md).
     "linear_attn_fwd": {"B=8,T=2048,H=32,K=256": 4, "B=8,T=1024,H=8,K=64": 20},
     # gla's backward walks at head dim 256 on 128 columns: backward 10.77 against 12.51 at 64.
     "gla_bwd_dq": {"B=8,T=2048,H=32,K=256": 640},
     "gla_bwd_dk": {"B=8,T=2048,H=32,K=256": 416},
     "gla_bwd_dv": {"B=8,T=2048,H=32,K=256": 380},
-    # The delta rules' backward state walks at head dim 256, 32 columns on 4 warps: backward 7.95 / 11.32
-    # against 9.18 / 11.72 on 8.
-    "delta_rule_bwd_dstates": {"B=8,T=2048,H=32,K=256": 136},
-    "gated_delta_rule_bwd_dstates": {"B=8,T=2048,H=32,K=256": 164},
+    # (The delta rules' backward state walks at head dim 256, 32 columns on 4 warps, spilled 136 / 164 bytes
+    # until session 39, whose products accumulate into the state: kernels/delta_rule/bwd.cpp.)
 }
 
 
@@ -252,6 +254,18 @@ def test_calls_at_measured_shapes_assemble_without_spills(op, shape, backward, t
     if PTXAS_ERROR:
         pytest.fail(PTXAS_ERROR, pytrace=False)
     assert_no_spills(op, ["--backward"] if backward else [], "bf16", "sm_90a", tmp_path, shape=shape)
+
+
+# The same calls in the other input dtypes, where a [K, V] fp32 state on FMA products (fp32) or another
+# allocation by ptxas (fp16) may spill where bf16 does not: at K = V = 128 gated_delta_rule_bwd_dstates
+# spilled 24 bytes in fp32 (session 38; none since its products accumulate into the state), and poly's
+# backward in fp32 (the pairwise form there) 8 in poly_bwd_q.
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("op", ["delta_rule", "gated_delta_rule", "poly"])
+def test_backward_calls_in_other_dtypes_assemble_without_spills(op, dtype, tmp_path):
+    if PTXAS_ERROR:
+        pytest.fail(PTXAS_ERROR, pytrace=False)
+    assert_no_spills(op, ["--backward"], dtype, "sm_90a", tmp_path, shape=CALL_SHAPES[0])
 
 
 # fla's other five benchmark shapes (tools/bench_vs_fla.py --quick; its B8 T4096 H16 and B2 T16384 H16

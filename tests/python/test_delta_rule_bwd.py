@@ -220,6 +220,21 @@ def test_per_chunk_kernel_shape_by_dtype(linac, dtype, head_dim, header):
     assert header in r.stdout.split("kernel @delta_rule_bwd_chunk(")[1].split("\n", 1)[0]
 
 
+@pytest.mark.parametrize("op,accumulating", [("delta_rule", 1), ("gated_delta_rule", 2)])
+def test_state_gradient_walk_products_accumulate(linac, op, accumulating):
+    # The walk of the state gradients (kernels/delta_rule/bwd.cpp build_delta_bwd_dstates): its [K, V]
+    # products of the chunk accumulate into the state (`--emit layouts` marks them "(accumulates)"): the
+    # gated form both, the ungated W^T dV_new (Q^T dO keeps its scale after the product). Summed after
+    # them as three [K, V] tiles, the fp32 walk spilled 24 bytes (session 38); written `dS * exp(total) +
+    # dot(..)` the product was recorded first and ran from zero (ptxas then injected a wait, C7517).
+    r = linac.run("compile", op, "--backward", "--shape", "B=8,T=4096,H=16,K=128", "--emit", "layouts")
+    assert r.returncode == 0, r.stderr
+    walk = r.stdout.split(f"kernel @{op}_bwd_dstates(")[1].split("\nkernel @")[0]
+    state_products = [line for line in walk.splitlines() if " dot " in line and "tile<128x128xf32>" in line]
+    assert len(state_products) == 2, walk
+    assert sum("(accumulates)" in line for line in state_products) == accumulating, "\n".join(state_products)
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_bf16_head_dim_128(linac, op):
     # The per-chunk kernel's 16-bit default up to head dim 128: value steps of 32 columns on 4 warps, the
